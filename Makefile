@@ -1,0 +1,42 @@
+# rlboost — two commands on a fresh machine:
+#   make run    build .venv from nothing, then `rlboost local` on the embedded default example
+#   make test   build .venv from nothing, then lint, contracts, stub check and the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# CPU build from local disk on these machines; set TORCH_SPEC= (empty) where torch is already right.
+TORCH_SPEC ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: run test lint check-protos protos test-fast test-sglang bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(if $(TORCH_SPEC),$(PIP) install -q "$(TORCH_SPEC)")
+	$(PIP) install -q -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/rlboost local
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+check-protos: $(STAMP)
+	$(PY) scripts/gen_protos.py --check
+
+protos: $(STAMP)
+	$(PY) scripts/gen_protos.py
+
+test: $(STAMP) lint check-protos
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -1,0 +1,1 @@
+"""rlboost Kubernetes operator (kopf)."""

@@ -1,0 +1,1 @@
+"""The `rlboost` command line."""

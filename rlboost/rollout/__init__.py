@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of rlboost.rollout.v1 (see protos/ and scripts/gen_protos.py)."""

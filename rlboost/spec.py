@@ -1,0 +1,183 @@
+"""The RL job specification: one pydantic model tree, loaded from YAML.
+
+The same fields are the `spec` of the `RLJob` custom resource (camelCase on the wire,
+snake_case in Python). Every field has bounds and a description, which also become the
+CRD's OpenAPI schema. Load a file with `load_job_spec(path)`; errors name the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+
+class SpecModel(BaseModel):
+    """Base: camelCase aliases, unknown fields rejected, assignment validated."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_assignment=True
+    )
+
+
+class ModelSpec(SpecModel):
+    """The policy model and its tokenizer."""
+
+    source: Literal["tiny", "path"] = Field(
+        "tiny", description="'tiny': create a small random-init Qwen3 model with warm-up; 'path': load a HF model directory."
+    )
+    path: str = Field("", description="HF model directory (safetensors + tokenizer). For 'tiny', where to create it; empty = inside the run directory.")
+    hidden_size: int = Field(128, ge=16, le=8192, description="Hidden size of the tiny model.")
+    num_layers: int = Field(4, ge=1, le=64, description="Transformer layers of the tiny model.")
+    num_heads: int = Field(4, ge=1, le=64, description="Attention heads of the tiny model.")
+    warmup_steps: int = Field(40, ge=0, le=10000, description="Supervised warm-up steps on the task's format when the tiny model is created.")
+    seed: int = Field(0, ge=0, description="Seed of the tiny model's initialisation and warm-up.")
+
+
+class TaskSpec(SpecModel):
+    """The toy task: prompts generated from a seed and a reward checked by code."""
+
+    name: Literal["addition"] = Field("addition", description="Built-in task: 'addition' asks for the sum of two integers.")
+    max_operand: int = Field(19, ge=1, le=10**6, description="Operands are drawn from 0..max_operand.")
+    num_prompts: int = Field(400, ge=1, le=10**7, description="Size of the prompt set generated from the seed.")
+    seed: int = Field(1234, ge=0, description="Seed of the prompt set and its order.")
+    reward: str = Field("rlboost.tasks.rewards:exact_match", description="Reward function as 'module:function' (pluggable entry point).")
+
+
+class AlgorithmSpec(SpecModel):
+    """GRPO-family policy optimisation."""
+
+    name: Literal["grpo"] = Field("grpo", description="Policy-gradient algorithm.")
+    steps: int = Field(40, ge=1, le=10**7, description="Optimizer steps to run.")
+    prompts_per_step: int = Field(16, ge=1, le=10**6, description="Prompts per step (the batch); each gets group_size samples.")
+    group_size: int = Field(8, ge=2, le=1024, description="Samples per prompt; advantages are normalised within a group.")
+    learning_rate: float = Field(2e-3, gt=0, le=1.0, description="Optimizer learning rate.")
+    temperature: float = Field(1.0, ge=0, le=10, description="Sampling temperature; 0 = greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold; 1 = off.")
+    max_new_tokens: int = Field(8, ge=1, le=131072, description="Maximum response length in tokens.")
+    clip_ratio: float = Field(0.2, gt=0, le=10, description="PPO-style clip range of the importance ratio.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clipping.")
+    micro_batch_size: int = Field(32, ge=1, le=65536, description="Trajectories per forward/backward micro-batch.")
+    seed: int = Field(0, ge=0, description="Seed of the trainer and of every sample's sampling seed.")
+
+
+class TrainerSpec(SpecModel):
+    """The DeepSpeed trainer."""
+
+    ranks: int = Field(1, ge=1, le=4096, description="Data-parallel ranks (a StatefulSet's replicas on Kubernetes).")
+    zero_stage: int = Field(1, ge=0, le=3, description="DeepSpeed ZeRO stage.")
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="torch.distributed backend; auto = nccl on GPU, gloo on CPU.")
+    gpus_per_rank: int = Field(0, ge=0, le=16, description="Accelerators per rank (0 on CPU).")
+
+
+class PoolSpec(SpecModel):
+    """One pool of rollout workers."""
+
+    replicas: int = Field(1, ge=0, le=10000, description="Workers started (for spot: the initial count, bounded by min/max).")
+    min_replicas: int = Field(0, ge=0, le=10000, description="Lower bound of the worker count.")
+    max_replicas: int = Field(16, ge=0, le=10000, description="Upper bound of the worker count.")
+    capacity: int = Field(64, ge=1, le=100000, description="Concurrent requests per worker.")
+    engine: Literal["torch", "sglang"] = Field("torch", description="Generation engine: 'torch' (CPU, tests) or 'sglang' (GPU).")
+    gpus_per_worker: int = Field(0, ge=0, le=16, description="Accelerators per worker (0 on CPU).")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Kubernetes nodeSelector of the pool's pods.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PoolSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"minReplicas ({self.min_replicas}) must be <= maxReplicas ({self.max_replicas})")
+        return self
+
+
+class RolloutSpec(SpecModel):
+    """Rollout workers and the manager's timing."""
+
+    reserved: PoolSpec = Field(default_factory=lambda: PoolSpec(replicas=1), description="Reserved (on-demand) workers.")
+    spot: PoolSpec = Field(default_factory=lambda: PoolSpec(replicas=2), description="Preemptible (spot) workers.")
+    heartbeat_interval_ms: int = Field(500, ge=50, le=60000, description="Worker heartbeat period.")
+    lease_timeout_ms: int = Field(5000, ge=200, le=600000, description="A worker silent this long loses its requests.")
+    chunk_max_tokens: int = Field(16, ge=1, le=4096, description="A token chunk is sent after this many tokens...")
+    chunk_max_ms: int = Field(50, ge=1, le=10000, description="...or after this many milliseconds, whichever first.")
+
+
+class WeightSyncSpec(SpecModel):
+    """How weights travel from trainer to workers."""
+
+    mode: Literal["delta", "full"] = Field("full", description="'delta': sparse bit-exact deltas; 'full': a snapshot per version.")
+    full_every: int = Field(10, ge=1, le=100000, description="A full snapshot every K versions bounds the delta chain.")
+    chunk_bytes: int = Field(4 << 20, ge=4096, le=1 << 30, description="Payload chunk size served with HTTP Range.")
+    streams: int = Field(4, ge=1, le=64, description="Concurrent ranged HTTP streams per pull.")
+    retain_versions: int = Field(20, ge=1, le=100000, description="Versions kept on the weight-server.")
+
+
+class PricesSpec(SpecModel):
+    """Prices per accelerator-hour, for cost and cost-efficiency status."""
+
+    reserved_per_gpu_hour: float = Field(10.47, ge=0, description="USD per reserved GPU-hour.")
+    spot_per_gpu_hour: float = Field(2.66, ge=0, description="USD per spot GPU-hour.")
+
+
+class JobSpec(SpecModel):
+    """An RL post-training job: the RLJob custom resource's spec."""
+
+    model: ModelSpec = Field(default_factory=ModelSpec, description="Policy model.")
+    task: TaskSpec = Field(default_factory=TaskSpec, description="Task and reward.")
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec, description="Algorithm and its hyper-parameters.")
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="Trainer ranks and DeepSpeed.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rollout pools and manager timing.")
+    weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="Weight sync from trainer to workers.")
+    prices: PricesSpec = Field(default_factory=PricesSpec, description="Accelerator prices.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        batch = self.algorithm.prompts_per_step * self.algorithm.group_size
+        if batch % self.trainer.ranks:
+            raise ValueError(
+                f"algorithm.promptsPerStep x algorithm.groupSize ({batch}) must be divisible by trainer.ranks ({self.trainer.ranks})"
+            )
+        return self
+
+
+class JobSpecError(ValueError):
+    """A job spec that cannot be used; the message names the field and the fix."""
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid job spec in {source}:"]
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(root)"
+        lines.append(f"  {where}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def parse_job_spec(data: object, source: str = "<dict>") -> JobSpec:
+    """Validate a mapping (e.g. an RLJob's spec) into a JobSpec, or raise JobSpecError."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise JobSpecError(f"invalid job spec in {source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as err:
+        raise JobSpecError(_format_errors(err, source)) from None
+
+
+def load_job_spec(path: str | Path) -> JobSpec:
+    """Load a job spec from YAML. Accepts a bare spec or a whole RLJob manifest (uses `.spec`)."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise JobSpecError(f"config file not found: {path}") from None
+    except yaml.YAMLError as err:
+        raise JobSpecError(f"config file {path} is not valid YAML: {err}") from None
+    if isinstance(data, dict) and data.get("kind") == "RLJob":
+        data = data.get("spec")
+    return parse_job_spec(data, str(path))
+
+
+def dump_job_spec(spec: JobSpec) -> str:
+    """YAML with camelCase keys, as a user would write it."""
+    return yaml.safe_dump(spec.model_dump(by_alias=True, mode="json"), sort_keys=False)

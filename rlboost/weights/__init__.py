@@ -1,0 +1,1 @@
+"""Weights as data: canonical checksums and safetensors payloads (torch imported lazily)."""

@@ -1,0 +1,55 @@
+"""NATS subjects and event payloads (JSON), shared by every publisher and subscriber.
+
+Subjects are per job: `rlboost.<namespace>.<job>.<topic>`.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+def subject(namespace: str, job: str, topic: str) -> str:
+    """`rlboost.<namespace>.<job>.<topic>`; topics: weights, nodes, steps, done."""
+    return f"rlboost.{namespace}.{job}.{topic}"
+
+
+class WeightsAnnounced(BaseModel):
+    """topic `weights`: a new version is on the weight-server."""
+
+    version: int
+    checksum: str
+    kind: str = Field(description="'full' or 'delta'.")
+
+
+class PreemptionNotice(BaseModel):
+    """topic `nodes`: a node (or worker) is about to go away; drain what runs there."""
+
+    node: str = ""
+    workers: list[str] = Field(default_factory=list, description="Worker ids (pod names) on that node.")
+    reason: str = ""
+    deadline_s: float = Field(30.0, description="Seconds until the node is expected to vanish.")
+
+
+class StepReport(BaseModel):
+    """topic `steps`: the trainer finished an optimizer step and published its weights."""
+
+    step: int
+    reward_mean: float
+    reward_std: float = 0.0
+    tokens: int = Field(description="Response tokens generated for this step.")
+    rollout_seconds: float
+    train_seconds: float
+    sync_seconds: float
+    weight_version: int
+    weights_checksum: str
+    loss: float = 0.0
+    tokens_by_pool: dict[str, int] = Field(default_factory=dict)
+
+
+class JobDone(BaseModel):
+    """topic `done`: the trainer finished all steps (or failed)."""
+
+    ok: bool
+    steps: int
+    final_weights_checksum: str = ""
+    error: str = ""

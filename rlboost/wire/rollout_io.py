@@ -1,0 +1,122 @@
+"""Domain types of the rollout-manager boundary (the gRPC edge converts them in `rollout_proto`)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Pool(str, Enum):
+    """Where a worker runs: reserved (on-demand, colocated with training) or spot (preemptible)."""
+
+    RESERVED = "reserved"
+    SPOT = "spot"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # 1 = off
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 16  # whole response budget
+    seed: int = 0  # per-sample seed (or the step's base seed in a RolloutRequest)
+    stop_token_ids: tuple[int, ...] = ()  # generation ends after emitting one of these
+
+
+def sample_seed(base_seed: int, step: int, prompt_index: int, sample_index: int) -> int:
+    """The seed of one sample: stable across processes, independent of which worker runs it."""
+    key = f"{base_seed}/{step}/{prompt_index}/{sample_index}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") & ((1 << 63) - 1)
+
+
+def request_id(step: int, prompt_index: int, sample_index: int) -> str:
+    """The id of one sample's request; unique within a job."""
+    return f"s{step}-p{prompt_index}-g{sample_index}"
+
+
+@dataclass
+class WorkerRegistration:
+    worker_id: str  # unique per process (pod name on Kubernetes)
+    pool: Pool
+    node: str  # host / node name, matched against preemption notices
+    capacity: int  # max concurrent requests
+    weight_version: int  # version held after the initial pull
+    engine: str = "torch"  # "torch" | "sglang"
+
+
+@dataclass
+class Assignment:
+    request_id: str
+    lease_epoch: int  # fences chunks of a lease that was taken away
+    input_ids: list[int]  # prompt + tokens already generated
+    prompt_len: int  # input_ids[:prompt_len] is the prompt
+    sampling: SamplingParams
+    weight_version: int  # version the request must be generated with
+
+    @property
+    def generated(self) -> int:
+        """Tokens of the response already generated before this assignment."""
+        return len(self.input_ids) - self.prompt_len
+
+
+@dataclass
+class TokenChunk:
+    request_id: str
+    lease_epoch: int
+    offset: int  # index in the response of token_ids[0]
+    token_ids: list[int]
+    logprobs: list[float]  # one per token
+    finished: bool = False
+    finish_reason: str = ""  # "stop" | "length" | "abort"
+
+
+@dataclass
+class PromptItem:
+    prompt_index: int
+    token_ids: list[int]
+
+
+@dataclass
+class RolloutRequest:
+    step: int
+    weight_version: int
+    prompts: list[PromptItem]
+    group_size: int
+    sampling: SamplingParams  # seed: the step's base seed
+
+
+@dataclass
+class Trajectory:
+    request_id: str
+    step: int
+    prompt_index: int
+    sample_index: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    weight_version: int
+    workers: list[str] = field(default_factory=list)  # workers that generated parts of it, in order
+
+
+@dataclass
+class WorkerStatus:
+    worker_id: str
+    pool: Pool
+    node: str
+    weight_version: int
+    running: int
+    capacity: int
+    tokens_generated: int
+    draining: bool
+
+
+@dataclass
+class ManagerStatus:
+    workers: list[WorkerStatus]
+    pending: int
+    running: int
+    finished: int
+    migrations: int
+    tokens_received: int

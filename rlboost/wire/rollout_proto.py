@@ -1,0 +1,170 @@
+"""The gRPC edge of the rollout boundary: convert domain types to and from protobuf messages.
+
+Only services' transport code imports this; their logic works on `rollout_io` types.
+"""
+
+from __future__ import annotations
+
+from rlboost.rollout.v1 import rollout_pb2 as pb
+from rlboost.wire.rollout_io import (
+    Assignment,
+    ManagerStatus,
+    Pool,
+    PromptItem,
+    RolloutRequest,
+    SamplingParams,
+    TokenChunk,
+    Trajectory,
+    WorkerRegistration,
+    WorkerStatus,
+)
+
+_POOL_TO_PB = {Pool.RESERVED: pb.POOL_RESERVED, Pool.SPOT: pb.POOL_SPOT}
+_POOL_FROM_PB = {v: k for k, v in _POOL_TO_PB.items()}
+
+
+class WireError(ValueError):
+    """A protobuf message that does not make a valid domain object; the message says which field."""
+
+
+def pool_to_pb(pool: Pool) -> int:
+    return _POOL_TO_PB[pool]
+
+
+def pool_from_pb(value: int) -> Pool:
+    try:
+        return _POOL_FROM_PB[value]
+    except KeyError:
+        raise WireError(f"pool: unknown value {value}; expected POOL_RESERVED or POOL_SPOT") from None
+
+
+def sampling_to_pb(s: SamplingParams) -> pb.SamplingParams:
+    return pb.SamplingParams(
+        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
+        seed=s.seed, stop_token_ids=list(s.stop_token_ids),
+    )
+
+
+def sampling_from_pb(m: pb.SamplingParams) -> SamplingParams:
+    if m.temperature < 0:
+        raise WireError(f"sampling.temperature: must be >= 0, got {m.temperature}")
+    if m.max_new_tokens <= 0:
+        raise WireError(f"sampling.max_new_tokens: must be > 0, got {m.max_new_tokens}")
+    return SamplingParams(
+        temperature=m.temperature, top_p=m.top_p or 1.0, top_k=m.top_k, max_new_tokens=m.max_new_tokens,
+        seed=m.seed, stop_token_ids=tuple(m.stop_token_ids),
+    )
+
+
+def registration_to_pb(r: WorkerRegistration) -> pb.Register:
+    return pb.Register(
+        worker_id=r.worker_id, pool=pool_to_pb(r.pool), node=r.node, capacity=r.capacity,
+        weight_version=r.weight_version, engine=r.engine,
+    )
+
+
+def registration_from_pb(m: pb.Register) -> WorkerRegistration:
+    if not m.worker_id:
+        raise WireError("register.worker_id: must not be empty")
+    if m.capacity <= 0:
+        raise WireError(f"register.capacity: must be > 0, got {m.capacity}")
+    return WorkerRegistration(
+        worker_id=m.worker_id, pool=pool_from_pb(m.pool), node=m.node, capacity=m.capacity,
+        weight_version=m.weight_version, engine=m.engine or "torch",
+    )
+
+
+def assignment_to_pb(a: Assignment) -> pb.Assignment:
+    return pb.Assignment(
+        request_id=a.request_id, lease_epoch=a.lease_epoch, input_ids=a.input_ids, prompt_len=a.prompt_len,
+        sampling=sampling_to_pb(a.sampling), weight_version=a.weight_version,
+    )
+
+
+def assignment_from_pb(m: pb.Assignment) -> Assignment:
+    if not 0 < m.prompt_len <= len(m.input_ids):
+        raise WireError(f"assignment.prompt_len: {m.prompt_len} is outside 1..len(input_ids)={len(m.input_ids)}")
+    return Assignment(
+        request_id=m.request_id, lease_epoch=m.lease_epoch, input_ids=list(m.input_ids), prompt_len=m.prompt_len,
+        sampling=sampling_from_pb(m.sampling), weight_version=m.weight_version,
+    )
+
+
+def chunk_to_pb(c: TokenChunk) -> pb.TokenChunk:
+    return pb.TokenChunk(
+        request_id=c.request_id, lease_epoch=c.lease_epoch, offset=c.offset, token_ids=c.token_ids,
+        logprobs=c.logprobs, finished=c.finished, finish_reason=c.finish_reason,
+    )
+
+
+def chunk_from_pb(m: pb.TokenChunk) -> TokenChunk:
+    if len(m.logprobs) != len(m.token_ids):
+        raise WireError(f"chunk.logprobs: {len(m.logprobs)} values for {len(m.token_ids)} tokens")
+    if m.offset < 0:
+        raise WireError(f"chunk.offset: must be >= 0, got {m.offset}")
+    return TokenChunk(
+        request_id=m.request_id, lease_epoch=m.lease_epoch, offset=m.offset, token_ids=list(m.token_ids),
+        logprobs=list(m.logprobs), finished=m.finished, finish_reason=m.finish_reason,
+    )
+
+
+def rollout_request_to_pb(r: RolloutRequest) -> pb.RolloutRequest:
+    return pb.RolloutRequest(
+        step=r.step, weight_version=r.weight_version, group_size=r.group_size, sampling=sampling_to_pb(r.sampling),
+        prompts=[pb.Prompt(prompt_index=p.prompt_index, token_ids=p.token_ids) for p in r.prompts],
+    )
+
+
+def rollout_request_from_pb(m: pb.RolloutRequest) -> RolloutRequest:
+    if m.group_size <= 0:
+        raise WireError(f"rollout.group_size: must be > 0, got {m.group_size}")
+    if any(not p.token_ids for p in m.prompts):
+        raise WireError("rollout.prompts: every prompt needs at least one token")
+    return RolloutRequest(
+        step=m.step, weight_version=m.weight_version, group_size=m.group_size, sampling=sampling_from_pb(m.sampling),
+        prompts=[PromptItem(prompt_index=p.prompt_index, token_ids=list(p.token_ids)) for p in m.prompts],
+    )
+
+
+def trajectory_to_pb(t: Trajectory) -> pb.Trajectory:
+    return pb.Trajectory(
+        request_id=t.request_id, step=t.step, prompt_index=t.prompt_index, sample_index=t.sample_index,
+        prompt_ids=t.prompt_ids, response_ids=t.response_ids, logprobs=t.logprobs, finish_reason=t.finish_reason,
+        weight_version=t.weight_version, workers=t.workers,
+    )
+
+
+def trajectory_from_pb(m: pb.Trajectory) -> Trajectory:
+    return Trajectory(
+        request_id=m.request_id, step=m.step, prompt_index=m.prompt_index, sample_index=m.sample_index,
+        prompt_ids=list(m.prompt_ids), response_ids=list(m.response_ids), logprobs=list(m.logprobs),
+        finish_reason=m.finish_reason, weight_version=m.weight_version, workers=list(m.workers),
+    )
+
+
+def status_to_pb(s: ManagerStatus) -> pb.StatusReply:
+    workers = [
+        pb.WorkerStatus(
+            worker_id=w.worker_id, pool=pool_to_pb(w.pool), node=w.node, weight_version=w.weight_version,
+            running=w.running, capacity=w.capacity, tokens_generated=w.tokens_generated, draining=w.draining,
+        )
+        for w in s.workers
+    ]
+    return pb.StatusReply(
+        workers=workers, pending=s.pending, running=s.running, finished=s.finished,
+        migrations=s.migrations, tokens_received=s.tokens_received,
+    )
+
+
+def status_from_pb(m: pb.StatusReply) -> ManagerStatus:
+    workers = [
+        WorkerStatus(
+            worker_id=w.worker_id, pool=pool_from_pb(w.pool), node=w.node, weight_version=w.weight_version,
+            running=w.running, capacity=w.capacity, tokens_generated=w.tokens_generated, draining=w.draining,
+        )
+        for w in m.workers
+    ]
+    return ManagerStatus(
+        workers=workers, pending=m.pending, running=m.running, finished=m.finished,
+        migrations=m.migrations, tokens_received=m.tokens_received,
+    )

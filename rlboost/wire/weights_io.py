@@ -1,0 +1,47 @@
+"""Domain types of the weight-server's HTTP API (JSON bodies), shared by server and clients.
+
+Routes (all under the weight-server's base URL):
+  GET  /v1/versions                     -> VersionList
+  GET  /v1/versions/{v}/manifest        -> Manifest
+  GET  /v1/versions/{v}/payload         -> bytes (HTTP Range supported; chunks per manifest)
+  PUT  /v1/versions/{v}                 <- payload bytes; headers below; needs `Authorization: Bearer <token>`
+  GET  /healthz, GET /metrics
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+API_PREFIX = "/v1"
+# Upload headers (PUT /v1/versions/{v}).
+HEADER_KIND = "X-Rlboost-Kind"  # "full" | "delta"
+HEADER_BASE_VERSION = "X-Rlboost-Base-Version"  # for deltas
+HEADER_CHECKSUM = "X-Rlboost-Checksum"  # checksum of the whole parameter state at this version
+HEADER_FORMAT = "X-Rlboost-Format"  # "safetensors" | "rlboost-delta"
+
+
+class ChunkInfo(BaseModel):
+    index: int = Field(description="Chunk number, from 0.")
+    offset: int = Field(description="Byte offset in the payload.")
+    length: int = Field(description="Byte length.")
+    sha256: str = Field(description="Hex SHA-256 of the chunk's bytes.")
+
+
+class Manifest(BaseModel):
+    version: int = Field(description="Weight version this payload produces.")
+    kind: Literal["full", "delta"] = Field(description="A full snapshot or a delta from base_version.")
+    base_version: int | None = Field(None, description="For deltas: the version it applies to.")
+    format: str = Field("safetensors", description="'safetensors' (full) or 'rlboost-delta'.")
+    checksum: str = Field(description="Checksum of the whole parameter state at `version` (rlboost.weights.checksum).")
+    total_bytes: int = Field(description="Payload size.")
+    sha256: str = Field(description="Hex SHA-256 of the whole payload.")
+    chunk_bytes: int = Field(description="Chunk size (the last chunk may be shorter).")
+    chunks: list[ChunkInfo] = Field(default_factory=list, description="Chunks, in order.")
+    created_at: float = Field(0.0, description="Unix time of the upload.")
+
+
+class VersionList(BaseModel):
+    latest: int | None = Field(None, description="Newest version, or null when none was uploaded.")
+    versions: list[int] = Field(default_factory=list, description="Versions retained, ascending.")

@@ -1,0 +1,17 @@
+"""Test helpers: wait on a condition with a deadline (never a bare sleep)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
+    """Poll `predicate` until truthy (returns its value) or fail after `timeout` seconds. No bare sleeps in tests."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
