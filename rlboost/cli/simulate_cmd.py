@@ -1,0 +1,79 @@
+"""`rlboost simulate`: throughput and cost of reserved-only, disaggregated and hybrid on a spot trace."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rlboost.simulate.runner import POLICIES
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("simulate", help="replay a spot trace at cluster scale and compare policies")
+    p.add_argument("--trace", required=True, help="spot trace, 'seconds,instances' per line (Bamboo format)")
+    p.add_argument("--model", default="qwen3-8b", help="qwen3-1.7b, qwen3-8b or qwen3-14b")
+    p.add_argument("--reserved-gpus", type=int, default=8, help="reserved H100s (training + colocated rollout)")
+    p.add_argument("--reserved-price", type=float, default=10.47, help="USD per reserved GPU-hour")
+    p.add_argument("--spot-price", type=float, default=2.66, help="USD per spot GPU-hour")
+    p.add_argument("--gpus-per-spot", type=int, default=2, help="GPUs per spot instance in the trace")
+    p.add_argument("--steps", type=int, default=100, help="RL steps to simulate (the trace repeats if needed)")
+    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of " + ", ".join(POLICIES))
+    p.add_argument("--weight-sync", choices=("delta", "full"), default="delta", help="spot weight pulls per step")
+    p.add_argument("--seed", type=int, default=0, help="seed of the response lengths")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.add_argument("--plot", default="", help="write throughput and spot count over time to this PNG")
+    p.set_defaults(func=run)
+
+
+def _fail(msg: str) -> int:
+    print(f"rlboost simulate: {msg}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    from rlboost.simulate.cluster import ClusterConfig
+    from rlboost.simulate.hardware import MODELS
+    from rlboost.simulate.report import comparison, plot, print_table
+    from rlboost.simulate.runner import run_policy
+    from rlboost.simulate.trace import TraceError, load_trace
+    from rlboost.simulate.workload import Workload
+
+    if args.model not in MODELS:
+        return _fail(f"--model: unknown {args.model!r}; choose one of {', '.join(MODELS)}")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if bad := [p for p in policies if p not in POLICIES]:
+        return _fail(f"--policies: unknown {', '.join(bad)}; choose from {', '.join(POLICIES)}")
+    if args.steps < 1 or args.reserved_gpus < 1 or args.gpus_per_spot < 1:
+        return _fail("--steps, --reserved-gpus and --gpus-per-spot must be >= 1")
+    try:
+        trace = load_trace(args.trace)
+    except TraceError as err:
+        return _fail(str(err))
+    cfg = ClusterConfig(
+        MODELS[args.model],
+        Workload(),
+        reserved_gpus=args.reserved_gpus,
+        gpus_per_spot=args.gpus_per_spot,
+        reserved_price=args.reserved_price,
+        spot_price=args.spot_price,
+        weight_sync=args.weight_sync,
+    )
+    results = {p: run_policy(cfg, p, trace, args.steps, args.seed) for p in _progress(policies, args.json)}
+    doc = comparison(cfg, results)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print_table(doc, f"{args.model}, {args.reserved_gpus} reserved GPUs, trace {args.trace}")
+    if args.plot:
+        plot(results, args.plot, f"{args.model} on {args.trace.rsplit('/', 1)[-1]}")
+    return 0
+
+
+def _progress(policies: list[str], quiet: bool):
+    if quiet:
+        yield from policies
+        return
+    from rich.progress import track
+
+    yield from track(policies, description="simulating policies")

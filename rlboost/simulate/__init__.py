@@ -1,0 +1,9 @@
+"""`rlboost simulate`: a whole RL job at cluster scale, replayed from a real spot trace.
+
+Modelled engines (a roofline of decode on H100s) and a modelled trainer, driven by the
+rollout-manager's real policy code (`rlboost.policies`: placement, offload window). Compares
+reserved-only (colocated), disaggregated (fixed split) and hybrid (rlboost) on the same trace
+and workload. See docs/simulation.md for the model and its assumptions.
+
+    rlboost simulate --trace ../shared/traces/bamboo/<file>.csv --json --plot out.png
+"""
