@@ -31,10 +31,7 @@ class SpotScaler:
         if used == 0:
             return self.target
         ratio = busy_fraction / self.target_busy
-        if abs(ratio - 1.0) <= self.tolerance:
-            desired = used
-        else:
-            desired = math.ceil(used * ratio)
+        desired = used if abs(ratio - 1.0) <= self.tolerance else math.ceil(used * ratio)
         if desired > used and trainer_wait_s <= 0:
             desired = used  # spot is busy but nobody waits for it: more would not shorten the step
         self.target = max(1, desired)
