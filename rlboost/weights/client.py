@@ -1,0 +1,248 @@
+"""Async client of the weight-server (torch-free): list, plan, pull over several ranged streams, upload.
+
+    async with WeightClient("http://127.0.0.1:8600", token=tok, streams=4) as wc:
+        await wc.upload(0, payload, kind="full", checksum=digest)
+        data = await wc.pull(0)            # every chunk's and the whole sha256 verified
+
+A pull fetches the manifest's chunks over `streams` concurrent `Range` requests. A chunk whose
+connection drops is retried with exponential backoff (bounded), resuming from the bytes of that
+chunk already received; a chunk whose sha256 does not match is fetched again from its start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from rlboost.wire.weights_io import (
+    API_PREFIX,
+    HEADER_BASE_VERSION,
+    HEADER_CHECKSUM,
+    HEADER_FORMAT,
+    HEADER_KIND,
+    ChunkInfo,
+    Manifest,
+    VersionList,
+)
+
+UPLOAD_BLOCK = 1 << 20
+
+
+class WeightServerError(Exception):
+    """The weight-server refused a request, or a pull could not be completed and verified."""
+
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        super().__init__(f"weight-server: {message} (HTTP {status})" if status else f"weight-server: {message}")
+        self.status, self.message, self.field = status, message, field
+
+
+class _RetryableError(Exception):
+    """A chunk fetch that failed in a way worth retrying (connection drop, short read, bad sha256)."""
+
+
+@dataclass
+class PullStats:
+    """What the last pull did: requests sent, retries, and the offsets retries resumed from."""
+
+    requests: int = 0
+    retries: int = 0
+    resumed_offsets: list[int] = field(default_factory=list)
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+def _raise_for(resp: httpx.Response) -> None:
+    if resp.status_code < 400:
+        return
+    try:
+        body = resp.json()
+        message, fld = str(body.get("error", body)), body.get("field")
+    except ValueError:
+        message, fld = resp.text.strip() or resp.reason_phrase, None
+    raise WeightServerError(resp.status_code, message, fld)
+
+
+class WeightClient:
+    """Talks to one weight-server; use as `async with` (or call `aclose()`)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        streams: int = 4,
+        timeout: float = 60.0,
+        retries: int = 6,
+        backoff_max: float = 2.0,
+    ) -> None:
+        if streams < 1:
+            raise ValueError(f"streams must be >= 1, got {streams}")
+        self.streams, self.retries, self.backoff_max = streams, retries, backoff_max
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            limits=httpx.Limits(max_connections=streams + 2, max_keepalive_connections=streams + 2),
+        )
+        self.last_pull = PullStats()
+
+    async def __aenter__(self) -> WeightClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _get(self, path: str, **kwargs: object) -> httpx.Response:
+        try:
+            resp = await self._http.get(API_PREFIX + path, **kwargs)
+        except httpx.TransportError as err:
+            raise WeightServerError(0, f"cannot reach {self._http.base_url}: {err!r}") from None
+        _raise_for(resp)
+        return resp
+
+    # ---- reads -------------------------------------------------------------------------------
+    async def versions(self) -> VersionList:
+        return VersionList.model_validate_json((await self._get("/versions")).content)
+
+    async def manifest(self, version: int) -> Manifest:
+        return Manifest.model_validate_json((await self._get(f"/versions/{version}/manifest")).content)
+
+    async def sync_plan(self, from_version: int | None, to_version: int | None = None) -> list[Manifest]:
+        """Manifests to apply in order to go from `from_version` (None: nothing held) to `to_version` (None: latest)."""
+        params = {k: str(v) for k, v in (("from", from_version), ("to", to_version)) if v is not None}
+        resp = await self._get("/sync", params=params)
+        return [Manifest.model_validate(m) for m in resp.json()]
+
+    async def wait_for_version(self, version: int, timeout: float, interval: float = 0.1) -> VersionList:
+        """Poll until the latest version is >= `version`; TimeoutError after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                held = await self.versions()
+                if held.latest is not None and held.latest >= version:
+                    return held
+            except WeightServerError as err:
+                if err.status:  # the server answered with a refusal: waiting will not help
+                    raise
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"weight version {version} did not appear within {timeout:.0f}s")
+            await asyncio.sleep(interval)  # polling interval of a client loop, not test synchronisation
+
+    async def pull(self, version: int | Manifest) -> bytes:
+        """The payload of a version, fetched in chunks over `streams` connections and verified."""
+        m = version if isinstance(version, Manifest) else await self.manifest(version)
+        started = time.monotonic()
+        self.last_pull = stats = PullStats()
+        buf = bytearray(m.total_bytes)
+        gate = asyncio.Semaphore(self.streams)
+
+        async def one(chunk: ChunkInfo) -> None:
+            async with gate:
+                await self._fetch_chunk(m.version, chunk, buf, stats)
+
+        await asyncio.gather(*(one(c) for c in m.chunks))
+        if hashlib.sha256(buf).hexdigest() != m.sha256:
+            raise WeightServerError(0, f"version {m.version}: payload sha256 does not match its manifest")
+        stats.bytes, stats.seconds = len(buf), time.monotonic() - started
+        return bytes(buf)
+
+    async def _fetch_chunk(self, version: int, chunk: ChunkInfo, buf: bytearray, stats: PullStats) -> None:
+        held = [0]  # bytes of this chunk already in buf, updated as they arrive; a retry resumes after them
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.retries),
+            wait=wait_exponential(multiplier=0.05, max=self.backoff_max),
+            retry=retry_if_exception_type(_RetryableError),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    if attempt.retry_state.attempt_number > 1:
+                        stats.retries += 1
+                        if held[0]:
+                            stats.resumed_offsets.append(chunk.offset + held[0])
+                    await self._fetch_from(version, chunk, buf, held, stats)
+                    view = memoryview(buf)[chunk.offset : chunk.offset + chunk.length]
+                    if hashlib.sha256(view).hexdigest() != chunk.sha256:
+                        held[0] = 0
+                        raise _RetryableError(f"chunk {chunk.index} sha256 mismatch")
+        except _RetryableError as err:
+            raise WeightServerError(
+                0, f"version {version} chunk {chunk.index}: gave up after {self.retries} tries ({err})"
+            ) from None
+
+    async def _fetch_from(
+        self, version: int, chunk: ChunkInfo, buf: bytearray, held: list[int], stats: PullStats
+    ) -> None:
+        """Fetch the chunk's bytes after the `held[0]` already received into buf, advancing `held[0]`."""
+        start, end = chunk.offset + held[0], chunk.offset + chunk.length - 1
+        if start > end:
+            return
+        stats.requests += 1
+        path = f"{API_PREFIX}/versions/{version}/payload"
+        try:
+            async with self._http.stream("GET", path, headers={"Range": f"bytes={start}-{end}"}) as resp:
+                if resp.status_code >= 500:
+                    raise _RetryableError(f"HTTP {resp.status_code}")
+                if resp.status_code != 206:
+                    await resp.aread()
+                    _raise_for(resp)
+                    raise WeightServerError(resp.status_code, f"expected 206 for a ranged read, got {resp.status_code}")
+                async for piece in resp.aiter_raw():
+                    n = min(len(piece), chunk.length - held[0])
+                    pos = chunk.offset + held[0]
+                    buf[pos : pos + n] = piece[:n]
+                    held[0] += n
+        except httpx.TransportError as err:  # dropped connection, timeout, protocol error
+            raise _RetryableError(f"{type(err).__name__}: {err}") from None
+        if held[0] < chunk.length:
+            raise _RetryableError(f"short read: {held[0]} of {chunk.length} bytes")
+
+    # ---- writes ------------------------------------------------------------------------------
+    async def upload(
+        self,
+        version: int,
+        payload: bytes | bytearray | memoryview | str | Path,
+        kind: str = "full",
+        checksum: str = "",
+        base_version: int | None = None,
+        fmt: str | None = None,
+    ) -> Manifest:
+        """PUT a version (bytes, or a file path streamed from disk); returns the server's manifest."""
+        headers = {HEADER_KIND: kind, HEADER_CHECKSUM: checksum}
+        if base_version is not None:
+            headers[HEADER_BASE_VERSION] = str(base_version)
+        if fmt:
+            headers[HEADER_FORMAT] = fmt
+        if isinstance(payload, str | Path):
+            path = Path(payload)
+            headers["Content-Length"] = str(path.stat().st_size)
+            content: bytes | AsyncIterator[bytes] = _file_blocks(path)
+        else:
+            content = bytes(payload)
+        try:
+            resp = await self._http.put(f"{API_PREFIX}/versions/{version}", content=content, headers=headers)
+        except httpx.TransportError as err:
+            raise WeightServerError(0, f"upload of version {version} failed: {err!r}") from None
+        _raise_for(resp)
+        return Manifest.model_validate_json(resp.content)
+
+
+async def _file_blocks(path: Path) -> AsyncIterator[bytes]:
+    """A file's bytes in blocks, read in a worker thread so the event loop keeps serving."""
+    f = await asyncio.to_thread(open, path, "rb")
+    try:
+        while block := await asyncio.to_thread(f.read, UPLOAD_BLOCK):
+            yield block
+    finally:
+        f.close()

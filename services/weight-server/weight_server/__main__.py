@@ -1,0 +1,143 @@
+"""Run the weight-server: `python -m weight_server --port P --data-dir D --token-file T --nats-url U ...`.
+
+Flags (each also RLBOOST_<FLAG>): the shared service flags (--config, --namespace, --job, --nats-url,
+--host, --log-level) plus --port, --data-dir, --token-file (or RLBOOST_TOKEN), --read-token-file,
+--chunk-bytes (default: the job spec's weightSync.chunkBytes). One process, uvicorn run programmatically.
+A bad data dir, a port in use, a missing token or an unreachable NATS exits non-zero with one clear line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from rlboost.observability import setup_logging
+from rlboost.service_args import env_default, parse_service_args, service_parser
+
+log = logging.getLogger("weight_server")
+
+
+class StartupError(Exception):
+    """A configuration problem reported as one line before exiting."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = service_parser("weight-server", "Versions of the policy's weights over HTTP (FastAPI).")
+    parser.add_argument("--port", type=int, default=int(env_default("port", 8600)), help="HTTP port")
+    parser.add_argument("--data-dir", default=env_default("data-dir", "./weights-data"), help="where versions live")
+    parser.add_argument(
+        "--token-file", default=env_default("token-file", ""), help="upload token file (or RLBOOST_TOKEN)"
+    )
+    parser.add_argument(
+        "--read-token-file", default=env_default("read-token-file", ""), help="require this token for reads"
+    )
+    parser.add_argument("--chunk-bytes", type=int, default=env_default("chunk-bytes", None), help="payload chunk size")
+    parser.add_argument("--no-nats", action="store_true", help="do not announce versions on NATS (tests, debugging)")
+    return parser
+
+
+def read_token(path: str, flag: str) -> str:
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as err:
+        raise StartupError(f"{flag} {path}: cannot read it ({err.strerror})") from None
+    if not token:
+        raise StartupError(f"{flag} {path}: the file is empty; put the token in it")
+    return token
+
+
+def upload_token(args: argparse.Namespace) -> str:
+    if args.token_file:
+        return read_token(args.token_file, "--token-file")
+    token = os.environ.get("RLBOOST_TOKEN", "").strip()
+    if not token:
+        raise StartupError("no upload token: pass --token-file FILE or set RLBOOST_TOKEN")
+    return token
+
+
+def check_data_dir(path: str) -> Path:
+    """The data dir exists (created if needed) and is writable."""
+    root = Path(path)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / ".write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise StartupError(f"--data-dir {path}: not a writable directory ({err.strerror or err})") from None
+    return root
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind the listening socket ourselves so a port in use is one clear line, not a uvicorn traceback."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise StartupError(f"--host {host} --port {port}: cannot listen ({err.strerror or err})") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve(args: argparse.Namespace) -> None:
+    import uvicorn  # lazy: only the running server needs it
+
+    from .announce import AnnounceError, Announcer
+    from .app import create_app
+    from .store import VersionStore
+
+    token = upload_token(args)
+    reader = read_token(args.read_token_file, "--read-token-file") if args.read_token_file else None
+    chunk = args.chunk_bytes or args.spec.weight_sync.chunk_bytes
+    if int(chunk) < 1:
+        raise StartupError(f"--chunk-bytes must be a positive byte count, got {chunk}")
+    root = check_data_dir(args.data_dir)
+    sock = bind(args.host, args.port)
+    announcer = None
+    if not args.no_nats:
+        announcer = Announcer(args.nats_url, args.namespace, args.job)
+        try:
+            await announcer.connect()
+        except AnnounceError as err:
+            raise StartupError(f"--nats-url: {err}") from None
+    store = VersionStore(root, int(chunk), args.spec.weight_sync.retain_versions)
+    app = create_app(store, token, reader, announcer)
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    log.info("weight-server listening", extra={"host": args.host, "port": args.port, "data_dir": str(root)})
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        if announcer is not None:
+            await announcer.close()
+        log.info("weight-server stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parse_service_args(parser, argv)
+    setup_logging("weight-server", args.log_level)
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises it; this makes that a clean exit 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        asyncio.run(serve(args))
+    except StartupError as err:
+        print(f"weight-server: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

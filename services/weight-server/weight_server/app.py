@@ -1,0 +1,204 @@
+"""The weight-server's FastAPI app: versions, manifests, ranged payloads, uploads and sync plans.
+
+Routes (rlboost.wire.weights_io): GET /v1/versions, GET /v1/versions/{v}/manifest,
+GET /v1/versions/{v}/payload (Range), PUT /v1/versions/{v} (bearer token), GET /v1/sync?from=A&to=B,
+GET /healthz, GET /metrics. Errors are JSON: {"error": "...", "field": "..."}.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import re
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from rlboost.wire.events import WeightsAnnounced
+from rlboost.wire.weights_io import (
+    API_PREFIX,
+    HEADER_BASE_VERSION,
+    HEADER_CHECKSUM,
+    HEADER_FORMAT,
+    HEADER_KIND,
+    Manifest,
+    VersionList,
+)
+
+from .announce import Announcer
+from .metrics import WeightServerMetrics
+from .store import StoreError, Upload, VersionStore
+
+log = logging.getLogger(__name__)
+
+WRITE_BUFFER = 4 << 20  # upload bytes gathered before one (threaded) disk write
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+def _error(status: int, message: str, field: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "field": field}, status_code=status, headers=headers)
+
+
+def _bearer(request: Request) -> str:
+    auth = request.headers.get("authorization", "")
+    return auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+
+
+def parse_range(header: str, size: int) -> tuple[int, int]:
+    """(start, end) inclusive for `bytes=a-b`, `bytes=a-` or `bytes=-n`; StoreError(416) otherwise."""
+    m = _RANGE.match(header.strip())
+    if not m or (not m.group(1) and not m.group(2)):
+        raise StoreError(416, f"unsupported Range {header!r}: use one range, 'bytes=START-END'", "Range")
+    if not m.group(1):  # suffix: the last n bytes
+        n = int(m.group(2))
+        if n == 0 or size == 0:
+            raise StoreError(416, f"Range {header!r} selects no bytes of a {size}-byte payload", "Range")
+        return max(0, size - n), size - 1
+    start = int(m.group(1))
+    end = int(m.group(2)) if m.group(2) else size - 1
+    if start >= size or end < start:
+        raise StoreError(416, f"Range {header!r} is outside the {size}-byte payload", "Range")
+    return start, min(end, size - 1)
+
+
+def _int_param(value: str | None, name: str) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise StoreError(422, f"{name} must be an integer version, got {value!r}", name) from None
+
+
+def create_app(
+    store: VersionStore,
+    token: str,
+    read_token: str | None = None,
+    announcer: Announcer | None = None,
+    metrics: WeightServerMetrics | None = None,
+) -> FastAPI:
+    """The app over a store; `token` guards uploads, `read_token` (if set) guards reads."""
+    if not token:
+        raise ValueError("an upload token is required")
+    metrics = metrics or WeightServerMetrics()
+    app = FastAPI(title="rlboost weight-server", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.store, app.state.metrics = store, metrics
+
+    def refresh_gauges() -> None:
+        metrics.versions_held.set(len(store.versions()))
+        metrics.bytes_on_disk.set(store.bytes_on_disk())
+
+    refresh_gauges()
+
+    @app.exception_handler(StoreError)
+    async def _store_error(_: Request, err: StoreError) -> JSONResponse:
+        metrics.rejected.labels(str(err.status)).inc()
+        return _error(err.status, err.message, err.field)
+
+    def check_read(request: Request) -> None:
+        if read_token is None:
+            return
+        given = _bearer(request)
+        if not (hmac.compare_digest(given, read_token) or hmac.compare_digest(given, token)):
+            raise StoreError(401, "reads need 'Authorization: Bearer <read token>'", "Authorization")
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return Response("ok\n", media_type="text/plain")
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        refresh_gauges()
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get(API_PREFIX + "/versions")
+    async def versions(request: Request) -> VersionList:
+        check_read(request)
+        held = store.versions()
+        return VersionList(latest=held[-1] if held else None, versions=held)
+
+    @app.get(API_PREFIX + "/versions/{version}/manifest")
+    async def manifest(version: int, request: Request) -> Manifest:
+        check_read(request)
+        return store.manifest(version)
+
+    @app.get(API_PREFIX + "/sync")
+    async def sync(request: Request) -> list[Manifest]:
+        check_read(request)
+        q = request.query_params
+        return store.sync_plan(_int_param(q.get("from"), "from"), _int_param(q.get("to"), "to"))
+
+    @app.get(API_PREFIX + "/versions/{version}/payload")
+    async def payload(version: int, request: Request) -> Response:
+        check_read(request)
+        m = store.manifest(version)
+        size = m.total_bytes
+        range_header = request.headers.get("range")
+        if range_header is None:
+            start, end, status, extra = 0, size - 1, 200, {}
+        else:
+            metrics.range_requests.inc()
+            try:
+                start, end = parse_range(range_header, size)
+            except StoreError as err:
+                metrics.rejected.labels("416").inc()
+                return _error(416, err.message, err.field, {"Content-Range": f"bytes */{size}"})
+            status, extra = 206, {"Content-Range": f"bytes {start}-{end}/{size}"}
+        served = metrics.bytes_served.labels(m.kind)
+
+        def body():  # sync generator: Starlette runs each step in a worker thread, off the event loop
+            for block in store.read_range(version, start, end):
+                served.inc(len(block))
+                yield block
+
+        headers = {"Content-Length": str(max(0, end - start + 1)), "Accept-Ranges": "bytes", **extra}
+        headers["ETag"] = f'"{m.sha256}"'
+        return StreamingResponse(body(), status_code=status, headers=headers, media_type="application/octet-stream")
+
+    @app.put(API_PREFIX + "/versions/{version}")
+    async def upload(version: int, request: Request) -> Manifest:
+        if not hmac.compare_digest(_bearer(request), token):
+            raise StoreError(401, "uploads need 'Authorization: Bearer <job token>'", "Authorization")
+        h = request.headers
+        base = _int_param(h.get(HEADER_BASE_VERSION), HEADER_BASE_VERSION)
+        up = store.begin_upload(
+            version,
+            kind=h.get(HEADER_KIND, "full"),
+            checksum=h.get(HEADER_CHECKSUM, ""),
+            base_version=base,
+            fmt=h.get(HEADER_FORMAT),
+        )
+        try:
+            result = await _receive(request, up)
+        except BaseException:
+            store.release(up)
+            raise
+        metrics.uploads.labels(result.kind).inc()
+        metrics.upload_bytes.labels(result.kind).inc(result.total_bytes)
+        refresh_gauges()
+        log.info(
+            "version uploaded",
+            extra={"version": version, "kind": result.kind, "bytes": result.total_bytes, "base": result.base_version},
+        )
+        if announcer is not None:
+            event = WeightsAnnounced(version=version, checksum=result.checksum, kind=result.kind)
+            if not await announcer.announce(event):
+                metrics.announce_failures.inc()
+        return result
+
+    return app
+
+
+async def _receive(request: Request, up: Upload) -> Manifest:
+    """Stream the request body to disk in large blocks, then commit; never holds the whole payload."""
+    buf = bytearray()
+    async for piece in request.stream():
+        buf += piece
+        if len(buf) >= WRITE_BUFFER:
+            data, buf = bytes(buf), bytearray()
+            await anyio.to_thread.run_sync(up.write, data)
+    if buf:
+        await anyio.to_thread.run_sync(up.write, bytes(buf))
+    return await anyio.to_thread.run_sync(up.commit)

@@ -1,0 +1,32 @@
+"""Prometheus metrics of the weight-server, in a registry of their own (one per app instance)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class WeightServerMetrics:
+    """Uploads, bytes served by payload kind, range requests, versions held and bytes on disk."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.uploads = Counter(
+            "rlboost_weights_uploads_total", "Versions uploaded, by kind.", ["kind"], registry=self.registry
+        )
+        self.upload_bytes = Counter(
+            "rlboost_weights_upload_bytes_total", "Payload bytes received, by kind.", ["kind"], registry=self.registry
+        )
+        self.rejected = Counter(
+            "rlboost_weights_rejected_total", "Requests refused, by HTTP status.", ["status"], registry=self.registry
+        )
+        self.bytes_served = Counter(
+            "rlboost_weights_bytes_served_total", "Payload bytes sent, by kind.", ["kind"], registry=self.registry
+        )
+        self.range_requests = Counter(
+            "rlboost_weights_range_requests_total", "Payload requests with a Range header.", registry=self.registry
+        )
+        self.announce_failures = Counter(
+            "rlboost_weights_announce_failures_total", "NATS announcements that failed.", registry=self.registry
+        )
+        self.versions_held = Gauge("rlboost_weights_versions_held", "Versions on disk.", registry=self.registry)
+        self.bytes_on_disk = Gauge("rlboost_weights_bytes_on_disk", "Payload bytes on disk.", registry=self.registry)

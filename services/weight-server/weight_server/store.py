@@ -1,0 +1,310 @@
+"""Weight versions on disk: `<data-dir>/versions/<v>/payload` + `manifest.json`.
+
+An upload streams into `<data-dir>/incoming/<random>/` while its whole and per-chunk sha256 are
+computed on the fly; on commit the files are fsynced and the directory is renamed into
+`versions/<v>` (atomic on one filesystem), so a crash never leaves a half-written version visible.
+On start the store reloads every complete version and clears leftovers of interrupted uploads.
+
+Retention keeps the newest `retain_versions` versions plus every version that a retained delta
+chains back to (its bases, down to the full snapshot), so every retained version stays reachable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlboost.wire.weights_io import ChunkInfo, Manifest
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+PAYLOAD = "payload"
+READ_BLOCK = 1 << 20
+
+
+class StoreError(Exception):
+    """A request the store refuses: HTTP `status`, a message and the offending field."""
+
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.field = status, message, field
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Upload:
+    """One upload in progress: bytes stream to a temporary payload file, hashed as they arrive."""
+
+    store: VersionStore
+    version: int
+    kind: str
+    base_version: int | None
+    checksum: str
+    fmt: str
+    chunk_bytes: int
+    tmp_dir: Path
+    total: int = 0
+    _whole: hashlib._Hash = field(default_factory=hashlib.sha256)
+    _chunk: hashlib._Hash = field(default_factory=hashlib.sha256)
+    _chunk_fill: int = 0
+    chunks: list[ChunkInfo] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.tmp_dir.mkdir(parents=True)
+        self._file = open(self.tmp_dir / PAYLOAD, "wb")  # noqa: SIM115 (closed in commit/abort)
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Append bytes; blocking (call from a worker thread)."""
+        view = memoryview(data)
+        self._file.write(view)
+        self._whole.update(view)
+        while len(view):
+            take = min(len(view), self.chunk_bytes - self._chunk_fill)
+            self._chunk.update(view[:take])
+            self._chunk_fill += take
+            view = view[take:]
+            if self._chunk_fill == self.chunk_bytes:
+                self._close_chunk()
+        self.total += len(data)
+
+    def _close_chunk(self) -> None:
+        offset = len(self.chunks) * self.chunk_bytes
+        self.chunks.append(
+            ChunkInfo(index=len(self.chunks), offset=offset, length=self._chunk_fill, sha256=self._chunk.hexdigest())
+        )
+        self._chunk, self._chunk_fill = hashlib.sha256(), 0
+
+    def commit(self) -> Manifest:
+        """fsync, write the manifest, rename into place; blocking. Raises StoreError on a conflict."""
+        if self._chunk_fill:
+            self._close_chunk()
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        manifest = Manifest(
+            version=self.version,
+            kind=self.kind,  # type: ignore[arg-type]
+            base_version=self.base_version,
+            format=self.fmt,
+            checksum=self.checksum,
+            total_bytes=self.total,
+            sha256=self._whole.hexdigest(),
+            chunk_bytes=self.chunk_bytes,
+            chunks=self.chunks,
+            created_at=time.time(),
+        )
+        with open(self.tmp_dir / MANIFEST, "w") as f:
+            f.write(manifest.model_dump_json(indent=1))
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(self.tmp_dir)
+        try:
+            self.store._install(self, manifest)
+        except BaseException:
+            self.abort()
+            raise
+        return manifest
+
+    def abort(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+
+class VersionStore:
+    """Versions held on disk, with their manifests in memory. Thread-safe."""
+
+    def __init__(self, data_dir: str | Path, chunk_bytes: int, retain_versions: int) -> None:
+        self.root = Path(data_dir)
+        self.versions_dir = self.root / "versions"
+        self.incoming_dir = self.root / "incoming"
+        self.chunk_bytes = chunk_bytes
+        self.retain_versions = retain_versions
+        self._lock = threading.Lock()
+        self._manifests: dict[int, Manifest] = {}
+        self._pending: set[int] = set()  # versions being uploaded right now
+        self._load()
+
+    # ---- startup -----------------------------------------------------------------------------
+    def _load(self) -> None:
+        self.versions_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.incoming_dir, ignore_errors=True)  # leftovers of interrupted uploads
+        self.incoming_dir.mkdir(parents=True, exist_ok=True)
+        for d in self.versions_dir.iterdir():
+            try:
+                manifest = Manifest.model_validate_json((d / MANIFEST).read_text())
+                if manifest.version != int(d.name) or (d / PAYLOAD).stat().st_size != manifest.total_bytes:
+                    raise ValueError("manifest does not match its directory")
+            except (OSError, ValueError) as err:
+                log.warning("skipping unreadable version directory", extra={"path": str(d), "error": str(err)})
+                continue
+            self._manifests[manifest.version] = manifest
+        log.info("store loaded", extra={"versions": sorted(self._manifests), "data_dir": str(self.root)})
+
+    # ---- queries -----------------------------------------------------------------------------
+    def versions(self) -> list[int]:
+        with self._lock:
+            return sorted(self._manifests)
+
+    def latest(self) -> int | None:
+        with self._lock:
+            return max(self._manifests, default=None)
+
+    def manifest(self, version: int) -> Manifest:
+        with self._lock:
+            found = self._manifests.get(version)
+        if found is None:
+            raise StoreError(404, f"version {version} is not held (see GET /v1/versions)", "version")
+        return found
+
+    def payload_path(self, version: int) -> Path:
+        self.manifest(version)
+        return self.versions_dir / str(version) / PAYLOAD
+
+    def bytes_on_disk(self) -> int:
+        with self._lock:
+            return sum(m.total_bytes for m in self._manifests.values())
+
+    def read_range(self, version: int, start: int, end: int) -> Iterator[bytes]:
+        """Yield bytes [start, end] (inclusive) of a payload in blocks; blocking."""
+        with open(self.payload_path(version), "rb") as f:
+            f.seek(start)
+            left = end - start + 1
+            while left > 0:
+                block = f.read(min(READ_BLOCK, left))
+                if not block:
+                    return
+                left -= len(block)
+                yield block
+
+    # ---- uploads -----------------------------------------------------------------------------
+    def begin_upload(
+        self, version: int, kind: str, checksum: str, base_version: int | None = None, fmt: str | None = None
+    ) -> Upload:
+        """Validate an upload's metadata and reserve its version; raises StoreError with the field at fault."""
+        if kind not in ("full", "delta"):
+            raise StoreError(422, f"kind must be 'full' or 'delta', got {kind!r}", "kind")
+        if not checksum:
+            raise StoreError(422, "checksum of the whole parameter state is required", "checksum")
+        if version < 0:
+            raise StoreError(422, f"version must be >= 0, got {version}", "version")
+        if kind == "full" and base_version is not None:
+            raise StoreError(422, "base_version is only for deltas; leave it out for a full snapshot", "base_version")
+        with self._lock:
+            self._check_version(version, kind, base_version)
+            self._pending.add(version)
+        fmt = fmt or ("safetensors" if kind == "full" else "rlboost-delta")
+        tmp = self.incoming_dir / f"{version}-{uuid.uuid4().hex}"
+        try:
+            return Upload(self, version, kind, base_version, checksum, fmt, self.chunk_bytes, tmp)
+        except BaseException:
+            with self._lock:
+                self._pending.discard(version)
+            raise
+
+    def _check_version(self, version: int, kind: str, base_version: int | None) -> None:
+        """Under the lock: the version is new and above the latest; a delta's base is held."""
+        if version in self._manifests or version in self._pending:
+            raise StoreError(409, f"version {version} already exists; versions are immutable", "version")
+        newest = max([*self._manifests, *self._pending], default=None)
+        if newest is not None and version <= newest:
+            raise StoreError(409, f"version {version} is not newer than the latest version {newest}", "version")
+        if kind == "delta":
+            if base_version is None:
+                raise StoreError(422, "a delta needs its base version (header X-Rlboost-Base-Version)", "base_version")
+            if base_version not in self._manifests:
+                raise StoreError(
+                    422, f"base_version {base_version} is not held; upload a full snapshot instead", "base_version"
+                )
+            if base_version >= version:
+                raise StoreError(
+                    422, f"base_version {base_version} must be older than version {version}", "base_version"
+                )
+
+    def release(self, upload: Upload) -> None:
+        """Forget a failed upload's reservation and its temporary files."""
+        upload.abort()
+        with self._lock:
+            self._pending.discard(upload.version)
+
+    def _install(self, upload: Upload, manifest: Manifest) -> None:
+        target = self.versions_dir / str(upload.version)
+        with self._lock:
+            self._pending.discard(upload.version)
+            if upload.kind == "delta" and upload.base_version not in self._manifests:
+                raise StoreError(
+                    409, f"base_version {upload.base_version} was removed during the upload", "base_version"
+                )
+            os.rename(upload.tmp_dir, target)
+            _fsync_dir(self.versions_dir)
+            self._manifests[upload.version] = manifest
+            doomed = self._expired()
+            for v in doomed:
+                del self._manifests[v]
+        for v in doomed:
+            shutil.rmtree(self.versions_dir / str(v), ignore_errors=True)
+        if doomed:
+            log.info("retention removed versions", extra={"removed": doomed})
+
+    # ---- retention and sync plans ------------------------------------------------------------
+    def _expired(self) -> list[int]:
+        """Under the lock: versions outside the newest `retain_versions` that no retained delta needs."""
+        newest = sorted(self._manifests, reverse=True)[: self.retain_versions]
+        keep: set[int] = set()
+        for v in newest:
+            while v is not None and v not in keep and v in self._manifests:
+                keep.add(v)
+                m = self._manifests[v]
+                v = m.base_version if m.kind == "delta" else None
+        return sorted(set(self._manifests) - keep)
+
+    def sync_plan(self, from_version: int | None, to_version: int | None) -> list[Manifest]:
+        """Manifests a worker at `from_version` (None: holds nothing) applies in order to reach `to_version`.
+
+        Walk back from the target along delta bases. Reaching `from_version` gives the delta chain;
+        reaching a full snapshot gives snapshot + deltas. Of the candidates, fewer total bytes wins.
+        """
+        with self._lock:
+            manifests = dict(self._manifests)
+        if to_version is None:
+            to_version = max(manifests, default=None)
+            if to_version is None:
+                raise StoreError(404, "no version has been uploaded yet", "to")
+        if to_version not in manifests:
+            raise StoreError(404, f"version {to_version} is not held (see GET /v1/versions)", "to")
+        if from_version is not None and from_version > to_version:
+            raise StoreError(422, f"from ({from_version}) must not be newer than to ({to_version})", "from")
+        if from_version == to_version:
+            return []
+        path: list[Manifest] = []
+        chain: list[Manifest] | None = None
+        v: int | None = to_version
+        while v is not None and v in manifests:
+            if v == from_version:
+                chain = list(reversed(path))
+            m = manifests[v]
+            path.append(m)
+            if m.kind == "full":
+                break
+            v = m.base_version
+        snapshot = list(reversed(path)) if path[-1].kind == "full" else None
+        candidates = [c for c in (chain, snapshot) if c is not None]
+        if not candidates:
+            raise StoreError(409, f"version {to_version} cannot be rebuilt: its delta chain lost its base", "to")
+        return min(candidates, key=lambda c: sum(m.total_bytes for m in c))

@@ -1,0 +1,177 @@
+"""The weight-server app over real HTTP (uvicorn on a loopback port in a thread): uploads, Range reads,
+auth, JSON errors, sync plans, metrics, and the NATS announcement seen by a real subscriber."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import httpx
+import nats
+import pytest
+
+from rlboost.nats_server import NatsServer
+from rlboost.wire.events import WeightsAnnounced, subject
+from rlboost.wire.weights_io import HEADER_BASE_VERSION, HEADER_CHECKSUM, HEADER_KIND, Manifest, VersionList
+from tests.weight_server.servers import TOKEN, ThreadServer
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def put(client: httpx.Client, version: int, data: bytes, kind: str = "full", base: int | None = None, **hdr):
+    headers = {**AUTH, HEADER_KIND: kind, HEADER_CHECKSUM: f"sum{version}", **hdr}
+    if base is not None:
+        headers[HEADER_BASE_VERSION] = str(base)
+    return client.put(f"/v1/versions/{version}", content=data, headers=headers)
+
+
+@pytest.fixture
+def server(tmp_path):
+    with ThreadServer(tmp_path / "data", chunk_bytes=4096, retain=3) as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=10) as c:
+        yield c
+
+
+def test_upload_then_read_back_with_manifest(client) -> None:
+    data = os.urandom(10_000)
+    resp = put(client, 0, data)
+    assert resp.status_code == 200, resp.text
+    m = Manifest.model_validate(resp.json())
+    assert (m.version, m.kind, m.checksum, m.total_bytes) == (0, "full", "sum0", 10_000)
+    assert m.sha256 == hashlib.sha256(data).hexdigest() and len(m.chunks) == 3
+    assert Manifest.model_validate(client.get("/v1/versions/0/manifest").json()) == m
+    assert VersionList.model_validate(client.get("/v1/versions").json()) == VersionList(latest=0, versions=[0])
+    full = client.get("/v1/versions/0/payload")
+    assert full.status_code == 200 and full.content == data
+
+
+def test_range_reads(client) -> None:
+    data = os.urandom(5000)
+    put(client, 0, data)
+    for rng, start, end in [
+        ("bytes=10-19", 10, 19),
+        ("bytes=4990-", 4990, 4999),
+        ("bytes=-5", 4995, 4999),
+        ("bytes=4000-99999", 4000, 4999),
+    ]:
+        r = client.get("/v1/versions/0/payload", headers={"Range": rng})
+        assert r.status_code == 206, rng
+        assert r.headers["content-range"] == f"bytes {start}-{end}/5000"
+        assert r.content == data[start : end + 1]
+    for bad in ["bytes=5000-", "bytes=20-10", "bytes=0-1,5-6", "items=0-1", "bytes=-0"]:
+        r = client.get("/v1/versions/0/payload", headers={"Range": bad})
+        assert r.status_code == 416, bad
+        assert r.headers["content-range"] == "bytes */5000" and r.json()["field"] == "Range"
+
+
+def test_upload_needs_the_bearer_token(client) -> None:
+    r = client.put("/v1/versions/0", content=b"x", headers={HEADER_CHECKSUM: "c"})
+    assert r.status_code == 401 and r.json()["field"] == "Authorization"
+    r = client.put("/v1/versions/0", content=b"x", headers={HEADER_CHECKSUM: "c", "Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    assert client.get("/v1/versions").json()["versions"] == []
+
+
+def test_errors_are_json_with_the_field(client) -> None:
+    r = client.get("/v1/versions/7/manifest")
+    assert r.status_code == 404 and r.json()["field"] == "version"
+    assert client.get("/v1/versions/7/payload").status_code == 404
+    assert put(client, 1, b"d", "delta", 0).json() == {
+        "error": "base_version 0 is not held; upload a full snapshot instead",
+        "field": "base_version",
+    }
+    assert put(client, 0, b"a").status_code == 200
+    r = put(client, 0, b"again")
+    assert r.status_code == 409 and r.json()["field"] == "version"
+    r = put(client, 1, b"d", "delta", None, **{HEADER_BASE_VERSION: "zero"})
+    assert r.status_code == 422 and r.json()["field"] == HEADER_BASE_VERSION
+    r = client.get("/v1/sync", params={"from": "x"})
+    assert r.status_code == 422 and r.json()["field"] == "from"
+
+
+def test_sync_plan_and_retention_over_http(client, server) -> None:
+    put(client, 0, b"F" * 3000)
+    for v in range(1, 5):
+        assert put(client, v, b"d" * 10, "delta", v - 1).status_code == 200
+    # retain 3 = {2,3,4}, but their chain needs 1 and the snapshot 0
+    assert client.get("/v1/versions").json()["versions"] == [0, 1, 2, 3, 4]
+    assert [m["version"] for m in client.get("/v1/sync", params={"from": 2, "to": 4}).json()] == [3, 4]
+    assert [m["version"] for m in client.get("/v1/sync").json()] == [0, 1, 2, 3, 4]
+    put(client, 5, b"F" * 100)
+    for v in (6, 7, 8):
+        put(client, v, b"d", "delta", v - 1)
+    # newest 3 = {6, 7, 8} chain back to the snapshot 5; the older chain is gone
+    assert client.get("/v1/versions").json()["versions"] == [5, 6, 7, 8]
+    assert [m["version"] for m in client.get("/v1/sync", params={"from": 2}).json()] == [5, 6, 7, 8]
+    assert not (server.store.root / "versions" / "4").exists()
+
+
+def test_read_token_guards_reads(tmp_path) -> None:
+    with ThreadServer(tmp_path, read_token="reader") as srv, httpx.Client(base_url=srv.url) as c:
+        assert c.get("/v1/versions").status_code == 401
+        assert c.get("/v1/versions", headers={"Authorization": "Bearer reader"}).status_code == 200
+        assert c.get("/healthz").status_code == 200  # probes stay open
+
+
+def test_metrics_count_uploads_bytes_and_ranges(client) -> None:
+    put(client, 0, b"z" * 1000)
+    put(client, 1, b"y" * 10, "delta", 0)
+    client.get("/v1/versions/0/payload", headers={"Range": "bytes=0-99"})
+    client.get("/v1/versions/1/payload")
+    text = client.get("/metrics").text
+    assert 'rlboost_weights_uploads_total{kind="delta"} 1.0' in text
+    assert 'rlboost_weights_bytes_served_total{kind="full"} 100.0' in text
+    assert 'rlboost_weights_bytes_served_total{kind="delta"} 10.0' in text
+    assert "rlboost_weights_range_requests_total 1.0" in text
+    assert "rlboost_weights_versions_held 2.0" in text
+    assert "rlboost_weights_bytes_on_disk 1010.0" in text
+
+
+async def test_upload_is_announced_on_nats(tmp_path, nats_server) -> None:
+    nc = await nats.connect(nats_server.url)
+    sub = await nc.subscribe(subject("default", "annc", "weights"))
+    try:
+        with ThreadServer(tmp_path, nats_url=nats_server.url, job="annc") as srv:
+            async with httpx.AsyncClient(base_url=srv.url) as c:
+                r = await c.put("/v1/versions/0", content=b"w", headers={**AUTH, HEADER_CHECKSUM: "abc"})
+                assert r.status_code == 200
+            msg = await sub.next_msg(timeout=5)
+        assert WeightsAnnounced.model_validate(json.loads(msg.data)) == WeightsAnnounced(
+            version=0, checksum="abc", kind="full"
+        )
+    finally:
+        await nc.close()
+
+
+async def test_serving_continues_when_nats_dies_and_announces_after_it_returns(tmp_path, nats_server) -> None:
+    with ThreadServer(tmp_path / "data", nats_url=nats_server.url, job="drop") as srv:
+        nats_server.stop()  # NATS goes away after start: uploads and reads still succeed
+        async with httpx.AsyncClient(base_url=srv.url, timeout=20) as c:
+            r = await c.put("/v1/versions/0", content=b"w", headers={**AUTH, HEADER_CHECKSUM: "abc"})
+            assert r.status_code == 200
+            assert (await c.get("/v1/versions/0/payload")).content == b"w"
+            with NatsServer(tmp_path / "nats2", port=nats_server.port) as again:
+                nc = await nats.connect(again.url)
+                try:
+                    sub = await nc.subscribe(subject("default", "drop", "weights"))
+                    await nc.flush()
+                    # the server's client reconnects on its own; announcements flow again
+                    for v in range(1, 200):
+                        r = await c.put(f"/v1/versions/{v}", content=b"w", headers={**AUTH, HEADER_CHECKSUM: "x"})
+                        assert r.status_code == 200
+                        try:
+                            msg = await sub.next_msg(timeout=0.5)
+                            break
+                        except nats.errors.TimeoutError:
+                            continue
+                    else:
+                        raise AssertionError("no announcement after NATS came back")
+                    assert 0 <= WeightsAnnounced.model_validate_json(msg.data).version <= v  # buffered ones count too
+                finally:
+                    await nc.close()

@@ -1,0 +1,109 @@
+"""VersionStore on a real directory: version rules, atomic install, restart reload, retention and sync plans."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from weight_server.store import StoreError, VersionStore
+
+
+def put(store: VersionStore, version: int, data: bytes, kind: str = "full", base: int | None = None):
+    up = store.begin_upload(version, kind, checksum=f"c{version}", base_version=base)
+    up.write(data)
+    return up.commit()
+
+
+def test_manifest_chunks_hash_every_byte(tmp_path) -> None:
+    store = VersionStore(tmp_path, chunk_bytes=4096, retain_versions=5)
+    data = bytes(range(256)) * 41  # 10496 bytes: two full chunks and a short one
+    up = store.begin_upload(0, "full", checksum="abc")
+    for i in range(0, len(data), 1000):  # writes that straddle chunk boundaries
+        up.write(data[i : i + 1000])
+    m = up.commit()
+    assert (m.total_bytes, m.sha256, m.format) == (len(data), hashlib.sha256(data).hexdigest(), "safetensors")
+    assert [(c.offset, c.length) for c in m.chunks] == [(0, 4096), (4096, 4096), (8192, 2304)]
+    for c in m.chunks:
+        assert c.sha256 == hashlib.sha256(data[c.offset : c.offset + c.length]).hexdigest()
+    assert store.payload_path(0).read_bytes() == data
+
+
+def test_version_rules(tmp_path) -> None:
+    store = VersionStore(tmp_path, 4096, 5)
+    with pytest.raises(StoreError) as err:
+        store.begin_upload(1, "delta", "c", base_version=0)
+    assert (err.value.status, err.value.field) == (422, "base_version")
+    put(store, 3, b"x")  # the first upload may start at any version
+    for version, kind, base, status, field in [
+        (3, "full", None, 409, "version"),
+        (2, "full", None, 409, "version"),
+        (4, "delta", None, 422, "base_version"),
+        (4, "delta", 1, 422, "base_version"),
+        (4, "sparse", None, 422, "kind"),
+        (4, "full", 3, 422, "base_version"),
+    ]:
+        with pytest.raises(StoreError) as err:
+            store.begin_upload(version, kind, "c", base_version=base)
+        assert (err.value.status, err.value.field) == (status, field), (version, kind, base)
+    with pytest.raises(StoreError) as err:
+        store.begin_upload(4, "full", "")
+    assert err.value.field == "checksum"
+
+
+def test_concurrent_upload_of_same_version_conflicts(tmp_path) -> None:
+    store = VersionStore(tmp_path, 4096, 5)
+    first = store.begin_upload(0, "full", "c")
+    with pytest.raises(StoreError) as err:
+        store.begin_upload(0, "full", "c")
+    assert err.value.status == 409
+    store.release(first)
+    put(store, 0, b"ok")  # released: the version is free again
+    assert store.versions() == [0]
+
+
+def test_restart_reloads_versions_and_drops_partial_uploads(tmp_path) -> None:
+    store = VersionStore(tmp_path, 4096, 5)
+    m0 = put(store, 0, b"a" * 5000)
+    m1 = put(store, 1, b"d1", "delta", 0)
+    partial = store.begin_upload(2, "full", "c")
+    partial.write(b"never committed")  # the process "dies" here: the file is left behind, uncommitted
+    partial._file.close()
+    reopened = VersionStore(tmp_path, 4096, 5)
+    assert reopened.versions() == [0, 1]
+    assert reopened.manifest(0) == m0 and reopened.manifest(1) == m1
+    assert list((tmp_path / "incoming").iterdir()) == []
+    assert reopened.payload_path(0).read_bytes() == b"a" * 5000
+
+
+def test_retention_keeps_full_snapshot_that_retained_deltas_chain_to(tmp_path) -> None:
+    store = VersionStore(tmp_path, 4096, retain_versions=2)
+    put(store, 0, b"full0")
+    for v in range(1, 4):
+        put(store, v, b"d", "delta", v - 1)
+    # newest two are 2 and 3; their chain needs 1 and 0
+    assert store.versions() == [0, 1, 2, 3]
+    put(store, 4, b"full4")
+    put(store, 5, b"d5", "delta", 4)
+    assert store.versions() == [4, 5]
+    assert not (tmp_path / "versions" / "0").exists()
+
+
+def test_sync_plan_prefers_fewer_bytes(tmp_path) -> None:
+    store = VersionStore(tmp_path, 4096, 50)
+    put(store, 0, b"F" * 1000)
+    put(store, 1, b"d" * 10, "delta", 0)
+    put(store, 2, b"d" * 10, "delta", 1)
+    put(store, 3, b"F" * 100, "full")
+    put(store, 4, b"d" * 10, "delta", 3)
+    plan = lambda a, b: [m.version for m in store.sync_plan(a, b)]  # noqa: E731
+    assert plan(0, 2) == [1, 2]  # the chain
+    assert plan(None, 2) == [0, 1, 2]  # new worker: snapshot + deltas
+    assert plan(1, 4) == [3, 4]  # the chain from 1 passes a full snapshot: snapshot path
+    assert plan(2, 2) == []
+    assert plan(None, None) == [3, 4]  # to = latest
+    put(store, 5, b"d" * 200, "delta", 4)
+    assert plan(4, 5) == [5]  # 200 B delta beats 100 B snapshot + 10 B + 200 B
+    for a, b, status, field in [(3, 2, 422, "from"), (None, 9, 404, "to")]:
+        with pytest.raises(StoreError) as err:
+            store.sync_plan(a, b)
+        assert (err.value.status, err.value.field) == (status, field)
