@@ -1,0 +1,190 @@
+"""The rollout-worker service: pull the current weights, register with the rollout-manager, generate.
+
+    python -m rollout_worker --config job.yaml --worker-id spot-0 --pool spot --node node-a \\
+        --manager 127.0.0.1:50051 --weight-server http://127.0.0.1:8600 --model-dir run/model \\
+        --metrics-port 9101 --nats-url nats://127.0.0.1:4222 --namespace default --job local
+
+Every flag is also an environment variable RLBOOST_<FLAG> (e.g. RLBOOST_WORKER_ID). `--weight-server ''`
+uses the model directory's own weights as version 0; `--nats-url ''` disables weight announcements.
+SIGTERM drains: DrainNotice, abort running requests, flush every token, close the stream, exit 0.
+Start-up failures (model does not load, manager / weight-server / NATS unreachable) print one line, exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+
+from rlboost.observability import serve_http, setup_logging
+from rlboost.service_args import env_default, parse_service_args, service_parser
+from rlboost.wire.rollout_io import Pool
+
+log = logging.getLogger("rollout_worker")
+PROG = "rollout-worker"
+
+
+class StartupError(RuntimeError):
+    """Something the worker needs is missing; the message is the one line printed."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = service_parser(PROG, "A rollout worker: generates token streams for the rollout-manager.")
+    p.add_argument("--worker-id", default=env_default("worker-id", ""), help="unique id (default: host-pid)")
+    p.add_argument("--pool", default=env_default("pool", "reserved"), choices=["reserved", "spot"], help="worker pool")
+    p.add_argument("--node", default=env_default("node", ""), help="node name for preemption notices (default: host)")
+    p.add_argument("--manager", default=env_default("manager", "127.0.0.1:50051"), help="rollout-manager HOST:PORT")
+    p.add_argument(
+        "--weight-server", default=env_default("weight-server", ""), help="weight-server URL ('' = model dir)"
+    )
+    p.add_argument("--model-dir", default=env_default("model-dir", ""), help="HF model directory (config + weights)")
+    p.add_argument(
+        "--metrics-port", type=int, default=int(env_default("metrics-port", 0)), help="/metrics port (0 = off)"
+    )
+    p.add_argument(
+        "--capacity", type=int, default=int(env_default("capacity", 0)), help="max concurrent requests (0 = spec)"
+    )
+    p.add_argument("--engine", default=env_default("engine", ""), choices=["", "torch"], help="engine ('' = spec)")
+    p.add_argument(
+        "--dtype", default=env_default("dtype", "float32"), choices=["float32", "bfloat16"], help="compute dtype"
+    )
+    p.add_argument("--device", default=env_default("device", "cpu"), help="torch device")
+    p.add_argument("--startup-timeout", type=float, default=float(env_default("startup-timeout", 120)),
+                   help="seconds to wait for the weight-server's first version")  # fmt: skip
+    p.add_argument("--reconnect-timeout", type=float, default=float(env_default("reconnect-timeout", 60)),
+                   help="give up when the manager stays unreachable this long")  # fmt: skip
+    p.add_argument("--drain-deadline-ms", type=int, default=int(env_default("drain-deadline-ms", 10000)),
+                   help="deadline announced in the DrainNotice")  # fmt: skip
+    return p
+
+
+async def _amain(args: argparse.Namespace) -> int:
+    from rollout_worker.engine.base import EngineError
+    from rollout_worker.session import ManagerUnreachableError, SessionConfig, WorkerSession
+    from rollout_worker.weights import WeightPuller, WeightsError
+
+    pool_spec = getattr(args.spec.rollout, args.pool)
+    engine = _make_engine(args.engine or pool_spec.engine, args.capacity or pool_spec.capacity, args)
+    client = puller = nats = None
+    _stop_early_on_sigterm()
+    try:
+        state, version = None, 0
+        if args.weight_server:
+            from rlboost.weights.client import WeightClient
+
+            client = WeightClient(args.weight_server, streams=args.spec.weight_sync.streams)
+            puller = WeightPuller(client)
+            pulled = await puller.pull(await puller.wait_latest(args.startup_timeout))
+            state, version = pulled.state, pulled.version
+        await engine.start(args.model_dir, state, version)
+        cfg = SessionConfig(
+            worker_id=args.worker_id, pool=Pool(args.pool), node=args.node, capacity=engine.capacity,
+            manager=args.manager, engine=engine.name, reconnect_timeout_s=args.reconnect_timeout,
+            drain_deadline_ms=args.drain_deadline_ms,
+        )  # fmt: skip
+        session = WorkerSession(cfg, engine, puller.pull if puller else None)
+        _install_signals(session)
+        if args.nats_url:
+            nats = await _subscribe_weights(args, session)
+        from rollout_worker import metrics
+
+        metrics.WEIGHT_VERSION.set(engine.weight_version)
+        log.info(
+            "worker ready", extra={"worker_id": cfg.worker_id, "weight_version": version, "capacity": cfg.capacity}
+        )
+        await session.run()
+        log.info("worker stopped", extra={"worker_id": cfg.worker_id})
+        return 0
+    except (EngineError, WeightsError, ManagerUnreachableError, StartupError) as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 1
+    except asyncio.CancelledError:  # SIGTERM before registering: nothing to flush
+        log.info("stopped before registering")
+        return 0
+    finally:
+        with contextlib.suppress(Exception):
+            await engine.close()
+        if nats is not None:
+            with contextlib.suppress(Exception):
+                await nats.close()
+        if client is not None:
+            await client.aclose()
+
+
+def _make_engine(name: str, capacity: int, args: argparse.Namespace):
+    if name != "torch":
+        raise SystemExit(f"{PROG}: --engine: '{name}' is not available in this worker yet; use 'torch'")
+    from rollout_worker.engine.torch_engine import TorchEngine
+
+    return TorchEngine(capacity=capacity, dtype=args.dtype, device=args.device)
+
+
+def _stop_early_on_sigterm() -> None:
+    """Until the session runs, SIGTERM simply cancels start-up (there are no tokens to flush yet)."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+
+
+def _install_signals(session) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, session.request_drain, sig.name, True)
+
+
+async def _subscribe_weights(args: argparse.Namespace, session):
+    """Pull and apply each version announced on rlboost.<ns>.<job>.weights."""
+    import nats
+
+    from rlboost.wire.events import WeightsAnnounced, subject
+
+    async def on_message(msg) -> None:
+        try:
+            event = WeightsAnnounced.model_validate_json(msg.data)
+        except ValueError as err:
+            log.warning("bad weights announcement ignored", extra={"error": str(err)[:200]})
+            return
+        session.schedule_update(event.version)
+
+    try:
+        nc = await nats.connect(args.nats_url, connect_timeout=5, max_reconnect_attempts=-1, allow_reconnect=True)
+    except Exception as err:
+        raise StartupError(f"cannot connect to NATS at {args.nats_url}: {type(err).__name__}: {err}") from None
+    await nc.subscribe(subject(args.namespace, args.job, "weights"), cb=on_message)
+    return nc
+
+
+def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if not args.model_dir:
+        parser.error("--model-dir: required (a HF model directory with config.json and *.safetensors)")
+    if not os.path.isfile(os.path.join(args.model_dir, "config.json")):
+        parser.error(f"--model-dir: {args.model_dir} has no config.json; point it at a HF model directory")
+    if args.capacity < 0:
+        parser.error(f"--capacity: must be > 0, got {args.capacity}")
+    if ":" not in args.manager:
+        parser.error(f"--manager: expected HOST:PORT, got {args.manager!r}")
+    args.node = args.node or socket.gethostname()
+    args.worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parse_service_args(parser, argv)
+    _validate(args, parser)
+    setup_logging(PROG, args.log_level)
+    if args.metrics_port:
+        try:
+            serve_http(args.metrics_port, host=args.host)
+        except OSError as err:
+            print(f"{PROG}: --metrics-port {args.metrics_port}: cannot listen on {args.host}: {err}", file=sys.stderr)
+            return 1
+    return asyncio.run(_amain(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""Token chunk batching: per request, a chunk leaves after `max_tokens` tokens or `max_ms` milliseconds.
+
+Pure logic, no I/O: the session adds engine steps, asks what is due (`due(now_ms)`), and sends every due
+chunk of the worker in one ChunkBatch. Offsets are response indices, so the manager can place tokens
+exactly and discard duplicates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlboost.wire.rollout_io import TokenChunk
+
+
+@dataclass
+class _Buffer:
+    lease_epoch: int
+    offset: int  # response index of tokens[0]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    since_ms: int | None = None  # when the oldest unsent token arrived
+    end: tuple[bool, str] | None = None  # (finished, finish_reason) once the request's stream ended
+
+
+class Chunker:
+    """Buffers tokens per request and cuts them into chunks bounded in tokens and in time."""
+
+    def __init__(self, max_tokens: int, max_ms: int) -> None:
+        if max_tokens <= 0 or max_ms <= 0:
+            raise ValueError(f"chunk bounds must be > 0, got max_tokens={max_tokens}, max_ms={max_ms}")
+        self.max_tokens, self.max_ms = max_tokens, max_ms
+        self._buffers: dict[str, _Buffer] = {}
+
+    def open(self, request_id: str, lease_epoch: int, offset: int) -> None:
+        """Start buffering a request whose next token has response index `offset`."""
+        self._buffers[request_id] = _Buffer(lease_epoch, offset)
+
+    def add(self, request_id: str, tokens: list[int], logprobs: list[float], now_ms: int) -> None:
+        buf = self._buffers[request_id]
+        if tokens and buf.since_ms is None:
+            buf.since_ms = now_ms
+        buf.tokens += tokens
+        buf.logprobs += logprobs
+
+    def end(self, request_id: str, finished: bool, reason: str) -> None:
+        """The request's stream ended; its last chunk carries (finished, reason) and leaves at the next `due`."""
+        self._buffers[request_id].end = (finished, reason)
+
+    def pending_tokens(self) -> int:
+        return sum(len(b.tokens) for b in self._buffers.values())
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+    def next_deadline(self) -> int | None:
+        """The earliest time (ms) a chunk becomes due by age, or None when nothing waits on time."""
+        times = [b.since_ms + self.max_ms for b in self._buffers.values() if b.since_ms is not None]
+        return min(times) if times else None
+
+    def due(self, now_ms: int, flush_all: bool = False) -> list[TokenChunk]:
+        """Chunks to send now: full ones, old ones, ended requests (and everything with `flush_all`)."""
+        out: list[TokenChunk] = []
+        for rid in list(self._buffers):
+            buf = self._buffers[rid]
+            aged = buf.since_ms is not None and now_ms - buf.since_ms >= self.max_ms
+            # Full chunks leave now; with an ended stream the last (possibly full) one carries the end.
+            while len(buf.tokens) > self.max_tokens or (len(buf.tokens) == self.max_tokens and buf.end is None):
+                out.append(self._cut(rid, buf, self.max_tokens, final=False))
+            if buf.end is not None:
+                out.append(self._cut(rid, buf, len(buf.tokens), final=True))
+                del self._buffers[rid]
+            elif buf.tokens and (aged or flush_all):
+                out.append(self._cut(rid, buf, len(buf.tokens), final=False))
+            if not buf.tokens:
+                buf.since_ms = None
+        return out
+
+    def _cut(self, rid: str, buf: _Buffer, n: int, final: bool) -> TokenChunk:
+        finished, reason = buf.end if final and buf.end else (False, "")
+        chunk = TokenChunk(rid, buf.lease_epoch, buf.offset, buf.tokens[:n], buf.logprobs[:n], finished, reason)
+        buf.offset += n
+        buf.tokens, buf.logprobs = buf.tokens[n:], buf.logprobs[n:]
+        return chunk

@@ -1,0 +1,1 @@
+"""Generation engines behind one interface (base.Engine): `torch` now, `sglang` later."""

@@ -1,0 +1,88 @@
+"""The engine interface every rollout backend implements (`torch` here; `sglang` later, issue 8).
+
+An engine generates token streams from `input_ids` (prompt + tokens so far), aborts single requests,
+swaps its weights in place between decode iterations and reports the version it holds. The session
+(gRPC transport, chunking, weight pulls) only ever talks to this interface.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from rlboost.wire.rollout_io import Assignment
+
+if TYPE_CHECKING:
+    import torch
+
+FINISH_STOP = "stop"  # emitted a stop token (the stop token is part of the response)
+FINISH_LENGTH = "length"  # reached max_new_tokens (counting tokens generated before a migration)
+FINISH_ABORT = "abort"  # aborted (revoke, drain); the request continues elsewhere
+
+
+class EngineError(RuntimeError):
+    """The engine cannot do what was asked (model does not load, weights do not fit); the message says why."""
+
+
+@dataclass
+class GenerationStep:
+    """Tokens of one request produced since the previous step, and whether the request ended."""
+
+    request_id: str
+    offset: int  # index in the response of token_ids[0]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # sampling-policy log-probability per token
+    finished: bool = False  # no more steps follow for this request (also after an abort)
+    finish_reason: str = ""  # FINISH_STOP | FINISH_LENGTH | FINISH_ABORT when finished
+
+
+class Engine(ABC):
+    """One generation backend. All methods are called from the worker's asyncio event loop."""
+
+    name: str = "base"
+
+    @abstractmethod
+    async def start(self, model_dir: str, state: Mapping[str, torch.Tensor] | None = None, version: int = 0) -> None:
+        """Load the model from `model_dir`; replace its weights with `state` (exact bf16 tensors) when given."""
+
+    @abstractmethod
+    def generate(self, assignment: Assignment) -> AsyncIterator[GenerationStep]:
+        """Stream the response of one request, continuing after `input_ids[prompt_len:]` when that is not empty.
+
+        Token i of the response is sampled with (seed, position=i), so a continued request produces
+        exactly the tokens the uninterrupted one would have. The last step has `finished=True`.
+        """
+
+    @abstractmethod
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now; its stream ends with a FINISH_ABORT step. False if it was not running."""
+
+    @abstractmethod
+    async def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Swap weights in place between decode iterations; requests submitted before finish on the old weights."""
+
+    @property
+    @abstractmethod
+    def weight_version(self) -> int:
+        """The weight version the engine generates with now."""
+
+    @property
+    @abstractmethod
+    def weights_checksum(self) -> str:
+        """rlboost.weights.checksum.state_checksum of the exact state held (as pulled, bf16)."""
+
+    @property
+    @abstractmethod
+    def running(self) -> int:
+        """Requests submitted and not yet finished (queued or decoding)."""
+
+    def release_memory(self) -> None:  # noqa: B027 (optional hook, a no-op for CPU engines)
+        """Give accelerator memory back (colocation with training); a no-op where there is none."""
+
+    def resume_memory(self) -> None:  # noqa: B027
+        """Take accelerator memory again after release_memory."""
+
+    async def close(self) -> None:  # noqa: B027
+        """Stop background work; pending streams end with FINISH_ABORT."""

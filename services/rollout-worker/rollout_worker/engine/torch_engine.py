@@ -1,0 +1,384 @@
+"""The `torch` engine: a transformers causal LM with KV cache and continuous batching, for CPUs and tests.
+
+Requests arriving while others decode join in *cohorts*: each cohort is prefilled together (left padding,
+attention mask, position ids from the mask) and owns its KV cache; every scheduler iteration prefills at
+most one new cohort and advances every live cohort by one token, so cohorts interleave. Finished and
+aborted rows are cut out of their cohort's cache. Token i of a response is drawn with
+`rlboost.sampling.sample_next(seed, position=i)`, so results do not depend on batching or migration.
+
+Weights: the pulled state (bf16, kept as is for checksums) is copied into the model's compute dtype
+(float32 on CPU by default). An update is a barrier: requests submitted before it finish on the old
+weights, those submitted after it wait for the new ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from rollout_worker.engine.base import (
+    FINISH_ABORT,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Engine,
+    EngineError,
+    GenerationStep,
+)
+
+from rlboost.sampling import sample_next
+from rlboost.weights.checksum import state_checksum
+from rlboost.wire.rollout_io import Assignment
+
+log = logging.getLogger(__name__)
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def _signed64(x: int) -> int:
+    """A uint64 seed as the int64 with the same bits (sample_next takes int64 tensors)."""
+    x &= (1 << 64) - 1
+    return x - (1 << 64) if x > _INT64_MAX else x
+
+
+@dataclass(eq=False)
+class _Request:
+    """One request's state; mutated only on the event loop (the decode thread reads it)."""
+
+    a: Assignment
+    epoch: int  # weight updates requested before this request arrived (the barrier it belongs to)
+    produced: int  # response tokens so far (starts at the tokens generated before a migration)
+    stop: frozenset[int]
+    tokens: list[int] = field(default_factory=list)  # produced since the consumer last read
+    logprobs: list[float] = field(default_factory=list)
+    read_offset: int = 0  # response index of tokens[0]
+    done: bool = False
+    reason: str = ""
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def push(self, token: int, logprob: float) -> None:
+        self.tokens.append(token)
+        self.logprobs.append(logprob)
+        self.produced += 1
+        if token in self.stop:
+            self.finish(FINISH_STOP)
+        elif self.produced >= self.a.sampling.max_new_tokens:
+            self.finish(FINISH_LENGTH)
+        self.wake.set()
+
+    def finish(self, reason: str) -> None:
+        if not self.done:
+            self.done, self.reason = True, reason
+            self.wake.set()
+
+    def take(self) -> GenerationStep:
+        step = GenerationStep(
+            self.a.request_id, self.read_offset, self.tokens, self.logprobs, self.done, self.reason if self.done else ""
+        )
+        self.read_offset += len(self.tokens)
+        self.tokens, self.logprobs = [], []
+        self.wake.clear()
+        return step
+
+
+@dataclass
+class _Cohort:
+    """Requests prefilled together, sharing one KV cache (rows in `reqs` order)."""
+
+    reqs: list[_Request]
+    cache: object  # transformers DynamicCache
+    mask: torch.Tensor  # [B, L] attention mask over everything in the cache
+    next_pos: torch.Tensor  # [B] position id of the next input token
+    last: torch.Tensor  # [B] last sampled token (next decode input)
+
+
+@dataclass
+class _Update:
+    state: Mapping[str, torch.Tensor]
+    version: int
+    done: asyncio.Future
+
+
+class TorchEngine(Engine):
+    """transformers model + KV cache, batched, on CPU (or one CUDA device)."""
+
+    name = "torch"
+
+    def __init__(self, capacity: int = 64, dtype: str = "float32", device: str = "cpu") -> None:
+        if capacity <= 0:
+            raise ValueError(f"capacity: must be > 0, got {capacity}")
+        self.capacity = capacity
+        self.dtype = getattr(torch, dtype)
+        self.device = torch.device(device)
+        self.model = None
+        self._version = 0
+        self._state: Mapping[str, torch.Tensor] = {}
+        self._checksum = ""
+        self._reqs: dict[str, _Request] = {}
+        self._waiting: list[_Request] = []
+        self._cohorts: list[_Cohort] = []
+        self._updates: list[_Update] = []
+        self._epoch_requested = 0  # updates requested so far
+        self._epoch_applied = 0  # updates applied so far
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._closed = False
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, model_dir: str, state: Mapping[str, torch.Tensor] | None = None, version: int = 0) -> None:
+        self.model = await asyncio.to_thread(self._load_model, model_dir)
+        if state is None:
+            state = await asyncio.to_thread(_read_safetensors, model_dir)
+        await asyncio.to_thread(self._apply_state, state)
+        self._version = version
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._loop(), name="torch-engine")
+
+    def _load_model(self, model_dir: str):
+        from transformers import AutoModelForCausalLM
+
+        try:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.dtype)
+        except (OSError, ValueError) as err:
+            first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise EngineError(f"cannot load a model from {model_dir}: {first_line}") from None
+        return model.to(self.device).eval()
+
+    def _apply_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Copy every tensor of `state` into the model (cast to the compute dtype); keep `state` for checksums."""
+        targets = self.model.state_dict()
+        unknown = sorted(set(state) - set(targets))
+        if unknown:
+            raise EngineError(f"weights: {len(unknown)} tensors are not in the model, e.g. {unknown[0]!r}")
+        missing = sorted(n for n, _ in self.model.named_parameters() if n not in state)
+        if missing:
+            raise EngineError(f"weights: {len(missing)} model parameters are missing, e.g. {missing[0]!r}")
+        for name, tensor in state.items():
+            if tuple(targets[name].shape) != tuple(tensor.shape):
+                raise EngineError(
+                    f"weights: {name} has shape {tuple(tensor.shape)}, model expects {tuple(targets[name].shape)}"
+                )
+        with torch.no_grad():
+            for name, tensor in state.items():
+                targets[name].copy_(tensor.to(device=self.device, dtype=targets[name].dtype))
+        self._state = state
+        self._checksum = state_checksum(state)
+
+    async def close(self) -> None:
+        self._closed = True
+        for req in list(self._reqs.values()):
+            req.finish(FINISH_ABORT)
+        for upd in self._updates:
+            if not upd.done.done():
+                upd.done.set_exception(EngineError("engine closed before the weight update was applied"))
+        if self._task:
+            self._wake.set()
+            await self._task
+
+    # ---- the interface ---------------------------------------------------------------------
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def weights_checksum(self) -> str:
+        return self._checksum
+
+    @property
+    def running(self) -> int:
+        return len(self._reqs)
+
+    async def generate(self, assignment: Assignment) -> AsyncIterator[GenerationStep]:
+        if self._task is None or self._closed:
+            raise EngineError("engine is not running")
+        rid = assignment.request_id
+        if rid in self._reqs:
+            raise EngineError(f"request {rid} is already running")
+        req = _Request(
+            assignment, self._epoch_requested, assignment.generated, frozenset(assignment.sampling.stop_token_ids)
+        )
+        req.read_offset = assignment.generated
+        if req.produced >= assignment.sampling.max_new_tokens:
+            req.finish(FINISH_LENGTH)  # a migrated request that had already used its whole budget
+        else:
+            self._reqs[rid] = req
+            self._waiting.append(req)
+            self._wake.set()
+        try:
+            while True:
+                await req.wake.wait()
+                step = req.take()
+                yield step
+                if step.finished:
+                    return
+        finally:
+            # The consumer went away (or we finished): make sure the scheduler drops the row.
+            req.finish(FINISH_ABORT)
+            self._reqs.pop(rid, None)
+
+    def abort(self, request_id: str) -> bool:
+        req = self._reqs.get(request_id)
+        if req is None or req.done:
+            return False
+        req.finish(FINISH_ABORT)
+        self._wake.set()
+        return True
+
+    async def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        if self._task is None or self._closed:
+            raise EngineError("engine is not running")
+        upd = _Update(state, version, asyncio.get_running_loop().create_future())
+        self._updates.append(upd)
+        self._epoch_requested += 1
+        self._wake.set()
+        await upd.done
+
+    # ---- scheduler -------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while not self._closed:
+            await self._maybe_apply_update()
+            self._waiting = [r for r in self._waiting if not r.done]
+            admitted = self._admit()
+            if not admitted and not self._cohorts:
+                self._wake.clear()
+                if not self._waiting or not self._can_admit():
+                    await self._wake.wait()
+                continue
+            try:
+                results = await asyncio.to_thread(self._iterate, admitted)
+            except Exception:
+                log.exception("decode iteration failed; aborting its requests")
+                for req in admitted + [r for c in self._cohorts for r in c.reqs]:
+                    req.finish(FINISH_ABORT)
+                self._cohorts = []
+                continue
+            for req, token, logprob in results:
+                if not req.done:  # aborted while the iteration ran: drop what it produced
+                    req.push(token, logprob)
+
+    def _can_admit(self) -> bool:
+        live = sum(len(c.reqs) for c in self._cohorts)
+        return live < self.capacity and bool(self._waiting) and self._waiting[0].epoch == self._epoch_applied
+
+    def _admit(self) -> list[_Request]:
+        room = self.capacity - sum(len(c.reqs) for c in self._cohorts)
+        admitted: list[_Request] = []
+        # Only requests of the weights held now; later ones wait behind the update barrier.
+        while self._waiting and len(admitted) < room and self._waiting[0].epoch == self._epoch_applied:
+            admitted.append(self._waiting.pop(0))
+        return admitted
+
+    async def _maybe_apply_update(self) -> None:
+        if not self._updates:
+            return
+        old_epoch_left = any(r.epoch == self._epoch_applied and not r.done for r in self._reqs.values())
+        if old_epoch_left or self._cohorts:
+            return
+        upd = self._updates.pop(0)
+        try:
+            await asyncio.to_thread(self._apply_state, upd.state)
+        except Exception as err:  # a bad state leaves the old weights in place
+            upd.done.set_exception(err)
+            self._epoch_applied += 1
+            return
+        self._version = upd.version
+        self._epoch_applied += 1
+        log.info("weights updated in place", extra={"weight_version": upd.version, "checksum": self._checksum})
+        upd.done.set_result(None)
+
+    # ---- the decode thread -----------------------------------------------------------------
+
+    def _iterate(self, admitted: list[_Request]) -> list[tuple[_Request, int, float]]:
+        """One scheduler iteration: prune, prefill the admitted cohort, decode every older cohort once."""
+        results: list[tuple[_Request, int, float]] = []
+        with torch.inference_mode():
+            self._cohorts = [c for c in (self._prune(c) for c in self._cohorts) if c is not None]
+            for cohort in self._cohorts:
+                results += self._decode(cohort)
+            if admitted:
+                cohort, first = self._prefill(admitted)
+                self._cohorts.append(cohort)
+                results += first
+        return results
+
+    def _prune(self, c: _Cohort) -> _Cohort | None:
+        keep = [i for i, r in enumerate(c.reqs) if not r.done]
+        if not keep:
+            return None
+        if len(keep) < len(c.reqs):
+            idx = torch.tensor(keep, device=self.device)
+            c.cache.batch_select_indices(idx)
+            c.reqs = [c.reqs[i] for i in keep]
+            c.mask, c.next_pos, c.last = c.mask[idx], c.next_pos[idx], c.last[idx]
+        return c
+
+    def _prefill(self, reqs: list[_Request]) -> tuple[_Cohort, list[tuple[_Request, int, float]]]:
+        from transformers import DynamicCache
+
+        width = max(len(r.a.input_ids) for r in reqs)
+        ids = torch.zeros((len(reqs), width), dtype=torch.long)
+        mask = torch.zeros((len(reqs), width), dtype=torch.long)
+        for i, r in enumerate(reqs):
+            n = len(r.a.input_ids)
+            ids[i, width - n :] = torch.tensor(r.a.input_ids, dtype=torch.long)
+            mask[i, width - n :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cohort = _Cohort(
+            reqs, cache, mask, pos[:, -1] + 1, torch.zeros(len(reqs), dtype=torch.long, device=self.device)
+        )
+        return cohort, self._sample(cohort, out.logits[:, -1, :])
+
+    def _decode(self, c: _Cohort) -> list[tuple[_Request, int, float]]:
+        c.mask = torch.cat([c.mask, torch.ones((len(c.reqs), 1), dtype=c.mask.dtype, device=self.device)], dim=-1)
+        out = self.model(
+            input_ids=c.last[:, None],
+            attention_mask=c.mask,
+            position_ids=c.next_pos[:, None],
+            past_key_values=c.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        c.next_pos = c.next_pos + 1
+        return self._sample(c, out.logits[:, -1, :])
+
+    def _sample(self, c: _Cohort, logits: torch.Tensor) -> list[tuple[_Request, int, float]]:
+        s = [r.a.sampling for r in c.reqs]
+        temperature = torch.tensor([x.temperature for x in s], dtype=torch.float32, device=self.device)
+        seed = torch.tensor([_signed64(x.seed) for x in s], dtype=torch.int64, device=self.device)
+        # Position = index in the response, so a continued request draws what the original would have.
+        position = torch.tensor([r.produced for r in c.reqs], dtype=torch.int64, device=self.device)
+        top_p = None
+        if any(x.top_p < 1.0 for x in s):
+            top_p = torch.tensor([x.top_p for x in s], dtype=torch.float32, device=self.device)
+        tokens, logprobs = sample_next(logits, temperature, seed, position, top_p)
+        c.last = tokens.to(self.device)
+        return list(zip(c.reqs, tokens.tolist(), logprobs.tolist(), strict=True))
+
+
+def _read_safetensors(model_dir: str) -> dict[str, torch.Tensor]:
+    """The exact tensors stored in a HF model directory (its *.safetensors files)."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise EngineError(f"cannot load a model from {model_dir}: no *.safetensors file there")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state

@@ -1,0 +1,357 @@
+"""The worker's Connect loop: one bidirectional gRPC stream to the rollout-manager.
+
+Register (id, pool, node, capacity, weight version, engine), then run assignments on the engine and stream
+their tokens as ChunkBatch messages (bounded per request by `chunk_max_tokens` and `chunk_max_ms`, both from
+Registered), heartbeat every `heartbeat_interval_ms`, and obey Revoke, DrainCommand and SetWeightVersion.
+
+Contract for requests that stop early: a revoked, drained or otherwise aborted request's last chunk has
+`finished=false, finish_reason="abort"` (possibly with no tokens). It tells the manager that every token
+generated here has been sent and the request may continue elsewhere from prompt + those tokens.
+
+Drain (SIGTERM or DrainCommand): stop taking work (new assignments are answered with an empty abort chunk),
+send a DrainNotice (SIGTERM only), abort running requests, flush every token, close the stream. A stream
+that breaks aborts the running requests (the manager requeues them) and reconnects with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from rlboost.observability import monotonic_ms
+from rlboost.rollout.v1 import rollout_pb2 as pb
+from rlboost.rollout.v1.rollout_pb2_grpc import RolloutManagerStub
+from rlboost.wire.rollout_io import Assignment, Pool, TokenChunk, WorkerRegistration
+from rlboost.wire.rollout_proto import WireError, assignment_from_pb, chunk_to_pb, registration_to_pb
+from rollout_worker import metrics
+from rollout_worker.chunker import Chunker
+from rollout_worker.engine.base import FINISH_ABORT, Engine
+
+log = logging.getLogger(__name__)
+
+_CLOSE = object()  # outbox sentinel: half-close the stream
+
+
+class ManagerUnreachableError(RuntimeError):
+    """The rollout-manager could not be reached (or refused to register us) within the reconnect window."""
+
+
+class _NotConnectedError(Exception):
+    """One connection attempt failed before registration; tenacity retries it."""
+
+
+@dataclass
+class SessionConfig:
+    worker_id: str
+    pool: Pool
+    node: str
+    capacity: int
+    manager: str  # host:port of the rollout-manager
+    engine: str = "torch"
+    reconnect_timeout_s: float = 60.0  # give up when no (re)connect succeeds for this long
+    drain_deadline_ms: int = 10_000  # promised in the DrainNotice: all tokens flushed by then
+    register_timeout_s: float = 10.0  # wait this long for Registered after sending Register
+
+
+class _Link:
+    """State of one connected stream: the outbox, the chunker, the request tasks."""
+
+    def __init__(self, call: grpc.aio.StreamStreamCall, registered: pb.Registered) -> None:
+        self.call = call
+        self.registered = registered
+        self.outbox: asyncio.Queue = asyncio.Queue()
+        self.chunker = Chunker(max(1, registered.chunk_max_tokens or 16), max(1, registered.chunk_max_ms or 50))
+        self.flush = asyncio.Event()
+        self.tasks: dict[str, asyncio.Task] = {}
+
+
+class WorkerSession:
+    """Runs until drained (returns) or the manager stays unreachable (raises ManagerUnreachableError)."""
+
+    def __init__(self, cfg: SessionConfig, engine: Engine, pull: Callable | None = None) -> None:
+        """`pull(version)` is an async callable returning an object with .state, .checksum (a WeightPuller.pull)."""
+        self.cfg = cfg
+        self.engine = engine
+        self.pull = pull
+        self.link: _Link | None = None
+        self.draining = False
+        self.drained = asyncio.Event()
+        self.registrations = 0
+        self._held: list[Assignment] = []  # assignments waiting for a newer weight version
+        self._update_lock = asyncio.Lock()
+        self._bg: set[asyncio.Task] = set()
+        self._tokens_total = 0
+
+    # ---- public ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while not self.draining:
+            try:
+                async for attempt in AsyncRetrying(
+                    stop=stop_after_delay(self.cfg.reconnect_timeout_s),
+                    wait=wait_exponential(multiplier=0.1, max=2.0),
+                    retry=retry_if_exception_type(_NotConnectedError),
+                    reraise=True,
+                ):
+                    with attempt:
+                        await self._connect_once()
+            except _NotConnectedError as err:
+                raise ManagerUnreachableError(f"rollout-manager at {self.cfg.manager} unreachable: {err}") from None
+        self.drained.set()
+
+    def request_drain(self, reason: str, notice: bool = True) -> None:
+        """Stop taking work, flush everything, close the stream (SIGTERM: notice=True sends a DrainNotice)."""
+        if self.draining:
+            return
+        self.draining = True
+        log.info("draining", extra={"reason": reason})
+        self._spawn(self._drain(reason, notice))
+
+    def schedule_update(self, version: int) -> None:
+        """Pull and apply `version` in the background (NATS announcement, SetWeightVersion, newer assignment)."""
+        if self.pull is not None and version > self.engine.weight_version:
+            self._spawn(self._update_to(version))
+
+    # ---- one connection ----------------------------------------------------------------------
+
+    async def _connect_once(self) -> None:
+        """Register and serve one stream until it ends; raises _NotConnectedError if registration fails."""
+        if self.draining:
+            return
+        async with grpc.aio.insecure_channel(self.cfg.manager) as channel:
+            call = RolloutManagerStub(channel).Connect()
+            registered = await self._register(call)
+            link = self.link = _Link(call, registered)
+            self.registrations += 1
+            metrics.CONNECTS.inc()
+            log.info("registered", extra={"manager": self.cfg.manager, "weight_version": self.engine.weight_version})
+            workers = [
+                asyncio.create_task(self._writer(link)),
+                asyncio.create_task(self._flusher(link)),
+                asyncio.create_task(self._heartbeat(link)),
+            ]
+            try:
+                await self._reader(link)
+            finally:
+                self.link = None
+                self._held.clear()  # the manager requeues what this stream held
+                await self._abort_all(link, "disconnect")
+                for t in workers:
+                    t.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+                call.cancel()
+        if not self.draining:  # run() starts a fresh retry window: a lost stream is not a failed attempt
+            log.warning("stream to the manager ended; reconnecting", extra={"manager": self.cfg.manager})
+
+    async def _register(self, call: grpc.aio.StreamStreamCall) -> pb.Registered:
+        reg = WorkerRegistration(
+            self.cfg.worker_id,
+            self.cfg.pool,
+            self.cfg.node,
+            self.cfg.capacity,
+            self.engine.weight_version,
+            self.cfg.engine,
+        )
+        try:
+            await call.write(pb.WorkerMessage(register=registration_to_pb(reg)))
+            first = await asyncio.wait_for(call.read(), self.cfg.register_timeout_s)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, TimeoutError) as err:
+            call.cancel()
+            raise _NotConnectedError(_describe(err)) from None
+        if first is grpc.aio.EOF or first.WhichOneof("body") != "registered":
+            call.cancel()
+            raise _NotConnectedError("the manager did not answer Register with Registered")
+        return first.registered
+
+    async def _reader(self, link: _Link) -> None:
+        while True:
+            try:
+                msg = await link.call.read()
+            except grpc.aio.AioRpcError as err:
+                if not self.draining:
+                    log.warning("manager stream broke", extra={"error": _describe(err)})
+                return
+            if msg is grpc.aio.EOF:
+                return
+            self._handle(link, msg)
+
+    def _handle(self, link: _Link, msg: pb.ManagerMessage) -> None:
+        kind = msg.WhichOneof("body")
+        if kind == "assign":
+            for a in msg.assign.assignments:
+                try:
+                    self._assign(link, assignment_from_pb(a))
+                except WireError as err:
+                    log.error("bad assignment ignored", extra={"request_id": a.request_id, "error": str(err)})
+        elif kind == "revoke":
+            for rid in msg.revoke.request_ids:
+                if self.engine.abort(rid):
+                    metrics.ABORTS.labels("revoke").inc()
+            log.info("revoked", extra={"requests": len(msg.revoke.request_ids), "reason": msg.revoke.reason})
+        elif kind == "drain":
+            self.request_drain(msg.drain.reason or "manager", notice=False)
+        elif kind == "set_weight_version":
+            self.schedule_update(msg.set_weight_version.weight_version)
+
+    # ---- requests ----------------------------------------------------------------------------
+
+    def _assign(self, link: _Link, a: Assignment) -> None:
+        metrics.ASSIGNED.inc()
+        if self.draining:
+            self._reject(link, a)
+        elif a.weight_version > self.engine.weight_version and self.pull is not None:
+            self._held.append(a)  # starts once the engine holds that version
+            self.schedule_update(a.weight_version)
+        else:
+            if a.weight_version != self.engine.weight_version:
+                log.warning(
+                    "assignment for another weight version runs on the version held",
+                    extra={"request_id": a.request_id, "wanted": a.weight_version, "held": self.engine.weight_version},
+                )
+            self._start(link, a)
+
+    def _start(self, link: _Link, a: Assignment) -> None:
+        previous = link.tasks.get(a.request_id)
+        if previous is not None:  # re-assigned under a new lease: finish the old one first
+            self.engine.abort(a.request_id)
+        link.tasks[a.request_id] = asyncio.create_task(self._run_request(link, a, previous))
+        metrics.RUNNING.set(self.engine.running)
+
+    def _reject(self, link: _Link, a: Assignment) -> None:
+        """Hand an assignment straight back: an empty abort chunk (we are draining)."""
+        link.chunker.open(a.request_id, a.lease_epoch, a.generated)
+        link.chunker.end(a.request_id, False, FINISH_ABORT)
+        link.flush.set()
+
+    async def _run_request(self, link: _Link, a: Assignment, previous: asyncio.Task | None) -> None:
+        rid = a.request_id
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        link.chunker.open(rid, a.lease_epoch, a.generated)
+        finished, reason = False, FINISH_ABORT
+        try:
+            async for step in self.engine.generate(a):
+                link.chunker.add(rid, step.token_ids, step.logprobs, monotonic_ms())
+                self._tokens_total += len(step.token_ids)
+                metrics.TOKENS.inc(len(step.token_ids))
+                if step.finished:
+                    finished, reason = step.finish_reason != FINISH_ABORT, step.finish_reason
+                if step.finished or link.chunker.pending_tokens() >= link.chunker.max_tokens:
+                    link.flush.set()
+        except Exception:
+            log.exception("generation failed", extra={"request_id": rid})
+        finally:
+            link.chunker.end(rid, finished, reason)
+            if link.tasks.get(rid) is asyncio.current_task():
+                del link.tasks[rid]
+            metrics.RUNNING.set(self.engine.running)
+            link.flush.set()
+
+    async def _abort_all(self, link: _Link, why: str) -> None:
+        for rid in list(link.tasks):
+            if self.engine.abort(rid):
+                metrics.ABORTS.labels(why).inc()
+        await asyncio.gather(*list(link.tasks.values()), return_exceptions=True)
+
+    # ---- outgoing ----------------------------------------------------------------------------
+
+    async def _writer(self, link: _Link) -> None:
+        """The only writer of the stream (grpc.aio allows one write at a time)."""
+        while True:
+            msg = await link.outbox.get()
+            try:
+                if msg is _CLOSE:
+                    await link.call.done_writing()
+                    return
+                await link.call.write(msg)
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as err:
+                log.warning("write to the manager failed", extra={"error": _describe(err)})
+                return
+
+    async def _flusher(self, link: _Link) -> None:
+        while True:
+            deadline = link.chunker.next_deadline()
+            timeout = None if deadline is None else max(0, deadline - monotonic_ms()) / 1000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(link.flush.wait(), timeout)
+            link.flush.clear()
+            self._send_due(link, flush_all=False)
+
+    def _send_due(self, link: _Link, flush_all: bool) -> None:
+        chunks: list[TokenChunk] = link.chunker.due(monotonic_ms(), flush_all=flush_all)
+        if chunks:
+            link.outbox.put_nowait(pb.WorkerMessage(chunks=pb.ChunkBatch(chunks=[chunk_to_pb(c) for c in chunks])))
+            metrics.CHUNKS.inc(len(chunks))
+            metrics.BATCHES.inc()
+
+    async def _heartbeat(self, link: _Link) -> None:
+        period = max(0.01, (link.registered.heartbeat_interval_ms or 500) / 1000)
+        last_t, last_tokens = time.monotonic(), self._tokens_total
+        while True:
+            link.outbox.put_nowait(
+                pb.WorkerMessage(
+                    heartbeat=pb.Heartbeat(weight_version=self.engine.weight_version, running=self.engine.running)
+                )
+            )
+            await asyncio.sleep(period)  # the heartbeat period itself, not synchronisation
+            now = time.monotonic()
+            metrics.TOKENS_PER_S.set((self._tokens_total - last_tokens) / max(now - last_t, 1e-9))
+            last_t, last_tokens = now, self._tokens_total
+
+    # ---- drain and weights -------------------------------------------------------------------
+
+    async def _drain(self, reason: str, notice: bool) -> None:
+        link = self.link
+        if link is None:
+            return  # not connected: nothing to flush; run() stops at the next attempt
+        if notice:
+            link.outbox.put_nowait(
+                pb.WorkerMessage(drain=pb.DrainNotice(reason=reason, deadline_ms=self.cfg.drain_deadline_ms))
+            )
+        for a in self._held:
+            self._reject(link, a)
+        self._held.clear()
+        await self._abort_all(link, "drain")
+        self._send_due(link, flush_all=True)
+        link.outbox.put_nowait(_CLOSE)
+        # The manager ends its side when we half-close; if it does not within a moment, cut the stream.
+        asyncio.get_running_loop().call_later(3.0, link.call.cancel)
+        log.info("drained: every token flushed, stream closing", extra={"reason": reason})
+
+    async def _update_to(self, version: int) -> None:
+        async with self._update_lock:
+            if version <= self.engine.weight_version:
+                return
+            try:
+                pulled = await self.pull(version)
+                await self.engine.update_weights(pulled.state, version)
+            except Exception as err:
+                log.error("weight update failed", extra={"weight_version": version, "error": str(err)})
+                return
+            metrics.WEIGHT_VERSION.set(version)
+            link = self.link
+            if link is not None:
+                report = pb.WeightVersionReport(weight_version=version, checksum=self.engine.weights_checksum)
+                link.outbox.put_nowait(pb.WorkerMessage(weight_version=report))
+                ready = [a for a in self._held if a.weight_version <= version]
+                self._held = [a for a in self._held if a.weight_version > version]
+                for a in ready:
+                    self._start(link, a)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, grpc.aio.AioRpcError):
+        return f"{err.code().name}: {err.details()}"
+    return f"{type(err).__name__}: {err}"

@@ -1,0 +1,143 @@
+"""The worker's Connect loop over real gRPC (loopback) against a stand-in manager (see standin_manager.py:
+the real rollout-manager is written concurrently and services never import each other), with the real
+torch engine on a tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import pytest
+from rollout_worker.engine.torch_engine import TorchEngine
+from rollout_worker.session import ManagerUnreachableError, SessionConfig, WorkerSession
+
+from rlboost.nats_server import free_port
+from rlboost.rollout.v1 import rollout_pb2 as pb
+from rlboost.wire.rollout_io import Pool
+from tests.rollout_worker.standin_manager import StandInManager
+
+PROMPT = [5, 9, 3, 17, 8]
+REGISTERED = pb.Registered(heartbeat_interval_ms=50, lease_timeout_ms=2000, chunk_max_tokens=4, chunk_max_ms=20)
+
+
+async def eventually(predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition"):
+    """The asyncio twin of tests.helpers.wait_until: poll with a deadline without blocking the loop."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def pb_assignment(rid: str, input_ids: list[int], n: int, epoch: int = 1, temp: float = 0.0) -> pb.Assignment:
+    sampling = pb.SamplingParams(temperature=temp, top_p=1.0, max_new_tokens=n, seed=3)
+    return pb.Assignment(
+        request_id=rid, lease_epoch=epoch, input_ids=input_ids, prompt_len=len(PROMPT), sampling=sampling
+    )
+
+
+@pytest.fixture
+async def rig(tiny_model_dir):
+    """A stand-in manager, a torch engine and a running worker session."""
+    port = free_port()
+    manager = await StandInManager(REGISTERED).start(port)
+    engine = TorchEngine(capacity=4)
+    await engine.start(str(tiny_model_dir))
+    cfg = SessionConfig("w-1", Pool.SPOT, "node-a", 4, f"127.0.0.1:{port}", reconnect_timeout_s=10)
+    session = WorkerSession(cfg, engine)
+    task = asyncio.create_task(session.run())
+    await eventually(lambda: manager.registrations, what="registration")
+    yield manager, engine, session, task, port
+    session.request_drain("test over", notice=False)
+    await asyncio.wait_for(task, 10)
+    await engine.close()
+    await manager.stop()
+
+
+def assert_contiguous(manager: StandInManager, rid: str, start: int = 0) -> None:
+    offset = start
+    for c in manager.chunks[rid]:
+        assert c.offset == offset, f"chunk offsets of {rid} must continue without gaps"
+        assert len(c.token_ids) <= REGISTERED.chunk_max_tokens
+        assert len(c.logprobs) == len(c.token_ids)
+        offset += len(c.token_ids)
+
+
+async def test_register_assign_and_stream_chunks(rig):
+    manager, engine, _, _, _ = rig
+    reg = manager.registrations[0]
+    assert (reg.worker_id, reg.pool, reg.node, reg.capacity, reg.engine) == ("w-1", pb.POOL_SPOT, "node-a", 4, "torch")
+    manager.assign(pb_assignment("a", PROMPT, 10), pb_assignment("b", PROMPT[:3] + [1, 2], 7))
+    await eventually(lambda: all(manager.last_chunk(r) and manager.last_chunk(r).finished for r in "ab"), what="ends")
+    for rid, n in (("a", 10), ("b", 7)):
+        assert_contiguous(manager, rid)
+        assert len(manager.tokens(rid)) == n and manager.last_chunk(rid).finish_reason == "length"
+    # Same tokens as the engine gives on its own.
+    solo = [t async for s in engine.generate(_domain("solo", PROMPT, 10)) for t in s.token_ids]
+    assert manager.tokens("a") == solo
+    await eventually(lambda: len(manager.of_kind("heartbeat")) >= 2, what="heartbeats")
+    assert all(len(m.chunks.chunks) >= 1 for m in manager.of_kind("chunks"))
+
+
+async def test_continued_request_starts_at_its_offset(rig):
+    manager, engine, _, _, _ = rig
+    full = [t async for s in engine.generate(_domain("solo", PROMPT, 12)) for t in s.token_ids]
+    manager.assign(pb_assignment("c", PROMPT + full[:5], 12, epoch=3))
+    await eventually(lambda: manager.last_chunk("c") and manager.last_chunk("c").finished, what="end")
+    assert manager.chunks["c"][0].offset == 5 and all(c.lease_epoch == 3 for c in manager.chunks["c"])
+    assert_contiguous(manager, "c", start=5)
+    assert full[:5] + manager.tokens("c") == full
+
+
+async def test_revoke_flushes_with_an_unfinished_abort_chunk(rig):
+    manager, engine, _, _, _ = rig
+    manager.assign(pb_assignment("long", PROMPT, 3000))
+    await eventually(lambda: len(manager.tokens("long")) >= 8, what="first tokens")
+    manager.send(revoke=pb.Revoke(request_ids=["long"], reason="migrate"))
+    await eventually(lambda: manager.last_chunk("long").finish_reason == "abort", what="abort chunk")
+    last = manager.last_chunk("long")
+    assert not last.finished, "a revoked request is not finished: the manager continues it elsewhere"
+    assert_contiguous(manager, "long")
+    assert 8 <= len(manager.tokens("long")) < 3000
+    await eventually(lambda: engine.running == 0, what="engine idle")
+
+
+async def test_drain_command_flushes_and_closes(rig):
+    manager, _, session, task, _ = rig
+    manager.assign(pb_assignment("long", PROMPT, 3000))
+    await eventually(lambda: manager.tokens("long"), what="first tokens")
+    manager.send(drain=pb.DrainCommand(reason="scale down"))
+    await asyncio.wait_for(task, 10)
+    assert session.draining and manager.streams_ended == 1
+    last = manager.last_chunk("long")
+    assert last.finish_reason == "abort" and not last.finished
+    assert_contiguous(manager, "long")
+
+
+async def test_reconnects_when_the_manager_restarts(rig):
+    manager, _, session, _, port = rig
+    manager.assign(pb_assignment("long", PROMPT, 3000))
+    await eventually(lambda: manager.tokens("long"), what="first tokens")
+    await manager.stop()
+    await manager.start(port)  # same port: a restarted manager
+    await eventually(lambda: len(manager.registrations) == 2, what="re-registration")
+    assert session.registrations == 2
+    manager.assign(pb_assignment("after", PROMPT, 5))
+    await eventually(lambda: manager.last_chunk("after") and manager.last_chunk("after").finished, what="end")
+
+
+async def test_unreachable_manager_is_reported(tiny_model_dir):
+    engine = TorchEngine(capacity=1)
+    await engine.start(str(tiny_model_dir))
+    cfg = SessionConfig("w", Pool.RESERVED, "n", 1, f"127.0.0.1:{free_port()}", reconnect_timeout_s=1.0)
+    with pytest.raises(ManagerUnreachableError, match="unreachable"):
+        await asyncio.wait_for(WorkerSession(cfg, engine).run(), 15)
+    await engine.close()
+
+
+def _domain(rid: str, input_ids: list[int], n: int):
+    from rlboost.wire.rollout_proto import assignment_from_pb
+
+    return assignment_from_pb(pb_assignment(rid, input_ids, n))

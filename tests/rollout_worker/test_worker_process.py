@@ -1,0 +1,146 @@
+"""`python -m rollout_worker` as a real process: SIGTERM drain, weight pulls from a real weight-server
+subprocess with announcements over a real nats-server, and one-line start-up errors. The manager side is
+the in-test stand-in (standin_manager.py): the real rollout-manager is written concurrently."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from rollout_worker.engine.torch_engine import _read_safetensors
+
+from rlboost.nats_server import free_port, wait_for_port
+from rlboost.rollout.v1 import rollout_pb2 as pb
+from rlboost.weights.checksum import state_checksum
+from rlboost.weights.client import WeightClient
+from rlboost.weights.safetensors_io import state_to_bytes
+from tests.rollout_worker.standin_manager import StandInManager
+from tests.rollout_worker.test_session import PROMPT, REGISTERED, eventually, pb_assignment
+from tests.rollout_worker.test_torch_engine import hf_greedy
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def worker_argv(model_dir: Path, manager_port: int, metrics_port: int, **flags: str) -> list[str]:
+    argv = [
+        sys.executable, "-m", "rollout_worker", "--worker-id", "spot-7", "--pool", "spot", "--node", "node-x",
+        "--manager", f"127.0.0.1:{manager_port}", "--model-dir", str(model_dir), "--metrics-port", str(metrics_port),
+        "--capacity", "2", "--weight-server", "", "--nats-url", "", "--reconnect-timeout", "20",
+    ]  # fmt: skip
+    for k, v in flags.items():
+        argv += [f"--{k.replace('_', '-')}", v]
+    return argv
+
+
+def spawn(argv: list[str], log: Path) -> subprocess.Popen:
+    with log.open("wb") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=ENV)
+
+
+async def wait_exit(proc: subprocess.Popen, timeout: float) -> int:
+    return await asyncio.wait_for(asyncio.to_thread(proc.wait), timeout)
+
+
+async def test_sigterm_drains_every_token_and_exits_zero(tiny_model_dir, tmp_path):
+    mport, metrics_port = free_port(), free_port()
+    manager = await StandInManager(REGISTERED).start(mport)
+    proc = spawn(worker_argv(tiny_model_dir, mport, metrics_port), tmp_path / "worker.log")
+    try:
+        await eventually(lambda: manager.registrations, timeout=60, what="registration")
+        reg = manager.registrations[0]
+        assert (reg.worker_id, reg.pool, reg.node, reg.capacity) == ("spot-7", pb.POOL_SPOT, "node-x", 2)
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(f"http://127.0.0.1:{metrics_port}/healthz")).status_code == 200
+        manager.assign(pb_assignment("long", PROMPT, 3000))
+        await eventually(lambda: len(manager.tokens("long")) >= 8, timeout=30, what="first tokens")
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
+        assert "rlboost_worker_tokens_generated_total" in text and "rlboost_worker_chunks_sent_total" in text
+
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert await wait_exit(proc, 10) == 0
+        assert time.monotonic() - started < 5
+        await eventually(lambda: manager.streams_ended == 1, what="stream closed")
+        notices = manager.of_kind("drain")
+        assert len(notices) == 1 and notices[0].drain.reason == "SIGTERM"
+        last = manager.last_chunk("long")
+        assert last.finish_reason == "abort" and not last.finished
+        offset = 0
+        for c in manager.chunks["long"]:  # every token generated arrived, in order, before the exit
+            assert c.offset == offset
+            offset += len(c.token_ids)
+        assert 8 <= offset < 3000
+        # The drain notice precedes the final chunk on the stream.
+        kinds = [m.WhichOneof("body") for m in manager.received]
+        assert kinds.index("drain") < len(kinds) - 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        await manager.stop()
+
+
+@pytest.mark.slow
+async def test_pulls_weights_and_follows_announcements(tiny_model_dir, tmp_path, nats_server):
+    """Version 0 is pulled before registering; an announced version 1 is pulled, verified, applied and reported."""
+    token = tmp_path / "token"
+    token.write_text("secret")
+    ws_port, mport = free_port(), free_port()
+    ws = spawn(
+        [sys.executable, "-m", "weight_server", "--port", str(ws_port), "--data-dir", str(tmp_path / "ws"),
+         "--token-file", str(token), "--nats-url", nats_server.url, "--job", "wtest"],
+        tmp_path / "ws.log",
+    )  # fmt: skip
+    manager = await StandInManager(REGISTERED).start(mport)
+    worker = None
+    try:
+        await asyncio.to_thread(wait_for_port, "127.0.0.1", ws_port, 60, ws)
+        v0 = _read_safetensors(str(tiny_model_dir))
+        gen = torch.Generator().manual_seed(5)
+        v1 = {k: (v.float() + 0.2 * torch.randn(v.shape, generator=gen)).to(torch.bfloat16) for k, v in v0.items()}
+        async with WeightClient(f"http://127.0.0.1:{ws_port}", token="secret") as wc:
+            await wc.upload(0, state_to_bytes(v0), kind="full", checksum=state_checksum(v0))
+            argv = worker_argv(tiny_model_dir, mport, free_port(), weight_server=f"http://127.0.0.1:{ws_port}",
+                               nats_url=nats_server.url, job="wtest")  # fmt: skip
+            worker = spawn(argv, tmp_path / "worker.log")
+            await eventually(lambda: manager.registrations, timeout=60, what="registration")
+            assert manager.registrations[0].weight_version == 0
+            await eventually(lambda: manager.of_kind("heartbeat"), what="stream up")  # subscribed before registering
+            await wc.upload(1, state_to_bytes(v1), kind="full", checksum=state_checksum(v1))
+            report = (await eventually(lambda: manager.of_kind("weight_version"), timeout=30, what="report"))[0]
+        assert report.weight_version.weight_version == 1
+        assert report.weight_version.checksum == state_checksum(v1)
+        manager.assign(pb_assignment("g", PROMPT, 12))
+        await eventually(lambda: manager.last_chunk("g") and manager.last_chunk("g").finished, timeout=30, what="end")
+        assert manager.tokens("g") == hf_greedy(tiny_model_dir, PROMPT, 12, state=v1)
+        worker.send_signal(signal.SIGTERM)
+        assert await wait_exit(worker, 10) == 0
+    finally:
+        for p in (worker, ws):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        await manager.stop()
+
+
+def test_model_dir_that_cannot_load_is_one_line(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "nope"}')
+    out = subprocess.run(worker_argv(tmp_path, free_port(), 0), capture_output=True, text=True, env=ENV, timeout=60)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1].startswith("rollout-worker: cannot load a model from")
+
+
+def test_missing_model_dir_names_the_flag(tmp_path):
+    out = subprocess.run(
+        worker_argv(tmp_path / "nope", free_port(), 0), capture_output=True, text=True, env=ENV, timeout=60
+    )
+    assert out.returncode == 2 and "--model-dir" in out.stderr
