@@ -1,6 +1,58 @@
-"""`rlboost` entry point (placeholder until the CLI lands)."""
+"""The `rlboost` command line: `rlboost local`, `rlboost serve <component>`, and verbs other packages add.
+
+Run `rlboost --help` (console script) or `python -m rlboost.cli.main --help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import sys
+from collections.abc import Sequence
+
+# Verbs provided by other modules as they land: each exposes add_parser(subparsers) and sets `func`.
+OPTIONAL_VERBS = ("rlboost.cli.delta_cmd", "rlboost.cli.simulate_cmd", "rlboost.cli.bench_cmd")
 
 
-def main() -> int:
-    print("rlboost")
-    return 0
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("rlboost")
+    except Exception:  # (not installed: running from a source tree)
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from rlboost.cli import local_cmd, serve_cmd
+
+    parser = argparse.ArgumentParser(
+        prog="rlboost",
+        description="RL post-training for LLMs: spot GPUs for rollout, sparse bit-exact weight sync.",
+    )
+    parser.add_argument("--version", action="version", version=f"rlboost {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    local_cmd.add_parser(sub)
+    serve_cmd.add_parser(sub)
+    for module in OPTIONAL_VERBS:
+        with contextlib.suppress(ImportError):  # that verb has not landed yet; the CLI works without it
+            importlib.import_module(module).add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("rlboost: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

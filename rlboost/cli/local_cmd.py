@@ -1,0 +1,133 @@
+"""`rlboost local`: the whole job on this machine, every service a separate process on 127.0.0.1.
+
+    rlboost local [--config FILE] [--steps N] [--json-report PATH] [--run-dir DIR] [--temperature T]
+                  [--spot-trace FILE] [--trace-time-scale X] [--chaos-kill-every S] [--dump-rollouts PATH]
+                  [--workers-reserved N] [--workers-spot N] [--seed S]
+
+Exit codes: 0 done, 1 a child or the job failed, 2 bad input, 130/143 interrupted (SIGINT/SIGTERM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from rlboost.spec import JobSpec, JobSpecError, load_job_spec
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "local",
+        help="run a whole job locally (NATS, weight-server, manager, workers, trainer as processes)",
+        description="Start every service as a separate process on 127.0.0.1, show live progress, "
+        "stop everything on completion, Ctrl-C or any child's failure.",
+    )
+    p.add_argument("--config", type=Path, help="job spec YAML (default: the embedded default, examples/local.yaml)")
+    p.add_argument("--steps", type=int, help="override algorithm.steps")
+    p.add_argument("--temperature", type=float, help="override algorithm.temperature (0 = greedy)")
+    p.add_argument("--seed", type=int, help="override algorithm.seed; also seeds chaos victim choice")
+    p.add_argument("--workers-reserved", type=int, metavar="N", help="override rollout.reserved.replicas")
+    p.add_argument("--workers-spot", type=int, metavar="N", help="override rollout.spot.replicas")
+    p.add_argument("--json-report", type=Path, metavar="PATH", help="write the run's JSON report here")
+    p.add_argument("--run-dir", type=Path, metavar="DIR", help="run directory (default: runs/<timestamp>)")
+    p.add_argument("--dump-rollouts", type=Path, metavar="PATH", help="trainer writes every sample as a JSON line")
+    p.add_argument("--spot-trace", type=Path, metavar="FILE", help="spot pool size follows this Bamboo-format trace")
+    p.add_argument("--trace-time-scale", type=float, default=1.0, metavar="X",
+                   help="trace seconds per wall second (default 1)")  # fmt: skip
+    p.add_argument("--chaos-kill-every", type=float, metavar="S", help="SIGKILL a random spot worker every S seconds")
+    p.set_defaults(func=run)
+
+
+def _overrides(args: argparse.Namespace) -> dict[tuple[str, str], object]:
+    """(section, field) -> value for every flag that overrides the spec."""
+    pairs = {
+        ("algorithm", "steps"): args.steps,
+        ("algorithm", "temperature"): args.temperature,
+        ("algorithm", "seed"): args.seed,
+        ("reserved", "replicas"): args.workers_reserved,
+        ("spot", "replicas"): args.workers_spot,
+    }
+    return {k: v for k, v in pairs.items() if v is not None}
+
+
+_FLAG = {
+    ("algorithm", "steps"): "--steps",
+    ("algorithm", "temperature"): "--temperature",
+    ("algorithm", "seed"): "--seed",
+    ("reserved", "replicas"): "--workers-reserved",
+    ("spot", "replicas"): "--workers-spot",
+}
+
+
+def resolve_spec(args: argparse.Namespace) -> JobSpec:
+    """The job spec with flag overrides applied; JobSpecError names the flag and the allowed values."""
+    spec = load_job_spec(args.config) if args.config else JobSpec()
+    data = spec.model_dump()
+    for (section, name), value in _overrides(args).items():
+        target = data["rollout"][section] if section in ("reserved", "spot") else data[section]
+        target[name] = value
+    try:
+        resolved = JobSpec.model_validate(data)
+    except ValueError as err:
+        raise JobSpecError(_override_error(err)) from None
+    pool = resolved.rollout.spot
+    if args.workers_spot is not None and not pool.min_replicas <= args.workers_spot <= pool.max_replicas:
+        raise JobSpecError(
+            f"--workers-spot: {args.workers_spot} is outside rollout.spot minReplicas..maxReplicas "
+            f"({pool.min_replicas}..{pool.max_replicas}); change the flag or the config"
+        )
+    return resolved
+
+
+def _override_error(err: ValueError) -> str:
+    from pydantic import ValidationError
+
+    if not isinstance(err, ValidationError):
+        return str(err)
+    lines = []
+    for e in err.errors():
+        loc = tuple(str(p) for p in e["loc"])
+        key = (loc[1], loc[2]) if loc[:1] == ("rollout",) and len(loc) > 2 else loc[:2]
+        flag = _FLAG.get(key)
+        lines.append(f"{flag + ' (' if flag else ''}{'.'.join(loc)}{')' if flag else ''}: {e['msg']}")
+    return "invalid value: " + "; ".join(lines)
+
+
+def _check_inputs(args: argparse.Namespace) -> None:
+    if args.trace_time_scale <= 0:
+        raise JobSpecError(f"--trace-time-scale: must be > 0, got {args.trace_time_scale}")
+    if args.chaos_kill_every is not None and args.chaos_kill_every <= 0:
+        raise JobSpecError(f"--chaos-kill-every: must be > 0 seconds, got {args.chaos_kill_every}")
+    if args.spot_trace is not None:
+        from rlboost.local.spot_trace import load_trace
+
+        load_trace(args.spot_trace)  # raises TraceError naming the line
+
+
+def run(args: argparse.Namespace) -> int:
+    from rlboost.local.spot_trace import TraceError
+
+    try:
+        spec = resolve_spec(args)
+        _check_inputs(args)
+    except (JobSpecError, TraceError) as err:
+        print(f"rlboost local: error: {err}", file=sys.stderr)
+        return 2
+    from rich.console import Console
+
+    from rlboost.local.plan import LocalOptions
+    from rlboost.local.runner import run_local
+
+    run_dir = (args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    options = LocalOptions(
+        run_dir=run_dir,
+        dump_rollouts=args.dump_rollouts.resolve() if args.dump_rollouts else None,
+        spot_trace=args.spot_trace,
+        trace_time_scale=args.trace_time_scale,
+        chaos_kill_every=args.chaos_kill_every,
+        seed=spec.algorithm.seed,
+    )
+    report = args.json_report.resolve() if args.json_report else None
+    return run_local(spec, options, Console(), report)

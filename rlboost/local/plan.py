@@ -1,0 +1,184 @@
+"""The plan of a local run (pure): paths, ports, and the command line of every child process.
+
+`build_plan(spec, options, port_fn)` decides everything `rlboost local` starts, in start order:
+nats-server, weight-server, rollout-manager, the reserved and spot rollout-workers, the trainer.
+Every service gets `--config <run-dir>/job.yaml` plus its own flags (the contract with the services).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from rlboost.spec import JobSpec
+
+HOST = "127.0.0.1"
+
+
+class LocalOptions(BaseModel):
+    """What `rlboost local` was asked for beyond the job spec."""
+
+    run_dir: Path = Field(description="Directory of this run: job.yaml, token, logs/, model/, weights/, report.")
+    namespace: str = Field("local", description="NATS subject namespace passed to every service.")
+    job: str = Field("local", description="Job name passed to every service (NATS subjects, metrics labels).")
+    dump_rollouts: Path | None = Field(None, description="Trainer writes every finished sample here as JSON lines.")
+    spot_trace: Path | None = Field(None, description="Bamboo-format trace the spot pool's size follows.")
+    trace_time_scale: float = Field(1.0, gt=0, description="Trace seconds per wall second.")
+    chaos_kill_every: float | None = Field(None, gt=0, description="SIGKILL a random spot worker at this period (s).")
+    seed: int = Field(0, ge=0, description="Seed of chaos and trace victim choice.")
+    python: str = Field(sys.executable, description="Interpreter that runs every service.")
+    log_level: str = Field("INFO", description="Log level passed to every service.")
+
+
+@dataclass(frozen=True)
+class ChildPlan:
+    """One child process: its name, argv, and how to tell it is up."""
+
+    name: str
+    argv: list[str]
+    role: str  # nats | weight-server | rollout-manager | rollout-worker | trainer
+    ready_port: int  # accepts TCP connections once started
+    health_url: str = ""  # GET must answer 200 before the next child starts (empty: the port is enough)
+    pool: str = ""  # workers only
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class LocalPlan:
+    """Everything decided before the first process starts."""
+
+    spec: JobSpec
+    options: LocalOptions
+    job_file: Path
+    token_file: Path
+    model_dir: Path
+    log_dir: Path
+    nats_port: int
+    weight_server_port: int
+    manager_port: int
+    manager_metrics_port: int
+    trainer_metrics_port: int
+    children: list[ChildPlan]
+    port_fn: Callable[[], int]
+
+    @property
+    def nats_url(self) -> str:
+        return f"nats://{HOST}:{self.nats_port}"
+
+    @property
+    def manager_address(self) -> str:
+        return f"{HOST}:{self.manager_port}"
+
+    @property
+    def weight_server_url(self) -> str:
+        return f"http://{HOST}:{self.weight_server_port}"
+
+    @property
+    def manager_metrics_url(self) -> str:
+        return f"http://{HOST}:{self.manager_metrics_port}/metrics"
+
+    def common_flags(self) -> list[str]:
+        o = self.options
+        return ["--config", str(self.job_file), "--nats-url", self.nats_url, "--namespace", o.namespace,
+                "--job", o.job, "--host", HOST, "--log-level", o.log_level]  # fmt: skip
+
+    def worker(self, worker_id: str, pool: str) -> ChildPlan:
+        """A rollout-worker child (also used to start spot workers later, with a fresh metrics port)."""
+        metrics_port = self.port_fn()
+        argv = [
+            self.options.python, "-m", "rollout_worker", *self.common_flags(),
+            "--worker-id", worker_id, "--pool", pool, "--node", f"local-{worker_id}",
+            "--manager", self.manager_address, "--weight-server", self.weight_server_url,
+            "--model-dir", str(self.model_dir), "--metrics-port", str(metrics_port),
+        ]  # fmt: skip
+        # Several workers and the trainer share few cores: one thread each avoids oversubscription.
+        env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        return ChildPlan(worker_id, argv, "rollout-worker", metrics_port, pool=pool, env=env)
+
+    def child(self, name: str) -> ChildPlan:
+        for c in self.children:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+def _nats(plan: LocalPlan, nats_binary: str) -> ChildPlan:
+    store = plan.options.run_dir / "nats"
+    argv = [nats_binary, "-a", HOST, "-p", str(plan.nats_port), "-js", "-sd", str(store)]
+    return ChildPlan("nats", argv, "nats", plan.nats_port)
+
+
+def _weight_server(plan: LocalPlan) -> ChildPlan:
+    argv = [
+        plan.options.python, "-m", "weight_server", *plan.common_flags(), "--port", str(plan.weight_server_port),
+        "--data-dir", str(plan.options.run_dir / "weights"), "--token-file", str(plan.token_file),
+    ]  # fmt: skip
+    return ChildPlan("weight-server", argv, "weight-server", plan.weight_server_port,
+                     health_url=f"{plan.weight_server_url}/healthz")  # fmt: skip
+
+
+def _manager(plan: LocalPlan) -> ChildPlan:
+    argv = [
+        plan.options.python, "-m", "rollout_manager", *plan.common_flags(),
+        "--port", str(plan.manager_port), "--metrics-port", str(plan.manager_metrics_port),
+    ]  # fmt: skip
+    health = f"http://{HOST}:{plan.manager_metrics_port}/healthz"
+    return ChildPlan("rollout-manager", argv, "rollout-manager", plan.manager_port, health_url=health)
+
+
+def _trainer(plan: LocalPlan) -> ChildPlan:
+    o = plan.options
+    argv = [
+        o.python, "-m", "trainer", *plan.common_flags(),
+        "--manager", plan.manager_address, "--weight-server", plan.weight_server_url,
+        "--token-file", str(plan.token_file), "--model-dir", str(plan.model_dir),
+        "--metrics-port", str(plan.trainer_metrics_port), "--run-dir", str(o.run_dir),
+    ]  # fmt: skip
+    if o.dump_rollouts is not None:
+        argv += ["--dump-rollouts", str(o.dump_rollouts)]
+    return ChildPlan("trainer", argv, "trainer", plan.trainer_metrics_port)
+
+
+def model_dir_for(spec: JobSpec, run_dir: Path) -> Path:
+    """Where the model lives: `model.path` if given, else `<run-dir>/model`."""
+    return Path(spec.model.path) if spec.model.path else run_dir / "model"
+
+
+def initial_spot_workers(spec: JobSpec, first_trace_count: int | None) -> int:
+    """Spot workers at start: the trace's first count when replaying one, else `spot.replicas`, within min/max."""
+    pool = spec.rollout.spot
+    wanted = pool.replicas if first_trace_count is None else first_trace_count
+    return max(pool.min_replicas, min(pool.max_replicas, wanted))
+
+
+def build_plan(
+    spec: JobSpec,
+    options: LocalOptions,
+    port_fn: Callable[[], int],
+    nats_binary: str = "nats-server",
+    spot_workers: int | None = None,
+) -> LocalPlan:
+    """Decide every child's command line. Pure: no process starts, no file is written."""
+    run_dir = options.run_dir
+    ports = {name: port_fn() for name in ("nats", "ws", "mgr", "mgr_metrics", "trainer_metrics")}
+    plan = LocalPlan(
+        spec=spec, options=options, job_file=run_dir / "job.yaml", token_file=run_dir / "token",
+        model_dir=model_dir_for(spec, run_dir), log_dir=run_dir / "logs",
+        nats_port=ports["nats"], weight_server_port=ports["ws"], manager_port=ports["mgr"],
+        manager_metrics_port=ports["mgr_metrics"], trainer_metrics_port=ports["trainer_metrics"],
+        children=[], port_fn=port_fn,
+    )  # fmt: skip
+    n_spot = spec.rollout.spot.replicas if spot_workers is None else spot_workers
+    plan.children = [
+        _nats(plan, nats_binary),
+        _weight_server(plan),
+        _manager(plan),
+        *(plan.worker(f"reserved-{i}", "reserved") for i in range(spec.rollout.reserved.replicas)),
+        *(plan.worker(f"spot-{i}", "spot") for i in range(n_spot)),
+        _trainer(plan),
+    ]
+    return plan

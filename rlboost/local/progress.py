@@ -1,0 +1,129 @@
+"""The live view of a local run (rich): step k/N, reward trend, tokens/s per pool, step time split, workers."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from rlboost.local.report import StepRecord
+from rlboost.wire.rollout_io import ManagerStatus
+
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 30) -> str:
+    """The last `width` values as block characters, scaled between their min and max."""
+    vals = values[-width:]
+    if not vals:
+        return ""
+    lo, hi = min(vals), max(vals)
+    span = hi - lo
+    return "".join(_BARS[int((v - lo) / span * (len(_BARS) - 1)) if span else 0] for v in vals)
+
+
+@dataclass
+class PoolRate:
+    """Tokens/s per pool from successive GetStatus snapshots (per-worker counters; dead workers drop out)."""
+
+    last: dict[str, int] = field(default_factory=dict)
+    last_t: float | None = None
+    rates: dict[str, float] = field(default_factory=dict)
+
+    def update(self, status: ManagerStatus, now: float) -> None:
+        current = {w.worker_id: w.tokens_generated for w in status.workers}
+        if self.last_t is not None and now > self.last_t:
+            per_pool: dict[str, float] = {}
+            for w in status.workers:
+                delta = max(0, w.tokens_generated - self.last.get(w.worker_id, w.tokens_generated))
+                per_pool[w.pool.value] = per_pool.get(w.pool.value, 0) + delta
+            self.rates = {pool: n / (now - self.last_t) for pool, n in per_pool.items()}
+        self.last, self.last_t = current, now
+
+
+@dataclass
+class ProgressState:
+    total_steps: int
+    started: float = field(default_factory=time.monotonic)
+    steps: list[StepRecord] = field(default_factory=list)
+    status: ManagerStatus | None = None
+    rates: PoolRate = field(default_factory=PoolRate)
+    preemptions: int = 0
+    phase: str = "starting"
+
+    def on_status(self, status: ManagerStatus) -> None:
+        self.status = status
+        self.rates.update(status, time.monotonic())
+
+
+def _steps_table(state: ProgressState) -> Table:
+    t = Table(title=None, expand=False, box=None, padding=(0, 2))
+    t.add_column("step", justify="right")
+    t.add_column("reward", justify="right")
+    t.add_column("trend")
+    t.add_column("tokens", justify="right")
+    t.add_column("rollout s", justify="right")
+    t.add_column("train s", justify="right")
+    t.add_column("sync s", justify="right")
+    t.add_column("version", justify="right")
+    last = state.steps[-1] if state.steps else None
+    trend = sparkline([s.reward_mean for s in state.steps])
+    if last is None:
+        t.add_row(f"0/{state.total_steps}", "-", "", "-", "-", "-", "-", "-")
+    else:
+        t.add_row(
+            f"{last.step}/{state.total_steps}", f"{last.reward_mean:.3f}", trend, str(last.tokens),
+            f"{last.rollout_seconds:.2f}", f"{last.train_seconds:.2f}", f"{last.sync_seconds:.2f}",
+            str(last.weight_version),
+        )  # fmt: skip
+    return t
+
+
+def _workers_table(state: ProgressState) -> Table:
+    t = Table(box=None, padding=(0, 2))
+    for col in ("pool", "ready", "tokens/s", "weight versions", "running"):
+        t.add_column(col)
+    workers = state.status.workers if state.status else []
+    for pool in ("reserved", "spot"):
+        ws = [w for w in workers if w.pool.value == pool]
+        versions = ",".join(f"{w.worker_id}@{w.weight_version}" for w in sorted(ws, key=lambda w: w.worker_id))
+        rate = state.rates.rates.get(pool, 0.0)
+        t.add_row(pool, str(len(ws)), f"{rate:.1f}", versions or "-", str(sum(w.running for w in ws)))
+    return t
+
+
+def render(state: ProgressState) -> Group:
+    """One frame of the live display."""
+    elapsed = time.monotonic() - state.started
+    s = state.status
+    header = Text.assemble(
+        ("rlboost local ", "bold"), (f"[{state.phase}] ", "cyan"), f"{elapsed:5.0f}s  ",
+        f"pending {s.pending if s else 0}  running {s.running if s else 0}  ",
+        f"migrations {s.migrations if s else 0}  preemptions {state.preemptions}",
+    )  # fmt: skip
+    return Group(header, _steps_table(state), _workers_table(state))
+
+
+def step_line(rec: StepRecord, total: int) -> str:
+    """A plain one-line summary of a step (for non-terminal output)."""
+    return (
+        f"step {rec.step}/{total}  reward {rec.reward_mean:.3f}  tokens {rec.tokens}  "
+        f"rollout {rec.rollout_seconds:.2f}s  train {rec.train_seconds:.2f}s  sync {rec.sync_seconds:.2f}s  "
+        f"version {rec.weight_version}"
+    )
+
+
+def summary_table(steps: list[StepRecord]) -> Table:
+    t = Table(title="rlboost local: summary")
+    for col in ("step", "reward", "tokens", "rollout s", "train s", "sync s", "tok/s", "version"):
+        t.add_column(col, justify="right")
+    for r in steps:
+        tps = r.tokens / r.rollout_seconds if r.rollout_seconds > 0 else 0.0
+        t.add_row(
+            str(r.step), f"{r.reward_mean:.3f}", str(r.tokens), f"{r.rollout_seconds:.2f}",
+            f"{r.train_seconds:.2f}", f"{r.sync_seconds:.2f}", f"{tps:.0f}", str(r.weight_version),
+        )  # fmt: skip
+    return t

@@ -1,0 +1,432 @@
+"""Run a whole job locally: start every service as a child process, follow its progress, stop everything.
+
+`run_local(spec, options, console, json_report)` is what `rlboost local` calls; it returns the exit code
+(0 done, 1 a child or the job failed, 130/143 interrupted by SIGINT/SIGTERM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+
+from rlboost.local.chaos import ChaosMonkey
+from rlboost.local.plan import ChildPlan, LocalOptions, LocalPlan, build_plan, initial_spot_workers
+from rlboost.local.progress import ProgressState, render, step_line, summary_table
+from rlboost.local.report import LocalReport, StepRecord, plot_rewards, workers_from_status, write_report
+from rlboost.local.spot_trace import TraceSchedule, load_trace, reconcile
+from rlboost.local.supervisor import ChildFailedError, Supervisor
+from rlboost.nats_server import free_port, nats_server_binary
+from rlboost.spec import JobSpec, dump_job_spec
+from rlboost.wire.events import JobDone, StepReport, subject
+from rlboost.wire.rollout_io import ManagerStatus
+
+log = logging.getLogger(__name__)
+
+# Start-up deadlines per role (seconds): model loading and DeepSpeed's first import are slow on CPU.
+READY_TIMEOUT_S = {
+    "nats": 15.0,
+    "weight-server": 60.0,
+    "rollout-manager": 60.0,
+    "rollout-worker": 180.0,
+    "trainer": 240.0,
+}
+SETTLE_TIMEOUT_S = 60.0  # after JobDone: how long workers get to report the final weight version
+TRAINER_DONE_GRACE_S = 10.0  # a trainer that exits 0 may have published `done` a moment before
+SHUTDOWN_GRACE_S = 10.0
+EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}
+
+
+class LocalRunError(RuntimeError):
+    """A run that cannot go on; the message is what the user sees."""
+
+
+def prepare_run_dir(spec: JobSpec, plan: LocalPlan) -> None:
+    """Write job.yaml (what every child reads) and a random upload token (mode 600)."""
+    plan.options.run_dir.mkdir(parents=True, exist_ok=True)
+    plan.log_dir.mkdir(parents=True, exist_ok=True)
+    plan.job_file.write_text(dump_job_spec(spec))
+    fd = os.open(plan.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    os.chmod(plan.token_file, 0o600)  # also when the file already existed
+
+
+def ensure_model(spec: JobSpec, plan: LocalPlan, console: Console) -> None:
+    """Create the tiny model (or check the given one) in-process, before any child needs it."""
+    try:
+        from rlboost.models import ModelError
+        from rlboost.models import ensure_model as _ensure  # heavy imports happen inside
+    except ImportError as err:
+        raise LocalRunError(f"the model factory is not available (rlboost.models): {err}") from None
+    with console.status(f"preparing model in {plan.model_dir} ..."):
+        try:
+            _ensure(spec.model, spec.task, plan.model_dir)
+        except ModelError as err:
+            raise LocalRunError(f"cannot prepare the model: {err}") from None
+
+
+@dataclass
+class SpotController:
+    """Keeps the spot pool at its target size: the trace's count (or the initial count), minus chaos kills."""
+
+    sup: Supervisor
+    plan: LocalPlan
+    desired: int
+    schedule: TraceSchedule | None = None
+    chaos: ChaosMonkey | None = None
+    next_index: int = 0
+    started_at: float | None = None
+    preemptions: int = 0
+    events: list[str] = field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return self.schedule is not None or self.chaos is not None
+
+    def tick(self, now: float) -> None:
+        if not self.active:
+            return
+        if self.started_at is None:
+            self.started_at = now
+        if self.chaos is not None and self.chaos.due(now):
+            victim = self.chaos.pick([c.name for c in self.sup.running(pool="spot")])
+            if victim:
+                self._preempt(victim, "chaos")
+        target = self.schedule.target(now - self.started_at) if self.schedule else self.desired
+        names = [c.name for c in self.sup.running(pool="spot")]
+        to_kill, to_start = reconcile(names, target, self.next_index)
+        for name in to_kill:
+            self._preempt(name, "trace")
+        for name in to_start:
+            self.next_index += 1
+            child = self.plan.worker(name, "spot")
+            self.sup.start(child.name, child.argv, child.env, role=child.role, pool=child.pool)
+            self.events.append(f"started {name}")
+
+    def _preempt(self, name: str, why: str) -> None:
+        self.sup.kill(name, signal.SIGKILL)
+        self.preemptions += 1
+        self.events.append(f"SIGKILL {name} ({why})")
+        log.info("spot worker preempted", extra={"worker": name, "reason": why})
+
+
+@dataclass
+class RunState:
+    progress: ProgressState
+    done: JobDone | None = None
+    interrupted: str = ""
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def _get_status(stub: object, timeout: float = 2.0) -> ManagerStatus | None:
+    from rlboost.rollout.v1 import rollout_pb2 as pb
+    from rlboost.wire.rollout_proto import status_from_pb
+
+    try:
+        reply = await stub.GetStatus(pb.StatusRequest(), timeout=timeout)
+    except Exception as err:  # (the manager may be busy or gone; the watchdog reports deaths)
+        log.debug("GetStatus failed", extra={"error": str(err)})
+        return None
+    return status_from_pb(reply)
+
+
+async def _scrape_counters(url: str, names: tuple[str, ...]) -> dict[str, int]:
+    """Sum every Prometheus sample whose name contains one of `names` (e.g. the manager's tokens_lost)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = dict.fromkeys(names, 0)
+    try:
+        async with httpx.AsyncClient(timeout=3.0) as client:
+            text = (await client.get(url)).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                for key in names:
+                    if key in sample.name and not sample.name.endswith("_created"):
+                        out[key] += int(sample.value)
+    except Exception:  # (metrics are best effort; the report then says 0)
+        log.warning("could not scrape manager metrics", extra={"url": url})
+    return out
+
+
+class Run:
+    """One local run's asynchronous part: children, NATS, manager status, spot control, display."""
+
+    def __init__(self, spec: JobSpec, plan: LocalPlan, console: Console, spot: SpotController) -> None:
+        self.spec, self.plan, self.console, self.spot = spec, plan, console, spot
+        self.sup = spot.sup
+        self.state = RunState(ProgressState(total_steps=spec.algorithm.steps))
+        self.live: Live | None = None
+        self.nc = None
+        self.channel = None
+        self.stub = None
+
+    # ---- start-up ----
+
+    async def _await_ready(self, child: ChildPlan) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S[child.role]
+        while time.monotonic() < deadline:
+            self._check_interrupt()
+            if await asyncio.to_thread(self.sup.check_ready, child.name, child.ready_port, child.health_url):
+                return
+            await asyncio.sleep(0.1)
+        what = child.health_url or f"port {child.ready_port}"
+        raise ChildFailedError(child.name, None, f"was not ready after {READY_TIMEOUT_S[child.role]:.0f}s (waiting for {what})",
+                          self.sup.tail(child.name))  # fmt: skip
+
+    def _start(self, child: ChildPlan) -> None:
+        self.sup.start(child.name, child.argv, child.env, role=child.role, pool=child.pool)
+
+    async def start_all(self) -> None:
+        """nats, weight-server, manager: each ready before the next. Then every worker and the trainer,
+        waited for together: a worker may wait for the trainer's first weights before it listens."""
+        children = self.plan.children
+        for child in children:
+            if child.role in ("nats", "weight-server", "rollout-manager"):
+                self.state.progress.phase = f"starting {child.name}"
+                self._start(child)
+                await self._await_ready(child)
+                if child.role == "nats":
+                    await self._connect_nats()
+                if child.role == "rollout-manager":
+                    self._connect_manager()
+        rest = [c for c in children if c.role in ("rollout-worker", "trainer")]
+        for child in rest:
+            self._start(child)
+        self.state.progress.phase = "starting workers and trainer"
+        await asyncio.gather(*(self._await_ready(c) for c in rest))
+
+    async def _connect_nats(self) -> None:
+        import nats
+
+        o = self.plan.options
+        self.nc = await nats.connect(self.plan.nats_url, connect_timeout=5, max_reconnect_attempts=3)
+        await self.nc.subscribe(subject(o.namespace, o.job, "steps"), cb=self._on_step)
+        await self.nc.subscribe(subject(o.namespace, o.job, "done"), cb=self._on_done)
+
+    def _connect_manager(self) -> None:
+        import grpc
+
+        from rlboost.rollout.v1 import rollout_pb2_grpc
+
+        # Short reconnect backoff: the status poll should see a restarted manager within a second.
+        options = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000)]
+        self.channel = grpc.aio.insecure_channel(self.plan.manager_address, options=options)
+        self.stub = rollout_pb2_grpc.RolloutManagerStub(self.channel)
+
+    # ---- events ----
+
+    async def _on_step(self, msg: object) -> None:
+        try:
+            rec = StepRecord.from_event(StepReport.model_validate_json(msg.data))
+        except ValueError as err:
+            log.warning("ignoring a malformed step report", extra={"error": str(err)})
+            return
+        self.state.progress.steps.append(rec)
+        if self.live is None:
+            self.console.print(step_line(rec, self.state.progress.total_steps))
+
+    async def _on_done(self, msg: object) -> None:
+        try:
+            self.state.done = JobDone.model_validate_json(msg.data)
+        except ValueError as err:
+            self.state.done = JobDone(ok=False, steps=0, error=f"malformed done event: {err}")
+        self.state.wake.set()
+
+    def interrupt(self, signame: str) -> None:
+        self.state.interrupted = signame
+        self.state.wake.set()
+
+    def _check_interrupt(self) -> None:
+        if self.state.interrupted:
+            raise KeyboardInterrupt(self.state.interrupted)
+
+    # ---- the run ----
+
+    def _check_children(self) -> None:
+        for child in self.sup.unexpected_exits():
+            if child.role == "trainer" and child.proc.returncode == 0:
+                self._trainer_exited_at = time.monotonic()
+                continue
+            raise self.sup.failure(child)
+        exited = getattr(self, "_trainer_exited_at", None)
+        if exited is not None and self.state.done is None and time.monotonic() - exited > TRAINER_DONE_GRACE_S:
+            raise ChildFailedError(
+                "trainer", 0, "exited without announcing that the job is done", self.sup.tail("trainer")
+            )
+
+    async def follow(self) -> None:
+        """Until JobDone: watch children, poll the manager, drive the spot pool, refresh the display."""
+        self.state.progress.phase = "training"
+        last_poll = 0.0
+        while self.state.done is None:
+            self._check_interrupt()
+            self._check_children()
+            now = time.monotonic()
+            self.spot.tick(now)
+            self.state.progress.preemptions = self.spot.preemptions
+            if now - last_poll >= 1.0 and self.stub is not None:
+                last_poll = now
+                status = await _get_status(self.stub)
+                if status is not None:
+                    self.state.progress.on_status(status)
+            self._refresh()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.state.wake.wait(), timeout=0.25)
+            self.state.wake.clear()
+
+    async def settle(self) -> ManagerStatus | None:
+        """After JobDone: wait until every worker reports the final weight version (bounded), return the status."""
+        self.state.progress.phase = "syncing final weights"
+        steps = self.state.progress.steps
+        final = max((s.weight_version for s in steps), default=None)
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        status = None
+        while time.monotonic() < deadline:
+            self._check_interrupt()
+            status = await _get_status(self.stub) if self.stub is not None else None
+            if status is not None:
+                self.state.progress.on_status(status)
+                if final is None or all(w.weight_version == final for w in status.workers):
+                    break
+            self._refresh()
+            await asyncio.sleep(0.25)
+        return status
+
+    def _refresh(self) -> None:
+        if self.live is not None:
+            self.live.update(render(self.state.progress))
+
+    async def close(self) -> None:
+        if self.nc is not None:
+            with contextlib.suppress(Exception):  # nats may be gone already
+                await self.nc.close()
+        if self.channel is not None:
+            await self.channel.close()
+
+
+async def _phases(run: Run) -> tuple[ManagerStatus | None, dict[str, int]]:
+    await run.start_all()
+    await run.follow()
+    if not (run.state.done and run.state.done.ok):
+        return None, {}
+    status = await run.settle()
+    counters = await _scrape_counters(run.plan.manager_metrics_url, ("tokens_lost", "tokens_regenerated"))
+    return status, counters
+
+
+async def _run_async(run: Run) -> tuple[ManagerStatus | None, dict[str, int]]:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, run.interrupt, sig.name)
+    try:
+        if run.console.is_terminal:
+            with Live(render(run.state.progress), console=run.console, refresh_per_second=4) as live:
+                run.live = live
+                return await _phases(run)
+        return await _phases(run)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        run.live = None
+        await run.close()
+
+
+def _raise_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _make_spot_controller(
+    spec: JobSpec, options: LocalOptions, sup: Supervisor, plan: LocalPlan, n: int
+) -> SpotController:
+    schedule = None
+    if options.spot_trace is not None:
+        pool = spec.rollout.spot
+        schedule = TraceSchedule(
+            load_trace(options.spot_trace), options.trace_time_scale, pool.min_replicas, pool.max_replicas
+        )
+    chaos = ChaosMonkey(options.chaos_kill_every, seed=options.seed) if options.chaos_kill_every else None
+    return SpotController(sup, plan, desired=n, schedule=schedule, chaos=chaos, next_index=n)
+
+
+def build_report(run: Run, status: ManagerStatus | None, counters: dict[str, int], wall_s: float) -> LocalReport:
+    by_step = {s.step: s for s in run.state.progress.steps}  # a redelivered event counts once
+    done = run.state.done
+    return LocalReport(
+        ok=bool(done and done.ok), steps=[by_step[k] for k in sorted(by_step)],
+        final_weights_checksum=done.final_weights_checksum if done else "",
+        preemptions=run.spot.preemptions, migrations=status.migrations if status else 0,
+        tokens_lost=counters.get("tokens_lost", 0), tokens_regenerated=counters.get("tokens_regenerated", 0),
+        workers=workers_from_status(status), wall_seconds=round(wall_s, 3),
+    )  # fmt: skip
+
+
+def _print_summary(console: Console, report: LocalReport, plot: Path | None, json_report: Path | None) -> None:
+    console.print(summary_table(report.steps))
+    first, last = (
+        report.steps[0].reward_mean if report.steps else 0.0,
+        report.steps[-1].reward_mean if report.steps else 0.0,
+    )
+    console.print(
+        f"done: {len(report.steps)} steps in {report.wall_seconds:.0f}s, reward {first:.3f} -> {last:.3f}, "
+        f"preemptions {report.preemptions}, migrations {report.migrations}, tokens lost {report.tokens_lost}"
+    )
+    console.print(f"final weights checksum: {report.final_weights_checksum or '(none)'}")
+    for what, path in (("reward plot", plot), ("json report", json_report)):
+        if path is not None:
+            console.print(f"{what}: {path}")
+
+
+def run_local(spec: JobSpec, options: LocalOptions, console: Console, json_report: Path | None = None) -> int:
+    """Run the job; return the exit code. Bad input (a trace file) raises TraceError before anything starts."""
+    first_count = None
+    if options.spot_trace is not None:
+        first_count = load_trace(options.spot_trace).count_at(0)
+    n_spot = initial_spot_workers(spec, first_count)
+    plan = build_plan(spec, options, free_port, nats_server_binary(), spot_workers=n_spot)
+    prepare_run_dir(spec, plan)
+    console.print(f"run directory: {options.run_dir}  (logs in {plan.log_dir})")
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    sup = Supervisor(plan.log_dir)
+    run = Run(spec, plan, console, _make_spot_controller(spec, options, sup, plan, n_spot))
+    started = time.monotonic()
+    status, counters, code, error = None, {}, 0, ""
+    try:
+        ensure_model(spec, plan, console)
+        status, counters = asyncio.run(_run_async(run))
+        done = run.state.done
+        if done is None or not done.ok:
+            code, error = 1, f"the trainer reported a failure: {done.error if done else 'no result'}"
+    except ChildFailedError as err:
+        code, error = 1, str(err)
+    except LocalRunError as err:
+        code, error = 1, str(err)
+    except KeyboardInterrupt as err:
+        signame = run.state.interrupted or (str(err.args[0]) if err.args else "SIGINT")
+        code, error = EXIT_SIGNAL.get(signame, 130), f"interrupted by {signame}"
+    finally:
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)  # the shutdown below is bounded; let it finish
+        if code:
+            console.print(f"[bold red]rlboost local: {error}[/]; stopping every child", highlight=False)
+        sup.shutdown(SHUTDOWN_GRACE_S)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    report = build_report(run, status, counters, time.monotonic() - started)
+    report.error = error
+    if json_report is not None:
+        write_report(report, json_report)
+    if code == 0:
+        plot = plot_rewards(report.steps, options.run_dir / "reward.png")
+        _print_summary(console, report, plot, json_report)
+    return code

@@ -1,0 +1,194 @@
+"""Child processes of `rlboost local`: each in its own process group, logged to a file, stopped without orphans.
+
+    sup = Supervisor(run_dir / "logs")
+    sup.start("weight-server", argv)           # stdout+stderr -> logs/weight-server.log
+    sup.wait_ready("weight-server", port, health_url, timeout=60)   # raises ChildFailedError if it dies
+    for child in sup.unexpected_exits(): ...   # children that died without being asked to
+    sup.shutdown(grace_s=10)                   # SIGTERM every group, wait, SIGKILL leftovers
+
+A process group per child (start_new_session) lets shutdown reach grandchildren too (e.g. torchrun ranks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class ChildFailedError(RuntimeError):
+    """A child died (or never became ready); the message is one block: name, exit code, last log lines."""
+
+    def __init__(self, name: str, code: int | None, reason: str, tail: str) -> None:
+        self.name, self.code, self.reason, self.tail = name, code, reason, tail
+        head = f"{name} {reason}" + (f" (exit code {code})" if code is not None else "")
+        body = "\n".join("    " + line for line in tail.splitlines()) if tail else "    (no output)"
+        super().__init__(f"{head}; last lines of its log:\n{body}")
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+    role: str = ""
+    pool: str = ""
+    started_at: float = field(default_factory=time.monotonic)
+    expected_exit: bool = False  # we killed it (trace, chaos, shutdown): its exit is no failure
+    reported: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+def tail_lines(path: Path, n: int = 15, max_bytes: int = 64 * 1024) -> str:
+    """The last `n` lines of a log file (reads at most `max_bytes` from its end)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-n:])
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the whole group is gone already
+        os.killpg(pid, sig)
+
+
+def _port_open(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.25):
+            return True
+    except OSError:
+        return False
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as resp:  # noqa: S310 (loopback URL we built)
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class Supervisor:
+    """Starts, watches and stops the children of one local run."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.children: dict[str, Child] = {}
+
+    def start(
+        self, name: str, argv: Sequence[str], env: dict[str, str] | None = None, role: str = "", pool: str = ""
+    ) -> Child:
+        """Start `argv` in a new session (its own process group), output appended to logs/<name>.log."""
+        if name in self.children and self.children[name].alive:
+            raise ValueError(f"child {name!r} is already running")
+        # Defaults first: what the user exported (e.g. OMP_NUM_THREADS) wins.
+        full_env = {**(env or {}), **os.environ, "PYTHONUNBUFFERED": "1"}
+        log_path = self.log_dir / f"{name}.log"
+        with open(log_path, "ab") as out:  # the child keeps its own descriptor
+            proc = subprocess.Popen(
+                list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=full_env, start_new_session=True,
+            )  # fmt: skip
+        child = Child(name, proc, log_path, role=role, pool=pool)
+        self.children[name] = child
+        log.info("started child", extra={"child": name, "pid": proc.pid})
+        return child
+
+    def wait_ready(self, name: str, port: int | None, health_url: str = "", timeout: float = 60.0) -> None:
+        """Block until the child listens on `port` (and `health_url` answers 200), or raise ChildFailedError."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.check_ready(name, port, health_url):
+                return
+            time.sleep(0.1)  # polling a process we do not control; there is nothing to await
+        what = health_url or f"port {port}"
+        raise ChildFailedError(name, None, f"was not ready after {timeout:.0f}s (waiting for {what})", self.tail(name))
+
+    def check_ready(self, name: str, port: int | None, health_url: str = "") -> bool:
+        """One readiness probe (at most ~1 s); raises ChildFailedError if the child has died."""
+        child = self.children[name]
+        if not child.alive:
+            child.reported = True
+            raise ChildFailedError(name, child.proc.returncode, "exited during start-up", self.tail(name))
+        return (port is None or _port_open(port)) and (not health_url or _healthy(health_url))
+
+    def tail(self, name: str, n: int = 15) -> str:
+        return tail_lines(self.children[name].log_path, n)
+
+    def unexpected_exits(self) -> list[Child]:
+        """Children that exited without being asked to; each is returned once."""
+        out = []
+        for child in self.children.values():
+            if not child.reported and not child.expected_exit and not child.alive:
+                child.reported = True
+                out.append(child)
+        return out
+
+    def failure(self, child: Child, reason: str = "exited unexpectedly") -> ChildFailedError:
+        return ChildFailedError(child.name, child.proc.returncode, reason, self.tail(child.name))
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Signal a child's whole process group and mark its exit as expected (e.g. a spot preemption)."""
+        child = self.children[name]
+        child.expected_exit = True
+        _signal_group(child.pid, sig)
+        if sig == signal.SIGKILL:
+            child.proc.wait()
+
+    def running(self, pool: str | None = None, role: str | None = None) -> list[Child]:
+        """Live children, optionally of one pool or role, in start order."""
+        return [
+            c for c in self.children.values()
+            if c.alive and not c.expected_exit and (pool is None or c.pool == pool) and (role is None or c.role == role)
+        ]  # fmt: skip
+
+    def pids(self) -> list[int]:
+        return [c.pid for c in self.children.values()]
+
+    def shutdown(self, grace_s: float = 10.0) -> list[str]:
+        """SIGTERM every child's group (newest first), wait up to `grace_s`, SIGKILL the rest.
+
+        Returns the names of children that had to be SIGKILLed.
+        """
+        children = list(self.children.values())[::-1]
+        for c in children:
+            c.expected_exit = True
+            if c.alive:
+                _signal_group(c.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for c in children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                c.proc.wait(max(0.0, deadline - time.monotonic()))
+        killed = [c.name for c in children if c.alive]
+        # SIGKILL every group, even those whose leader exited: grandchildren may still hold it.
+        for c in children:
+            _signal_group(c.pid, signal.SIGKILL)
+        for c in children:
+            c.proc.wait()
+        if killed:
+            log.warning("children killed after the grace period", extra={"children": killed})
+        return killed

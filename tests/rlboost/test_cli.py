@@ -1,0 +1,181 @@
+"""The `rlboost` command line: bad input (one clear line, exit 2), `serve`, and `rlboost local`'s
+orchestration end to end with real processes — a real nats-server, real gRPC, real HTTP health checks —
+where every service is replaced by tests/rlboost/fake_service.py (the real services are covered by
+tests/e2e/test_local_e2e.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlboost.cli.main import main
+from rlboost.cli.serve_cmd import COMPONENTS, UnknownComponentError, command_for
+from tests.helpers import wait_until
+
+PY = sys.executable
+REPO = Path(__file__).resolve().parents[2]
+FAKE = Path(__file__).with_name("fake_service.py")
+
+DRIVER = """
+import sys
+from pathlib import Path
+from rich.console import Console
+from rlboost.local.plan import LocalOptions
+from rlboost.local.runner import run_local
+from rlboost.spec import JobSpec
+run_dir, python, model, report, chaos = sys.argv[1:6]
+spec = JobSpec.model_validate({"model": {"source": "path", "path": model}, "algorithm": {"steps": 2},
+                               "rollout": {"spot": {"replicas": 2}}})
+opts = LocalOptions(run_dir=Path(run_dir), python=python, chaos_kill_every=float(chaos) if chaos != "-" else None)
+sys.exit(run_local(spec, opts, Console(width=160), Path(report)))
+"""
+
+
+def rlboost(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "rlboost.cli.main", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO)  # fmt: skip
+
+
+def test_bad_config_names_the_field_and_exits_2(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("algorithm:\n  groupSize: 1\n")
+    res = rlboost("local", "--config", str(cfg), "--run-dir", str(tmp_path / "run"))
+    assert res.returncode == 2
+    assert "algorithm.groupSize" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "run").exists()  # nothing started
+
+
+def test_bad_flags_name_the_flag() -> None:
+    res = rlboost("local", "--steps", "0")
+    assert res.returncode == 2 and "--steps (algorithm.steps)" in res.stderr and "Traceback" not in res.stderr
+    res = rlboost("local", "--workers-spot", "99")
+    assert res.returncode == 2 and "--workers-spot: 99 is outside" in res.stderr
+    res = rlboost("local", "--trace-time-scale", "0")
+    assert res.returncode == 2 and "--trace-time-scale: must be > 0" in res.stderr
+    res = rlboost("local", "--config", "/nonexistent.yaml")
+    assert res.returncode == 2 and "config file not found: /nonexistent.yaml" in res.stderr
+
+
+def test_bad_trace_names_the_line(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("0,1\n10;2\n")
+    res = rlboost("local", "--spot-trace", str(trace))
+    assert res.returncode == 2 and f"{trace}:2: expected 'seconds,instances'" in res.stderr
+
+
+def test_serve_unknown_component_lists_choices() -> None:
+    res = rlboost("serve", "frobnicator")
+    assert res.returncode == 2
+    assert "unknown component 'frobnicator'" in res.stderr and all(c in res.stderr for c in COMPONENTS)
+    with pytest.raises(UnknownComponentError):
+        command_for("nope", [])
+    assert command_for("rollout-worker", ["--config", "x"]) == [PY, "-m", "rollout_worker", "--config", "x"]
+
+
+def test_serve_execs_the_service_with_its_flags() -> None:
+    """Execs a real service package (`--help` only, so nothing starts listening)."""
+    if not (REPO / "services/rollout-manager/rollout_manager/__main__.py").exists():
+        pytest.skip("rollout_manager has no __main__ yet")
+    res = rlboost("serve", "rollout-manager", "--help")
+    assert res.returncode == 0, res.stderr
+    assert "--config" in res.stdout
+
+
+def test_main_without_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "local" in capsys.readouterr().out
+
+
+def _fake_env(tmp_path: Path, trainer: str) -> tuple[dict[str, str], list[str]]:
+    """Environment and driver arguments for a run whose services are all fake_service.py."""
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"")
+    wrapper = tmp_path / "fake-python"
+    wrapper.write_text(f'#!/bin/sh\nexec {PY} {FAKE} "$@"\n')
+    wrapper.chmod(0o755)
+    env = {**os.environ, "FAKE_PID_DIR": str(pid_dir), "FAKE_TRAINER": trainer, "FAKE_DELAY": "3",
+           "PYTHONPATH": str(REPO)}  # fmt: skip
+    return env, [str(tmp_path / "run"), str(wrapper), str(model), str(tmp_path / "report.json")]
+
+
+def _run_processes(run_dir: Path) -> list[int]:
+    """Pids of live (non-zombie) processes whose command line mentions the run directory."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(run_dir) in cmd and state not in ("Z", "X") and int(proc.name) != os.getpid():
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_local_run_completes_with_report_and_leaves_nothing(tmp_path: Path) -> None:
+    env, argv = _fake_env(tmp_path, "ok")
+    res = subprocess.run([PY, "-c", DRIVER, *argv, "-"], env=env, capture_output=True, text=True, timeout=90)
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [s["step"] for s in report["steps"]] == [1, 2] and report["steps"][1]["weight_version"] == 2
+    assert report["final_weights_checksum"] == "c2" and report["tokens_lost"] == 3 and report["migrations"] == 1
+    assert {w["worker_id"]: w["weight_version"] for w in report["workers"]} == {"reserved-0": 2, "spot-0": 2}
+    run = tmp_path / "run"
+    assert (run / "reward.png").exists() and (run / "job.yaml").exists()
+    assert (run / "token").stat().st_mode & 0o777 == 0o600
+    assert {p.name.split("-")[0] for p in (tmp_path / "pids").iterdir()} >= {"weight_server", "rollout_manager",
+                                                                           "rollout_worker", "trainer"}  # fmt: skip
+    assert "summary" in res.stdout
+    assert _run_processes(run) == []
+
+
+def test_child_failure_stops_everything_with_one_clear_block(tmp_path: Path) -> None:
+    env, argv = _fake_env(tmp_path, "fail")
+    res = subprocess.run([PY, "-c", DRIVER, *argv, "-"], env=env, capture_output=True, text=True, timeout=90)
+    assert res.returncode == 1
+    assert "trainer exited unexpectedly (exit code 5)" in res.stdout
+    assert "CUDA out of memory (pretend)" in res.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["ok"] is False and "trainer" in report["error"]
+    assert _run_processes(tmp_path / "run") == []
+
+
+def test_sigterm_to_the_cli_stops_every_child(tmp_path: Path) -> None:
+    env, argv = _fake_env(tmp_path, "hang")
+    proc = subprocess.Popen([PY, "-c", DRIVER, *argv, "-"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: any(p.name.startswith("trainer-") for p in (tmp_path / "pids").iterdir()), timeout=60,
+                   what="trainer started")  # fmt: skip
+        children = _run_processes(tmp_path / "run")
+        assert len(children) >= 7  # nats, weight-server, manager, 3 workers, trainer
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, out.decode()
+    assert b"interrupted by SIGTERM" in out
+    assert _run_processes(tmp_path / "run") == []
+
+
+def test_chaos_kills_and_replaces_spot_workers(tmp_path: Path) -> None:
+    env, argv = _fake_env(tmp_path, "slow")
+    res = subprocess.run([PY, "-c", DRIVER, *argv, "0.5"], env=env, capture_output=True, text=True, timeout=90)
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["preemptions"] >= 1
+    logs = {p.stem for p in (tmp_path / "run" / "logs").glob("spot-*.log")}
+    assert "spot-2" in logs  # a replacement with a fresh id was started
+    assert _run_processes(tmp_path / "run") == []

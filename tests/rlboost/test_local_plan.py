@@ -1,0 +1,109 @@
+"""The local plan (pure): every child's command line and flags, ports, paths; and the default example file."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import yaml
+
+from rlboost.local.plan import LocalOptions, build_plan, initial_spot_workers
+from rlboost.local.progress import ProgressState, sparkline
+from rlboost.local.report import LocalReport, StepRecord, plot_rewards, write_report
+from rlboost.spec import JobSpec, load_job_spec
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _plan(tmp_path: Path, **opts: object):
+    ports = itertools.count(20000)
+    options = LocalOptions(run_dir=tmp_path / "run", python="/py", **opts)
+    return build_plan(JobSpec(), options, lambda: next(ports), nats_binary="/bin/nats-server")
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_children_in_start_order_with_distinct_ports(tmp_path: Path) -> None:
+    plan = _plan(tmp_path)
+    names = [c.name for c in plan.children]
+    assert names == ["nats", "weight-server", "rollout-manager", "reserved-0", "spot-0", "spot-1", "trainer"]
+    ports = [c.ready_port for c in plan.children]
+    assert len(set(ports)) == len(ports)
+    assert plan.child("nats").argv[:1] == ["/bin/nats-server"] and "-js" in plan.child("nats").argv
+
+
+def test_service_flags_follow_the_contract(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, dump_rollouts=tmp_path / "r.jsonl")
+    run = tmp_path / "run"
+    for c in plan.children[1:]:
+        assert c.argv[:3] == ["/py", "-m", c.role.replace("-", "_")]
+        assert _flag(c.argv, "--config") == str(run / "job.yaml")
+        assert _flag(c.argv, "--nats-url") == plan.nats_url
+        assert _flag(c.argv, "--namespace") == "local" and _flag(c.argv, "--job") == "local"
+    ws = plan.child("weight-server").argv
+    assert _flag(ws, "--port") == str(plan.weight_server_port)
+    assert _flag(ws, "--token-file") == str(run / "token") and _flag(ws, "--data-dir") == str(run / "weights")
+    mgr = plan.child("rollout-manager")
+    assert _flag(mgr.argv, "--port") == str(plan.manager_port)
+    assert mgr.health_url == f"http://127.0.0.1:{plan.manager_metrics_port}/healthz"
+    w = plan.child("spot-1").argv
+    assert _flag(w, "--worker-id") == "spot-1" and _flag(w, "--pool") == "spot" and _flag(w, "--node") == "local-spot-1"
+    assert _flag(w, "--manager") == f"127.0.0.1:{plan.manager_port}"
+    assert _flag(w, "--weight-server") == f"http://127.0.0.1:{plan.weight_server_port}"
+    assert _flag(w, "--model-dir") == str(run / "model")
+    tr = plan.child("trainer").argv
+    assert _flag(tr, "--run-dir") == str(run) and _flag(tr, "--dump-rollouts") == str(tmp_path / "r.jsonl")
+    assert _flag(tr, "--token-file") == str(run / "token")
+    assert "--dump-rollouts" not in _plan(tmp_path).child("trainer").argv
+
+
+def test_pool_sizes_and_new_spot_workers(tmp_path: Path) -> None:
+    spec = JobSpec.model_validate({"rollout": {"reserved": {"replicas": 2}, "spot": {"replicas": 0}}})
+    options = LocalOptions(run_dir=tmp_path, python="/py")
+    ports = itertools.count(30000)
+    plan = build_plan(spec, options, lambda: next(ports))
+    assert [c.name for c in plan.children if c.role == "rollout-worker"] == ["reserved-0", "reserved-1"]
+    extra = plan.worker("spot-7", "spot")
+    assert extra.pool == "spot" and extra.ready_port not in {c.ready_port for c in plan.children}
+    bounded = JobSpec.model_validate({"rollout": {"spot": {"replicas": 2, "minReplicas": 1, "maxReplicas": 3}}})
+    assert initial_spot_workers(bounded, None) == 2
+    assert initial_spot_workers(bounded, 0) == 1 and initial_spot_workers(bounded, 12) == 3
+
+
+def test_model_path_from_spec_wins(tmp_path: Path) -> None:
+    spec = JobSpec.model_validate({"model": {"path": str(tmp_path / "m")}})
+    plan = build_plan(spec, LocalOptions(run_dir=tmp_path / "run"), itertools.count(40000).__next__)
+    assert plan.model_dir == tmp_path / "m"
+    assert _flag(plan.child("trainer").argv, "--model-dir") == str(tmp_path / "m")
+
+
+def test_examples_local_yaml_equals_the_embedded_default() -> None:
+    path = REPO / "examples" / "local.yaml"
+    assert load_job_spec(path) == JobSpec()
+    # Every field is written out, so the file documents the whole default.
+    assert yaml.safe_load(path.read_text()) == JobSpec().model_dump(by_alias=True, mode="json")
+
+
+def test_report_json_and_plot(tmp_path: Path) -> None:
+    steps = [StepRecord(step=i, reward_mean=0.1 * i, tokens=10, rollout_seconds=1, train_seconds=0.5,
+                        sync_seconds=0.1, weight_version=i) for i in (1, 2)]  # fmt: skip
+    report = LocalReport(steps=steps, final_weights_checksum="ab", preemptions=1)
+    write_report(report, tmp_path / "r.json")
+    data = yaml.safe_load((tmp_path / "r.json").read_text())
+    assert set(data["steps"][0]) == {"step", "reward_mean", "tokens", "rollout_seconds", "train_seconds",
+                                     "sync_seconds", "weight_version"}  # fmt: skip
+    for key in ("final_weights_checksum", "preemptions", "migrations", "tokens_lost", "tokens_regenerated", "workers"):
+        assert key in data
+    png = plot_rewards(steps, tmp_path / "reward.png")
+    assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot_rewards([], tmp_path / "none.png") is None
+
+
+def test_sparkline_and_progress_state() -> None:
+    assert sparkline([0, 1]) == "▁█"
+    assert sparkline([2, 2, 2]) == "▁▁▁"
+    assert sparkline([]) == ""
+    assert len(sparkline(list(range(100)), width=30)) == 30
+    assert ProgressState(total_steps=3).phase == "starting"

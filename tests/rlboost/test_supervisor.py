@@ -1,0 +1,111 @@
+"""The supervisor with real child processes (small `python -c` programs): start-up, failure propagation,
+SIGKILL of children that ignore SIGTERM, process groups (grandchildren die too), no orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlboost.local.supervisor import ChildFailedError, Supervisor, tail_lines
+from rlboost.nats_server import free_port
+from tests.helpers import wait_until
+
+PY = sys.executable
+
+LISTEN = """
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen()
+print("listening", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_ready_when_listening_and_logs_go_to_file(tmp_path: Path) -> None:
+    sup = Supervisor(tmp_path / "logs")
+    port = free_port()
+    try:
+        child = sup.start("svc", [PY, "-c", LISTEN, str(port)], role="svc")
+        sup.wait_ready("svc", port, timeout=15)
+        assert child.alive
+        wait_until(lambda: "listening" in tail_lines(tmp_path / "logs" / "svc.log"), what="log line")
+        assert os.getpgid(child.pid) == child.pid  # its own process group
+    finally:
+        sup.shutdown(grace_s=5)
+    assert not pid_alive(child.pid)
+
+
+def test_death_during_startup_names_child_code_and_last_lines(tmp_path: Path) -> None:
+    sup = Supervisor(tmp_path / "logs")
+    code = "import sys; print('loading model'); print('cannot load the model', file=sys.stderr); sys.exit(3)"
+    sup.start("rollout-worker-x", [PY, "-c", code])
+    with pytest.raises(ChildFailedError) as info:
+        sup.wait_ready("rollout-worker-x", free_port(), timeout=15)
+    msg = str(info.value)
+    assert msg.startswith("rollout-worker-x exited during start-up (exit code 3)")
+    assert "cannot load the model" in msg and "loading model" in msg
+    assert sup.unexpected_exits() == []  # already reported once
+    sup.shutdown(grace_s=1)
+
+
+def test_not_ready_before_deadline(tmp_path: Path) -> None:
+    sup = Supervisor(tmp_path / "logs")
+    sup.start("slow", [PY, "-c", "import time; time.sleep(60)"])
+    try:
+        with pytest.raises(ChildFailedError, match=r"slow was not ready after 1s \(waiting for port"):
+            sup.wait_ready("slow", free_port(), timeout=1)
+    finally:
+        sup.shutdown(grace_s=5)
+
+
+def test_unexpected_exit_is_reported_once_and_kill_is_expected(tmp_path: Path) -> None:
+    sup = Supervisor(tmp_path / "logs")
+    port = free_port()
+    try:
+        sup.start("crashy", [PY, "-c", "import sys; sys.exit(7)"])
+        victim = sup.start("spot-0", [PY, "-c", LISTEN, str(port)], pool="spot")
+        sup.wait_ready("spot-0", port, timeout=15)
+        sup.kill("spot-0")  # a preemption: SIGKILL, not a failure
+        assert victim.proc.returncode == -signal.SIGKILL
+        exits = wait_until(sup.unexpected_exits, what="crashy's exit")
+        assert [c.name for c in exits] == ["crashy"]
+        assert sup.failure(exits[0]).code == 7
+        assert sup.unexpected_exits() == []
+        assert sup.running(pool="spot") == []
+    finally:
+        sup.shutdown(grace_s=5)
+
+
+def test_shutdown_sigkills_children_ignoring_sigterm_and_their_grandchildren(tmp_path: Path) -> None:
+    stubborn = f"""
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+g = subprocess.Popen([{PY!r}, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+open(sys.argv[1], "w").write(str(g.pid))
+while True:
+    time.sleep(1)
+"""
+    sup = Supervisor(tmp_path / "logs")
+    pidfile = tmp_path / "grandchild.pid"
+    polite = sup.start("polite", [PY, "-c", "import time; time.sleep(600)"])
+    child = sup.start("stubborn", [PY, "-c", stubborn, str(pidfile)])
+    grandchild = int(wait_until(lambda: pidfile.exists() and pidfile.read_text(), what="grandchild pid"))
+    killed = sup.shutdown(grace_s=1)
+    assert killed == ["stubborn"]
+    assert polite.proc.returncode == -signal.SIGTERM and child.proc.returncode == -signal.SIGKILL
+    wait_until(lambda: not pid_alive(grandchild), timeout=5, what="grandchild gone")
+    assert not any(pid_alive(p) for p in sup.pids())
