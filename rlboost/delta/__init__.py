@@ -1,0 +1,47 @@
+"""Sparse, bit-exact weight deltas: encode a->b, apply it, inspect it, compose a->b->c into a->c.
+
+    import rlboost.delta as rd
+    blob = rd.encode(base, new, base_version=3, version=4)   # dict[str, torch.Tensor] -> bytes
+    out = rd.apply(base, blob)                               # new tensors, bit-identical to `new`
+    rd.apply_(base, blob)                                    # in place; validated before any write
+    rd.inspect(blob).changed_fraction                        # DeltaInfo, per tensor too
+    rd.compose(blob_ab, blob_bc)                             # a->c without the weights
+
+`encode`, `apply` and `apply_` need torch and are loaded on first use (PEP 562), so
+`import rlboost.delta` stays torch-free for the weight-server. Torch-free code that wants
+import-linter to see no path to torch imports `rlboost.delta.compact` / `.format` / `.codec`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from rlboost.delta.compact import compose, compose_chain
+from rlboost.delta.format import FORMAT_VERSION, DeltaError, DeltaInfo, TensorInfo, inspect
+
+if TYPE_CHECKING:
+    from rlboost.delta.api import apply, apply_, encode
+
+__all__ = [
+    "FORMAT_VERSION",
+    "DeltaError",
+    "DeltaInfo",
+    "TensorInfo",
+    "apply",
+    "apply_",
+    "compose",
+    "compose_chain",
+    "encode",
+    "inspect",
+]
+
+_TORCH_API = {"encode", "apply", "apply_"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TORCH_API:
+        # Loaded by name on first use: torch is imported only by code that calls the torch API,
+        # never by importing this package (the weight-server imports it for compose/inspect).
+        return getattr(importlib.import_module("rlboost.delta.api"), name)
+    raise AttributeError(f"module 'rlboost.delta' has no attribute {name!r}")

@@ -1,0 +1,112 @@
+"""Compose deltas without the weights: a->b plus b->c gives a->c (torch-free, for the weight-server).
+
+Sparse entries store modular differences of bit patterns, and those add: (c-b)+(b-a) = c-a
+modulo 2**bits. So a composed sparse entry is the union of both position sets with the
+differences summed there, dropping positions whose sum is 0 (changed and changed back).
+Dense entries carry new bytes: a dense b->c wins outright; a dense a->b followed by a sparse b->c
+gives a dense a->c (b's bytes with the b->c differences added). Without the weights a composed
+tensor cannot fall back to dense when its sparse form grows past the tensor's size; it stays sparse
+(still exact), and `changed` of a composed dense entry is an upper bound.
+
+Chain links are checked by checksum: every tensor's base checksum in b->c must equal its target
+checksum in a->b, so a broken chain is rejected rather than silently composed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from rlboost.delta.codec import Staged, decode_entry, encode_sparse
+from rlboost.delta.format import Delta, DeltaError, TensorEntry, checksum, pack, parse
+
+
+def compose(d_ab: bytes | memoryview, d_bc: bytes | memoryview) -> bytes:
+    """The delta a->c equivalent to applying `d_ab` then `d_bc`. Raises DeltaError on a broken chain."""
+    ab, bc = parse(d_ab), parse(d_bc)
+    if ab.header.version != bc.header.base_version:
+        raise DeltaError(
+            f"cannot compose: first delta produces version {ab.header.version}, "
+            f"second applies to version {bc.header.base_version}"
+        )
+    first = {e.name: e for e in ab.tensors}
+    if set(first) != {e.name for e in bc.tensors}:
+        raise DeltaError("cannot compose: the two deltas cover different tensor names")
+    entries, parts, offset = [], [], 0
+    for eb in bc.tensors:
+        entry, payload = _compose_tensor(ab, first[eb.name], bc, eb)
+        entries.append(entry.model_copy(update={"offset": offset, "length": len(payload)}))
+        parts.append(payload)
+        offset += len(payload)
+    return pack(ab.header.base_version, bc.header.version, entries, parts)
+
+
+def compose_chain(deltas: Sequence[bytes | memoryview]) -> bytes:
+    """Fold a chain v0->v1, v1->v2, ... into one delta v0->vn."""
+    if not deltas:
+        raise DeltaError("cannot compose an empty chain of deltas")
+    out = bytes(deltas[0])
+    for d in deltas[1:]:
+        out = compose(out, d)
+    return out
+
+
+def _compose_tensor(ab: Delta, ea: TensorEntry, bc: Delta, eb: TensorEntry) -> tuple[TensorEntry, bytes]:
+    where = f"tensor {eb.name!r}"
+    if (ea.dtype, ea.shape) != (eb.dtype, eb.shape):
+        raise DeltaError(f"cannot compose {where}: {ea.dtype}{ea.shape} then {eb.dtype}{eb.shape}")
+    if eb.base_xxh3 != ea.target_xxh3:
+        raise DeltaError(f"cannot compose {where}: second delta's base is not the first delta's target")
+    sa, sb = decode_entry(ab, ea), decode_entry(bc, eb)
+    ends = {"base_xxh3": ea.base_xxh3, "target_xxh3": eb.target_xxh3}
+    if eb.encoding == "unchanged":
+        return ea.model_copy(update=ends), bytes(ab.payload_of(ea))
+    if ea.encoding == "unchanged":
+        return eb.model_copy(update=ends), bytes(bc.payload_of(eb))
+    if eb.encoding == "dense":
+        return _dense(eb, ends, ea.changed + eb.changed, bytes(bc.payload_of(eb)))
+    if ea.encoding == "dense":
+        values = sa.values.copy()
+        values[sb.idx] += sb.values  # modular add on the bit patterns
+        return _dense(eb, ends, ea.changed + eb.changed, values.tobytes())
+    return _sparse_sum(eb, ends, sa, sb)
+
+
+def _dense(like: TensorEntry, ends: dict[str, int], changed_bound: int, payload: bytes) -> tuple[TensorEntry, bytes]:
+    entry = like.model_copy(
+        update={
+            **ends,
+            "encoding": "dense",
+            "changed": min(like.numel, changed_bound),
+            "payload_xxh3": checksum(payload),
+            "streams": [],
+            "gap_planes": 0,
+        }
+    )
+    return entry, payload
+
+
+def _sparse_sum(like: TensorEntry, ends: dict[str, int], sa: Staged, sb: Staged) -> tuple[TensorEntry, bytes]:
+    idx = np.concatenate([sa.idx, sb.idx])
+    diff = np.concatenate([sa.values, sb.values])
+    order = np.argsort(idx, kind="stable")
+    idx, diff = idx[order], diff[order]
+    uniq, starts = np.unique(idx, return_index=True)
+    summed = np.add.reduceat(diff, starts, dtype=diff.dtype)  # wraps at the element width
+    keep = summed != 0
+    uniq, summed = uniq[keep], summed[keep]
+    if uniq.size == 0:
+        base = {"encoding": "unchanged", "changed": 0, "payload_xxh3": checksum(b""), "streams": [], "gap_planes": 0}
+        return like.model_copy(update={**ends, **base, "target_xxh3": ends["base_xxh3"]}), b""
+    streams, gap_planes = encode_sparse(uniq, summed)
+    payload = b"".join(streams)
+    update = {
+        **ends,
+        "encoding": "sparse",
+        "changed": int(uniq.size),
+        "payload_xxh3": checksum(payload),
+        "streams": [len(s) for s in streams],
+        "gap_planes": gap_planes,
+    }
+    return like.model_copy(update=update), payload

@@ -1,0 +1,273 @@
+"""The rlboost delta format: a fixed header, a JSON tensor table, then the tensors' payloads.
+
+Torch-free (the weight-server reads and composes deltas without torch). Layout, little-endian:
+
+    0   8s  magic b"RLBDELTA"
+    8   u16 format version (FORMAT_VERSION)
+    10  u16 flags (0; reserved)
+    12  u32 table length in bytes
+    16  i64 base_version (the version the delta applies to)
+    24  i64 version (the version it produces)
+    32  u64 payload length in bytes
+    40  u64 xxh3-64 of bytes 0..40 followed by the table
+    48  table: UTF-8 JSON {"tensors": [TensorEntry, ...]}
+    48+table_len  payload region; entries point into it with (offset, length)
+
+Each tensor is `unchanged` (no payload), `dense` (the new raw bytes) or `sparse`: zstd-compressed
+byte planes of the position gaps, then zstd-compressed byte planes of the zigzagged modular
+difference `new_bits - old_bits` (integer arithmetic on raw bit patterns, wrapping at the dtype's
+width, so it is exact for every value including NaN payloads, ±0, inf and subnormals).
+Every entry carries xxh3-64 checksums of the base tensor, the target tensor and its own payload.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Literal
+
+import xxhash
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+MAGIC = b"RLBDELTA"
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<8sHHIqqQQ")
+HEADER_SIZE = HEADER.size  # 48
+_HEADER_PREFIX = 40  # bytes of the header covered by the checksum (all but the checksum itself)
+
+# Element size of every dtype the codec carries; the codec works on unsigned views of this width.
+DTYPE_ITEMSIZE: dict[str, int] = {
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+    "int16": 2,
+    "uint16": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "float32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float64": 8,
+    "complex32": 4,
+    "complex64": 8,
+}
+
+Encoding = Literal["unchanged", "dense", "sparse"]
+
+
+class DeltaError(ValueError):
+    """A delta that cannot be encoded, read or applied; the message names the tensor or field and the cause."""
+
+
+def checksum(data: object) -> int:
+    """xxh3-64 of a bytes-like object (fast: ~memory bandwidth), as an int."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
+class TensorEntry(BaseModel):
+    """One tensor of a delta: what it is, how it is encoded, where its payload lies."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str = Field(description="Parameter name, as in the state dict.")
+    dtype: str = Field(description="Element type name, e.g. 'bfloat16' (see DTYPE_ITEMSIZE).")
+    shape: list[int] = Field(description="Tensor shape.")
+    encoding: Encoding = Field(description="'unchanged', 'dense' (new raw bytes) or 'sparse'.")
+    changed: int = Field(ge=0, description="Number of elements whose bit pattern changed.")
+    base_xxh3: int = Field(ge=0, description="xxh3-64 of the base tensor's raw bytes.")
+    target_xxh3: int = Field(ge=0, description="xxh3-64 of the target tensor's raw bytes.")
+    offset: int = Field(ge=0, description="Payload offset, relative to the payload region.")
+    length: int = Field(ge=0, description="Payload length in bytes.")
+    payload_xxh3: int = Field(ge=0, description="xxh3-64 of the payload bytes.")
+    streams: list[int] = Field(
+        default_factory=list, description="Sparse only: compressed lengths of the gap planes then the value planes."
+    )
+    gap_planes: int = Field(0, ge=0, le=8, description="Sparse only: how many of `streams` are gap planes.")
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_ITEMSIZE[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+
+class Header(BaseModel):
+    """The parsed fixed header."""
+
+    format_version: int = Field(description="Format version of the delta.")
+    base_version: int = Field(description="Weight version the delta applies to.")
+    version: int = Field(description="Weight version the delta produces.")
+    table_len: int = Field(description="Length of the JSON tensor table.")
+    payload_len: int = Field(description="Length of the payload region.")
+
+
+class Delta(BaseModel):
+    """A parsed delta: header, table, and the payload region (a memoryview into the original bytes)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    header: Header = Field(description="Fixed header.")
+    tensors: list[TensorEntry] = Field(description="Tensor table, in encoding order.")
+    payload: memoryview = Field(description="The payload region.")
+
+    def payload_of(self, entry: TensorEntry) -> memoryview:
+        return self.payload[entry.offset : entry.offset + entry.length]
+
+
+def pack(base_version: int, version: int, entries: list[TensorEntry], payload_parts: list[bytes]) -> bytes:
+    """Assemble a delta from its table and the payload parts (in the order of the entries' offsets)."""
+    table = json.dumps({"tensors": [e.model_dump() for e in entries]}, separators=(",", ":")).encode()
+    payload_len = sum(len(p) for p in payload_parts)
+    prefix = HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(table), base_version, version, payload_len, 0)[:_HEADER_PREFIX]
+    digest = xxhash.xxh3_64_intdigest(prefix + table)
+    head = prefix + struct.pack("<Q", digest)
+    return b"".join([head, table, *payload_parts])
+
+
+def parse(data: bytes | bytearray | memoryview) -> Delta:
+    """Parse and validate the header and table (not the payloads). Raises DeltaError on any defect."""
+    buf = memoryview(data).cast("B")
+    if len(buf) < HEADER_SIZE:
+        raise DeltaError(f"delta is truncated: {len(buf)} bytes, shorter than the {HEADER_SIZE}-byte header")
+    magic, fmt, flags, table_len, base_version, version, payload_len, digest = HEADER.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise DeltaError(f"not an rlboost delta: magic is {bytes(magic)!r}, expected {MAGIC!r}")
+    if fmt != FORMAT_VERSION:
+        raise DeltaError(f"unsupported delta format version {fmt}; this rlboost reads version {FORMAT_VERSION}")
+    if flags != 0:
+        raise DeltaError(f"unsupported delta flags {flags:#x}")
+    expected_len = HEADER_SIZE + table_len + payload_len
+    if len(buf) != expected_len:
+        kind = "truncated" if len(buf) < expected_len else "has trailing bytes"
+        raise DeltaError(f"delta {kind}: {len(buf)} bytes, header says {expected_len}")
+    table_bytes = buf[HEADER_SIZE : HEADER_SIZE + table_len]
+    if xxhash.xxh3_64_intdigest(bytes(buf[:_HEADER_PREFIX]) + bytes(table_bytes)) != digest:
+        raise DeltaError("delta header/table checksum mismatch: the delta is corrupted")
+    tensors = _parse_table(bytes(table_bytes), payload_len)
+    header = Header(
+        format_version=fmt, base_version=base_version, version=version, table_len=table_len, payload_len=payload_len
+    )
+    return Delta(header=header, tensors=tensors, payload=buf[HEADER_SIZE + table_len :])
+
+
+def _parse_table(table: bytes, payload_len: int) -> list[TensorEntry]:
+    try:
+        raw = json.loads(table)
+        items = raw["tensors"]
+        if not isinstance(items, list):
+            raise TypeError("'tensors' is not a list")
+        entries = [TensorEntry.model_validate(item) for item in items]
+    except (ValueError, KeyError, TypeError, ValidationError) as e:  # JSONDecodeError is a ValueError
+        raise DeltaError(f"delta tensor table is malformed: {_short(e)}") from None
+    seen: set[str] = set()
+    for e in entries:
+        _check_entry(e, payload_len)
+        if e.name in seen:
+            raise DeltaError(f"delta tensor table lists {e.name!r} twice")
+        seen.add(e.name)
+    return entries
+
+
+def _check_entry(e: TensorEntry, payload_len: int) -> None:
+    where = f"tensor {e.name!r}"
+    if e.dtype not in DTYPE_ITEMSIZE:
+        raise DeltaError(f"{where}: unsupported dtype {e.dtype!r}")
+    if any(d < 0 for d in e.shape):
+        raise DeltaError(f"{where}: negative dimension in shape {e.shape}")
+    if e.offset + e.length > payload_len:
+        raise DeltaError(f"{where}: payload [{e.offset}, {e.offset + e.length}) lies outside the payload region")
+    if e.changed > e.numel:
+        raise DeltaError(f"{where}: {e.changed} changed elements but only {e.numel} elements")
+    if e.encoding == "unchanged" and (e.changed or e.length or e.base_xxh3 != e.target_xxh3):
+        raise DeltaError(f"{where}: 'unchanged' entry with a payload or a change")
+    if e.encoding == "dense" and e.length != e.nbytes:
+        raise DeltaError(f"{where}: dense payload is {e.length} bytes, tensor is {e.nbytes}")
+    if e.encoding == "sparse":
+        if not 1 <= e.gap_planes <= 8 or len(e.streams) != e.gap_planes + e.itemsize:
+            raise DeltaError(f"{where}: sparse entry with {len(e.streams)} streams and {e.gap_planes} gap planes")
+        if any(s < 0 for s in e.streams) or sum(e.streams) != e.length:
+            raise DeltaError(f"{where}: sparse stream lengths do not add up to the payload length")
+        if e.changed == 0:
+            raise DeltaError(f"{where}: sparse entry with no changed elements")
+
+
+def _short(e: Exception) -> str:
+    text = str(e).splitlines()
+    return "; ".join(line.strip() for line in text[:3])[:300]
+
+
+class TensorInfo(BaseModel):
+    """What `inspect` reports for one tensor."""
+
+    name: str = Field(description="Parameter name.")
+    dtype: str = Field(description="Element type name.")
+    shape: list[int] = Field(description="Tensor shape.")
+    encoding: Encoding = Field(description="'unchanged', 'dense' or 'sparse'.")
+    numel: int = Field(description="Number of elements.")
+    changed: int = Field(description="Changed elements (an upper bound for dense entries of composed deltas).")
+    changed_fraction: float = Field(description="changed / numel (0 for empty tensors).")
+    bytes: int = Field(description="Payload bytes of this tensor in the delta.")
+    bytes_per_changed: float | None = Field(description="Payload bytes per changed element; null when none changed.")
+
+
+class DeltaInfo(BaseModel):
+    """What `inspect` reports for a whole delta."""
+
+    format_version: int = Field(description="Format version.")
+    base_version: int = Field(description="Version the delta applies to.")
+    version: int = Field(description="Version the delta produces.")
+    total_bytes: int = Field(description="Size of the whole delta, header and table included.")
+    numel: int = Field(description="Elements over all tensors.")
+    changed: int = Field(description="Changed elements over all tensors.")
+    changed_fraction: float = Field(description="changed / numel.")
+    bytes_per_changed: float | None = Field(description="total_bytes / changed; null when nothing changed.")
+    tensors: list[TensorInfo] = Field(description="Per tensor, in table order.")
+
+
+def inspect(data: bytes | bytearray | memoryview) -> DeltaInfo:
+    """Describe a delta (header and table are validated; payloads are not decoded)."""
+    d = parse(data)
+    tensors = [
+        TensorInfo(
+            name=e.name,
+            dtype=e.dtype,
+            shape=e.shape,
+            encoding=e.encoding,
+            numel=e.numel,
+            changed=e.changed,
+            changed_fraction=e.changed / e.numel if e.numel else 0.0,
+            bytes=e.length,
+            bytes_per_changed=e.length / e.changed if e.changed else None,
+        )
+        for e in d.tensors
+    ]
+    numel = sum(t.numel for t in tensors)
+    changed = sum(t.changed for t in tensors)
+    total = len(memoryview(data).cast("B"))
+    h = d.header
+    return DeltaInfo(
+        format_version=h.format_version,
+        base_version=h.base_version,
+        version=h.version,
+        total_bytes=total,
+        numel=numel,
+        changed=changed,
+        changed_fraction=changed / numel if numel else 0.0,
+        bytes_per_changed=total / changed if changed else None,
+        tensors=tensors,
+    )

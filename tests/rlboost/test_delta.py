@@ -1,0 +1,370 @@
+"""Tests of the sparse, bit-exact delta codec (rlboost.delta) and its CLI (real subprocesses, real files)."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import rlboost.delta as rd
+from rlboost.delta import format as fmt
+from rlboost.delta._scan import changed_positions
+
+INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(INT_VIEW[t.element_size()])
+
+
+def assert_bit_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, name
+        assert torch.equal(bits(a[name]), bits(b[name])), f"{name} differs in its bit patterns"
+
+
+def specials(dtype: torch.dtype) -> torch.Tensor:
+    """±0, ±inf, NaNs with distinct payloads, subnormals, max/min of the type, as raw bit patterns."""
+    width = torch.finfo(dtype).bits
+    if width == 16 and dtype == torch.bfloat16:
+        pats = [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x7FC1, 0xFFFF, 0x7F81, 0x0001, 0x8001, 0x007F, 0x7F7F]
+    elif width == 16:
+        pats = [0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x7E01, 0xFFFF, 0x7C01, 0x0001, 0x8001, 0x03FF, 0x7BFF]
+    else:
+        pats = [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7FC00001, 0xFFFFFFFF, 0x7F800001, 1, 0x80000001]
+    ints = torch.tensor([p - (1 << width) if p >= 1 << (width - 1) else p for p in pats], dtype=INT_VIEW[width // 8])
+    return ints.view(dtype)
+
+
+def rl_state(seed: int = 0, n: int = 50_000) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A small state with ~1% of elements nudged by one ulp, plus special values, in every float dtype."""
+    g = torch.Generator().manual_seed(seed)
+    base, new = {}, {}
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        b = (torch.randn(n, generator=g) * 0.02).to(dtype)
+        b[: len(specials(dtype))] = specials(dtype)
+        ints = bits(b).clone()
+        pick = torch.randperm(n, generator=g)[: n // 100]
+        ints[pick] += torch.where(torch.rand(pick.numel(), generator=g) < 0.5, 1, -1).to(ints.dtype)
+        ints[3] = bits(specials(dtype))[5]  # one NaN payload changes into another
+        name = str(dtype).removeprefix("torch.")
+        base[f"{name}.w"], new[f"{name}.w"] = b.reshape(100, -1), ints.view(dtype).reshape(100, -1)
+    base["step"] = torch.tensor(7, dtype=torch.int64)
+    new["step"] = torch.tensor(8, dtype=torch.int64)
+    base["mask"] = torch.zeros(33, dtype=torch.bool)
+    new["mask"] = base["mask"].clone()
+    return base, new
+
+
+def test_round_trip_is_bit_exact_for_every_dtype_and_special_value() -> None:
+    base, new = rl_state()
+    blob = rd.encode(base, new, base_version=4, version=5)
+    assert_bit_identical(rd.apply(base, blob), new)
+    info = rd.inspect(blob)
+    assert (info.base_version, info.version, info.format_version) == (4, 5, rd.FORMAT_VERSION)
+    enc = {t.name: t.encoding for t in info.tensors}
+    assert enc == {
+        "bfloat16.w": "sparse",
+        "float16.w": "sparse",
+        "float32.w": "sparse",
+        "step": "dense",
+        "mask": "unchanged",
+    }
+    bf16 = next(t for t in info.tensors if t.name == "bfloat16.w")
+    assert bf16.changed == 501 and bf16.bytes_per_changed < 2.0
+
+
+def test_special_values_overwrite_each_other_exactly() -> None:
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        s = specials(dtype)
+        base, new = {"x": s}, {"x": s.flip(0).contiguous()}  # every special becomes another special
+        assert_bit_identical(rd.apply(base, rd.encode(base, new, base_version=0, version=1)), new)
+
+
+def test_other_dtypes_and_shapes_round_trip() -> None:
+    g = torch.Generator().manual_seed(1)
+    base = {
+        "i8": torch.randint(-128, 127, (7, 3), dtype=torch.int8, generator=g),
+        "i32": torch.randint(-(2**31), 2**31 - 1, (1001,), dtype=torch.int32, generator=g),
+        "f64": torch.randn(5, 5, dtype=torch.float64, generator=g),
+        "empty": torch.empty(0, 4),
+        "scalar": torch.tensor(1.5),
+        "odd": torch.randn(13, generator=g).bfloat16(),  # length not a multiple of the 4-lane word
+    }
+    new = {k: v.clone() for k, v in base.items()}
+    new["i8"][2, 1] = -new["i8"][2, 1] - 1
+    new["i32"][1000] = 2**31 - 1 if base["i32"][1000] != 2**31 - 1 else 0
+    new["f64"][4, 4] = float("-inf")
+    new["scalar"].fill_(-0.0)
+    new["odd"][12] = float("nan")
+    blob = rd.encode(base, new, base_version=0, version=1)
+    assert_bit_identical(rd.apply(base, blob), new)
+
+
+def test_dense_fallback_when_sparse_would_be_larger() -> None:
+    g = torch.Generator().manual_seed(2)
+    base = {"w": torch.randn(4096, generator=g).bfloat16()}
+    new = {"w": torch.randn(4096, generator=g).bfloat16()}  # every element changes, randomly
+    blob = rd.encode(base, new, base_version=0, version=1)
+    (t,) = rd.inspect(blob).tensors
+    assert t.encoding == "dense" and t.bytes == 4096 * 2 and t.changed > 4000
+    assert_bit_identical(rd.apply(base, blob), new)
+
+
+def test_unchanged_state_has_no_payload() -> None:
+    base, _ = rl_state()
+    blob = rd.encode(base, base, base_version=1, version=2)
+    info = rd.inspect(blob)
+    assert info.changed == 0 and all(t.encoding == "unchanged" and t.bytes == 0 for t in info.tensors)
+    assert_bit_identical(rd.apply(base, blob), base)
+
+
+def test_apply_in_place_and_base_untouched_by_apply() -> None:
+    base, new = rl_state()
+    keep = {k: v.clone() for k, v in base.items()}
+    blob = rd.encode(base, new, base_version=0, version=1)
+    rd.apply(base, blob)
+    assert_bit_identical(base, keep)
+    target = {k: v.clone() for k, v in base.items()}
+    ptrs = {k: v.data_ptr() for k, v in target.items()}
+    rd.apply_(target, blob, verify_target=True)
+    assert_bit_identical(target, new)
+    assert {k: v.data_ptr() for k, v in target.items()} == ptrs  # written in place, not replaced
+
+
+def test_apply_in_place_into_non_contiguous_tensor() -> None:
+    g = torch.Generator().manual_seed(3)
+    big = torch.randn(64, 64, generator=g).bfloat16()
+    view = big.t()  # non-contiguous: goes through a CPU copy and is written back
+    new = {"w": view.contiguous().clone()}
+    new["w"][5, 7] = 1.0
+    blob = rd.encode({"w": view}, new, base_version=0, version=1)
+    rd.apply_({"w": view}, blob)
+    assert torch.equal(bits(view), bits(new["w"])) and big[7, 5].item() == 1.0
+
+
+def test_compose_equals_direct_delta_in_effect() -> None:
+    base, mid = rl_state(seed=0)
+    g = torch.Generator().manual_seed(9)
+    last = {k: v.clone() for k, v in mid.items()}
+    ints = bits(last["bfloat16.w"])
+    ints[torch.randperm(ints.numel(), generator=g)[:400]] += 1
+    ints[bits(mid["bfloat16.w"]) != bits(base["bfloat16.w"])] = bits(base["bfloat16.w"])[
+        bits(mid["bfloat16.w"]) != bits(base["bfloat16.w"])
+    ]  # undo some a->b changes: they must cancel in a->c
+    last["float32.w"] = torch.randn(100, 500, generator=g)  # dense in b->c
+    last["step"] = torch.tensor(9)
+    d_ab = rd.encode(base, mid, base_version=0, version=1)
+    d_bc = rd.encode(mid, last, base_version=1, version=2)
+    d_ac = rd.compose(d_ab, d_bc)
+    info, direct = rd.inspect(d_ac), rd.inspect(rd.encode(base, last, base_version=0, version=2))
+    assert (info.base_version, info.version) == (0, 2)
+    assert_bit_identical(rd.apply(base, d_ac), last)
+    by_name = {t.name: t for t in info.tensors}
+    assert by_name["bfloat16.w"].changed == next(t.changed for t in direct.tensors if t.name == "bfloat16.w")
+    assert by_name["float32.w"].encoding == "dense"
+    assert_bit_identical(rd.apply(base, rd.compose_chain([d_ab, d_bc])), last)
+
+
+def test_compose_dense_then_sparse_and_revert_to_unchanged() -> None:
+    g = torch.Generator().manual_seed(4)
+    a = {"w": torch.randn(256, generator=g).bfloat16(), "v": torch.zeros(64)}
+    b = {"w": torch.randn(256, generator=g).bfloat16(), "v": torch.zeros(64)}  # dense a->b for w
+    b["v"][3] = 1.0  # sparse a->b for v ...
+    c = {"w": b["w"].clone(), "v": torch.zeros(64)}  # ... and back: the two differences cancel
+    c["w"][0] = 3.0
+    d_ac = rd.compose(rd.encode(a, b, base_version=0, version=1), rd.encode(b, c, base_version=1, version=2))
+    info = {t.name: t for t in rd.inspect(d_ac).tensors}
+    assert info["w"].encoding == "dense" and info["v"].encoding == "unchanged"
+    assert_bit_identical(rd.apply(a, d_ac), c)
+
+
+def test_compose_rejects_a_broken_chain() -> None:
+    base, new = rl_state()
+    d_ab = rd.encode(base, new, base_version=0, version=1)
+    with pytest.raises(rd.DeltaError, match="produces version 1"):
+        rd.compose(d_ab, rd.encode(base, new, base_version=5, version=6))
+    with pytest.raises(rd.DeltaError, match="base is not the first delta's target"):
+        rd.compose(d_ab, rd.encode(base, new, base_version=1, version=2))  # right number, wrong weights
+
+
+def test_compose_needs_no_torch(tmp_path: Path) -> None:
+    """The weight-server composes and inspects deltas without torch (checked in a fresh interpreter)."""
+    base, new = rl_state()
+    del base["step"], new["step"]  # dense both ways: a composed dense entry's `changed` is only a bound
+    (tmp_path / "ab").write_bytes(rd.encode(base, new, base_version=0, version=1))
+    (tmp_path / "ba").write_bytes(rd.encode(new, base, base_version=1, version=2))
+    code = (
+        "import sys, pathlib, rlboost.delta as rd; r = lambda p: pathlib.Path(p).read_bytes(); "
+        "i = rd.inspect(rd.compose(r(sys.argv[1]), r(sys.argv[2]))); "
+        "assert 'torch' not in sys.modules, 'torch was imported'; print(i.changed, i.version)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "ab"), str(tmp_path / "ba")], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "2"]  # a->b->a composes to no change at all
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def corruptions(blob: bytes) -> dict[str, bytes]:
+    """One example of every corruption class."""
+    d = fmt.parse(blob)
+    payload_start = fmt.HEADER_SIZE + d.header.table_len
+    first_payload = next(e for e in d.tensors if e.length)
+    flip_payload = bytearray(blob)
+    flip_payload[payload_start + first_payload.offset + first_payload.length // 2] ^= 0x40
+    flip_table = bytearray(blob)
+    flip_table[fmt.HEADER_SIZE + 5] ^= 0x01
+    return {
+        "truncated header": blob[:20],
+        "truncated payload": blob[:-1],
+        "trailing bytes": blob + b"\0",
+        "bad magic": b"XXXXXXXX" + blob[8:],
+        "future format version": blob[:8] + struct.pack("<H", 99) + blob[10:],
+        "corrupted table": bytes(flip_table),
+        "corrupted payload": bytes(flip_payload),
+        "empty": b"",
+    }
+
+
+def test_every_corruption_is_rejected_and_nothing_is_applied() -> None:
+    base, new = rl_state()
+    blob = rd.encode(base, new, base_version=0, version=1)
+    for kind, bad in corruptions(blob).items():
+        target = {k: v.clone() for k, v in base.items()}
+        with pytest.raises(rd.DeltaError):
+            rd.apply_(target, bad)
+        assert_bit_identical(target, base), kind
+        with pytest.raises(rd.DeltaError):
+            rd.inspect(bad) if kind != "corrupted payload" else rd.apply(base, bad)
+
+
+def test_wrong_base_shape_dtype_and_names_are_rejected_before_any_write() -> None:
+    base, new = rl_state()
+    blob = rd.encode(base, new, base_version=0, version=1)
+    wrong_base = {k: v.clone() for k, v in new.items()}  # the right names, shapes, dtypes; wrong weights
+    wrong_base["mask"] = base["mask"].clone()
+    cases = {
+        "wrong base": (wrong_base, "not version 0"),
+        "wrong shape": ({**base, "float32.w": base["float32.w"].reshape(500, 100)}, "shape"),
+        "wrong dtype": ({**base, "float32.w": base["float32.w"].double()}, "dtype"),
+        "missing tensor": ({k: v for k, v in base.items() if k != "step"}, "missing 'step'"),
+        "extra tensor": ({**base, "extra": torch.zeros(1)}, "extra 'extra'"),
+    }
+    for kind, (state, msg) in cases.items():
+        target = {k: v.clone() for k, v in state.items()}
+        with pytest.raises(rd.DeltaError, match=msg):
+            rd.apply_(target, blob)
+        assert_bit_identical(target, state), kind
+
+
+def test_encode_rejects_mismatched_states() -> None:
+    base, new = rl_state()
+    with pytest.raises(rd.DeltaError, match="shape"):
+        rd.encode(base, {**new, "step": torch.zeros(2, dtype=torch.int64)}, base_version=0, version=1)
+    with pytest.raises(rd.DeltaError, match="dtype"):
+        rd.encode(base, {**new, "step": torch.tensor(8.0)}, base_version=0, version=1)
+    with pytest.raises(rd.DeltaError, match="unsupported dtype"):
+        rd.encode(
+            {"c": torch.zeros(2, dtype=torch.complex128)},
+            {"c": torch.ones(2, dtype=torch.complex128)},
+            base_version=0,
+            version=1,
+        )
+
+
+def test_scanner_matches_numpy_reference_on_every_width() -> None:
+    rng = np.random.default_rng(5)
+    for dt in (np.uint8, np.uint16, np.uint32, np.uint64):
+        for n in (0, 1, 3, 63, 64, 65, 1000, 300_001):
+            a = rng.integers(0, 255, n * np.dtype(dt).itemsize, dtype=np.uint8).view(dt)
+            b = a.copy()
+            flip = rng.random(n) < 0.02
+            b[flip] ^= dt(1 << (8 * np.dtype(dt).itemsize - 1))  # a high bit: every lane position is covered
+            np.testing.assert_array_equal(changed_positions(a, b), np.flatnonzero(a != b))
+    assert changed_positions(a, ~a, limit=10) is None
+
+
+# ---------------------------------------------------------------- CLI (real subprocess, real files)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rlboost.cli.delta_cmd", *args], capture_output=True, text=True)
+
+
+@pytest.mark.slow  # four CLI processes, each importing torch: ~30 s on this loaded 2-core machine
+def test_cli_encode_apply_inspect_round_trip(tmp_path: Path) -> None:
+    base, new = rl_state()
+    base = {k: v for k, v in base.items() if v.dim()}  # safetensors files here hold >=1-d tensors
+    new = {k: new[k] for k in base}
+    save_file(base, tmp_path / "a.safetensors")
+    save_file(new, tmp_path / "b.safetensors")
+    enc = cli(
+        "delta",
+        "encode",
+        "--base",
+        str(tmp_path / "a.safetensors"),
+        "--new",
+        str(tmp_path / "b.safetensors"),
+        "-o",
+        str(tmp_path / "d"),
+        "--base-version",
+        "3",
+    )
+    assert enc.returncode == 0, enc.stderr
+    app = cli(
+        "delta",
+        "apply",
+        "--base",
+        str(tmp_path / "a.safetensors"),
+        "--delta",
+        str(tmp_path / "d"),
+        "-o",
+        str(tmp_path / "c.safetensors"),
+    )
+    assert app.returncode == 0, app.stderr
+    assert_bit_identical(load_file(tmp_path / "c.safetensors"), new)
+    ins = cli("delta", "inspect", str(tmp_path / "d"), "--json")
+    info = json.loads(ins.stdout)
+    assert (info["base_version"], info["version"]) == (3, 4)
+    table = cli("delta", "inspect", str(tmp_path / "d"))
+    assert table.returncode == 0 and "bfloat16.w" in table.stdout and "sparse" in table.stdout
+
+
+def test_cli_bad_input_is_one_clear_line(tmp_path: Path) -> None:
+    (tmp_path / "junk").write_bytes(b"not a delta at all" * 4)
+    missing = cli("delta", "inspect", str(tmp_path / "nope"))
+    junk = cli("delta", "inspect", str(tmp_path / "junk"))
+    not_st = cli(
+        "delta", "apply", "--base", str(tmp_path / "junk"), "--delta", str(tmp_path / "junk"), "-o", str(tmp_path / "o")
+    )
+    for proc, needle in ((missing, "no such file"), (junk, "not an rlboost delta"), (not_st, "safetensors")):
+        assert proc.returncode == 2
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], proc.stderr
+
+
+def test_cli_bench_json_prints_exactly_the_figures() -> None:
+    out = cli("delta", "bench", "--json", "--elements", "200000", "--repeat", "1")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert set(result) == {
+        "changed_fraction",
+        "bytes_per_changed_element",
+        "encode_gb_per_s",
+        "apply_gb_per_s",
+        "bit_exact",
+    }
+    assert result["bit_exact"] is True and 0.001 < result["changed_fraction"] < 0.05
+    assert result["bytes_per_changed_element"] < 1.5

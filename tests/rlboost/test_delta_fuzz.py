@@ -1,0 +1,104 @@
+"""Fuzzing the delta decoder with hypothesis: mutated or truncated deltas only ever raise DeltaError.
+
+Two layers: raw byte mutations (caught by lengths and checksums), and mutations re-signed with
+valid checksums, so the table validation and the sparse stream decoder themselves are exercised.
+Example counts are bounded so the suite stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import torch
+import xxhash
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import rlboost.delta as rd
+from rlboost.delta import format as fmt
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _state() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    base = {"w": torch.randn(2000, generator=g).bfloat16(), "f": torch.randn(40, generator=g), "z": torch.zeros(3)}
+    new = {k: v.clone() for k, v in base.items()}
+    new["w"][::37] = new["w"][::37] * 1.01
+    new["f"] = torch.randn(40, generator=g)
+    return base, new
+
+
+BASE, NEW = _state()
+BLOB = rd.encode(BASE, NEW, base_version=0, version=1)
+PARSED = fmt.parse(BLOB)
+PAYLOAD_START = fmt.HEADER_SIZE + PARSED.header.table_len
+
+
+def resign(table: bytes, payload: bytes) -> bytes:
+    """A delta with the given table and payload and a valid header checksum."""
+    prefix = struct.pack("<8sHHIqqQ", fmt.MAGIC, fmt.FORMAT_VERSION, 0, len(table), 0, 1, len(payload))
+    return prefix + struct.pack("<Q", xxhash.xxh3_64_intdigest(prefix + table)) + table + payload
+
+
+def must_reject_or_apply_exactly(blob: bytes) -> None:
+    target = {k: v.clone() for k, v in BASE.items()}
+    try:
+        rd.apply_(target, blob)
+    except rd.DeltaError:
+        for k in BASE:  # rejected: nothing half-applied
+            assert torch.equal(target[k].view(torch.uint8), BASE[k].view(torch.uint8)), k
+        return
+    for k in NEW:  # accepted: then it must be exactly the target
+        assert torch.equal(target[k].view(torch.uint8), NEW[k].view(torch.uint8)), k
+
+
+@FUZZ
+@given(st.data())
+def test_raw_mutations_and_truncations_only_raise_delta_error(data: st.DataObject) -> None:
+    blob = bytearray(BLOB)
+    for _ in range(data.draw(st.integers(1, 4))):
+        pos = data.draw(st.integers(0, len(blob) - 1))
+        blob[pos] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, len(blob)))
+    must_reject_or_apply_exactly(bytes(blob[:cut]))
+
+
+@FUZZ
+@given(st.data())
+def test_resigned_payload_mutations_only_raise_delta_error(data: st.DataObject) -> None:
+    """Payload bytes mutated and the payload checksums fixed: the zstd streams and decoded positions are attacked."""
+    payload = bytearray(PARSED.payload)
+    for _ in range(data.draw(st.integers(1, 6))):
+        pos = data.draw(st.integers(0, len(payload) - 1))
+        payload[pos] = data.draw(st.integers(0, 255))
+    table = json.loads(bytes(BLOB[fmt.HEADER_SIZE : PAYLOAD_START]))
+    for e in table["tensors"]:
+        e["payload_xxh3"] = xxhash.xxh3_64_intdigest(bytes(payload[e["offset"] : e["offset"] + e["length"]]))
+    must_reject_or_apply_exactly(resign(json.dumps(table).encode(), bytes(payload)))
+
+
+FIELDS = ["dtype", "shape", "encoding", "changed", "offset", "length", "streams", "gap_planes", "name", "base_xxh3"]
+VALUES = st.one_of(
+    st.integers(-(2**65), 2**65),
+    st.text(max_size=12),
+    st.lists(st.integers(-5, 5000), max_size=6),
+    st.sampled_from(["sparse", "dense", "unchanged", "bfloat16", "float32", "complex128", None, 1.5, True]),
+)
+
+
+@FUZZ
+@given(st.data())
+def test_resigned_table_mutations_only_raise_delta_error(data: st.DataObject) -> None:
+    table = json.loads(bytes(BLOB[fmt.HEADER_SIZE : PAYLOAD_START]))
+    for _ in range(data.draw(st.integers(1, 3))):
+        entry = data.draw(st.sampled_from(table["tensors"]))
+        entry[data.draw(st.sampled_from(FIELDS))] = data.draw(VALUES)
+    payload = bytes(PARSED.payload)
+    must_reject_or_apply_exactly(resign(json.dumps(table).encode(), payload))
+    try:
+        rd.inspect(resign(json.dumps(table).encode(), payload))
+        rd.compose(BLOB, resign(json.dumps(table).encode(), payload))
+    except rd.DeltaError:
+        pass
