@@ -1,5 +1,8 @@
-"""Scheduling policies shared by the rollout-manager and the simulator (pure: no network, no clock).
+"""Scheduling policies shared by the rollout-manager and the simulator: pure, no network, no clock.
 
-- `placement`: which worker gets a pending request.
-- `offload`: the adaptive partial-response offload window T (RLBoost).
+- `placement`: least-loaded worker holding the weight version; which workers move to a newer version.
+- `balancing`: move work off overloaded workers to idle ones.
+- `migration`: how a request continues elsewhere from prompt + generated tokens.
+- `offload`: RLBoost's adaptive partial-response offload window T.
+- `spot_scaling`: how many of the available spot instances are worth paying for.
 """

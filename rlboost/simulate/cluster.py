@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlboost.policies.placement import WorkerLoad, place_many
+from rlboost.policies.placement import WorkerLoad, place
 from rlboost.simulate.hardware import (
     H100,
     Accelerator,
@@ -141,24 +141,25 @@ class StepSim:
         pending = np.flatnonzero(self.where == PENDING)
         if not len(pending):
             return
-        chosen = place_many(self._loads().values(), weight_version=0, count=len(pending))
+        chosen = place(len(pending), self._loads())
         if not chosen:
             return
         reqs = pending[: len(chosen)]
-        iids = np.fromiter((int(w.worker_id) for w in chosen), dtype=np.int64, count=len(chosen))
+        iids = np.fromiter((int(w) for w in chosen), dtype=np.int64, count=len(chosen))
         self.where[reqs] = iids
         # migrated requests re-prefill prompt + generated tokens; prefill is batched across the instance's slots
         cost = prefill_seconds(self.cfg.model, self.cfg.accelerator, 1.0) / self.slots
         debt = np.bincount(iids, weights=(self.prompt + self.gen[reqs]) * cost, minlength=len(self.inst.alive))
         self.inst.prefill_debt = list(np.asarray(self.inst.prefill_debt) + debt)
 
-    def _loads(self) -> dict[int, WorkerLoad]:
+    def _loads(self) -> list[WorkerLoad]:
+        """Instances that can take work now (alive, weights loaded, not offloaded), as placement sees them."""
         running = np.bincount(self.where[self.where >= 0], minlength=len(self.inst.alive))
-        return {
-            i: WorkerLoad(str(i), int(running[i]), self.slots, 0, draining=i in self.blocked)
+        return [
+            WorkerLoad(str(i), int(running[i]), self.slots)
             for i, alive in enumerate(self.inst.alive)
-            if alive and self.inst.ready_at[i] <= self.now
-        }
+            if alive and self.inst.ready_at[i] <= self.now and i not in self.blocked
+        ]
 
     def release(self, iids: list[int]) -> None:
         """Requests on these instances go back to pending with every generated token."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlboost.policies.offload import OffloadWindow
+from rlboost.policies.offload import OffloadConfig, OffloadWindow, StepMeasurements
 from rlboost.policies.spot_scaling import SpotScaler
 from rlboost.simulate.cluster import ClusterConfig, Instances, PolicyResult, SpotPool, StepRecord, StepSim, Trainer
 from rlboost.simulate.hardware import sync_seconds
@@ -22,7 +22,7 @@ class StepRunner:
         self.inst = Instances(cfg)
         self.spot = SpotPool(cfg, self.inst, trace if policy == "hybrid" else None, spot_cap)
         self.result = PolicyResult(policy)
-        self.window = OffloadWindow(window_s=initial_window(cfg))
+        self.window = OffloadWindow(OffloadConfig(initial_s=initial_window(cfg), min_s=5.0, max_s=3600.0))
         self.scaler = SpotScaler() if spot_cap is None else None
         self.rollout_gpus = cfg.reserved_gpus
         self.now = 0.0
@@ -42,13 +42,16 @@ class StepRunner:
         trainer = Trainer(cfg, cfg.reserved_gpus - (self.rollout_gpus if streamed else 0), sim)
         if streamed:
             trainer.start = t0
-        window = self.window.window(self.spot.ready_instances(t0)) if self.policy == "hybrid" else None
+        window = None
+        if self.policy == "hybrid":
+            self.window.start_step(t0, self.spot.ready_instances(t0), len(reserved))
+            window = self.window.window_s if self.window.active else None
         offloaded, spot_idle_s, spot_samples, dt = False, 0.0, [], cfg.tick_s
         while not sim.all_done:
             sim.now = self.now
             self.result.spot_gpu_s += self.spot.gpu_count() * dt
             ready_spot = self.spot.ready_instances(self.now)
-            if window is not None and not offloaded and self.now - t0 >= window and ready_spot:
+            if window is not None and not offloaded and ready_spot and self.window.should_offload(self.now):
                 offloaded = True  # the RLBoost move: reserved requests migrate, reserved GPUs train
                 sim.blocked |= set(reserved)
                 sim.release(reserved)
@@ -100,7 +103,7 @@ class StepRunner:
         r.steps.append(StepRecord(k, t0, self.now, len(sim.need), mean_spot, window, trainer.wait_s, spot_idle_s))
         r.timeline.append((self.now, len(self.spot.vms)))
         if window is not None:
-            self.window.update(trainer.wait_s, spot_idle_s)
+            self.window.end_step(StepMeasurements(trainer_wait_s=trainer.wait_s, spot_idle_s=spot_idle_s))
 
 
 def initial_window(cfg: ClusterConfig) -> float:

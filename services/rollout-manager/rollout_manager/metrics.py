@@ -1,0 +1,26 @@
+"""Prometheus metrics of the rollout-manager (served on --metrics-port by rlboost.observability.serve_http)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+WORKERS = Gauge("rlboost_manager_workers", "Connected rollout workers", ["pool"])
+QUEUE_DEPTH = Gauge("rlboost_manager_requests", "Requests by state", ["state"])
+ASSIGNMENTS = Counter("rlboost_manager_assignments_total", "Assignments sent to workers (first and migrated)")
+TOKENS_RECEIVED = Counter("rlboost_manager_tokens_received_total", "Response tokens received and kept", ["pool"])
+MIGRATIONS = Counter(
+    "rlboost_manager_migrations_total", "Requests taken off a worker to continue elsewhere", ["reason"]
+)
+LEASE_EXPIRIES = Counter("rlboost_manager_lease_expiries_total", "Workers whose lease expired (silent too long)")
+STALE_CHUNKS = Counter("rlboost_manager_stale_chunks_total", "Chunks discarded: stale lease epoch or unknown request")
+REJECTED_CHUNKS = Counter("rlboost_manager_rejected_chunks_total", "Chunks rejected", ["reason"])
+TOKENS_LOST = Counter("rlboost_manager_tokens_lost_total", "Tokens received but not kept (offset gaps)")
+TRAJECTORIES = Counter("rlboost_manager_trajectories_total", "Finished trajectories delivered to the trainer")
+REVOKES = Counter("rlboost_manager_revokes_total", "Requests revoked from workers", ["reason"])
+PREEMPTION_NOTICES = Counter("rlboost_manager_preemption_notices_total", "Preemption notices received", ["result"])
+ASSIGN_LATENCY = Histogram(
+    "rlboost_manager_assignment_latency_seconds",
+    "Time from a request becoming pending to its assignment",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+OFFLOAD_WINDOW = Gauge("rlboost_manager_offload_window_seconds", "Current adaptive offload window T")

@@ -1,0 +1,315 @@
+"""The rollout-manager's gRPC edge (grpc.aio): worker streams, the trainer's Rollout, GetStatus.
+
+Converts protobuf <-> domain types with rlboost.wire.rollout_proto and drives the pure
+`ManagerState`. Everything runs in one asyncio loop: readers update the state, then wake the
+scheduler task, which places work and flushes batched commands to each worker's send queue.
+
+    manager = RolloutManagerServer(spec.rollout)
+    port = await manager.start("127.0.0.1", 0)   # 0 = pick a free port
+    ...
+    await manager.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from rlboost.policies.migration import MigrationReason
+from rlboost.policies.offload import OffloadWindow, StepMeasurements
+from rlboost.rollout.v1 import rollout_pb2 as pb
+from rlboost.rollout.v1 import rollout_pb2_grpc as pb_grpc
+from rlboost.spec import RolloutSpec
+from rlboost.wire import rollout_proto as wire
+from rlboost.wire.rollout_io import Pool, Trajectory
+
+from . import metrics
+from .state import ManagerState, Outbox, StepError
+
+log = logging.getLogger(__name__)
+
+
+class PortInUseError(OSError):
+    """The gRPC port could not be bound."""
+
+
+class _WorkerConn:
+    """One worker's open Connect stream: its send queue and why it ended, if malformed."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[pb.ManagerMessage | None] = asyncio.Queue()
+        self.error: str | None = None
+
+
+class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
+    """The RolloutManager gRPC service around one ManagerState."""
+
+    def __init__(
+        self,
+        rollout: RolloutSpec,
+        balance_interval_s: float = 1.0,
+        offload: OffloadWindow | None = None,
+        clock=time.monotonic,
+    ) -> None:
+        self.rollout = rollout
+        self.clock = clock
+        self.state = ManagerState(lease_timeout_s=rollout.lease_timeout_ms / 1000)
+        self.balance_interval_s = balance_interval_s
+        self.offload = offload  # None: no partial-response offload (reserved workers run to the end)
+        self._conns: dict[str, _WorkerConn] = {}
+        self._sinks: dict[int, asyncio.Queue[Trajectory | None]] = {}  # None: shutting down
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._server: grpc.aio.Server | None = None
+        self._last_balance = 0.0
+        self._offloaded_at: float | None = None
+        self._spot_idle_s = 0.0
+        if offload is not None:
+            metrics.OFFLOAD_WINDOW.set(offload.window_s)
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self, host: str, port: int) -> int:
+        """Bind and serve; returns the bound port. Raises PortInUseError when it cannot bind."""
+        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_RolloutManagerServicer_to_server(self, self._server)
+        try:
+            bound = self._server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError as err:
+            raise PortInUseError(f"cannot listen on {host}:{port}: {err}") from None
+        if bound == 0:
+            raise PortInUseError(f"cannot listen on {host}:{port}: address in use or not available")
+        await self._server.start()
+        self._last_balance = self.clock()
+        self._tasks = [asyncio.create_task(self._scheduler()), asyncio.create_task(self._ticker())]
+        log.info("rollout-manager listening", extra={"host": host, "port": bound})
+        return bound
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """End every open stream cleanly, then stop serving."""
+        for conn in self._conns.values():
+            conn.queue.put_nowait(None)
+        for sink in self._sinks.values():
+            sink.put_nowait(None)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        if self._server is not None:
+            await self._server.stop(grace)
+
+    def kick(self) -> None:
+        """Something changed: schedule and flush on the scheduler task's next turn."""
+        self._wake.set()
+
+    async def _scheduler(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            self._run_policies()
+
+    async def _ticker(self) -> None:
+        period = min(self.rollout.heartbeat_interval_ms, self.rollout.lease_timeout_ms) / 4000
+        while True:
+            await asyncio.sleep(period)
+            now = self.clock()
+            self.state.tick(now)
+            if now - self._last_balance >= self.balance_interval_s:
+                self._last_balance = now
+                self.state.balance(now)
+            self._offload_tick(now, period)
+            self._run_policies()
+
+    def _run_policies(self) -> None:
+        now = self.clock()
+        if self.state.dirty:
+            self.state.schedule(now)
+        self._flush()
+
+    def _flush(self) -> None:
+        for wid, box in self.state.take_outbox().items():
+            conn = self._conns.get(wid)
+            if conn is not None:
+                for msg in _outbox_to_pb(box):
+                    conn.queue.put_nowait(msg)
+        for traj in self.state.take_delivered():
+            sink = self._sinks.get(traj.step)
+            if sink is not None:
+                sink.put_nowait(traj)
+
+    # ---- worker stream -----------------------------------------------------------------------------
+
+    async def Connect(  # noqa: N802 (gRPC method name)
+        self, request_iterator: AsyncIterator[pb.WorkerMessage], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ManagerMessage]:
+        try:
+            first = await anext(request_iterator)
+        except StopAsyncIteration:
+            return
+        if first.WhichOneof("body") != "register":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "body: the first message must be register")
+        try:
+            reg = wire.registration_from_pb(first.register)
+        except wire.WireError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        wid = reg.worker_id
+        old = self._conns.get(wid)
+        if old is not None:  # a new incarnation replaces the old stream
+            old.queue.put_nowait(None)
+        conn = self._conns[wid] = _WorkerConn()
+        self.state.register(reg, self.clock())
+        log.info("worker registered", extra={"worker_id": wid, "pool": reg.pool.value, "capacity": reg.capacity})
+        r = self.rollout
+        yield pb.ManagerMessage(
+            registered=pb.Registered(
+                heartbeat_interval_ms=r.heartbeat_interval_ms,
+                lease_timeout_ms=r.lease_timeout_ms,
+                chunk_max_tokens=r.chunk_max_tokens,
+                chunk_max_ms=r.chunk_max_ms,
+            )
+        )
+        self.kick()
+        reader = asyncio.create_task(self._read(wid, request_iterator, conn))
+        try:
+            while (msg := await conn.queue.get()) is not None:
+                yield msg
+            if conn.error:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, conn.error)
+        finally:
+            reader.cancel()
+            if self._conns.get(wid) is conn:
+                del self._conns[wid]
+                n = self.state.remove_worker(wid, MigrationReason.STREAM_BROKEN, self.clock())
+                log.info("worker stream ended", extra={"worker_id": wid, "migrated": n, "error": conn.error})
+                self.kick()
+
+    async def _read(self, wid: str, it: AsyncIterator[pb.WorkerMessage], conn: _WorkerConn) -> None:
+        try:
+            async for msg in it:
+                if self._conns.get(wid) is not conn:
+                    return
+                self._handle(wid, msg)
+        except wire.WireError as err:
+            conn.error = str(err)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+        finally:
+            conn.queue.put_nowait(None)
+
+    def _handle(self, wid: str, msg: pb.WorkerMessage) -> None:
+        now = self.clock()
+        kind = msg.WhichOneof("body")
+        st = self.state
+        if kind == "chunks":
+            st.on_chunks(wid, [wire.chunk_from_pb(c) for c in msg.chunks.chunks], now)
+        elif kind == "heartbeat":
+            st.on_heartbeat(wid, msg.heartbeat.weight_version, now)
+        elif kind == "weight_version":
+            st.on_weight_version(wid, msg.weight_version.weight_version, now)
+        elif kind == "drain":
+            st.on_drain_notice(wid, now)
+            log.info("worker draining", extra={"worker_id": wid, "reason": msg.drain.reason})
+        elif kind == "register":
+            raise wire.WireError("register: sent twice on one stream; open a new stream to re-register")
+        else:
+            raise wire.WireError("body: empty WorkerMessage; set one of chunks, heartbeat, drain, weight_version")
+        if st.dirty or st._delivered:
+            self.kick()
+
+    # ---- trainer -----------------------------------------------------------------------------------
+
+    async def Rollout(  # noqa: N802
+        self, request: pb.RolloutRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.Trajectory]:
+        try:
+            req = wire.rollout_request_from_pb(request)
+            sink: asyncio.Queue[Trajectory | None] = asyncio.Queue()
+            self._sinks[req.step] = sink
+            total = self.state.add_step(req, self.clock())
+        except (wire.WireError, StepError) as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        # grpc.aio does not interrupt a handler blocked on our queue when the client cancels: wake it
+        context.add_done_callback(lambda _: sink.put_nowait(None))
+        self._start_offload_window()
+        log.info("rollout step started", extra={"step": req.step, "requests": total, "version": req.weight_version})
+        self.kick()
+        delivered = 0
+        try:
+            while delivered < total:
+                traj = await sink.get()
+                if traj is None:
+                    if context.cancelled() or context.done():
+                        return  # the trainer went away; `finally` drops the step
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "rollout-manager shutting down; retry the step")
+                delivered += 1
+                yield wire.trajectory_to_pb(traj)
+        finally:
+            if self._sinks.get(req.step) is sink:
+                del self._sinks[req.step]
+            if delivered < total:
+                n = self.state.cancel_step(req.step)
+                log.info("rollout cancelled", extra={"step": req.step, "dropped": n})
+                self.kick()
+            else:
+                self._end_offload_window()
+                log.info("rollout step delivered", extra={"step": req.step, "trajectories": delivered})
+
+    # ---- adaptive offload (only with --offload-window) --------------------------------------------
+
+    def _start_offload_window(self) -> None:
+        if self.offload is None:
+            return
+        cap = self.state.capacity_by_pool()
+        self.offload.start_step(self.clock(), cap[Pool.SPOT], cap[Pool.RESERVED])
+        self.state.set_pool_paused(Pool.RESERVED, False)
+        self._offloaded_at = None
+        self._spot_idle_s = 0.0
+
+    def _offload_tick(self, now: float, period: float) -> None:
+        if self.offload is None:
+            return
+        spot_capacity = self.state.capacity_by_pool()[Pool.SPOT]
+        if Pool.RESERVED in self.state.paused_pools and spot_capacity == 0:
+            self.state.set_pool_paused(Pool.RESERVED, False)  # spot vanished: never strand work
+        if not self.offload.active:
+            return
+        if spot_capacity and self.state.pending == 0:  # spot slots free while nothing waits: offload could be sooner
+            self._spot_idle_s += period * self.state.idle_slots(Pool.SPOT) / spot_capacity
+        if self.offload.should_offload(now):
+            self._offloaded_at = now
+            self.state.set_pool_paused(Pool.RESERVED, True)
+            n = self.state.revoke_pool(Pool.RESERVED, MigrationReason.OFFLOAD, now)
+            log.info("offload window elapsed", extra={"window_s": self.offload.window_s, "revoked": n})
+
+    def _end_offload_window(self) -> None:
+        if self.offload is None:
+            return
+        # after the offload the reserved GPUs train, but the trainer waits for the rollout tail on spot
+        wait = self.clock() - self._offloaded_at if self._offloaded_at is not None else 0.0
+        window = self.offload.end_step(StepMeasurements(trainer_wait_s=wait, spot_idle_s=self._spot_idle_s))
+        metrics.OFFLOAD_WINDOW.set(window)
+        self.state.set_pool_paused(Pool.RESERVED, False)
+        self.kick()
+
+    async def GetStatus(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:  # noqa: N802
+        return wire.status_to_pb(self.state.status())
+
+
+def _outbox_to_pb(box: Outbox) -> list[pb.ManagerMessage]:
+    """One message per kind: assignments batched, revokes batched per reason; drain last."""
+    out = []
+    if box.revoke:
+        out += [pb.ManagerMessage(revoke=pb.Revoke(request_ids=ids, reason=r)) for r, ids in box.revoke.items()]
+    if box.set_version is not None:
+        out.append(pb.ManagerMessage(set_weight_version=pb.SetWeightVersion(weight_version=box.set_version)))
+    if box.assign:
+        out.append(pb.ManagerMessage(assign=pb.AssignBatch(assignments=[wire.assignment_to_pb(a) for a in box.assign])))
+    if box.drain is not None:
+        out.append(pb.ManagerMessage(drain=pb.DrainCommand(reason=box.drain)))
+    return out

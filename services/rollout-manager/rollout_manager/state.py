@@ -1,0 +1,549 @@
+"""The rollout-manager's state machine: workers, requests, leases. No network, no asyncio, no clock.
+
+Every method takes `now` (monotonic seconds) and mutates the state; what must go on the wire is
+collected as effects the server takes afterwards: per-worker `Outbox`es (batched assign / revoke /
+drain / set-version) and finished `Trajectory`s. Per-chunk work is O(1) dict operations; a scheduling
+pass is O(W log W + n) and runs only when something that frees or needs capacity happened (`dirty`).
+
+A request: PENDING -> RUNNING on a worker under a lease (lease_epoch += 1 on every assignment)
+-> FINISHED; or RUNNING -> REVOKING (the worker was asked to stop and flush) -> PENDING again with
+every token received, continued elsewhere from exactly there. Chunks whose (worker, lease_epoch)
+is not the request's current lease are stale and discarded, so a zombie never duplicates tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from rlboost.policies.balancing import BalanceWorker, HeldRequest, plan_rebalance
+from rlboost.policies.migration import MigrationReason, continuation, finish_reason_if_done
+from rlboost.policies.placement import VersionView, WorkerLoad, place, version_moves
+from rlboost.wire.rollout_io import (
+    Assignment,
+    ManagerStatus,
+    Pool,
+    RolloutRequest,
+    SamplingParams,
+    TokenChunk,
+    Trajectory,
+    WorkerRegistration,
+    WorkerStatus,
+    request_id,
+    sample_seed,
+)
+
+from . import metrics
+
+log = logging.getLogger(__name__)
+
+
+class Phase(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    REVOKING = "revoking"  # asked to stop; waiting for the worker's flush (abort chunk) or a deadline
+    FINISHED = "finished"
+
+
+class StepError(ValueError):
+    """A Rollout call that cannot be accepted; the message names the field."""
+
+
+@dataclass(slots=True)
+class Request:
+    id: str
+    step: int
+    prompt_index: int
+    sample_index: int
+    prompt: list[int]
+    sampling: SamplingParams  # per-sample seed already derived
+    weight_version: int
+    pending_since: float
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    phase: Phase = Phase.PENDING
+    worker: str | None = None
+    lease_epoch: int = 0
+    workers: list[str] = field(default_factory=list)  # contributors, in order
+    assigned_at: float = 0.0
+    revoke_deadline: float = 0.0
+    revoke_reason: MigrationReason = MigrationReason.REVOKED
+
+
+@dataclass(slots=True)
+class Worker:
+    reg: WorkerRegistration
+    version: int
+    last_seen: float
+    running: set[str] = field(default_factory=set)  # RUNNING and REVOKING requests it holds
+    draining: bool = False
+    expired: bool = False  # lease expired; eligible again once it speaks
+    tokens_generated: int = 0
+    requested_version: int = -1  # last SetWeightVersion sent
+
+    @property
+    def id(self) -> str:
+        return self.reg.worker_id
+
+    @property
+    def eligible(self) -> bool:
+        return not (self.draining or self.expired)
+
+
+@dataclass
+class Outbox:
+    """Commands for one worker, batched until the server flushes them."""
+
+    assign: list[Assignment] = field(default_factory=list)
+    revoke: dict[str, list[str]] = field(default_factory=dict)  # reason -> request ids
+    drain: str | None = None
+    set_version: int | None = None
+
+
+class ManagerState:
+    """All scheduling state of one manager. Single-threaded: call from one asyncio loop."""
+
+    def __init__(self, lease_timeout_s: float, revoke_timeout_s: float | None = None, balance_min_excess: int = 2):
+        self.lease_timeout_s = lease_timeout_s
+        self.revoke_timeout_s = revoke_timeout_s if revoke_timeout_s is not None else lease_timeout_s
+        self.balance_min_excess = balance_min_excess
+        self.workers: dict[str, Worker] = {}
+        self.requests: dict[str, Request] = {}
+        self._pending: dict[int, deque[str]] = {}  # version -> ids (may hold stale ids; skipped)
+        self._pending_count: Counter[int] = Counter()  # version -> exact number pending
+        self._held_count: Counter[int] = Counter()  # version -> running + revoking
+        self._revoking: set[str] = set()
+        self._steps: dict[int, set[str]] = {}  # step -> ids not yet delivered
+        self._outbox: dict[str, Outbox] = {}
+        self._delivered: list[Trajectory] = []
+        self.paused_pools: set[Pool] = set()  # pools released for training (offload): no new work
+        self.dirty = False
+        self.finished = 0
+        self.migrations = 0
+        self.tokens_received = 0
+
+    # ---- effects -----------------------------------------------------------------------------------
+
+    def _box(self, worker_id: str) -> Outbox:
+        box = self._outbox.get(worker_id)
+        if box is None:
+            box = self._outbox[worker_id] = Outbox()
+        return box
+
+    def take_outbox(self) -> dict[str, Outbox]:
+        out, self._outbox = self._outbox, {}
+        return out
+
+    def take_delivered(self) -> list[Trajectory]:
+        out, self._delivered = self._delivered, []
+        return out
+
+    # ---- workers -----------------------------------------------------------------------------------
+
+    def register(self, reg: WorkerRegistration, now: float) -> None:
+        """A worker joined (or re-joined under the same id: its old incarnation's requests migrate)."""
+        if reg.worker_id in self.workers:
+            self.remove_worker(reg.worker_id, MigrationReason.STREAM_BROKEN, now)
+        self.workers[reg.worker_id] = Worker(reg=reg, version=reg.weight_version, last_seen=now)
+        self.dirty = True
+
+    def remove_worker(self, worker_id: str, reason: MigrationReason, now: float) -> int:
+        """The worker's stream ended: every request it held migrates with its tokens. Returns how many."""
+        w = self.workers.pop(worker_id, None)
+        self._outbox.pop(worker_id, None)
+        if w is None:
+            return 0
+        if w.draining and reason is MigrationReason.STREAM_BROKEN:
+            reason = MigrationReason.DRAINED
+        held = [self.requests[rid] for rid in w.running]
+        for req in held:
+            self._migrate(req, reason, now)
+        self.dirty = True
+        return len(held)
+
+    def on_heartbeat(self, worker_id: str, weight_version: int, now: float) -> None:
+        w = self._alive(worker_id, now)
+        if w is not None:
+            self._set_version(w, weight_version)
+
+    def on_weight_version(self, worker_id: str, weight_version: int, now: float) -> None:
+        w = self._alive(worker_id, now)
+        if w is not None:
+            self._set_version(w, weight_version)
+
+    def on_drain_notice(self, worker_id: str, now: float) -> None:
+        """The worker announced it is going away (SIGTERM): no new work; its requests migrate when it stops."""
+        w = self._alive(worker_id, now)
+        if w is not None:
+            w.draining = True
+
+    def drain(self, node: str, worker_ids: list[str], reason: str) -> list[str]:
+        """A preemption notice: mark matching workers draining and send them DrainCommand. Returns their ids."""
+        wanted = set(worker_ids)
+        matched = [w for w in self.workers.values() if w.id in wanted or (node and w.reg.node == node)]
+        for w in matched:
+            if not w.draining:
+                w.draining = True
+                self._box(w.id).drain = reason or "preemption"
+        return [w.id for w in matched]
+
+    def _alive(self, worker_id: str, now: float) -> Worker | None:
+        w = self.workers.get(worker_id)
+        if w is not None:
+            w.last_seen = now
+            if w.expired:  # a worker that went silent is back: it may take work again
+                w.expired = False
+                self.dirty = True
+        return w
+
+    def _set_version(self, w: Worker, version: int) -> None:
+        if version != w.version:
+            w.version = version
+            self.dirty = True
+
+    # ---- steps -------------------------------------------------------------------------------------
+
+    def add_step(self, r: RolloutRequest, now: float) -> int:
+        """Expand prompts x group_size into pending requests. Returns how many trajectories the step yields."""
+        if r.step in self._steps:
+            raise StepError(f"rollout.step: step {r.step} is already being rolled out; wait for it or cancel it")
+        indices = [p.prompt_index for p in r.prompts]
+        if len(set(indices)) != len(indices):
+            raise StepError("rollout.prompts: prompt_index values must be unique within a step")
+        ids: set[str] = set()
+        queue = self._pending.setdefault(r.weight_version, deque())
+        for p in r.prompts:
+            for g in range(r.group_size):
+                rid = request_id(r.step, p.prompt_index, g)
+                seed = sample_seed(r.sampling.seed, r.step, p.prompt_index, g)
+                sampling = SamplingParams(**{**r.sampling.__dict__, "seed": seed})
+                self.requests[rid] = Request(
+                    id=rid,
+                    step=r.step,
+                    prompt_index=p.prompt_index,
+                    sample_index=g,
+                    prompt=list(p.token_ids),
+                    sampling=sampling,
+                    weight_version=r.weight_version,
+                    pending_since=now,
+                )
+                queue.append(rid)
+                ids.add(rid)
+        self._pending_count[r.weight_version] += len(ids)
+        self._steps[r.step] = ids
+        self.dirty = True
+        return len(ids)
+
+    def cancel_step(self, step: int) -> int:
+        """The trainer went away: drop the step's requests, revoking the running ones. Returns how many."""
+        ids = self._steps.pop(step, set())
+        for rid in ids:
+            req = self.requests.pop(rid, None)
+            if req is None:
+                continue
+            if req.phase is Phase.PENDING:
+                self._pending_count[req.weight_version] -= 1
+            elif req.worker is not None:
+                self._box(req.worker).revoke.setdefault("cancelled", []).append(rid)
+                self._release(req)
+                metrics.REVOKES.labels("cancelled").inc()
+        self.dirty = True
+        return len(ids)
+
+    # ---- chunks ------------------------------------------------------------------------------------
+
+    def on_chunks(self, worker_id: str, chunks: list[TokenChunk], now: float) -> None:
+        w = self._alive(worker_id, now)
+        if w is None:
+            metrics.STALE_CHUNKS.inc(len(chunks))
+            return
+        for c in chunks:
+            self._on_chunk(w, c, now)
+
+    def _on_chunk(self, w: Worker, c: TokenChunk, now: float) -> None:
+        req = self.requests.get(c.request_id)
+        if req is None or req.worker != w.id or req.lease_epoch != c.lease_epoch:
+            metrics.STALE_CHUNKS.inc()  # a zombie's late chunk, or one of a cancelled request
+            return
+        # "abort": the worker stopped it (revoke, drain) and sent every token it made; `finished` may be either
+        aborted = c.finish_reason == "abort"
+        if c.offset != len(req.tokens):
+            metrics.REJECTED_CHUNKS.labels("offset").inc()
+            metrics.TOKENS_LOST.inc(len(c.token_ids))
+            log.warning("chunk offset gap", extra={"request_id": req.id, "offset": c.offset, "held": len(req.tokens)})
+            if c.finished or aborted:
+                self._migrate(req, MigrationReason.REVOKED, now)
+            else:  # resync: continue from the tokens we do hold
+                self.revoke(req.id, MigrationReason.REVOKED, now, wire_reason="offset_gap")
+            return
+        if c.token_ids:
+            self._keep_tokens(w, req, c)
+            budget = req.sampling.max_new_tokens
+            if len(req.tokens) > budget:  # never deliver more than the response budget
+                del req.tokens[budget:], req.logprobs[budget:]
+        if aborted:
+            self._migrate(req, req.revoke_reason if req.phase is Phase.REVOKING else MigrationReason.DRAINED, now)
+        elif len(req.tokens) >= req.sampling.max_new_tokens and not c.finished:
+            self._finish(req, "length")
+        elif c.finished:
+            self._finish(req, c.finish_reason or "stop")
+
+    def _keep_tokens(self, w: Worker, req: Request, c: TokenChunk) -> None:
+        if not req.workers or req.workers[-1] != w.id:
+            req.workers.append(w.id)
+        req.tokens.extend(c.token_ids)
+        req.logprobs.extend(c.logprobs)
+        n = len(c.token_ids)
+        w.tokens_generated += n
+        self.tokens_received += n
+        metrics.TOKENS_RECEIVED.labels(w.reg.pool.value).inc(n)
+
+    # ---- transitions -------------------------------------------------------------------------------
+
+    def _assign(self, req: Request, w: Worker, now: float) -> None:
+        req.lease_epoch += 1
+        req.phase, req.worker, req.assigned_at = Phase.RUNNING, w.id, now
+        w.running.add(req.id)
+        self._pending_count[req.weight_version] -= 1
+        self._held_count[req.weight_version] += 1
+        input_ids, prompt_len = continuation(req.prompt, req.tokens)
+        self._box(w.id).assign.append(
+            Assignment(req.id, req.lease_epoch, input_ids, prompt_len, req.sampling, req.weight_version)
+        )
+        metrics.ASSIGNMENTS.inc()
+        metrics.ASSIGN_LATENCY.observe(max(0.0, now - req.pending_since))
+
+    def _release(self, req: Request) -> None:
+        """Take the request off its worker (no lease any more: its chunks become stale)."""
+        w = self.workers.get(req.worker) if req.worker else None
+        if w is not None:
+            w.running.discard(req.id)
+        self._held_count[req.weight_version] -= 1
+        self._revoking.discard(req.id)
+        req.worker = None
+        self.dirty = True
+
+    def _migrate(self, req: Request, reason: MigrationReason, now: float) -> None:
+        """Back to pending with every token received, first in line; or finished if nothing is left."""
+        if req.worker is not None:
+            self._release(req)
+        self.migrations += 1
+        metrics.MIGRATIONS.labels(reason.value).inc()
+        done = finish_reason_if_done(req.tokens, req.sampling)
+        if done is not None:
+            self._finish(req, done)
+            return
+        req.phase, req.pending_since = Phase.PENDING, now
+        self._pending.setdefault(req.weight_version, deque()).appendleft(req.id)
+        self._pending_count[req.weight_version] += 1
+
+    def _finish(self, req: Request, reason: str) -> None:
+        last = req.worker
+        if req.worker is not None:
+            self._release(req)
+        req.phase = Phase.FINISHED
+        if not req.workers and last:
+            req.workers.append(last)
+        self._delivered.append(
+            Trajectory(
+                request_id=req.id,
+                step=req.step,
+                prompt_index=req.prompt_index,
+                sample_index=req.sample_index,
+                prompt_ids=req.prompt,
+                response_ids=req.tokens,
+                logprobs=req.logprobs,
+                finish_reason=reason,
+                weight_version=req.weight_version,
+                workers=req.workers,
+            )
+        )
+        self.requests.pop(req.id, None)
+        self._steps.get(req.step, set()).discard(req.id)
+        if not self._steps.get(req.step, True):
+            del self._steps[req.step]
+        self.finished += 1
+        metrics.TRAJECTORIES.inc()
+        self.dirty = True
+
+    def revoke(self, rid: str, reason: MigrationReason, now: float, wire_reason: str | None = None) -> bool:
+        """Ask the worker to stop the request and flush; it migrates on the flush or at the deadline."""
+        req = self.requests.get(rid)
+        if req is None or req.phase is not Phase.RUNNING or req.worker is None:
+            return False
+        req.phase, req.revoke_reason = Phase.REVOKING, reason
+        req.revoke_deadline = now + self.revoke_timeout_s
+        self._revoking.add(rid)
+        label = wire_reason or reason.value
+        self._box(req.worker).revoke.setdefault(label, []).append(rid)
+        metrics.REVOKES.labels(label).inc()
+        return True
+
+    # ---- periodic ----------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Lease expiry and revoke deadlines; call a few times per heartbeat interval."""
+        for w in self.workers.values():
+            if not w.expired and now - w.last_seen > self.lease_timeout_s:
+                self._expire(w, now)
+        late = [rid for rid in self._revoking if self.requests[rid].revoke_deadline <= now]
+        for rid in late:  # the worker never flushed: the epoch fences whatever it still sends
+            req = self.requests[rid]
+            self._migrate(req, req.revoke_reason, now)
+        self._update_gauges()
+
+    def _expire(self, w: Worker, now: float) -> None:
+        w.expired = True
+        metrics.LEASE_EXPIRIES.inc()
+        held = [self.requests[rid] for rid in w.running]
+        log.warning("lease expired", extra={"worker_id": w.id, "requests": len(held)})
+        if held:  # if it is a zombie rather than dead, tell it to stop
+            self._box(w.id).revoke.setdefault("lease_expired", []).extend(r.id for r in held)
+        for req in held:
+            self._migrate(req, MigrationReason.LEASE_EXPIRED, now)
+
+    def balance(self, now: float) -> int:
+        """Revoke excess requests from overloaded workers when others sit idle. Returns how many."""
+        groups: dict[int, list[Worker]] = {}
+        for w in self.workers.values():
+            if self._schedulable(w):
+                groups.setdefault(w.version, []).append(w)
+        moved = 0
+        for version, members in groups.items():
+            views = [
+                BalanceWorker(
+                    w.id,
+                    w.reg.capacity,
+                    [self._held_view(rid, now) for rid in w.running if self.requests[rid].phase is Phase.RUNNING],
+                )
+                for w in members
+            ]
+            plan = plan_rebalance(views, self._pending_count[version], self.balance_min_excess)
+            for ids in plan.values():
+                moved += sum(self.revoke(rid, MigrationReason.REBALANCE, now) for rid in ids)
+        return moved
+
+    def _held_view(self, rid: str, now: float) -> HeldRequest:
+        req = self.requests[rid]
+        return HeldRequest(rid, len(req.tokens), now - req.assigned_at)
+
+    def revoke_pool(self, pool: Pool, reason: MigrationReason, now: float) -> int:
+        """Revoke every running request of a pool's workers (the offload step). Returns how many."""
+        n = 0
+        for w in self.workers.values():
+            if w.reg.pool is pool:
+                n += sum(self.revoke(rid, reason, now) for rid in list(w.running))
+        return n
+
+    def capacity_by_pool(self) -> dict[Pool, int]:
+        out = {Pool.RESERVED: 0, Pool.SPOT: 0}
+        for w in self.workers.values():
+            if w.eligible:
+                out[w.reg.pool] += w.reg.capacity
+        return out
+
+    # ---- scheduling --------------------------------------------------------------------------------
+
+    def schedule(self, now: float) -> int:
+        """Place pending work and move idle workers to newer weight versions. Returns assignments made."""
+        self.dirty = False
+        by_version: dict[int, list[Worker]] = {}
+        for w in self.workers.values():
+            if self._schedulable(w):
+                by_version.setdefault(w.version, []).append(w)
+        made = 0
+        for version, count in list(self._pending_count.items()):
+            if count <= 0 or version not in by_version:
+                continue
+            members = {w.id: w for w in by_version[version]}
+            targets = place(count, (WorkerLoad(w.id, len(w.running), w.reg.capacity) for w in members.values()))
+            queue = self._pending[version]
+            for wid in targets:
+                req = self._pop_pending(queue)
+                if req is None:
+                    break
+                self._assign(req, members[wid], now)
+                made += 1
+        self._push_versions(by_version)
+        return made
+
+    def _schedulable(self, w: Worker) -> bool:
+        return w.eligible and w.reg.pool not in self.paused_pools
+
+    def set_pool_paused(self, pool: Pool, paused: bool) -> None:
+        """Stop (or resume) giving a pool new work, e.g. reserved workers after the offload window."""
+        if paused:
+            self.paused_pools.add(pool)
+        else:
+            self.paused_pools.discard(pool)
+        self.dirty = True
+
+    def idle_slots(self, pool: Pool) -> int:
+        """Free request slots of a pool's schedulable workers."""
+        return sum(
+            w.reg.capacity - len(w.running)
+            for w in self.workers.values()
+            if w.reg.pool is pool and self._schedulable(w)
+        )
+
+    def _pop_pending(self, queue: deque[str]) -> Request | None:
+        while queue:
+            req = self.requests.get(queue.popleft())
+            if req is not None and req.phase is Phase.PENDING:
+                return req
+        return None
+
+    def _push_versions(self, by_version: dict[int, list[Worker]]) -> None:
+        pending = {v for v, c in self._pending_count.items() if c > 0}
+        if not pending:
+            return
+        busy = pending | {v for v, c in self._held_count.items() if c > 0}
+        views = [VersionView(w.id, w.version, w.requested_version) for ws in by_version.values() for w in ws]
+        for wid, version in version_moves(views, pending, busy):
+            self.workers[wid].requested_version = version
+            self._box(wid).set_version = version
+
+    # ---- status ------------------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        return sum(self._pending_count.values())
+
+    @property
+    def running(self) -> int:
+        return sum(self._held_count.values())
+
+    def has_step(self, step: int) -> bool:
+        return step in self._steps
+
+    def status(self) -> ManagerStatus:
+        workers = [
+            WorkerStatus(
+                worker_id=w.id,
+                pool=w.reg.pool,
+                node=w.reg.node,
+                weight_version=w.version,
+                running=len(w.running),
+                capacity=w.reg.capacity,
+                tokens_generated=w.tokens_generated,
+                draining=w.draining,
+            )
+            for w in self.workers.values()
+        ]
+        return ManagerStatus(
+            workers=workers,
+            pending=self.pending,
+            running=self.running,
+            finished=self.finished,
+            migrations=self.migrations,
+            tokens_received=self.tokens_received,
+        )
+
+    def _update_gauges(self) -> None:
+        pools = Counter(w.reg.pool.value for w in self.workers.values())
+        for pool in Pool:
+            metrics.WORKERS.labels(pool.value).set(pools.get(pool.value, 0))
+        metrics.QUEUE_DEPTH.labels("pending").set(self.pending)
+        metrics.QUEUE_DEPTH.labels("running").set(self.running)

@@ -1,0 +1,64 @@
+"""`python -m rollout_manager` as a real subprocess: serves gRPC, /healthz and /metrics; clear errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import grpc
+import httpx
+
+from rlboost.nats_server import free_port, wait_for_port
+from rlboost.rollout.v1 import rollout_pb2 as pb
+from rlboost.rollout.v1 import rollout_pb2_grpc as pb_grpc
+
+
+def _start(port: int, metrics_port: int, nats_url: str = "") -> subprocess.Popen:
+    cmd = [
+        sys.executable,
+        "-m",
+        "rollout_manager",
+        "--port",
+        str(port),
+        "--metrics-port",
+        str(metrics_port),
+        "--nats-url",
+        nats_url,
+        "--namespace",
+        "ns",
+        "--job",
+        "j",
+        "--host",
+        "127.0.0.1",
+    ]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_serves_grpc_health_and_metrics_then_port_clash_is_one_line(nats_server):
+    port, metrics_port = free_port(), free_port()
+    proc = _start(port, metrics_port, nats_server.url)
+    try:
+        wait_for_port("127.0.0.1", port, 20, proc)
+        assert httpx.get(f"http://127.0.0.1:{metrics_port}/healthz").status_code == 200
+        body = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
+        assert "rlboost_manager_assignments_total" in body
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            reply = pb_grpc.RolloutManagerStub(ch).GetStatus(pb.StatusRequest(), timeout=5)
+        assert reply.pending == 0 and list(reply.workers) == []
+
+        clash = _start(port, free_port())
+        _, err = clash.communicate(timeout=20)
+        assert clash.returncode == 1
+        lines = [line for line in err.splitlines() if line.startswith("rollout-manager:")]
+        assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "Traceback" not in err
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+    assert proc.returncode == 0
+
+
+def test_unreachable_nats_exits_with_one_line():
+    proc = _start(free_port(), free_port(), f"nats://127.0.0.1:{free_port()}")
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1
+    assert "cannot reach NATS" in err and "Traceback" not in err

@@ -1,0 +1,159 @@
+"""The pure state machine (no network): leases, fencing, migration, drain, cancel, offload pause."""
+
+from __future__ import annotations
+
+import pytest
+from rollout_manager.state import ManagerState, StepError
+
+from rlboost.policies.migration import MigrationReason
+from rlboost.wire.rollout_io import (
+    Pool,
+    PromptItem,
+    RolloutRequest,
+    SamplingParams,
+    TokenChunk,
+    WorkerRegistration,
+)
+
+
+def _state(*workers: tuple[str, int], pool: Pool = Pool.SPOT) -> ManagerState:
+    st = ManagerState(lease_timeout_s=1.0)
+    for wid, cap in workers:
+        st.register(WorkerRegistration(wid, pool, node=f"node-{wid}", capacity=cap, weight_version=0), now=0.0)
+    return st
+
+
+def _step(st: ManagerState, step: int = 0, prompts: int = 1, group: int = 1, budget: int = 4, now: float = 0.0) -> int:
+    r = RolloutRequest(
+        step,
+        0,
+        [PromptItem(i, [9, 9]) for i in range(prompts)],
+        group,
+        SamplingParams(temperature=0.0, max_new_tokens=budget, seed=1, stop_token_ids=(0,)),
+    )
+    return st.add_step(r, now)
+
+
+def _chunk(rid: str, epoch: int, offset: int, tokens: list[int], finished: bool = False, reason: str = ""):
+    return TokenChunk(rid, epoch, offset, tokens, [0.0] * len(tokens), finished, reason)
+
+
+def test_assign_least_loaded_and_batch_per_worker():
+    st = _state(("a", 2), ("b", 2))
+    assert _step(st, group=3) == 3
+    assert st.schedule(0.0) == 3
+    out = st.take_outbox()
+    assert sorted(len(box.assign) for box in out.values()) == [1, 2]
+    assert st.pending == 0 and st.running == 3
+
+
+def test_stale_epoch_and_foreign_worker_chunks_are_discarded():
+    st = _state(("a", 1), ("b", 1))
+    _step(st)
+    st.schedule(0.0)
+    ((wid, box),) = st.take_outbox().items()
+    a = box.assign[0]
+    st.on_chunks(wid, [_chunk(a.request_id, a.lease_epoch, 0, [1])], 0.1)
+    other = "b" if wid == "a" else "a"
+    st.on_chunks(other, [_chunk(a.request_id, a.lease_epoch, 1, [2])], 0.1)  # not its lease
+    st.on_chunks(wid, [_chunk(a.request_id, a.lease_epoch - 1, 1, [2])], 0.1)  # old epoch
+    assert st.requests[a.request_id].tokens == [1]
+
+
+def test_lease_expiry_migrates_with_tokens_and_worker_returns_when_it_speaks():
+    st = _state(("a", 1))
+    _step(st)
+    st.schedule(0.0)
+    a = st.take_outbox()["a"].assign[0]
+    st.on_chunks("a", [_chunk(a.request_id, 1, 0, [5, 6])], 0.5)
+    st.tick(1.4)
+    assert st.running == 1  # 0.9 s silent: lease still held
+    st.tick(1.6)
+    assert st.pending == 1 and st.migrations == 1 and st.workers["a"].expired
+    assert st.take_outbox()["a"].revoke == {"lease_expired": [a.request_id]}
+    st.schedule(1.6)
+    assert st.take_outbox() == {}  # expired worker gets nothing
+    st.on_heartbeat("a", 0, 1.7)
+    st.schedule(1.7)
+    again = st.take_outbox()["a"].assign[0]
+    assert again.input_ids == [9, 9, 5, 6] and again.prompt_len == 2 and again.lease_epoch == 2
+
+
+def test_migration_with_spent_budget_finishes_without_a_worker():
+    st = _state(("a", 1))
+    _step(st, budget=2)
+    st.schedule(0.0)
+    a = st.take_outbox()["a"].assign[0]
+    st.on_chunks("a", [_chunk(a.request_id, 1, 0, [3, 4])], 0.1)
+    st.remove_worker("a", MigrationReason.STREAM_BROKEN, 0.2)
+    (traj,) = st.take_delivered()
+    assert traj.response_ids == [3, 4] and traj.finish_reason == "length" and traj.workers == ["a"]
+
+
+def test_over_budget_chunk_is_cut_and_finishes():
+    st = _state(("a", 1))
+    _step(st, budget=2)
+    st.schedule(0.0)
+    a = st.take_outbox()["a"].assign[0]
+    st.on_chunks("a", [_chunk(a.request_id, 1, 0, [3, 4, 5])], 0.1)
+    (traj,) = st.take_delivered()
+    assert traj.response_ids == [3, 4] and len(traj.logprobs) == 2
+
+
+def test_drain_by_node_stops_new_work_and_migrates_on_stream_end():
+    st = _state(("a", 1), ("b", 1))
+    _step(st, group=2)
+    st.schedule(0.0)
+    boxes = st.take_outbox()
+    ra = boxes["a"].assign[0].request_id
+    assert st.drain("node-a", [], "spot-itn") == ["a"]
+    assert st.take_outbox()["a"].drain == "spot-itn"
+    st.on_chunks("a", [_chunk(ra, 1, 0, [7])], 0.1)
+    assert st.remove_worker("a", MigrationReason.STREAM_BROKEN, 0.2) == 1
+    assert st.pending == 1 and st.requests[ra].tokens == [7]
+
+
+def test_cancel_step_drops_pending_and_revokes_running():
+    st = _state(("a", 1))
+    _step(st, group=3)
+    st.schedule(0.0)
+    a = st.take_outbox()["a"].assign[0]
+    assert st.cancel_step(0) == 3
+    assert st.take_outbox()["a"].revoke == {"cancelled": [a.request_id]}
+    assert (st.pending, st.running, len(st.requests)) == (0, 0, 0)
+    st.on_chunks("a", [_chunk(a.request_id, 1, 0, [1])], 0.1)  # late chunk of a cancelled request: ignored
+    assert st.take_delivered() == []
+
+
+def test_duplicate_step_and_prompt_index_are_rejected():
+    st = _state()
+    _step(st)
+    with pytest.raises(StepError, match="rollout.step"):
+        _step(st)
+    r = RolloutRequest(1, 0, [PromptItem(0, [1]), PromptItem(0, [2])], 1, SamplingParams())
+    with pytest.raises(StepError, match="prompt_index"):
+        st.add_step(r, 0.0)
+
+
+def test_revoke_waits_for_flush_then_deadline_fences():
+    st = _state(("a", 2))
+    _step(st)
+    st.schedule(0.0)
+    a = st.take_outbox()["a"].assign[0]
+    assert st.revoke(a.request_id, MigrationReason.OFFLOAD, 0.1)
+    st.on_heartbeat("a", 0, 0.5)
+    st.tick(0.5)
+    assert st.running == 1  # still waiting for the worker's flush
+    st.on_heartbeat("a", 0, 1.2)
+    st.tick(1.2)  # revoke deadline (1 s) passed without a flush: migrate anyway
+    assert st.pending == 1 and st.migrations == 1
+
+
+def test_paused_reserved_pool_gets_no_work():
+    st = _state(("r", 4), pool=Pool.RESERVED)
+    st.set_pool_paused(Pool.RESERVED, True)
+    _step(st)
+    assert st.schedule(0.0) == 0
+    st.set_pool_paused(Pool.RESERVED, False)
+    assert st.schedule(0.0) == 1
+    assert st.revoke_pool(Pool.RESERVED, MigrationReason.OFFLOAD, 0.1) == 1
