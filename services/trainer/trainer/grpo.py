@@ -1,0 +1,151 @@
+"""GRPO math, free of DeepSpeed and the network: advantages, collation, log-probs and the clipped loss.
+
+- `group_advantages`: (r - mean_g) / (std_g + eps) within one prompt's group (std unbiased, as TRL).
+- `collate`: samples -> a right-padded `MicroBatch` with a response-token mask aligned to the targets.
+- `token_logprobs`: log_softmax(logits / T) at the target tokens, in float32, over the full vocabulary
+  (the quantity the rollout workers report, see `rlboost.sampling.sample_next`).
+- `clipped_policy_loss`: PPO-clipped token-level loss with behaviour log-probs, aggregated per sequence
+  (token mean) and divided by the step's number of sequences, so a step's loss is the sum of its
+  micro-batches' losses and micro-batches can be formed as trajectories stream in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rlboost.wire.rollout_io import Trajectory
+
+ADV_EPS = 1e-6
+
+
+def group_advantages(rewards: Sequence[float], eps: float = ADV_EPS) -> list[float]:
+    """Group-normalised advantages of one prompt's samples; a zero-variance group gets all zeros."""
+    n = len(rewards)
+    if n == 0:
+        return []
+    mean = sum(rewards) / n
+    if n < 2:
+        return [0.0]
+    var = sum((r - mean) ** 2 for r in rewards) / (n - 1)
+    std = math.sqrt(var)
+    if std == 0.0:
+        # All samples equal: no signal; exact zeros rather than 0/eps noise.
+        return [0.0] * n
+    return [(r - mean) / (std + eps) for r in rewards]
+
+
+@dataclass
+class Sample:
+    """One finished trajectory with its reward and (once its group is complete) its advantage."""
+
+    trajectory: Trajectory
+    reward: float
+    advantage: float = 0.0
+
+
+@dataclass
+class MicroBatch:
+    """Tensors of one forward/backward pass. Shifted arrays ([B, L-1]) are aligned to targets input_ids[:, 1:]."""
+
+    input_ids: torch.Tensor  # [B, L] int64, prompt + response, right-padded
+    attention_mask: torch.Tensor  # [B, L] int64
+    response_mask: torch.Tensor  # [B, L-1] float32: 1 where the target is a response token
+    old_logprobs: torch.Tensor  # [B, L-1] float32: behaviour log-probs at response targets, 0 elsewhere
+    has_old_logprobs: torch.Tensor  # [B] bool: False when the trajectory carried no usable log-probs
+    advantages: torch.Tensor  # [B] float32
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.response_mask.sum().item())
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        return MicroBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
+
+def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
+    """Right-pad prompt+response rows; the response token j of a row with prompt length P is target P+j-1."""
+    if not samples:
+        raise ValueError("collate needs at least one sample")
+    rows = [s.trajectory.prompt_ids + s.trajectory.response_ids for s in samples]
+    length = max(len(r) for r in rows)
+    b = len(samples)
+    input_ids = torch.full((b, length), pad_id, dtype=torch.int64)
+    attention = torch.zeros((b, length), dtype=torch.int64)
+    resp_mask = torch.zeros((b, length - 1), dtype=torch.float32)
+    old = torch.zeros((b, length - 1), dtype=torch.float32)
+    has_old = torch.zeros(b, dtype=torch.bool)
+    for i, (s, row) in enumerate(zip(samples, rows, strict=True)):
+        t = s.trajectory
+        p, n = len(t.prompt_ids), len(t.response_ids)
+        if p == 0:
+            raise ValueError(f"trajectory {t.request_id}: empty prompt_ids")
+        input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
+        attention[i, : len(row)] = 1
+        resp_mask[i, p - 1 : p - 1 + n] = 1.0
+        if n and len(t.logprobs) == n:
+            old[i, p - 1 : p - 1 + n] = torch.tensor(t.logprobs, dtype=torch.float32)
+            has_old[i] = True
+    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    return MicroBatch(input_ids, attention, resp_mask, old, has_old, adv)
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[B, L-1] log-probs of input_ids[:, 1:] under logits[:, :-1] / T (T <= 0 means greedy: T = 1)."""
+    scale = temperature if temperature > 0 else 1.0
+    shifted = logits[:, :-1, :].float() / scale
+    targets = input_ids[:, 1:]
+    logp = torch.log_softmax(shifted, dim=-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+@dataclass
+class LossStats:
+    """Diagnostics of one micro-batch (sums, so micro-batches add up)."""
+
+    tokens: int
+    clipped_tokens: int
+    ratio_sum: float
+    abs_logp_diff_sum: float  # |logp_new - logp_old|: a trainer/worker mismatch shows here first
+
+
+def clipped_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_ratio: float,
+    num_sequences: int,
+) -> tuple[torch.Tensor, LossStats]:
+    """PPO-clipped loss: sum over rows of the token mean of max(-A r, -A clip(r)), divided by `num_sequences`.
+
+    `num_sequences` is the whole step's count (not the micro-batch's), so the micro-batches' losses add up
+    to the step's loss and their gradients accumulate to the step's gradient.
+    """
+    if num_sequences <= 0:
+        raise ValueError(f"num_sequences must be > 0, got {num_sequences}")
+    ratio = torch.exp(logp - old_logp)
+    adv = advantages.to(logp.dtype)[:, None]
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
+    per_token = torch.maximum(unclipped, clipped)
+    per_seq = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+    loss = per_seq.sum() / num_sequences
+    with torch.no_grad():
+        on = mask > 0
+        stats = LossStats(
+            tokens=int(on.sum().item()),
+            clipped_tokens=int(((clipped > unclipped) & on).sum().item()),
+            ratio_sum=float(ratio[on].sum().item()),
+            abs_logp_diff_sum=float((logp - old_logp).abs()[on].sum().item()),
+        )
+    return loss, stats
+
+
+def behaviour_logprobs(batch: MicroBatch, logp: torch.Tensor) -> torch.Tensor:
+    """The trajectories' log-probs; rows without them fall back to the current policy's (ratio 1)."""
+    fallback = logp.detach()
+    return torch.where(batch.has_old_logprobs[:, None], batch.old_logprobs, fallback)

@@ -1,0 +1,71 @@
+"""The trainer's side of the rollout-manager's `Rollout` call: a request in, domain trajectories streamed out.
+
+    async with RolloutClient("127.0.0.1:50051") as client:
+        async for traj in client.rollout(request):   # as each finishes, in any order
+            ...
+
+Protobuf stays at this edge (`rlboost.wire.rollout_proto`); callers see `rlboost.wire.rollout_io` types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+
+from rlboost.rollout.v1 import rollout_pb2_grpc
+from rlboost.wire.rollout_io import RolloutRequest, Trajectory
+from rlboost.wire.rollout_proto import rollout_request_to_pb, trajectory_from_pb
+
+# Trajectories of long responses with log-probs can exceed gRPC's 4 MiB default.
+_MAX_MESSAGE = 64 << 20
+
+
+class RolloutError(RuntimeError):
+    """The manager could not be reached or failed the call; the message says which and why."""
+
+
+class RolloutClient:
+    """An async gRPC channel to the rollout-manager."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: rollout_pb2_grpc.RolloutManagerStub | None = None
+
+    async def __aenter__(self) -> RolloutClient:
+        options = [("grpc.max_receive_message_length", _MAX_MESSAGE), ("grpc.max_send_message_length", _MAX_MESSAGE)]
+        self._channel = grpc.aio.insecure_channel(self.target, options=options)
+        self._stub = rollout_pb2_grpc.RolloutManagerStub(self._channel)
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Wait until the manager accepts connections, or raise RolloutError."""
+        assert self._channel is not None, "use `async with RolloutClient(...)`"
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout)
+        except TimeoutError:
+            raise RolloutError(f"rollout-manager at {self.target} not reachable after {timeout:.0f}s") from None
+
+    async def rollout(self, request: RolloutRequest) -> AsyncIterator[Trajectory]:
+        """Ask for a step's rollouts; yield each finished trajectory as it streams in."""
+        assert self._stub is not None, "use `async with RolloutClient(...)`"
+        call = self._stub.Rollout(rollout_request_to_pb(request), wait_for_ready=True)
+        try:
+            async for msg in call:
+                yield trajectory_from_pb(msg)
+        except grpc.aio.AioRpcError as err:
+            raise RolloutError(
+                f"rollout-manager at {self.target} failed step {request.step}: {err.code().name}: {err.details()}"
+            ) from None
+        finally:
+            call.cancel()
