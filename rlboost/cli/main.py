@@ -6,13 +6,8 @@ Run `rlboost --help` (console script) or `python -m rlboost.cli.main --help`.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import sys
 from collections.abc import Sequence
-
-# Verbs provided by other modules as they land: each exposes add_parser(subparsers) and sets `func`.
-OPTIONAL_VERBS = ("rlboost.cli.delta_cmd", "rlboost.cli.simulate_cmd", "rlboost.cli.bench_cmd")
 
 
 def _version() -> str:
@@ -25,7 +20,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rlboost.cli import local_cmd, serve_cmd
+    from rlboost.cli import delta_cmd, local_cmd, serve_cmd, simulate_cmd
 
     parser = argparse.ArgumentParser(
         prog="rlboost",
@@ -33,11 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"rlboost {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    local_cmd.add_parser(sub)
-    serve_cmd.add_parser(sub)
-    for module in OPTIONAL_VERBS:
-        with contextlib.suppress(ImportError):  # that verb has not landed yet; the CLI works without it
-            importlib.import_module(module).add_parser(sub)
+    for verb in (local_cmd, serve_cmd, simulate_cmd, delta_cmd):
+        verb.add_parser(sub)  # each verb module imports its heavy dependencies only when it runs
     return parser
 
 
