@@ -76,9 +76,6 @@ class NatsServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if getattr(self, "_log", None) is not None:
-            self._log.close()
-            self._log = None
         if self._log is not None:
             self._log.close()
             self._log = None

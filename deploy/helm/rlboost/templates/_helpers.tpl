@@ -1,0 +1,25 @@
+{{- define "rlboost.fullname" -}}
+{{- printf "%s" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "rlboost.labels" -}}
+app.kubernetes.io/name: rlboost
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "rlboost.operatorSelector" -}}
+app.kubernetes.io/name: rlboost
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "rlboost.natsUrl" -}}
+{{- if .Values.nats.url -}}
+{{ .Values.nats.url }}
+{{- else -}}
+nats://{{ include "rlboost.fullname" . }}-nats.{{ .Release.Namespace }}.svc:4222
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,97 @@
+"""Pure validation of an RLJob spec beyond its schema: what the API server cannot check.
+
+`check_job(spec_dict, settings)` returns a JobSpec or raises SpecProblemError naming the field.
+The reward module is located without being imported (no heavy imports in the operator).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.machinery
+import importlib.util
+from pathlib import Path
+
+from rlboost.spec import JobSpec, JobSpecError, parse_job_spec
+from rlboost_operator.config import OperatorSettings
+
+
+class SpecProblemError(ValueError):
+    """An RLJob that cannot run; `field` is the spec path at fault (e.g. 'trainer.ranks')."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _field_of(message: str) -> str:
+    """The first field path named in a parse_job_spec message ('  rollout.spot: ...')."""
+    for line in message.splitlines()[1:]:
+        head = line.strip().split(":", 1)[0]
+        if head:
+            return head
+    return "spec"
+
+
+def _module_origin(module: str) -> str | None:
+    """Where a dotted module's source lives, found on sys.path without executing any package."""
+    parts = module.split(".")
+    spec = importlib.machinery.PathFinder.find_spec(parts[0])
+    for part in parts[1:]:
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(part, list(spec.submodule_search_locations))
+    if spec is None:
+        return None
+    return spec.origin or "namespace"
+
+
+def _defines(origin: str, name: str) -> bool:
+    """Whether a Python source file defines `name` at top level (by parsing, not importing)."""
+    path = Path(origin)
+    if path.suffix != ".py" or not path.exists():
+        return True  # compiled or extension module: cannot tell without importing; trust it
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and node.name == name:
+            return True
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return True
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
+            return True
+    return False
+
+
+def check_reward(entry: str) -> None:
+    module, sep, func = entry.partition(":")
+    if not sep or not module or not func:
+        raise SpecProblemError(
+            "task.reward", f"task.reward {entry!r} must be 'module:function', e.g. 'rlboost.tasks.rewards:exact_match'"
+        )
+    origin = _module_origin(module)
+    if origin is None:
+        raise SpecProblemError("task.reward", f"task.reward: module {module!r} is not installed in the job's images")
+    if origin != "namespace" and not _defines(origin, func):
+        raise SpecProblemError("task.reward", f"task.reward: module {module!r} defines no function {func!r}")
+
+
+def check_job(data: object, settings: OperatorSettings) -> JobSpec:
+    """Validate an RLJob's spec: schema, consistency and the operator's limits."""
+    try:
+        spec = parse_job_spec(data, "RLJob.spec")
+    except JobSpecError as err:
+        raise SpecProblemError(_field_of(str(err)), str(err)) from None
+    ranks = spec.trainer.ranks
+    if ranks > settings.max_trainer_ranks:
+        raise SpecProblemError(
+            "trainer.ranks",
+            f"trainer.ranks ({ranks}) is more than the trainer pool holds ({settings.max_trainer_ranks}); lower it",
+        )
+    gpus = ranks * spec.trainer.gpus_per_rank
+    if gpus > settings.max_trainer_gpus:
+        raise SpecProblemError(
+            "trainer.gpusPerRank",
+            f"trainer.ranks x trainer.gpusPerRank ({gpus}) is more than the trainer pool's accelerators "
+            f"({settings.max_trainer_gpus}); lower either",
+        )
+    check_reward(spec.task.reward)
+    return spec

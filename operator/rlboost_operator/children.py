@@ -1,0 +1,352 @@
+"""Pure builders of an RLJob's children: plain Kubernetes manifests (dicts), no API calls.
+
+`build_children(job, namespace, spec, settings, spot_replicas)` returns every child except the
+token Secret (`token_secret`, created once and never rewritten). Each container runs
+`python -m <service package>` with the flags that service accepts; the job spec travels in a
+ConfigMap mounted at /etc/rlboost/job.yaml, the upload token in a Secret.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from rlboost.spec import JobSpec, PoolSpec, dump_job_spec
+from rlboost_operator import spot
+from rlboost_operator.config import OperatorSettings
+
+MANAGER_PORT, WEIGHTS_PORT, METRICS_PORT, RENDEZVOUS_PORT = 50051, 8000, 9090, 29500
+CONFIG_PATH, TOKEN_DIR = "/etc/rlboost/job.yaml", "/etc/rlboost/token"
+TOKEN_FILE = f"{TOKEN_DIR}/token"
+
+IMAGES = {
+    "manager": "rollout-manager",
+    "weights": "weight-server",
+    "trainer": "trainer",
+    "torch": "rollout-worker",
+    "sglang": "rollout-worker-sglang",
+}
+
+
+def names(job: str) -> dict[str, str]:
+    """Names of a job's children."""
+    return {
+        "config": f"{job}-config",
+        "token": f"{job}-token",
+        "trainer": f"{job}-trainer",
+        "manager": f"{job}-manager",
+        "weights": f"{job}-weights",
+        "reserved": f"{job}-workers-reserved",
+        "spot": f"{job}-workers-spot",
+    }
+
+
+def labels(job: str, component: str, pool: str | None = None) -> dict[str, str]:
+    out = {
+        "app.kubernetes.io/name": "rlboost",
+        "app.kubernetes.io/instance": job,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "rlboost",
+        "app.kubernetes.io/managed-by": "rlboost-operator",
+        "rlboost.io/job": job,
+    }
+    if pool:
+        out["rlboost.io/pool"] = pool
+    return out
+
+
+def selector(job: str, component: str, pool: str | None = None) -> dict[str, str]:
+    out = {"rlboost.io/job": job, "app.kubernetes.io/component": component}
+    if pool:
+        out["rlboost.io/pool"] = pool
+    return out
+
+
+def image(settings: OperatorSettings, key: str) -> str:
+    return f"{settings.image_registry}/{IMAGES[key]}:{settings.image_tag}"
+
+
+def _meta(name: str, namespace: str, lbl: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": lbl}
+
+
+def _env(name: str, value: str) -> dict[str, str]:
+    return {"name": name, "value": value}
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _common_flags(job: str, namespace: str, settings: OperatorSettings) -> list[str]:
+    return ["--config", CONFIG_PATH, "--nats-url", settings.nats_url, "--namespace", namespace, "--job", job]
+
+
+def _security() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _volumes(job: str, token: bool) -> list[dict[str, Any]]:
+    n = names(job)
+    out: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": n["config"]}}]
+    if token:
+        out.append({"name": "token", "secret": {"secretName": n["token"], "defaultMode": 0o440}})
+    return out
+
+
+def _mounts(token: bool) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"name": "config", "mountPath": CONFIG_PATH, "subPath": "job.yaml", "readOnly": True}]
+    if token:
+        out.append({"name": "token", "mountPath": TOKEN_DIR, "readOnly": True})
+    return out
+
+
+def _resources(gpus: int) -> dict[str, Any]:
+    if gpus:
+        return {"limits": {"nvidia.com/gpu": str(gpus)}}
+    return {"requests": {"cpu": "500m", "memory": "1Gi"}}
+
+
+def _probe(port: int | str, path: str = "/healthz") -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": 10, "failureThreshold": 6}
+
+
+def _service(
+    name: str, namespace: str, lbl: dict[str, str], sel: dict[str, str], ports: dict[str, int], headless: bool = False
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "selector": sel,
+        "ports": [
+            {"name": pname, "port": port, "targetPort": port, "protocol": "TCP"} for pname, port in ports.items()
+        ],
+    }
+    if headless:
+        spec["clusterIP"] = "None"
+        spec["publishNotReadyAddresses"] = True  # ranks must find rank 0 before any is Ready
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, namespace, lbl), "spec": spec}
+
+
+def config_map(job: str, namespace: str, spec: JobSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(names(job)["config"], namespace, labels(job, "config")),
+        "data": {"job.yaml": dump_job_spec(spec)},
+    }
+
+
+def token_secret(job: str, namespace: str, token: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _meta(names(job)["token"], namespace, labels(job, "token")),
+        "data": {"token": base64.b64encode(token.encode()).decode()},
+    }
+
+
+def _pod_spec(
+    containers: list[dict[str, Any]], volumes: list[dict[str, Any]], extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001},
+        "containers": containers,
+        "volumes": volumes,
+    }
+    spec.update(extra or {})
+    return spec
+
+
+def _deployment(
+    name: str,
+    namespace: str,
+    lbl: dict[str, str],
+    sel: dict[str, str],
+    replicas: int,
+    pod: dict[str, Any],
+    recreate: bool = False,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "replicas": replicas,
+        "selector": {"matchLabels": sel},
+        "template": {"metadata": {"labels": lbl}, "spec": pod},
+    }
+    if recreate:
+        spec["strategy"] = {"type": "Recreate"}  # a ReadWriteOnce volume cannot be shared by two pods
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(name, namespace, lbl), "spec": spec}
+
+
+def manager(job: str, namespace: str, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """The rollout-manager Deployment and its Service (gRPC + metrics)."""
+    n, lbl, sel = names(job)["manager"], labels(job, "rollout-manager"), selector(job, "rollout-manager")
+    cmd = ["python", "-m", "rollout_manager", *_common_flags(job, namespace, settings)]
+    cmd += ["--host", "0.0.0.0", "--port", str(MANAGER_PORT), "--metrics-port", str(METRICS_PORT)]
+    container = {
+        "name": "rollout-manager",
+        "image": image(settings, "manager"),
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": cmd,
+        "ports": [{"name": "grpc", "containerPort": MANAGER_PORT}, {"name": "metrics", "containerPort": METRICS_PORT}],
+        "readinessProbe": _probe("metrics"),
+        "livenessProbe": _probe("metrics"),
+        "resources": _resources(0),
+        "securityContext": _security(),
+        "volumeMounts": _mounts(False),
+    }
+    pod = _pod_spec([container], _volumes(job, False))
+    dep = _deployment(n, namespace, lbl, sel, 1, pod)
+    return [dep, _service(n, namespace, lbl, sel, {"grpc": MANAGER_PORT, "metrics": METRICS_PORT})]
+
+
+def weight_server(job: str, namespace: str, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """The weight-server Deployment, its Service and its PVC."""
+    n, lbl, sel = names(job)["weights"], labels(job, "weight-server"), selector(job, "weight-server")
+    cmd = ["python", "-m", "weight_server", *_common_flags(job, namespace, settings)]
+    cmd += ["--host", "0.0.0.0", "--port", str(WEIGHTS_PORT), "--data-dir", "/data", "--token-file", TOKEN_FILE]
+    container = {
+        "name": "weight-server",
+        "image": image(settings, "weights"),
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": cmd,
+        "ports": [{"name": "http", "containerPort": WEIGHTS_PORT}],
+        "readinessProbe": _probe("http"),
+        "livenessProbe": _probe("http"),
+        "resources": _resources(0),
+        "securityContext": _security(),
+        "volumeMounts": [*_mounts(True), {"name": "data", "mountPath": "/data"}],
+    }
+    volumes = [*_volumes(job, True), {"name": "data", "persistentVolumeClaim": {"claimName": n}}]
+    pvc_spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": settings.weights_storage}},
+    }
+    if settings.storage_class:
+        pvc_spec["storageClassName"] = settings.storage_class
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": _meta(n, namespace, lbl), "spec": pvc_spec}
+    dep = _deployment(n, namespace, lbl, sel, 1, _pod_spec([container], volumes), recreate=True)
+    return [pvc, dep, _service(n, namespace, lbl, sel, {"http": WEIGHTS_PORT})]
+
+
+def _urls(job: str, namespace: str) -> tuple[str, str]:
+    n = names(job)
+    return (
+        f"{n['manager']}.{namespace}.svc:{MANAGER_PORT}",
+        f"http://{n['weights']}.{namespace}.svc:{WEIGHTS_PORT}",
+    )
+
+
+def trainer(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """The trainer StatefulSet (one pod per rank) and its headless Service for rendezvous."""
+    n, lbl, sel = names(job)["trainer"], labels(job, "trainer"), selector(job, "trainer")
+    mgr, ws = _urls(job, namespace)
+    cmd = ["python", "-m", "trainer", *_common_flags(job, namespace, settings)]
+    cmd += ["--manager", mgr, "--weight-server", ws, "--token-file", TOKEN_FILE, "--model-dir", "/data/model"]
+    cmd += ["--run-dir", "/data/run", "--metrics-port", str(METRICS_PORT)]
+    env = [
+        # The rank is the pod's ordinal (label set by the StatefulSet controller, Kubernetes >= 1.28).
+        _field_env("RANK", "metadata.labels['apps.kubernetes.io/pod-index']"),
+        _env("WORLD_SIZE", str(spec.trainer.ranks)),
+        _env("MASTER_ADDR", f"{n}-0.{n}.{namespace}.svc"),
+        _env("MASTER_PORT", str(RENDEZVOUS_PORT)),
+        _env("LOCAL_RANK", "0"),
+    ]
+    container = {
+        "name": "trainer",
+        "image": image(settings, "trainer"),
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": cmd,
+        "env": env,
+        "ports": [
+            {"name": "rendezvous", "containerPort": RENDEZVOUS_PORT},
+            {"name": "metrics", "containerPort": METRICS_PORT},
+        ],
+        "livenessProbe": _probe("metrics"),
+        "resources": _resources(spec.trainer.gpus_per_rank),
+        "securityContext": _security(),
+        "volumeMounts": [*_mounts(True), {"name": "data", "mountPath": "/data"}],
+    }
+    pvc_spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": settings.trainer_storage}},
+    }
+    if settings.storage_class:
+        pvc_spec["storageClassName"] = settings.storage_class
+    extra = (
+        {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
+        if spec.trainer.gpus_per_rank
+        else {}
+    )
+    sts = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(n, namespace, lbl),
+        "spec": {
+            "serviceName": n,
+            "replicas": spec.trainer.ranks,
+            "podManagementPolicy": "Parallel",  # all ranks must start together to rendezvous
+            "selector": {"matchLabels": sel},
+            "template": {"metadata": {"labels": lbl}, "spec": _pod_spec([container], _volumes(job, True), extra)},
+            "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": pvc_spec}],
+        },
+    }
+    return [
+        _service(n, namespace, lbl, sel, {"rendezvous": RENDEZVOUS_PORT, "metrics": METRICS_PORT}, headless=True),
+        sts,
+    ]
+
+
+def worker(
+    job: str, namespace: str, pool_name: str, pool: PoolSpec, replicas: int, settings: OperatorSettings
+) -> dict[str, Any]:
+    """A rollout-worker Deployment for one pool ('reserved' or 'spot')."""
+    n, lbl, sel = (
+        names(job)[pool_name],
+        labels(job, "rollout-worker", pool_name),
+        selector(job, "rollout-worker", pool_name),
+    )
+    mgr, ws = _urls(job, namespace)
+    cmd = ["python", "-m", "rollout_worker", *_common_flags(job, namespace, settings)]
+    cmd += ["--worker-id", "$(POD_NAME)", "--pool", pool_name, "--node", "$(NODE_NAME)", "--manager", mgr]
+    cmd += ["--weight-server", ws, "--model-dir", "/models", "--metrics-port", str(METRICS_PORT)]
+    container = {
+        "name": "rollout-worker",
+        "image": image(settings, pool.engine),
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": cmd,
+        "env": [_field_env("POD_NAME", "metadata.name"), _field_env("NODE_NAME", "spec.nodeName")],
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
+        "readinessProbe": _probe("metrics"),
+        "livenessProbe": _probe("metrics"),
+        "resources": _resources(pool.gpus_per_worker),
+        "securityContext": _security(),
+        "volumeMounts": [*_mounts(False), {"name": "models", "mountPath": "/models"}],
+    }
+    sched = spot.spot_scheduling(pool) if pool_name == "spot" else spot.reserved_scheduling(pool)
+    # Spot pods get the notice window (up to 120 s on GKE) to drain; the manager migrates their tokens.
+    extra = {**sched, "terminationGracePeriodSeconds": 25 if pool_name == "spot" else 60}
+    volumes = [*_volumes(job, False), {"name": "models", "emptyDir": {}}]
+    return _deployment(n, namespace, lbl, sel, replicas, _pod_spec([container], volumes, extra))
+
+
+def initial_reserved(spec: JobSpec) -> int:
+    pool = spec.rollout.reserved
+    return max(pool.min_replicas, min(pool.max_replicas, pool.replicas))
+
+
+def build_children(
+    job: str, namespace: str, spec: JobSpec, settings: OperatorSettings, spot_replicas: int
+) -> list[dict[str, Any]]:
+    """Every child of an RLJob but the token Secret, in creation order."""
+    return [
+        config_map(job, namespace, spec),
+        *weight_server(job, namespace, settings),
+        *manager(job, namespace, settings),
+        *trainer(job, namespace, spec, settings),
+        worker(job, namespace, "reserved", spec.rollout.reserved, initial_reserved(spec), settings),
+        worker(job, namespace, "spot", spec.rollout.spot, spot_replicas, settings),
+    ]

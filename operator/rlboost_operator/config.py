@@ -1,0 +1,42 @@
+"""Operator settings: images, NATS, limits. Read from RLBOOST_OPERATOR_* environment variables.
+
+The Helm chart sets them on the operator Deployment; tests set them before starting kopf.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel, Field, ValidationError
+
+ENV_PREFIX = "RLBOOST_OPERATOR_"
+
+
+class OperatorSettings(BaseModel):
+    """What the operator needs beyond each RLJob's spec."""
+
+    image_registry: str = Field("ghcr.io/rlboost", description="Registry and path prefix of the rlboost images.")
+    image_tag: str = Field("0.1.0", description="Tag of every rlboost image.")
+    image_pull_policy: str = Field("IfNotPresent", description="imagePullPolicy of the job's containers.")
+    nats_url: str = Field("nats://rlboost-nats:4222", description="NATS URL given to the job's services and used here.")
+    max_trainer_ranks: int = Field(64, ge=1, description="Most trainer ranks the trainer pool can hold.")
+    max_trainer_gpus: int = Field(512, ge=0, description="Most accelerators the trainer pool can hold.")
+    weights_storage: str = Field("20Gi", description="Size of the weight-server's PVC.")
+    storage_class: str = Field("", description="StorageClass of the job's PVCs; empty = the cluster default.")
+    trainer_storage: str = Field("20Gi", description="Size of each trainer rank's checkpoint volume.")
+    rescale_interval_s: float = Field(30.0, gt=0, description="Safety-net period of the spot rescale timer.")
+
+
+def load_settings(environ: dict[str, str] | None = None) -> OperatorSettings:
+    """Settings from RLBOOST_OPERATOR_<FIELD> variables; a bad value exits with the variable's name."""
+    env = os.environ if environ is None else environ
+    raw = {
+        name: env[ENV_PREFIX + name.upper()]
+        for name in OperatorSettings.model_fields
+        if ENV_PREFIX + name.upper() in env
+    }
+    try:
+        return OperatorSettings.model_validate(raw)
+    except ValidationError as err:
+        bad = "; ".join(f"{ENV_PREFIX}{str(e['loc'][0]).upper()}: {e['msg']}" for e in err.errors())
+        raise SystemExit(f"rlboost-operator: invalid setting: {bad}") from None

@@ -1,0 +1,165 @@
+"""The RLJob CustomResourceDefinition, generated from rlboost.spec.JobSpec (one source of truth).
+
+Pydantic's JSON schema is turned into a Kubernetes *structural* schema: `$ref`s inlined,
+keys the API server rejects dropped (title, const, additionalProperties: false), JSON-Schema
+2020 `exclusiveMinimum: x` rewritten to OpenAPI v3.0's `minimum: x, exclusiveMinimum: true`.
+Descriptions, bounds, enums and defaults are kept, so `kubectl explain rljob.spec.rollout` helps.
+`scripts/gen_crd.py` writes it into the Helm chart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlboost.spec import JobSpec
+
+GROUP = "rlboost.io"
+VERSION = "v1alpha1"
+PLURAL = "rljobs"
+KIND = "RLJob"
+
+_DROP = {"title", "$defs", "examples"}
+
+
+def _resolve(node: Any, defs: dict[str, Any]) -> Any:
+    """Inline every $ref and make each schema node structural."""
+    if isinstance(node, list):
+        return [_resolve(v, defs) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _resolve(merged, defs)
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP or (key == "const" and "enum" in node):
+            continue
+        if key == "const" and "enum" not in node:
+            out["enum"] = [value]  # a Literal with one value; OpenAPI v3.0 has no const
+            continue
+        if key == "additionalProperties" and value is False:
+            continue  # structural schemas forbid it; the API server prunes unknown fields instead
+        if key == "exclusiveMinimum" and not isinstance(value, bool):
+            out["minimum"], out["exclusiveMinimum"] = value, True
+            continue
+        if key == "exclusiveMaximum" and not isinstance(value, bool):
+            out["maximum"], out["exclusiveMaximum"] = value, True
+            continue
+        out[key] = {k: _resolve(v, defs) for k, v in value.items()} if key == "properties" else _resolve(value, defs)
+    return out
+
+
+def spec_schema() -> dict[str, Any]:
+    """The structural OpenAPI v3 schema of RLJob.spec."""
+    raw = JobSpec.model_json_schema(by_alias=True)
+    return _resolve(raw, raw.get("$defs", {}))
+
+
+def _num(description: str, kind: str = "number") -> dict[str, Any]:
+    return {"type": kind, "description": description}
+
+
+def status_schema() -> dict[str, Any]:
+    """The schema of RLJob.status (written by the operator)."""
+    condition = {
+        "type": "object",
+        "required": ["type", "status"],
+        "properties": {
+            "type": {"type": "string", "description": "Condition type, e.g. Valid, Ready, Failed."},
+            "status": {"type": "string", "enum": ["True", "False", "Unknown"], "description": "Condition status."},
+            "reason": {"type": "string", "description": "One-word reason in CamelCase."},
+            "message": {"type": "string", "description": "Human-readable detail; names the offending field."},
+            "lastTransitionTime": {"type": "string", "description": "When the status last changed (RFC 3339)."},
+        },
+    }
+    workers = {
+        "type": "object",
+        "description": "Rollout workers per pool.",
+        "properties": {
+            "reserved": _num("Ready reserved workers.", "integer"),
+            "spot": _num("Ready spot workers.", "integer"),
+            "spotDesired": _num("Spot workers the operator asked for (capacity clamped to min/max).", "integer"),
+        },
+    }
+    return {
+        "type": "object",
+        "description": "Observed state of the job, written by the operator.",
+        "x-kubernetes-preserve-unknown-fields": True,  # kopf keeps its own progress records here
+        "properties": {
+            "phase": {
+                "type": "string",
+                "enum": ["Pending", "Running", "Succeeded", "Failed"],
+                "description": "Lifecycle phase.",
+            },
+            "conditions": {"type": "array", "items": condition, "description": "Latest observations."},
+            "step": _num("Last finished optimizer step.", "integer"),
+            "weightVersion": _num("Weight version published by the trainer.", "integer"),
+            "rewardMean": _num("Mean reward of the last step."),
+            "tokensPerSecond": _num("Response tokens per second of the last step."),
+            "workers": workers,
+            "costPerHour": _num("USD per hour at the current accelerator counts and the job's prices."),
+            "costSoFar": _num("USD spent since the job started running."),
+            "costEfficiency": _num("Response tokens per USD at the last step."),
+            "startedAt": {"type": "string", "description": "When the job was first reconciled (RFC 3339)."},
+            "updatedAt": {"type": "string", "description": "Last status update (RFC 3339)."},
+        },
+    }
+
+
+def printer_columns() -> list[dict[str, Any]]:
+    col = lambda name, kind, path: {"name": name, "type": kind, "jsonPath": path}  # noqa: E731
+    return [
+        col("Phase", "string", ".status.phase"),
+        col("Step", "integer", ".status.step"),
+        col("Reward", "number", ".status.rewardMean"),
+        col("Reserved", "integer", ".status.workers.reserved"),
+        col("Spot", "integer", ".status.workers.spot"),
+        col("Tok/s", "number", ".status.tokensPerSecond"),
+        col("$/h", "number", ".status.costPerHour"),
+        col("Age", "date", ".metadata.creationTimestamp"),
+    ]
+
+
+def build_crd() -> dict[str, Any]:
+    """The whole CustomResourceDefinition manifest for rljobs.rlboost.io."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}", "labels": {"app.kubernetes.io/part-of": "rlboost"}},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "plural": PLURAL,
+                "singular": "rljob",
+                "kind": KIND,
+                "listKind": "RLJobList",
+                "shortNames": ["rlj"],
+                "categories": ["rlboost"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": printer_columns(),
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "An RL post-training job: trainer, rollout-manager, weight-server and "
+                            "reserved + spot rollout workers.",
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema(),
+                                "status": status_schema(),
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }

@@ -1,0 +1,114 @@
+"""A small async Kubernetes client over aiohttp, authenticated with kopf's own login result.
+
+Just what the operator needs: get, create, merge-patch (object or /status) and create-or-patch.
+The credentials come from `kopf.login_with_service_account` / `kopf.login_with_kubeconfig`
+(captured by the login handler), so kopf and this client always talk to the same API server.
+"""
+
+from __future__ import annotations
+
+import base64
+import ssl
+import tempfile
+from typing import Any
+
+import aiohttp
+import kopf
+
+# kind -> (API prefix, plural). Namespaced only.
+RESOURCES: dict[str, tuple[str, str]] = {
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Secret": ("/api/v1", "secrets"),
+    "Service": ("/api/v1", "services"),
+    "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
+    "Deployment": ("/apis/apps/v1", "deployments"),
+    "StatefulSet": ("/apis/apps/v1", "statefulsets"),
+    "RLJob": ("/apis/rlboost.io/v1alpha1", "rljobs"),
+}
+
+
+class KubeError(RuntimeError):
+    """A non-2xx answer from the API server."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(f"Kubernetes API answered {status}: {text[:300]}")
+        self.status = status
+
+
+def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
+    if info.insecure:
+        return False
+    ctx = ssl.create_default_context(cafile=str(info.ca_path) if info.ca_path else None)
+    if info.ca_data:
+        data = info.ca_data
+        ctx.load_verify_locations(cadata=(base64.b64decode(data) if isinstance(data, str) else data).decode())
+    cert, key = info.certificate_path, info.private_key_path
+    if info.certificate_data and info.private_key_data:
+        # ssl wants files; the kubeconfig gave inline base64 data.
+        cert_file = tempfile.NamedTemporaryFile(delete=False, suffix=".crt")  # noqa: SIM115
+        key_file = tempfile.NamedTemporaryFile(delete=False, suffix=".key")  # noqa: SIM115
+        cert_file.write(base64.b64decode(info.certificate_data))
+        key_file.write(base64.b64decode(info.private_key_data))
+        cert_file.close(), key_file.close()
+        cert, key = cert_file.name, key_file.name
+    if cert and key:
+        ctx.load_cert_chain(str(cert), str(key))
+    return ctx
+
+
+class Kube:
+    """One aiohttp session against the API server described by a kopf ConnectionInfo."""
+
+    def __init__(self, info: kopf.ConnectionInfo) -> None:
+        headers = {"Accept": "application/json"}
+        if info.token:
+            headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
+        auth = aiohttp.BasicAuth(info.username, info.password or "") if info.username else None
+        self.server = info.server.rstrip("/")
+        self._session = aiohttp.ClientSession(
+            headers=headers, auth=auth, connector=aiohttp.TCPConnector(ssl=_ssl_context(info))
+        )
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    def url(self, kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+        prefix, plural = RESOURCES[kind]
+        path = f"{self.server}{prefix}/namespaces/{namespace}/{plural}"
+        if name:
+            path += f"/{name}"
+        if sub:
+            path += f"/{sub}"
+        return path
+
+    async def _call(
+        self, method: str, url: str, body: dict[str, Any] | None = None, ctype: str = "application/json"
+    ) -> dict[str, Any] | None:
+        headers = {"Content-Type": ctype} if body is not None else {}
+        async with self._session.request(method, url, json=body, headers=headers) as resp:
+            if resp.status == 404 and method == "GET":
+                return None
+            if resp.status >= 300:
+                raise KubeError(resp.status, await resp.text())
+            return await resp.json(content_type=None)
+
+    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._call("GET", self.url(kind, namespace, name))
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        meta = obj["metadata"]
+        return await self._call("POST", self.url(obj["kind"], meta["namespace"]), obj)
+
+    async def patch(
+        self, kind: str, namespace: str, name: str, body: dict[str, Any], sub: str | None = None
+    ) -> dict[str, Any] | None:
+        return await self._call("PATCH", self.url(kind, namespace, name, sub), body, "application/merge-patch+json")
+
+    async def apply(self, obj: dict[str, Any]) -> str:
+        """Create the object, or merge-patch the existing one; returns 'created' or 'patched'."""
+        meta = obj["metadata"]
+        if await self.get(obj["kind"], meta["namespace"], meta["name"]) is None:
+            await self.create(obj)
+            return "created"
+        await self.patch(obj["kind"], meta["namespace"], meta["name"], obj)
+        return "patched"

@@ -1,0 +1,52 @@
+"""The operator's in-memory view: settings, API client, NATS link, nodes, job pods and known jobs.
+
+Filled by the kopf handlers from their watch streams; everything here is rebuilt on restart
+(kopf re-lists every watched object at start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlboost.spec import JobSpec
+from rlboost_operator.config import OperatorSettings
+from rlboost_operator.kube import Kube
+from rlboost_operator.notices import NatsLink
+
+
+@dataclass
+class JobRef:
+    """A valid RLJob the operator reconciled: enough to scale it and post Events on it."""
+
+    namespace: str
+    name: str
+    uid: str
+    spec: JobSpec
+    spot_replicas: int | None = None  # last value written to the spot Deployment
+
+    def body(self) -> dict[str, Any]:
+        """A minimal object reference for kopf.event()."""
+        meta = {"name": self.name, "namespace": self.namespace, "uid": self.uid}
+        return {"apiVersion": "rlboost.io/v1alpha1", "kind": "RLJob", "metadata": meta}
+
+
+@dataclass
+class State:
+    settings: OperatorSettings
+    kube: Kube | None = None
+    nats: NatsLink | None = None
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pods: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # (ns, pod) -> (job, node)
+    jobs: dict[tuple[str, str], JobRef] = field(default_factory=dict)
+    notified: set[tuple[str, str]] = field(default_factory=set)  # (node, reason) already announced
+    status_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+
+    def pods_on(self, node: str) -> dict[tuple[str, str], list[str]]:
+        """The job pods on a node, grouped by (namespace, job)."""
+        out: dict[tuple[str, str], list[str]] = {}
+        for (ns, pod), (job, where) in sorted(self.pods.items()):
+            if where == node:
+                out.setdefault((ns, job), []).append(pod)
+        return out

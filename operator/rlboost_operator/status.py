@@ -1,0 +1,137 @@
+"""Pure status computations for an RLJob: phase, conditions, cost so far and cost efficiency.
+
+Accelerators counted: trainer ranks x gpusPerRank and reserved workers x gpusPerWorker at the
+reserved price, ready spot workers x gpusPerWorker at the spot price. CPU-only jobs cost 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from rlboost.spec import JobSpec
+from rlboost.wire.events import JobDone, StepReport
+
+PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
+TERMINAL = {SUCCEEDED, FAILED}
+
+
+def now_iso(now: datetime | None = None) -> str:
+    return (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_iso(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def condition(kind: str, ok: bool, reason: str, message: str, now: datetime | None = None) -> dict[str, str]:
+    return {
+        "type": kind,
+        "status": "True" if ok else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now_iso(now),
+    }
+
+
+def set_condition(conditions: list[Mapping[str, Any]] | None, new: dict[str, str]) -> list[dict[str, Any]]:
+    """Replace the condition of the same type; keep its transition time when its status did not change."""
+    out: list[dict[str, Any]] = []
+    for cond in conditions or []:
+        if cond.get("type") == new["type"]:
+            if cond.get("status") == new["status"]:
+                new = {**new, "lastTransitionTime": cond.get("lastTransitionTime", new["lastTransitionTime"])}
+            continue
+        out.append(dict(cond))
+    out.append(new)
+    return out
+
+
+def accelerator_counts(spec: JobSpec, reserved_workers: int, spot_workers: int) -> tuple[int, int]:
+    """(reserved accelerators, spot accelerators) in use."""
+    reserved = (
+        spec.trainer.ranks * spec.trainer.gpus_per_rank + reserved_workers * spec.rollout.reserved.gpus_per_worker
+    )
+    return reserved, spot_workers * spec.rollout.spot.gpus_per_worker
+
+
+def cost_per_hour(spec: JobSpec, reserved_workers: int, spot_workers: int) -> float:
+    reserved, spot = accelerator_counts(spec, reserved_workers, spot_workers)
+    return reserved * spec.prices.reserved_per_gpu_hour + spot * spec.prices.spot_per_gpu_hour
+
+
+def accumulate_cost(cost_so_far: float, rate_per_hour: float, since: datetime | None, now: datetime) -> float:
+    """Cost so far plus the rate integrated since the last update (nothing if this is the first)."""
+    if since is None or now <= since:
+        return cost_so_far
+    return cost_so_far + rate_per_hour * (now - since).total_seconds() / 3600.0
+
+
+def cost_efficiency(tokens_per_second: float, rate_per_hour: float) -> float:
+    """Response tokens per USD; 0 when nothing is paid (CPU-only jobs)."""
+    if rate_per_hour <= 0:
+        return 0.0
+    return tokens_per_second * 3600.0 / rate_per_hour
+
+
+def step_status(
+    report: StepReport,
+    spec: JobSpec,
+    workers: Mapping[str, int],
+    previous: Mapping[str, Any],
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """The .status patch after a StepReport: step, reward, tokens/s, workers, cost; phase Running."""
+    now = now or datetime.now(UTC)
+    seconds = report.rollout_seconds + report.train_seconds + report.sync_seconds
+    tps = report.tokens / seconds if seconds > 0 else 0.0
+    reserved, spot = int(workers.get("reserved", 0)), int(workers.get("spot", 0))
+    rate = cost_per_hour(spec, reserved, spot)
+    # Integrate at the previous rate: it was the one in force since the previous update.
+    prev_rate = float(previous.get("costPerHour") or rate)
+    so_far = accumulate_cost(
+        float(previous.get("costSoFar") or 0.0), prev_rate, parse_iso(previous.get("updatedAt")), now
+    )
+    phase = previous.get("phase") if previous.get("phase") in TERMINAL else RUNNING
+    return {
+        "phase": phase,
+        "step": report.step,
+        "weightVersion": report.weight_version,
+        "rewardMean": round(report.reward_mean, 6),
+        "tokensPerSecond": round(tps, 3),
+        "workers": {**dict(previous.get("workers") or {}), "reserved": reserved, "spot": spot},
+        "costPerHour": round(rate, 6),
+        "costSoFar": round(so_far, 6),
+        "costEfficiency": round(cost_efficiency(tps, rate), 3),
+        "updatedAt": now_iso(now),
+        "conditions": set_condition(
+            previous.get("conditions"), condition("Running", True, "StepReported", f"step {report.step} finished", now)
+        ),
+    }
+
+
+def done_status(done: JobDone, previous: Mapping[str, Any], now: datetime | None = None) -> dict[str, Any]:
+    """The .status patch when the trainer reports the end: Succeeded or Failed with its error."""
+    ok = done.ok
+    msg = f"finished {done.steps} steps" if ok else f"trainer failed: {done.error or 'no error given'}"
+    cond = condition("Complete" if ok else "Failed", True, "TrainerDone" if ok else "TrainerFailed", msg, now)
+    return {
+        "phase": SUCCEEDED if ok else FAILED,
+        "updatedAt": now_iso(now),
+        "conditions": set_condition(previous.get("conditions"), cond),
+    }
+
+
+def invalid_status(field: str, message: str, now: datetime | None = None) -> dict[str, Any]:
+    """The .status of an RLJob that cannot run: Failed, with a condition naming the field."""
+    return {
+        "phase": FAILED,
+        "updatedAt": now_iso(now),
+        "conditions": [condition("Valid", False, "InvalidSpec", f"spec.{field}: {message}", now)],
+    }

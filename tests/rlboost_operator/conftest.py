@@ -1,0 +1,150 @@
+"""Fixtures for the operator: a Kubernetes API served by kmock on loopback (its own thread and loop),
+and the operator itself under kopf.testing.KopfRunner.
+
+kmock's emulator stores objects in memory, merges patches as plain dicts, replays every object on
+each watch and runs no controllers (no garbage collection, no Pods from Deployments): tests create
+Pods and Nodes themselves and check ownerReferences rather than cascading deletion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import kmock
+import pytest
+
+from tests.helpers import wait_until
+
+VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
+RESOURCES = {
+    # kopf's own backbone: it waits for these to exist before starting any watch.
+    "v1/namespaces": dict(kind="Namespace", namespaced=False),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": dict(kind="CustomResourceDefinition", namespaced=False),
+    "rlboost.io/v1alpha1/rljobs": dict(kind="RLJob", namespaced=True, subresources={"status"}),
+    "v1/nodes": dict(kind="Node", namespaced=False),
+    "v1/pods": dict(kind="Pod", namespaced=True),
+    "v1/events": dict(kind="Event", namespaced=True),
+    "v1/configmaps": dict(kind="ConfigMap", namespaced=True),
+    "v1/secrets": dict(kind="Secret", namespaced=True),
+    "v1/services": dict(kind="Service", namespaced=True),
+    "v1/persistentvolumeclaims": dict(kind="PersistentVolumeClaim", namespaced=True),
+    "apps/v1/deployments": dict(kind="Deployment", namespaced=True),
+    "apps/v1/statefulsets": dict(kind="StatefulSet", namespaced=True),
+}
+
+
+class Emulator(kmock.KubernetesEmulator):
+    """kmock's emulator plus `metadata.generateName` (kopf posts Events that way; kmock keys objects by name)."""
+
+    async def _handle(self, request):  # type: ignore[no-untyped-def]
+        data = request.data
+        if request.action == kmock.action.CREATE and isinstance(data, dict):
+            meta = data.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
+        return await super()._handle(request)
+
+
+@dataclass
+class KubeApi:
+    """The kmock emulator and a plain HTTP client to it (what kubectl would do)."""
+
+    emulator: Emulator
+    url: str
+    http: httpx.Client
+
+    def path(self, kind: str, namespace: str | None, name: str | None = None) -> str:
+        from rlboost_operator.kube import RESOURCES as NAMESPACED
+
+        if kind == "Node":
+            base = "/api/v1/nodes"
+        elif kind == "Pod":
+            base = f"/api/v1/namespaces/{namespace}/pods"
+        elif kind == "Event":
+            base = f"/api/v1/namespaces/{namespace}/events"
+        else:
+            prefix, plural = NAMESPACED[kind]
+            base = f"{prefix}/namespaces/{namespace}/{plural}"
+        return f"{base}/{name}" if name else base
+
+    def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        resp = self.http.get(self.path(kind, namespace, name))
+        return None if resp.status_code == 404 else resp.raise_for_status().json()
+
+    def list(self, kind: str, namespace: str | None) -> list[dict[str, Any]]:
+        return self.http.get(self.path(kind, namespace)).raise_for_status().json()["items"]
+
+    def create(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        return self.http.post(self.path(kind, obj["metadata"].get("namespace")), json=obj).raise_for_status().json()
+
+    def patch(self, kind: str, namespace: str | None, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        headers = {"Content-Type": "application/merge-patch+json"}
+        return self.http.patch(self.path(kind, namespace, name), json=body, headers=headers).raise_for_status().json()
+
+    def delete(self, kind: str, namespace: str | None, name: str) -> None:
+        self.http.delete(self.path(kind, namespace, name)).raise_for_status()
+
+    def watched(self, plural: str) -> bool:
+        """Whether the operator has opened a watch on this resource."""
+        return any(
+            r.params.get("watch") == "true" and r.url.path.rstrip("/").endswith("/" + plural)
+            for r in list(self.emulator)  # the emulator iterates over the requests it served
+        )
+
+
+@pytest.fixture
+def kube_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeApi]:
+    """kmock's Kubernetes emulator on a loopback port, in a thread of its own; KUBECONFIG points at it."""
+    started = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def serve() -> None:
+        async with Emulator() as emulator, kmock.Server(emulator) as server:
+            for key, info in RESOURCES.items():
+                emulator.resources[key] = kmock.ResourceInfo(verbs=VERBS, **info)
+            box.update(
+                emulator=emulator,
+                url=str(server.url).rstrip("/"),
+                stop=asyncio.Event(),
+                loop=asyncio.get_running_loop(),
+            )
+            started.set()
+            await box["stop"].wait()
+
+    thread = threading.Thread(target=lambda: asyncio.run(serve()), name="kmock", daemon=True)
+    thread.start()
+    assert started.wait(10), "kmock did not start"
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: kmock\n"
+        f"clusters: [{{name: kmock, cluster: {{server: '{box['url']}'}}}}]\n"
+        "users: [{name: kmock, user: {token: test}}]\n"
+        "contexts: [{name: kmock, context: {cluster: kmock, user: kmock, namespace: default}}]\n"
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    with httpx.Client(base_url=box["url"], timeout=10) as http:
+        yield KubeApi(box["emulator"], box["url"], http)
+    box["loop"].call_soon_threadsafe(box["stop"].set)
+    thread.join(10)
+
+
+@pytest.fixture
+def operator(kube_api: KubeApi, nats_server, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeApi]:
+    """The operator (kopf, standalone, cluster-wide) running against kube_api, with a real nats-server."""
+    from kopf.testing import KopfRunner
+
+    monkeypatch.setenv("RLBOOST_OPERATOR_NATS_URL", nats_server.url)
+    monkeypatch.setenv("RLBOOST_OPERATOR_MAX_TRAINER_RANKS", "8")
+    args = ["run", "-A", "--standalone", "-m", "rlboost_operator.handlers"]
+    with KopfRunner(args, timeout=30) as runner:
+        for plural in ("rljobs", "nodes", "pods"):
+            wait_until(lambda p=plural: kube_api.watched(p), timeout=20, what=f"the operator's watch on {plural}")
+        yield kube_api
+    assert runner.exception is None, runner.output

@@ -1,0 +1,258 @@
+"""Unit tests of the operator's pure parts: spot detection and sizing, preemption signals, status and
+cost, spec checks, the CRD, and the children's manifests (validated strictly with kubernetes-validate)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import jsonschema
+import kubernetes_validate
+import pytest
+from rlboost_operator import children, crd, spot, status
+from rlboost_operator.checks import SpecProblemError, check_job, check_reward
+from rlboost_operator.config import OperatorSettings, load_settings
+
+from rlboost.spec import JobSpec, PoolSpec, parse_job_spec
+from rlboost.wire.events import JobDone, StepReport
+
+K8S_VERSION = "1.30.0"
+
+
+def node(name: str, labels: dict[str, str], gpus: int = 1, ready: bool = True, taints=None, unschedulable=False):
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"taints": taints or [], "unschedulable": unschedulable},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": str(gpus)},
+            "conditions": [{"type": "Ready", "status": str(ready)}],
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("labels", "provider"),
+    [
+        ({"cloud.google.com/gke-spot": "true"}, "gke"),
+        ({"eks.amazonaws.com/capacityType": "SPOT"}, "eks"),
+        ({"karpenter.sh/capacity-type": "spot"}, "karpenter"),
+        ({"kubernetes.azure.com/scalesetpriority": "spot"}, "aks"),
+        ({"eks.amazonaws.com/capacityType": "ON_DEMAND"}, None),
+        ({}, None),
+    ],
+)
+def test_spot_provider_per_cloud(labels, provider):
+    assert spot.spot_provider(node("n", labels)) == provider
+
+
+def test_desired_spot_replicas_counts_accelerators_of_matching_usable_nodes_and_clamps():
+    pool = PoolSpec(min_replicas=1, max_replicas=5, gpus_per_worker=2, node_selector={"pool": "h100"})
+    gke = {"cloud.google.com/gke-spot": "true", "pool": "h100"}
+    nodes = [
+        node("a", gke, gpus=4),  # 2 workers
+        node("b", gke, gpus=3),  # 1 worker (3 // 2)
+        node("c", {"cloud.google.com/gke-spot": "true", "pool": "a100"}, gpus=8),  # other pool
+        node("d", {"pool": "h100"}, gpus=8),  # not spot
+        node("e", gke, gpus=8, ready=False),  # NotReady
+        node("f", gke, gpus=8, taints=[{"key": "cloud.google.com/impending-node-termination"}]),  # going away
+    ]
+    assert spot.spot_capacity(nodes, pool) == 3
+    assert spot.spot_accelerators(nodes, pool) == 7
+    assert spot.desired_spot_replicas(nodes, pool) == 3
+    assert spot.desired_spot_replicas([], pool) == 1  # the minimum
+    assert spot.desired_spot_replicas(nodes * 3, pool) == 5  # the maximum
+    cpu_pool = PoolSpec(min_replicas=0, max_replicas=10, node_selector={"pool": "h100"})
+    assert spot.spot_capacity(nodes, cpu_pool) == 2  # one CPU worker per usable node
+
+
+@pytest.mark.parametrize(
+    ("taint", "reason", "deadline"),
+    [
+        ("cloud.google.com/impending-node-termination", "gke-termination", 30.0),
+        ("aws-node-termination-handler/spot-itn", "aws-spot-interruption", 120.0),
+        ("aws-node-termination-handler/rebalance-recommendation", "aws-rebalance-recommendation", 600.0),
+        ("karpenter.sh/disrupted", "karpenter-disrupted", 30.0),
+        ("ToBeDeletedByClusterAutoscaler", "cluster-autoscaler-scale-down", 30.0),
+    ],
+)
+def test_preemption_taints(taint, reason, deadline):
+    signal = spot.preemption(node("n", {}, taints=[{"key": taint, "effect": "NoSchedule"}]))
+    assert signal == spot.Preemption("n", reason, deadline)
+
+
+def test_preemption_from_state_changes_and_the_soonest_taint_wins():
+    assert spot.preemption(node("n", {})) is None
+    assert spot.preemption(node("n", {}), deleted=True).reason == "node-deleted"
+    assert spot.preemption(node("n", {}, ready=False)).reason == "node-not-ready"
+    assert spot.preemption(node("n", {}, unschedulable=True)).reason == "node-unschedulable"
+    both = [
+        {"key": "aws-node-termination-handler/rebalance-recommendation"},
+        {"key": "aws-node-termination-handler/spot-itn"},
+    ]
+    assert spot.preemption(node("n", {}, taints=both)).reason == "aws-spot-interruption"
+
+
+def test_spot_scheduling_targets_every_clouds_spot_label():
+    sched = spot.spot_scheduling(PoolSpec(gpus_per_worker=1, node_selector={"x": "y"}))
+    terms = sched["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    keys = {t["matchExpressions"][0]["key"] for t in terms}
+    assert {"cloud.google.com/gke-spot", "eks.amazonaws.com/capacityType", "karpenter.sh/capacity-type"} <= keys
+    assert sched["nodeSelector"] == {"x": "y"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in sched["tolerations"]
+    reserved = spot.reserved_scheduling(PoolSpec())
+    exprs = reserved["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][
+        0
+    ]["matchExpressions"]
+    assert all(e["operator"] == "NotIn" for e in exprs)
+
+
+def gpu_spec() -> JobSpec:
+    return parse_job_spec(
+        {
+            "trainer": {"ranks": 2, "gpusPerRank": 1},
+            "rollout": {"reserved": {"gpusPerWorker": 1}, "spot": {"gpusPerWorker": 2}},
+            "prices": {"reservedPerGpuHour": 10.0, "spotPerGpuHour": 2.5},
+        }
+    )
+
+
+def test_cost_per_hour_and_efficiency():
+    spec = gpu_spec()
+    assert status.accelerator_counts(spec, reserved_workers=1, spot_workers=3) == (3, 6)
+    assert status.cost_per_hour(spec, 1, 3) == 3 * 10.0 + 6 * 2.5
+    assert status.cost_efficiency(100.0, 45.0) == pytest.approx(8000.0)
+    assert status.cost_efficiency(100.0, 0.0) == 0.0
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    assert status.accumulate_cost(1.0, 36.0, t0, t0 + timedelta(minutes=10)) == pytest.approx(7.0)
+    assert status.accumulate_cost(1.0, 36.0, None, t0) == 1.0
+
+
+def test_step_status_integrates_cost_at_the_previous_rate_and_keeps_terminal_phases():
+    spec = gpu_spec()
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    report = StepReport(
+        step=5,
+        reward_mean=0.5,
+        tokens=600,
+        rollout_seconds=2,
+        train_seconds=0.5,
+        sync_seconds=0.5,
+        weight_version=5,
+        weights_checksum="x",
+    )
+    prev = {"phase": "Pending", "costPerHour": 36.0, "costSoFar": 2.0, "updatedAt": status.now_iso(t0)}
+    st = status.step_status(report, spec, {"reserved": 1, "spot": 3}, prev, t0 + timedelta(hours=0.5))
+    assert st["phase"] == "Running"
+    assert st["tokensPerSecond"] == 200.0
+    assert st["costSoFar"] == pytest.approx(2.0 + 18.0)
+    assert st["costPerHour"] == 45.0
+    assert st["workers"] == {"reserved": 1, "spot": 3}
+    assert status.step_status(report, spec, {}, {"phase": "Succeeded"})["phase"] == "Succeeded"
+    assert status.done_status(JobDone(ok=False, steps=2, error="oom"), {})["phase"] == "Failed"
+
+
+def test_set_condition_keeps_transition_time_when_status_unchanged():
+    t0, t1 = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)
+    first = status.set_condition([], status.condition("Valid", True, "A", "a", t0))
+    same = status.set_condition(first, status.condition("Valid", True, "B", "b", t1))
+    assert same == [{**first[0], "reason": "B", "message": "b"}]
+    flipped = status.set_condition(same, status.condition("Valid", False, "C", "c", t1))
+    assert flipped[0]["lastTransitionTime"] == status.now_iso(t1)
+
+
+def test_checks_name_the_field():
+    settings = OperatorSettings(max_trainer_ranks=4, max_trainer_gpus=4)
+    assert check_job({}, settings).trainer.ranks == 1
+    cases = [
+        ({"trainer": {"ranks": 8}}, "trainer.ranks"),
+        ({"trainer": {"ranks": 4, "gpusPerRank": 2}}, "trainer.gpusPerRank"),
+        ({"rollout": {"spot": {"minReplicas": 3, "maxReplicas": 1}}}, "rollout.spot"),
+        ({"task": {"reward": "rlboost.tasks.rewards:no_such_function"}}, "task.reward"),
+        ({"task": {"reward": "not-a-reference"}}, "task.reward"),
+        ({"algorithm": {"groupSize": 1}}, "algorithm.groupSize"),
+    ]
+    for data, field in cases:
+        with pytest.raises(SpecProblemError) as err:
+            check_job(data, settings)
+        assert err.value.field == field, (data, str(err.value))
+
+
+def test_reward_check_imports_nothing():
+    import sys
+
+    sys.modules.pop("rlboost.tasks.rewards", None)
+    check_reward("rlboost.tasks.rewards:exact_match")
+    assert "rlboost.tasks.rewards" not in sys.modules
+
+
+def test_settings_from_env_and_bad_values_name_the_variable():
+    assert load_settings({"RLBOOST_OPERATOR_MAX_TRAINER_RANKS": "3"}).max_trainer_ranks == 3
+    with pytest.raises(SystemExit, match="RLBOOST_OPERATOR_MAX_TRAINER_RANKS"):
+        load_settings({"RLBOOST_OPERATOR_MAX_TRAINER_RANKS": "zero"})
+
+
+def test_crd_schema_is_structural_and_matches_the_spec():
+    schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    text = str(schema)
+    for banned in ("$ref", "'title'", "'const'", "additionalProperties': False"):
+        assert banned not in text
+    spec_schema = schema["properties"]["spec"]
+    rollout = spec_schema["properties"]["rollout"]
+    assert rollout["description"] and rollout["properties"]["spot"]["properties"]["maxReplicas"]["maximum"] == 10000
+    lr = spec_schema["properties"]["algorithm"]["properties"]["learningRate"]
+    assert lr["minimum"] == 0 and lr["exclusiveMinimum"] is True
+
+    # Every leaf field carries a description (kubectl explain).
+    def walk(node, path):
+        assert "description" in node or path.endswith(("apiVersion", "kind", "metadata")), path
+        for key, child in (node.get("properties") or {}).items():
+            walk(child, f"{path}.{key}")
+
+    walk(spec_schema, "spec")
+    # A default spec validates; an out-of-bounds one does not.
+    draft = jsonschema.Draft4Validator(spec_schema)
+    draft.validate(JobSpec().model_dump(by_alias=True, mode="json"))
+    with pytest.raises(jsonschema.ValidationError):
+        draft.validate({"trainer": {"ranks": 0}})
+    assert kubernetes_validate.validate(crd.build_crd(), K8S_VERSION, strict=True) is not None
+
+
+def test_children_are_valid_kubernetes_objects_with_the_services_flags():
+    spec = gpu_spec()
+    settings = OperatorSettings(nats_url="nats://nats:4222")
+    objs = children.build_children("job1", "ns1", spec, settings, spot_replicas=3)
+    objs.append(children.token_secret("job1", "ns1", "s3cret"))
+    for obj in objs:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    by = {(o["kind"], o["metadata"]["name"]): o for o in objs}
+    assert by[("Deployment", "job1-workers-spot")]["spec"]["replicas"] == 3
+    sts = by[("StatefulSet", "job1-trainer")]
+    assert sts["spec"]["replicas"] == 2 and sts["spec"]["serviceName"] == "job1-trainer"
+    assert by[("Service", "job1-trainer")]["spec"]["clusterIP"] == "None"
+    env = {e["name"]: e for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["MASTER_ADDR"]["value"] == "job1-trainer-0.job1-trainer.ns1.svc"
+    assert "pod-index" in env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    worker = by[("Deployment", "job1-workers-spot")]["spec"]["template"]["spec"]
+    cmd = worker["containers"][0]["command"]
+    assert cmd[:3] == ["python", "-m", "rollout_worker"]
+    assert cmd[cmd.index("--pool") + 1] == "spot" and cmd[cmd.index("--worker-id") + 1] == "$(POD_NAME)"
+    assert cmd[cmd.index("--nats-url") + 1] == "nats://nats:4222"
+    assert worker["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert "affinity" in worker and worker["tolerations"]
+    mgr = by[("Deployment", "job1-manager")]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert mgr[:3] == ["python", "-m", "rollout_manager"] and "--port" in mgr and "--metrics-port" in mgr
+    ws = by[("Deployment", "job1-weights")]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert ws[:3] == ["python", "-m", "weight_server"] and ws[ws.index("--token-file") + 1] == children.TOKEN_FILE
+    assert "ranks: 2" in by[("ConfigMap", "job1-config")]["data"]["job.yaml"]
+
+
+def test_entry_point_help_runs_without_heavy_imports():
+    import subprocess
+    import sys
+
+    code = "import sys, rlboost_operator.handlers; bad = [m for m in ('torch', 'transformers', 'deepspeed') if m in sys.modules]; print(bad)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlboost_operator", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0 and "--metrics-port" in proc.stdout
