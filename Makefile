@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test lint check-protos protos test-fast test-sglang bench clean
+.PHONY: run test lint check-generated generate test-fast test-sglang bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,13 +26,16 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-check-protos: $(STAMP)
+# gRPC stubs from protos/, the RLJob CRD from rlboost/spec.py: generated, checked in, checked here
+check-generated: $(STAMP)
 	$(PY) scripts/gen_protos.py --check
+	$(PY) scripts/gen_crd.py --check
 
-protos: $(STAMP)
+generate: $(STAMP)
 	$(PY) scripts/gen_protos.py
+	$(PY) scripts/gen_crd.py
 
-test: $(STAMP) lint check-protos
+test: $(STAMP) lint check-generated
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
