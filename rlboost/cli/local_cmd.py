@@ -1,8 +1,10 @@
 """`rlboost local`: the whole job on this machine, every service a separate process on 127.0.0.1.
 
     rlboost local [--config FILE] [--steps N] [--json-report PATH] [--run-dir DIR] [--temperature T]
-                  [--spot-trace FILE] [--trace-time-scale X] [--chaos-kill-every S] [--dump-rollouts PATH]
+                  [--spot-trace FILE] [--trace-time-scale X] [--chaos-kill-every S] [--chaos-signal KILL|TERM]
+                  [--dump-rollouts PATH]
                   [--workers-reserved N] [--workers-spot N] [--seed S]
+                  [--trainer-ranks N] [--checkpoint-dir DIR] [--resume]
 
 Exit codes: 0 done, 1 a child or the job failed, 2 bad input, 130/143 interrupted (SIGINT/SIGTERM).
 """
@@ -30,13 +32,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="override algorithm.seed; also seeds chaos victim choice")
     p.add_argument("--workers-reserved", type=int, metavar="N", help="override rollout.reserved.replicas")
     p.add_argument("--workers-spot", type=int, metavar="N", help="override rollout.spot.replicas")
+    p.add_argument("--trainer-ranks", type=int, metavar="N", help="override trainer.ranks (N trainer processes)")
+    p.add_argument("--checkpoint-dir", type=Path, metavar="DIR", help="trainer checkpoints go here")
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the newest valid checkpoint in --checkpoint-dir"
+    )
     p.add_argument("--json-report", type=Path, metavar="PATH", help="write the run's JSON report here")
     p.add_argument("--run-dir", type=Path, metavar="DIR", help="run directory (default: runs/<timestamp>)")
     p.add_argument("--dump-rollouts", type=Path, metavar="PATH", help="trainer writes every sample as a JSON line")
     p.add_argument("--spot-trace", type=Path, metavar="FILE", help="spot pool size follows this Bamboo-format trace")
     p.add_argument("--trace-time-scale", type=float, default=1.0, metavar="X",
                    help="trace seconds per wall second (default 1)")  # fmt: skip
-    p.add_argument("--chaos-kill-every", type=float, metavar="S", help="SIGKILL a random spot worker every S seconds")
+    p.add_argument("--chaos-kill-every", type=float, metavar="S",
+                   help="every S seconds preempt a spot worker, one caught mid-response when there is one")  # fmt: skip
+    p.add_argument("--chaos-signal", choices=["KILL", "TERM"], default="KILL",
+                   help="chaos preemption without notice (KILL, default) or with notice (TERM: the worker drains)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -48,6 +58,7 @@ def _overrides(args: argparse.Namespace) -> dict[tuple[str, str], object]:
         ("algorithm", "seed"): args.seed,
         ("reserved", "replicas"): args.workers_reserved,
         ("spot", "replicas"): args.workers_spot,
+        ("trainer", "ranks"): getattr(args, "trainer_ranks", None),
     }
     return {k: v for k, v in pairs.items() if v is not None}
 
@@ -58,6 +69,7 @@ _FLAG = {
     ("algorithm", "seed"): "--seed",
     ("reserved", "replicas"): "--workers-reserved",
     ("spot", "replicas"): "--workers-spot",
+    ("trainer", "ranks"): "--trainer-ranks",
 }
 
 
@@ -91,7 +103,11 @@ def _override_error(err: ValueError) -> str:
         loc = tuple(str(p) for p in e["loc"])
         key = (loc[1], loc[2]) if loc[:1] == ("rollout",) and len(loc) > 2 else loc[:2]
         flag = _FLAG.get(key)
-        lines.append(f"{flag + ' (' if flag else ''}{'.'.join(loc)}{')' if flag else ''}: {e['msg']}")
+        msg = e["msg"].removeprefix("Value error, ")
+        if not loc:  # a cross-field rule of the whole spec: its message names the fields
+            lines.append(msg)
+            continue
+        lines.append(f"{flag + ' (' if flag else ''}{'.'.join(loc)}{')' if flag else ''}: {msg}")
     return "invalid value: " + "; ".join(lines)
 
 
@@ -104,6 +120,8 @@ def _check_inputs(args: argparse.Namespace) -> None:
         from rlboost.local.spot_trace import load_trace
 
         load_trace(args.spot_trace)  # raises TraceError naming the line
+    if getattr(args, "resume", False) and getattr(args, "checkpoint_dir", None) is None:
+        raise JobSpecError("--resume needs --checkpoint-dir DIR (the directory the earlier run checkpointed to)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -127,7 +145,10 @@ def run(args: argparse.Namespace) -> int:
         spot_trace=args.spot_trace,
         trace_time_scale=args.trace_time_scale,
         chaos_kill_every=args.chaos_kill_every,
+        chaos_signal=args.chaos_signal,
         seed=spec.algorithm.seed,
+        checkpoint_dir=args.checkpoint_dir.resolve() if getattr(args, "checkpoint_dir", None) else None,
+        resume=bool(getattr(args, "resume", False)),
     )
     report = args.json_report.resolve() if args.json_report else None
     return run_local(spec, options, Console(), report)

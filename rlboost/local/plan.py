@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -29,9 +30,14 @@ class LocalOptions(BaseModel):
     spot_trace: Path | None = Field(None, description="Bamboo-format trace the spot pool's size follows.")
     trace_time_scale: float = Field(1.0, gt=0, description="Trace seconds per wall second.")
     chaos_kill_every: float | None = Field(None, gt=0, description="SIGKILL a random spot worker at this period (s).")
+    chaos_signal: Literal["KILL", "TERM"] = Field(
+        "KILL", description="Signal of chaos kills: KILL (no notice) or TERM (the worker drains and flushes first)."
+    )
     seed: int = Field(0, ge=0, description="Seed of chaos and trace victim choice.")
     python: str = Field(sys.executable, description="Interpreter that runs every service.")
     log_level: str = Field("INFO", description="Log level passed to every service.")
+    checkpoint_dir: Path | None = Field(None, description="Trainer checkpoints go here (none when unset).")
+    resume: bool = Field(False, description="Trainer continues from the newest valid checkpoint in checkpoint_dir.")
 
 
 @dataclass(frozen=True)
@@ -130,17 +136,30 @@ def _manager(plan: LocalPlan) -> ChildPlan:
     return ChildPlan("rollout-manager", argv, "rollout-manager", plan.manager_port, health_url=health)
 
 
-def _trainer(plan: LocalPlan) -> ChildPlan:
+def _trainers(plan: LocalPlan) -> list[ChildPlan]:
+    """`trainer.ranks` trainer processes ("trainer" is rank 0) sharing one gloo/NCCL rendezvous on loopback."""
     o = plan.options
     argv = [
         o.python, "-m", "trainer", *plan.common_flags(),
         "--manager", plan.manager_address, "--weight-server", plan.weight_server_url,
-        "--token-file", str(plan.token_file), "--model-dir", str(plan.model_dir),
-        "--metrics-port", str(plan.trainer_metrics_port), "--run-dir", str(o.run_dir),
+        "--token-file", str(plan.token_file), "--model-dir", str(plan.model_dir), "--run-dir", str(o.run_dir),
     ]  # fmt: skip
     if o.dump_rollouts is not None:
         argv += ["--dump-rollouts", str(o.dump_rollouts)]
-    return ChildPlan("trainer", argv, "trainer", plan.trainer_metrics_port)
+    if o.checkpoint_dir is not None:
+        argv += ["--checkpoint-dir", str(o.checkpoint_dir)] + (["--resume"] if o.resume else [])
+    world = plan.spec.trainer.ranks
+    if world == 1:
+        return [ChildPlan("trainer", [*argv, "--metrics-port", str(plan.trainer_metrics_port)], "trainer",
+                          plan.trainer_metrics_port)]  # fmt: skip
+    rendezvous = {"WORLD_SIZE": str(world), "MASTER_ADDR": HOST, "MASTER_PORT": str(plan.port_fn())}
+    out = []
+    for rank in range(world):
+        port = plan.trainer_metrics_port if rank == 0 else plan.port_fn()
+        env = {**rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"}
+        name = "trainer" if rank == 0 else f"trainer-{rank}"
+        out.append(ChildPlan(name, [*argv, "--metrics-port", str(port)], "trainer", port, env=env))
+    return out
 
 
 def model_dir_for(spec: JobSpec, run_dir: Path) -> Path:
@@ -179,6 +198,6 @@ def build_plan(
         _manager(plan),
         *(plan.worker(f"reserved-{i}", "reserved") for i in range(spec.rollout.reserved.replicas)),
         *(plan.worker(f"spot-{i}", "spot") for i in range(n_spot)),
-        _trainer(plan),
+        *_trainers(plan),
     ]
     return plan

@@ -88,36 +88,47 @@ class SpotController:
     started_at: float | None = None
     preemptions: int = 0
     events: list[str] = field(default_factory=list)
+    chaos_signal: int = signal.SIGKILL  # SIGTERM: a preemption with notice (the worker drains)
 
     @property
     def active(self) -> bool:
         return self.schedule is not None or self.chaos is not None
 
-    def tick(self, now: float) -> None:
+    def wants_status(self, now: float) -> bool:
+        """Chaos is armed: the caller should fetch a fresh manager status to find a busy victim."""
+        return self.chaos is not None and self.chaos.armed(now)
+
+    def tick(self, now: float, status: ManagerStatus | None = None) -> None:
+        """Chaos (a busy victim from `status` when given) and the trace's target size."""
         if not self.active:
             return
         if self.started_at is None:
             self.started_at = now
-        if self.chaos is not None and self.chaos.due(now):
-            victim = self.chaos.pick([c.name for c in self.sup.running(pool="spot")])
+        if self.chaos is not None and self.chaos.armed(now):
+            live = [c.name for c in self.sup.running(pool="spot")]
+            busy = {w.worker_id: w.running for w in status.workers} if status is not None else None
+            victim = self.chaos.choose(now, live, busy)
             if victim:
-                self._preempt(victim, "chaos")
+                self.chaos.fire(now)
+                self._preempt(victim, "chaos", self.chaos_signal, busy.get(victim, 0) if busy else None)
         target = self.schedule.target(now - self.started_at) if self.schedule else self.desired
         names = [c.name for c in self.sup.running(pool="spot")]
         to_kill, to_start = reconcile(names, target, self.next_index)
         for name in to_kill:
-            self._preempt(name, "trace")
+            self._preempt(name, "trace", signal.SIGKILL)
         for name in to_start:
             self.next_index += 1
             child = self.plan.worker(name, "spot")
             self.sup.start(child.name, child.argv, child.env, role=child.role, pool=child.pool)
             self.events.append(f"started {name}")
 
-    def _preempt(self, name: str, why: str) -> None:
-        self.sup.kill(name, signal.SIGKILL)
+    def _preempt(self, name: str, why: str, sig: int, running: int | None = None) -> None:
+        self.sup.kill(name, sig)
         self.preemptions += 1
-        self.events.append(f"SIGKILL {name} ({why})")
-        log.info("spot worker preempted", extra={"worker": name, "reason": why})
+        held = "" if running is None else f", {running} running"
+        self.events.append(f"{signal.Signals(sig).name} {name} ({why}{held})")
+        log.info("spot worker preempted", extra={"worker": name, "reason": why, "signal": signal.Signals(sig).name,
+                                                 "running": running})  # fmt: skip
 
 
 @dataclass
@@ -141,7 +152,10 @@ async def _get_status(stub: object, timeout: float = 2.0) -> ManagerStatus | Non
 
 
 async def _scrape_counters(url: str, names: tuple[str, ...]) -> dict[str, int]:
-    """Sum every Prometheus sample whose name contains one of `names` (e.g. the manager's tokens_lost)."""
+    """Sum every Prometheus sample whose name contains one of `names` (e.g. the manager's tokens_lost).
+
+    Labelled samples also count under `<name>:<label value>` (e.g. `migrations:stream_broken`).
+    """
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -154,9 +168,14 @@ async def _scrape_counters(url: str, names: tuple[str, ...]) -> dict[str, int]:
                 for key in names:
                     if key in sample.name and not sample.name.endswith("_created"):
                         out[key] += int(sample.value)
+                        for value in sample.labels.values():
+                            out[f"{key}:{value}"] = out.get(f"{key}:{value}", 0) + int(sample.value)
     except Exception:  # (metrics are best effort; the report then says 0)
         log.warning("could not scrape manager metrics", extra={"url": url})
     return out
+
+
+MANAGER_COUNTERS = ("tokens_lost", "tokens_regenerated", "tokens_received", "migrations_total")
 
 
 class Run:
@@ -273,13 +292,15 @@ class Run:
             self._check_interrupt()
             self._check_children()
             now = time.monotonic()
-            self.spot.tick(now)
-            self.state.progress.preemptions = self.spot.preemptions
-            if now - last_poll >= 1.0 and self.stub is not None:
+            status = None
+            # Once a second for the display; every tick while chaos waits for a worker caught mid-response.
+            if self.stub is not None and (now - last_poll >= 1.0 or self.spot.wants_status(now)):
                 last_poll = now
                 status = await _get_status(self.stub)
                 if status is not None:
                     self.state.progress.on_status(status)
+            self.spot.tick(now, status)
+            self.state.progress.preemptions = self.spot.preemptions
             self._refresh()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.state.wake.wait(), timeout=0.25)
@@ -321,7 +342,7 @@ async def _phases(run: Run) -> tuple[ManagerStatus | None, dict[str, int]]:
     if not (run.state.done and run.state.done.ok):
         return None, {}
     status = await run.settle()
-    counters = await _scrape_counters(run.plan.manager_metrics_url, ("tokens_lost", "tokens_regenerated"))
+    counters = await _scrape_counters(run.plan.manager_metrics_url, MANAGER_COUNTERS)
     return status, counters
 
 
@@ -356,7 +377,13 @@ def _make_spot_controller(
             load_trace(options.spot_trace), options.trace_time_scale, pool.min_replicas, pool.max_replicas
         )
     chaos = ChaosMonkey(options.chaos_kill_every, seed=options.seed) if options.chaos_kill_every else None
-    return SpotController(sup, plan, desired=n, schedule=schedule, chaos=chaos, next_index=n)
+    sig = signal.SIGTERM if options.chaos_signal == "TERM" else signal.SIGKILL
+    return SpotController(sup, plan, desired=n, schedule=schedule, chaos=chaos, next_index=n, chaos_signal=sig)
+
+
+def _by_label(counters: dict[str, int], name: str) -> dict[str, int]:
+    prefix = f"{name}:"
+    return {k.removeprefix(prefix): v for k, v in sorted(counters.items()) if k.startswith(prefix) and v}
 
 
 def build_report(run: Run, status: ManagerStatus | None, counters: dict[str, int], wall_s: float) -> LocalReport:
@@ -367,7 +394,8 @@ def build_report(run: Run, status: ManagerStatus | None, counters: dict[str, int
         final_weights_checksum=done.final_weights_checksum if done else "",
         preemptions=run.spot.preemptions, migrations=status.migrations if status else 0,
         tokens_lost=counters.get("tokens_lost", 0), tokens_regenerated=counters.get("tokens_regenerated", 0),
-        workers=workers_from_status(status), wall_seconds=round(wall_s, 3),
+        tokens_received=counters.get("tokens_received", 0), migrations_by_reason=_by_label(counters, "migrations_total"),
+        spot_events=list(run.spot.events), workers=workers_from_status(status), wall_seconds=round(wall_s, 3),
     )  # fmt: skip
 
 
@@ -379,7 +407,8 @@ def _print_summary(console: Console, report: LocalReport, plot: Path | None, jso
     )
     console.print(
         f"done: {len(report.steps)} steps in {report.wall_seconds:.0f}s, reward {first:.3f} -> {last:.3f}, "
-        f"preemptions {report.preemptions}, migrations {report.migrations}, tokens lost {report.tokens_lost}"
+        f"preemptions {report.preemptions}, migrations {report.migrations}, tokens lost {report.tokens_lost}, "
+        f"tokens regenerated {report.tokens_regenerated}"
     )
     console.print(f"final weights checksum: {report.final_weights_checksum or '(none)'}")
     for what, path in (("reward plot", plot), ("json report", json_report)):

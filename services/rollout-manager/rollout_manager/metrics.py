@@ -15,6 +15,11 @@ LEASE_EXPIRIES = Counter("rlboost_manager_lease_expiries_total", "Workers whose 
 STALE_CHUNKS = Counter("rlboost_manager_stale_chunks_total", "Chunks discarded: stale lease epoch or unknown request")
 REJECTED_CHUNKS = Counter("rlboost_manager_rejected_chunks_total", "Chunks rejected", ["reason"])
 TOKENS_LOST = Counter("rlboost_manager_tokens_lost_total", "Tokens received but not kept (offset gaps)")
+TOKENS_REGENERATED = Counter(
+    "rlboost_manager_tokens_regenerated_total",
+    "Tokens received again for response positions already held (a continuation that restarted too early)",
+)
+TOKENS_PER_S = Gauge("rlboost_manager_tokens_per_second", "Response tokens received per second", ["pool"])
 TRAJECTORIES = Counter("rlboost_manager_trajectories_total", "Finished trajectories delivered to the trainer")
 REVOKES = Counter("rlboost_manager_revokes_total", "Requests revoked from workers", ["reason"])
 PREEMPTION_NOTICES = Counter("rlboost_manager_preemption_notices_total", "Preemption notices received", ["result"])

@@ -13,6 +13,7 @@ is not the request's current lease are stale and discarded, so a zombie never du
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -38,6 +39,12 @@ from rlboost.wire.rollout_io import (
 from . import metrics
 
 log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _tokens_received(pool: str):
+    """The pool's labelled token counter; `labels()` costs more than the increment on the per-chunk path."""
+    return metrics.TOKENS_RECEIVED.labels(pool)
 
 
 class Phase(StrEnum):
@@ -123,6 +130,8 @@ class ManagerState:
         self.finished = 0
         self.migrations = 0
         self.tokens_received = 0
+        self._pool_tokens: Counter[str] = Counter()  # tokens received per pool (for the tokens/s gauge)
+        self._rate_mark: tuple[float, Counter[str]] | None = None
 
     # ---- effects -----------------------------------------------------------------------------------
 
@@ -259,8 +268,13 @@ class ManagerState:
         if w is None:
             metrics.STALE_CHUNKS.inc(len(chunks))
             return
+        before = self.tokens_received
         for c in chunks:
             self._on_chunk(w, c, now)
+        if n := self.tokens_received - before:  # metrics once per batch: a labelled inc() costs more than a chunk
+            pool = w.reg.pool.value
+            self._pool_tokens[pool] += n
+            _tokens_received(pool).inc(n)
 
     def _on_chunk(self, w: Worker, c: TokenChunk, now: float) -> None:
         req = self.requests.get(c.request_id)
@@ -270,6 +284,8 @@ class ManagerState:
         # "abort": the worker stopped it (revoke, drain) and sent every token it made; `finished` may be either
         aborted = c.finish_reason == "abort"
         if c.offset != len(req.tokens):
+            if c.offset < len(req.tokens):  # positions we already hold were generated a second time
+                metrics.TOKENS_REGENERATED.inc(min(len(c.token_ids), len(req.tokens) - c.offset))
             metrics.REJECTED_CHUNKS.labels("offset").inc()
             metrics.TOKENS_LOST.inc(len(c.token_ids))
             log.warning("chunk offset gap", extra={"request_id": req.id, "offset": c.offset, "held": len(req.tokens)})
@@ -297,8 +313,7 @@ class ManagerState:
         req.logprobs.extend(c.logprobs)
         n = len(c.token_ids)
         w.tokens_generated += n
-        self.tokens_received += n
-        metrics.TOKENS_RECEIVED.labels(w.reg.pool.value).inc(n)
+        self.tokens_received += n  # on_chunks updates the per-pool metrics from this, once per batch
 
     # ---- transitions -------------------------------------------------------------------------------
 
@@ -392,7 +407,7 @@ class ManagerState:
         for rid in late:  # the worker never flushed: the epoch fences whatever it still sends
             req = self.requests[rid]
             self._migrate(req, req.revoke_reason, now)
-        self._update_gauges()
+        self._update_gauges(now)
 
     def _expire(self, w: Worker, now: float) -> None:
         w.expired = True
@@ -412,6 +427,8 @@ class ManagerState:
                 groups.setdefault(w.version, []).append(w)
         moved = 0
         for version, members in groups.items():
+            if self._pending_count[version] > 0 or len(members) < 2:
+                continue  # plan_rebalance moves nothing then: skip building a view of every running request
             views = [
                 BalanceWorker(
                     w.id,
@@ -499,6 +516,9 @@ class ManagerState:
         pending = {v for v, c in self._pending_count.items() if c > 0}
         if not pending:
             return
+        target = max(pending)
+        if not any(w.version < target and w.requested_version < target for ws in by_version.values() for w in ws):
+            return  # nobody would move (the common case): skip building a view of every worker on each pass
         busy = pending | {v for v, c in self._held_count.items() if c > 0}
         views = [VersionView(w.id, w.version, w.requested_version) for ws in by_version.values() for w in ws]
         for wid, version in version_moves(views, pending, busy):
@@ -541,7 +561,14 @@ class ManagerState:
             tokens_received=self.tokens_received,
         )
 
-    def _update_gauges(self) -> None:
+    def _update_gauges(self, now: float) -> None:
+        mark = self._rate_mark
+        if mark is None or now - mark[0] >= 1.0:  # tokens/s per pool over the last second or so
+            if mark is not None:
+                for pool in Pool:
+                    rate = (self._pool_tokens[pool.value] - mark[1][pool.value]) / (now - mark[0])
+                    metrics.TOKENS_PER_S.labels(pool.value).set(rate)
+            self._rate_mark = (now, Counter(self._pool_tokens))
         pools = Counter(w.reg.pool.value for w in self.workers.values())
         for pool in Pool:
             metrics.WORKERS.labels(pool.value).set(pools.get(pool.value, 0))
