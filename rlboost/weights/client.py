@@ -117,11 +117,23 @@ class WeightClient:
     async def manifest(self, version: int) -> Manifest:
         return Manifest.model_validate_json((await self._get(f"/versions/{version}/manifest")).content)
 
-    async def sync_plan(self, from_version: int | None, to_version: int | None = None) -> list[Manifest]:
-        """Manifests to apply in order to go from `from_version` (None: nothing held) to `to_version` (None: latest)."""
+    async def sync_plan(
+        self, from_version: int | None, to_version: int | None = None, compact: bool = True
+    ) -> list[Manifest]:
+        """Manifests to apply in order to go from `from_version` (None: nothing held) to `to_version` (None: latest).
+
+        The server picks the fewest bytes among the delta chain, a compacted delta (when `compact`),
+        and the full snapshot + deltas; a manifest's `sync_path` says which kind of payload it is.
+        """
         params = {k: str(v) for k, v in (("from", from_version), ("to", to_version)) if v is not None}
+        if not compact:
+            params["compact"] = "0"
         resp = await self._get("/sync", params=params)
         return [Manifest.model_validate(m) for m in resp.json()]
+
+    async def compacted(self, base: int, version: int) -> Manifest:
+        """The manifest of the server's compacted base->version delta (built on first request)."""
+        return Manifest.model_validate_json((await self._get(f"/compacted/{base}/{version}/manifest")).content)
 
     async def wait_for_version(self, version: int, timeout: float, interval: float = 0.1) -> VersionList:
         """Poll until the latest version is >= `version`; TimeoutError after `timeout` seconds."""
@@ -148,7 +160,7 @@ class WeightClient:
 
         async def one(chunk: ChunkInfo) -> None:
             async with gate:
-                await self._fetch_chunk(m.version, chunk, buf, stats)
+                await self._fetch_chunk(m, chunk, buf, stats)
 
         await asyncio.gather(*(one(c) for c in m.chunks))
         if hashlib.sha256(buf).hexdigest() != m.sha256:
@@ -156,7 +168,7 @@ class WeightClient:
         stats.bytes, stats.seconds = len(buf), time.monotonic() - started
         return bytes(buf)
 
-    async def _fetch_chunk(self, version: int, chunk: ChunkInfo, buf: bytearray, stats: PullStats) -> None:
+    async def _fetch_chunk(self, m: Manifest, chunk: ChunkInfo, buf: bytearray, stats: PullStats) -> None:
         held = [0]  # bytes of this chunk already in buf, updated as they arrive; a retry resumes after them
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.retries),
@@ -171,25 +183,26 @@ class WeightClient:
                         stats.retries += 1
                         if held[0]:
                             stats.resumed_offsets.append(chunk.offset + held[0])
-                    await self._fetch_from(version, chunk, buf, held, stats)
+                    await self._fetch_from(m, chunk, buf, held, stats)
                     view = memoryview(buf)[chunk.offset : chunk.offset + chunk.length]
                     if hashlib.sha256(view).hexdigest() != chunk.sha256:
                         held[0] = 0
                         raise _RetryableError(f"chunk {chunk.index} sha256 mismatch")
         except _RetryableError as err:
             raise WeightServerError(
-                0, f"version {version} chunk {chunk.index}: gave up after {self.retries} tries ({err})"
+                0,
+                f"version {m.version} ({m.sync_path}) chunk {chunk.index}: gave up after {self.retries} tries ({err})",
             ) from None
 
     async def _fetch_from(
-        self, version: int, chunk: ChunkInfo, buf: bytearray, held: list[int], stats: PullStats
+        self, m: Manifest, chunk: ChunkInfo, buf: bytearray, held: list[int], stats: PullStats
     ) -> None:
         """Fetch the chunk's bytes after the `held[0]` already received into buf, advancing `held[0]`."""
         start, end = chunk.offset + held[0], chunk.offset + chunk.length - 1
         if start > end:
             return
         stats.requests += 1
-        path = f"{API_PREFIX}/versions/{version}/payload"
+        path = API_PREFIX + m.payload_path
         try:
             async with self._http.stream("GET", path, headers={"Range": f"bytes={start}-{end}"}) as resp:
                 if resp.status_code >= 500:

@@ -4,6 +4,9 @@ Routes (all under the weight-server's base URL):
   GET  /v1/versions                     -> VersionList
   GET  /v1/versions/{v}/manifest        -> Manifest
   GET  /v1/versions/{v}/payload         -> bytes (HTTP Range supported; chunks per manifest)
+  GET  /v1/sync?from=A&to=B             -> list[Manifest]: what a worker at A applies, in order, to reach B
+  GET  /v1/compacted/{a}/{b}/manifest   -> Manifest of the a->b delta composed from the chain (built on request)
+  GET  /v1/compacted/{a}/{b}/payload    -> its bytes (HTTP Range supported)
   PUT  /v1/versions/{v}                 <- payload bytes; headers below; needs `Authorization: Bearer <token>`
   GET  /healthz, GET /metrics
 """
@@ -40,6 +43,23 @@ class Manifest(BaseModel):
     chunk_bytes: int = Field(description="Chunk size (the last chunk may be shorter).")
     chunks: list[ChunkInfo] = Field(default_factory=list, description="Chunks, in order.")
     created_at: float = Field(0.0, description="Unix time of the upload.")
+    compacted: bool = Field(
+        False,
+        description="A delta base_version->version composed on the server from the chain; its payload is at "
+        "/v1/compacted/{base_version}/{version}/payload instead of /v1/versions/{version}/payload.",
+    )
+
+    @property
+    def payload_path(self) -> str:
+        """The payload's route under API_PREFIX."""
+        if self.compacted:
+            return f"/compacted/{self.base_version}/{self.version}/payload"
+        return f"/versions/{self.version}/payload"
+
+    @property
+    def sync_path(self) -> str:
+        """How this payload moves a worker: 'full', 'delta' (a stored version) or 'compacted'."""
+        return "compacted" if self.compacted else self.kind
 
 
 class VersionList(BaseModel):

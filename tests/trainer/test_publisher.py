@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from trainer.publisher import WeightPublisher, publish_state
 
@@ -48,3 +49,92 @@ async def test_uploaded_payload_checksum_equals_checksum_of_bf16_cast(tmp_path):
             assert second.checksum != want
             assert (await client.versions()).versions == [0, 1]
             assert state_checksum(state_from_bytes(await client.pull(1))) == second.checksum
+
+
+# ---- delta mode ---------------------------------------------------------------------------------
+def _rl_step(state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    """fp32 master weights moved by Adam-sized steps: only a few bf16 elements change."""
+    g = torch.Generator().manual_seed(seed)
+    return {k: (v + torch.randn(v.shape, generator=g) * 3e-5 if v.is_floating_point() else v) for k, v in state.items()}
+
+
+def _big_state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return {"w": torch.randn(256, 256, generator=g), "b": torch.randn(256, generator=g), "n": torch.arange(4)}
+
+
+async def _replay(client: WeightClient, upto: int) -> dict[str, torch.Tensor]:
+    """Rebuild version `upto` from the server's own plan with the real codec (what a worker does)."""
+    import rlboost.delta as rd
+
+    state: dict[str, torch.Tensor] = {}
+    for m in await client.sync_plan(None, upto, compact=False):
+        payload = await client.pull(m)
+        state = state_from_bytes(payload) if m.kind == "full" else rd.apply(state, payload)
+    return state
+
+
+async def test_delta_mode_uploads_deltas_between_periodic_snapshots(tmp_path):
+    from tests.weight_server.servers import TOKEN as WS_TOKEN
+    from tests.weight_server.servers import ThreadServer
+
+    with ThreadServer(tmp_path / "ws") as ws:
+        async with WeightClient(ws.url, token=WS_TOKEN) as client:
+            pub = WeightPublisher(client, mode="delta", full_every=3)
+            state, kinds = _big_state(), []
+            for v in range(5):
+                out = await pub.publish(v, state)
+                kinds.append((out.kind, out.base_version))
+                manifest = await client.manifest(v)
+                assert (manifest.kind, manifest.base_version, manifest.checksum) == (
+                    out.kind,
+                    out.base_version,
+                    out.checksum,
+                )
+                assert state_checksum(await _replay(client, v)) == out.checksum  # bit-exact through the chain
+                if out.kind == "delta":
+                    assert out.nbytes < 0.2 * (256 * 256 * 2)
+                state = _rl_step(state, v)
+            assert kinds == [("full", None), ("delta", 0), ("delta", 1), ("full", None), ("delta", 3)]
+
+
+async def test_full_mode_and_a_lost_base_upload_snapshots(tmp_path):
+    from tests.weight_server.servers import TOKEN as WS_TOKEN
+    from tests.weight_server.servers import ThreadServer
+
+    state = _big_state()
+    with ThreadServer(tmp_path / "a") as ws:
+        async with WeightClient(ws.url, token=WS_TOKEN) as client:
+            full = WeightPublisher(client, mode="full")
+            assert [(await full.publish(v, _rl_step(state, v))).kind for v in range(2)] == ["full", "full"]
+    # The trainer's last published version is 0, but a fresh weight-server does not hold it: the delta
+    # for version 1 is refused (base_version) and re-sent as a snapshot.
+    with ThreadServer(tmp_path / "b") as ws:
+        async with WeightClient(ws.url, token=WS_TOKEN) as client:
+            pub = WeightPublisher(client)
+            pub.last_state = publish_state(state)
+            pub.last = type(full.last)(0, "x", "full", 0, 0.0, True)
+            out = await pub.publish(1, _rl_step(state, 1))
+            assert out.kind == "full" and (await client.manifest(1)).kind == "full"
+
+
+async def test_overlap_returns_before_the_upload_and_flush_waits_for_it(tmp_path):
+    """With overlap the next version is encoded while the previous one uploads; flush surfaces the upload."""
+    from tests.weight_server.servers import TOKEN as WS_TOKEN
+    from tests.weight_server.servers import ThreadServer
+
+    with ThreadServer(tmp_path / "ws") as ws:
+        async with WeightClient(ws.url, token=WS_TOKEN) as client, WeightPublisher(client, overlap=True) as pub:
+            state = _big_state()
+            for v in range(3):
+                out = await pub.publish(v, state)
+                state = _rl_step(state, v)
+            await pub.flush()
+            assert out.upload_seconds > 0 and out.kind == "delta"
+            assert (await client.versions()).versions == [0, 1, 2]
+            assert state_checksum(await _replay(client, 2)) == out.checksum
+        async with WeightClient(ws.url, token="wrong") as bad:
+            pub = WeightPublisher(bad, overlap=True)
+            await pub.publish(3, state)  # returns: the refusal surfaces on flush
+            with pytest.raises(Exception, match="Bearer"):
+                await pub.flush()

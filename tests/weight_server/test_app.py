@@ -126,8 +126,8 @@ def test_metrics_count_uploads_bytes_and_ranges(client) -> None:
     client.get("/v1/versions/1/payload")
     text = client.get("/metrics").text
     assert 'rlboost_weights_uploads_total{kind="delta"} 1.0' in text
-    assert 'rlboost_weights_bytes_served_total{kind="full"} 100.0' in text
-    assert 'rlboost_weights_bytes_served_total{kind="delta"} 10.0' in text
+    assert 'rlboost_weights_bytes_served_total{path="full"} 100.0' in text
+    assert 'rlboost_weights_bytes_served_total{path="delta"} 10.0' in text
     assert "rlboost_weights_range_requests_total 1.0" in text
     assert "rlboost_weights_versions_held 2.0" in text
     assert "rlboost_weights_bytes_on_disk 1010.0" in text

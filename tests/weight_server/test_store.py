@@ -107,3 +107,81 @@ def test_sync_plan_prefers_fewer_bytes(tmp_path) -> None:
         with pytest.raises(StoreError) as err:
             store.sync_plan(a, b)
         assert (err.value.status, err.value.field) == (status, field)
+
+
+# ---- compacted deltas (real rlboost.delta payloads) -------------------------------------------------
+def _put_chain(store: VersionStore, states, full_at=(0,)):
+    from rlboost.weights.safetensors_io import state_to_bytes
+    from tests.weight_server.states import checksum, delta
+
+    for v, s in enumerate(states):
+        up = store.begin_upload(
+            v, "full" if v in full_at else "delta", checksum(s), base_version=None if v in full_at else v - 1
+        )
+        up.write(state_to_bytes(s) if v in full_at else delta(states, v - 1, v))
+        up.commit()
+
+
+def test_sync_plan_serves_a_compacted_delta_that_applies_bit_exactly(tmp_path) -> None:
+    import rlboost.delta as rd
+    from tests.weight_server.states import chain, checksum
+
+    states = chain(6)
+    store = VersionStore(tmp_path, 4096, 50)
+    _put_chain(store, states)
+    plan = store.sync_plan(1, 5)
+    chain_bytes = sum(store.manifest(v).total_bytes for v in range(2, 6))
+    assert [(m.base_version, m.version, m.compacted, m.sync_path) for m in plan] == [(1, 5, True, "compacted")]
+    assert plan[0].total_bytes < chain_bytes and plan[0].checksum == checksum(states[5])
+    out = rd.apply(states[1], (tmp_path / "compacted" / "1-5" / "payload").read_bytes())
+    assert checksum(out) == checksum(states[5])
+    # A new worker: the snapshot followed by one compacted delta, not the snapshot and five deltas.
+    assert [(m.kind, m.version, m.compacted) for m in store.sync_plan(None, 5)] == [
+        ("full", 0, False),
+        ("delta", 5, True),
+    ]
+    assert [m.version for m in store.sync_plan(1, 5, compact=False)] == [2, 3, 4, 5]
+    assert [m.compacted for m in store.sync_plan(4, 5)] == [False]  # one delta: nothing to compact
+    # Cached on disk: a restarted store serves the same manifest without composing again.
+    again = VersionStore(tmp_path, 4096, 50)
+    assert again.compacted_count() == 2 and again.compacted(1, 5) == plan[0]
+
+
+def test_compacted_requests_that_make_no_chain_are_refused(tmp_path) -> None:
+    from tests.weight_server.states import chain
+
+    store = VersionStore(tmp_path, 4096, 50)
+    _put_chain(store, chain(5), full_at=(0, 3))
+    for a, b, status in [(1, 4, 404), (2, 2, 422), (0, 9, 404)]:
+        with pytest.raises(StoreError) as err:
+            store.compacted(a, b)
+        assert err.value.status == status, (a, b)
+    assert [m.version for m in store.sync_plan(1, 4)] == [3, 4]  # crosses the snapshot: snapshot path
+
+
+def test_retention_drops_compacted_deltas_with_their_versions_and_keeps_chains_valid(tmp_path) -> None:
+    from tests.weight_server.states import chain
+
+    states = chain(10)
+    store = VersionStore(tmp_path, 4096, retain_versions=2)
+    _put_chain(store, states[:5], full_at=(0, 4))
+    assert store.versions() == [0, 1, 2, 3, 4]  # 3 is among the newest two and chains back to 0
+    _put_chain_from(store, states, 5, 7)
+    assert store.versions() == [4, 5, 6]  # newest two and the snapshot they chain to
+    assert store.compacted(4, 6).base_version == 4 and store.compacted_count() == 1
+    assert [m.version for m in store.sync_plan(None, 6)] == [4, 6]  # snapshot + compacted 4->6
+    _put_chain_from(store, states, 7, 10, full_at=(7,))
+    assert store.versions() == [7, 8, 9]
+    assert store.compacted_count() == 0 and not any((tmp_path / "compacted").iterdir())
+    assert [m.version for m in store.sync_plan(None, 9)] == [7, 9]  # still reachable, from the new snapshot
+
+
+def _put_chain_from(store: VersionStore, states, start: int, stop: int, full_at=()) -> None:
+    from rlboost.weights.safetensors_io import state_to_bytes
+    from tests.weight_server.states import checksum, delta
+
+    for v in range(start, stop):
+        full = v in full_at
+        up = store.begin_upload(v, "full" if full else "delta", checksum(states[v]), None if full else v - 1)
+        up.write(state_to_bytes(states[v]) if full else delta(states, v - 1, v))
+        up.commit()

@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--capacity", type=int, default=int(env_default("capacity", 0)), help="max concurrent requests (0 = spec)"
     )
-    p.add_argument("--engine", default=env_default("engine", ""), choices=["", "torch"], help="engine ('' = spec)")
+    p.add_argument("--engine", default=env_default("engine", ""), choices=["", "torch", "sglang"], help="engine ('' = spec)")
     p.add_argument(
         "--dtype", default=env_default("dtype", "float32"), choices=["float32", "bfloat16"], help="compute dtype"
     )
@@ -117,11 +117,12 @@ async def _amain(args: argparse.Namespace) -> int:
 
 
 def _make_engine(name: str, capacity: int, args: argparse.Namespace):
-    if name != "torch":
-        raise SystemExit(f"{PROG}: --engine: '{name}' is not available in this worker yet; use 'torch'")
-    from rollout_worker.engine.torch_engine import TorchEngine
+    from rollout_worker.engine import make_engine
 
-    return TorchEngine(capacity=capacity, dtype=args.dtype, device=args.device)
+    try:
+        return make_engine(name, capacity=capacity, dtype=args.dtype, device=args.device)
+    except ValueError as err:
+        raise SystemExit(f"{PROG}: --engine: {err}") from None
 
 
 def _stop_early_on_sigterm() -> None:

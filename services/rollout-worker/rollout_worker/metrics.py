@@ -17,8 +17,30 @@ PULL_SECONDS = Histogram(
     "Seconds to pull and verify one weight version.",
     buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120),
 )
-PULL_BYTES = Counter("rlboost_worker_weight_pull_bytes_total", "Weight payload bytes pulled from the weight-server.")
+PULL_BYTES = Counter(
+    "rlboost_worker_weight_pull_bytes_total",
+    "Weight payload bytes pulled from the weight-server, by sync path (full, delta, compacted).",
+    ["path"],
+)
+VERSION_BYTES = Gauge(
+    "rlboost_worker_weight_version_pull_bytes",
+    "Bytes pulled to reach the version held (rlboost_worker_weight_pulled_version), by sync path.",
+    ["path"],
+)
+PULLED_VERSION = Gauge("rlboost_worker_weight_pulled_version", "Last weight version pulled and verified.")
+APPLY_SECONDS = Histogram(
+    "rlboost_worker_weight_apply_seconds",
+    "Seconds to decode or apply one payload (full snapshot, delta or compacted delta), by sync path.",
+    ["path"],
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30),
+)
 CHECKSUM_MISMATCHES = Counter(
     "rlboost_worker_weight_checksum_mismatches_total", "Pulled states whose checksum did not match."
+)
+DELTA_REJECTED = Counter(
+    "rlboost_worker_weight_deltas_rejected_total", "Deltas refused before any write (corrupt, wrong base or shape)."
+)
+FALLBACKS = Counter(
+    "rlboost_worker_weight_full_fallbacks_total", "Pulls that fell back to the full snapshot after a failure."
 )
 CONNECTS = Counter("rlboost_worker_manager_connects_total", "Connect streams opened to the rollout-manager.")

@@ -1,10 +1,18 @@
 """Pulling weight versions from the weight-server and verifying them bit for bit.
 
-`WeightPuller.pull(version)` fetches a version's payload (rlboost.weights.client.WeightClient: HTTP Range,
-several streams), decodes it into a state dict, and checks `state_checksum(state)` against the manifest;
-on a mismatch it refetches the full snapshot once, then gives up with WeightsError. The weight-server's sync plan
-(`GET /v1/sync?from=held&to=version`) says what to fetch: a full snapshot now; `_apply_delta` is the hook
-for sparse deltas (another issue).
+`WeightPuller.pull(version)` asks the weight-server for a sync plan (`GET /v1/sync?from=held&to=version`:
+the fewest bytes of the delta chain, a compacted delta, or a full snapshot + deltas), fetches each payload
+(rlboost.weights.client.WeightClient: HTTP Range over several streams, resuming a dropped connection) while
+the previous one is applied, and applies it:
+
+- a full snapshot is decoded into a fresh state;
+- a delta is applied in place to the state held (rlboost.delta.apply_: the whole delta is validated against
+  the base, names, shapes, dtypes and per-tensor checksums, before the first write, and the targets are
+  re-hashed after it, so a corrupt or wrong-base delta never leaves half-applied weights).
+
+Then the whole-state checksum must equal the manifest's. On a DeltaError, a bad payload or a checksum
+mismatch the puller refetches the full snapshot (+ deltas) once; if that fails too it raises WeightsError.
+The state it returns may be updated in place by later pulls: engines copy it into their own parameters.
 """
 
 from __future__ import annotations
@@ -13,8 +21,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from rollout_worker import metrics
 
@@ -28,6 +36,10 @@ class WeightsError(RuntimeError):
     """A version could not be pulled or verified; the message says which and why."""
 
 
+class _BadPayloadError(Exception):
+    """A payload that would not decode or apply (DeltaError, malformed safetensors): worth a full refetch."""
+
+
 @dataclass
 class PulledWeights:
     version: int
@@ -35,12 +47,14 @@ class PulledWeights:
     checksum: str  # verified equal to the manifest's
     nbytes: int  # payload bytes transferred
     seconds: float
+    paths: dict[str, int] = field(default_factory=dict)  # bytes pulled per sync path: full, delta, compacted
+    fallback: bool = False  # the plan failed and the full snapshot was fetched instead
 
 
 class WeightPuller:
     """Pulls versions through a WeightClient (async); `held` is the last verified state, the base for deltas."""
 
-    def __init__(self, client: object) -> None:
+    def __init__(self, client: Any) -> None:
         self.client = client
         self.held: PulledWeights | None = None
 
@@ -63,51 +77,100 @@ class WeightPuller:
             delay = min(delay * 2, 1.0)
 
     async def pull(self, version: int) -> PulledWeights:
-        """Fetch, decode and verify `version`; refetch the full snapshot once if the checksum differs."""
+        """Fetch, apply and verify `version`; on a bad delta or checksum mismatch refetch the full snapshot once."""
         start = time.monotonic()
         base = self.held.version if self.held is not None else None
         plan = await self.client.sync_plan(base, version)
         if not plan:
+            if self.held is not None and base == version:
+                return self.held
             raise WeightsError(f"weight version {version}: the weight-server offers no way to reach it from {base}")
-        target = plan[-1]
-        state, nbytes = await self._follow(plan)
-        checksum = await asyncio.to_thread(_checksum, state)
-        if checksum != target.checksum:
-            metrics.CHECKSUM_MISMATCHES.inc()
-            log.warning("checksum mismatch; refetching the full snapshot", extra={"weight_version": version})
-            state, more = await self._follow(await self.client.sync_plan(None, version))
-            nbytes += more
+        paths: dict[str, int] = {}
+        fallback = False
+        try:
+            state = await self._follow(plan, paths, self.held.state if self.held is not None else None)
             checksum = await asyncio.to_thread(_checksum, state)
-            if checksum != target.checksum:
+            if checksum != plan[-1].checksum:
                 metrics.CHECKSUM_MISMATCHES.inc()
-                raise WeightsError(
-                    f"weight version {version}: checksum {checksum[:12]} != manifest {target.checksum[:12]} "
-                    "after a full refetch"
-                )
-        pulled = PulledWeights(version, state, checksum, nbytes, time.monotonic() - start)
-        metrics.PULL_SECONDS.observe(pulled.seconds)
-        metrics.PULL_BYTES.inc(nbytes)
+                raise _BadPayloadError(f"checksum {checksum[:12]} != manifest {plan[-1].checksum[:12]}")
+        except _BadPayloadError as err:
+            fallback = True
+            metrics.FALLBACKS.inc()
+            log.warning(
+                "weight update failed verification; refetching the full snapshot",
+                extra={"weight_version": version, "from_version": base, "error": str(err)},
+            )
+            self.held = None  # the held state may have been changed by a delta that applied before the failure
+            state, checksum = await self._full(version, paths)
+        nbytes = sum(paths.values())
+        pulled = PulledWeights(version, state, checksum, nbytes, time.monotonic() - start, paths, fallback)
+        self._record(pulled, plan)
         self.held = pulled
-        log.info(
-            "pulled weights",
-            extra={"weight_version": version, "bytes": nbytes, "seconds": round(pulled.seconds, 3), "steps": len(plan)},
-        )
         return pulled
 
-    async def _follow(self, plan: list) -> tuple[dict[str, torch.Tensor], int]:
-        """Apply a sync plan (manifests in order: a full snapshot and/or deltas) to the state held."""
-        state = self.held.state if self.held is not None else None
-        nbytes = 0
-        for m in plan:
-            payload = await self.client.pull(m)
-            nbytes += len(payload)
-            if m.kind == "full":
-                state = await asyncio.to_thread(_state_from_bytes, payload)
-            elif state is None:
-                raise WeightsError(f"weight version {m.version}: a delta from {m.base_version} but no state is held")
-            else:
-                state = await asyncio.to_thread(_apply_delta, state, payload)
-        return state, nbytes
+    async def _full(self, version: int, paths: dict[str, int]) -> tuple[dict[str, torch.Tensor], str]:
+        """The snapshot path (no compaction), from nothing held; WeightsError when even that does not verify."""
+        plan = await self.client.sync_plan(None, version, compact=False)
+        try:
+            state = await self._follow(plan, paths, None)
+        except _BadPayloadError as err:
+            raise WeightsError(f"weight version {version}: the full snapshot does not apply either ({err})") from None
+        checksum = await asyncio.to_thread(_checksum, state)
+        if checksum != plan[-1].checksum:
+            metrics.CHECKSUM_MISMATCHES.inc()
+            raise WeightsError(
+                f"weight version {version}: checksum {checksum[:12]} != manifest {plan[-1].checksum[:12]} "
+                "after a full refetch"
+            )
+        return state, checksum
+
+    async def _follow(
+        self, plan: list, paths: dict[str, int], state: dict[str, torch.Tensor] | None
+    ) -> dict[str, torch.Tensor]:
+        """Apply a sync plan (manifests in order: a full snapshot and/or deltas) to `state`; the next payload
+        downloads while the current one is applied."""
+        fetch = asyncio.ensure_future(self.client.pull(plan[0]))
+        try:
+            for i, m in enumerate(plan):
+                payload = await fetch
+                if i + 1 < len(plan):
+                    fetch = asyncio.ensure_future(self.client.pull(plan[i + 1]))
+                path = m.sync_path
+                paths[path] = paths.get(path, 0) + len(payload)
+                metrics.PULL_BYTES.labels(path).inc(len(payload))
+                state = await self._apply(m, state, payload)
+        finally:
+            if not fetch.done():
+                fetch.cancel()
+        assert state is not None
+        return state
+
+    async def _apply(self, m: Any, state: dict[str, torch.Tensor] | None, payload: bytes) -> dict[str, torch.Tensor]:
+        t0 = time.monotonic()
+        if m.kind == "full":
+            try:
+                out = await asyncio.to_thread(_state_from_bytes, payload)
+            except ValueError as err:
+                raise _BadPayloadError(f"version {m.version} snapshot: {err}") from None
+        elif state is None:
+            raise _BadPayloadError(f"version {m.version}: a delta from {m.base_version} but no state is held")
+        else:
+            await asyncio.to_thread(_apply_delta, state, payload)
+            out = state
+        metrics.APPLY_SECONDS.labels(m.sync_path).observe(time.monotonic() - t0)
+        return out
+
+    def _record(self, pulled: PulledWeights, plan: list) -> None:
+        metrics.PULL_SECONDS.observe(pulled.seconds)
+        metrics.PULLED_VERSION.set(pulled.version)
+        for path in ("full", "delta", "compacted"):
+            metrics.VERSION_BYTES.labels(path).set(pulled.paths.get(path, 0))
+        log.info(
+            "pulled weights",
+            extra={"weight_version": pulled.version, "checksum": pulled.checksum, "bytes": pulled.nbytes,
+                   "paths": pulled.paths, "fallback": pulled.fallback, "seconds": round(pulled.seconds, 3),
+                   "steps": len(plan)},
+        )  # fmt: skip
 
 
 def _checksum(state: Mapping[str, torch.Tensor]) -> str:
@@ -122,10 +185,13 @@ def _state_from_bytes(payload: bytes) -> dict[str, torch.Tensor]:
     return state_from_bytes(payload)
 
 
-def _apply_delta(base: Mapping[str, torch.Tensor], payload: bytes) -> dict[str, torch.Tensor]:
-    """Hook for sparse bit-exact deltas (the delta issue): decode `payload` and apply it to a copy of `base`."""
+def _apply_delta(state: Mapping[str, torch.Tensor], payload: bytes) -> None:
+    """Apply a sparse bit-exact delta in place; validated before the first write, so a DeltaError leaves
+    `state` exactly as it was."""
+    import rlboost.delta as rd
+
     try:
-        from rlboost.weights.delta import apply_delta  # lands with the delta codec
-    except ImportError:
-        raise WeightsError("this worker cannot apply weight deltas yet (rlboost.weights.delta is missing)") from None
-    return apply_delta(base, payload)
+        rd.apply_(state, payload)
+    except rd.DeltaError as err:
+        metrics.DELTA_REJECTED.inc()
+        raise _BadPayloadError(f"delta refused: {err}") from None

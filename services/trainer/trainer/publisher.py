@@ -1,22 +1,32 @@
-"""Publish the trainer's weights: bf16 snapshot, checksum, upload to the weight-server.
+"""Publish the trainer's weights: bf16 state, checksum, a sparse delta or a full snapshot, upload.
 
 The weight-server announces each uploaded version on NATS itself, so nothing is announced here.
 Version v's checksum is `state_checksum` of the bf16 state (canonical order), the state a worker must
-reproduce bit for bit. CPU-heavy work (cast, checksum, serialisation) runs in a thread so the event loop
-keeps serving the gRPC stream and NATS.
+reproduce bit for bit.
 
-Full snapshots for every version for now; a sparse-delta path against `self.last_state` plugs into
-`_encode` (the previous published bf16 state is kept for that reason).
+weightSync.mode `delta` (the default): version 0, every `full_every`-th version and any version with no
+usable base are full safetensors snapshots; every other version is `rlboost.delta.encode(last published
+bf16 state, new bf16 state)` (bit-exact, ~1-2 B per changed element). A delta that is nearly as large as
+the state itself is sent as a snapshot instead, and a delta whose base the server no longer holds is
+re-sent as a snapshot. Mode `full` uploads a snapshot per version.
+
+Pipelining: the bf16 cast runs in a thread, then checksum and encode run concurrently in two threads;
+version v+1 is encoded while version v's upload still streams (uploads stay in version order, since a
+delta's base must be on the server first). With `overlap=True`, `publish` returns as soon as the version
+is encoded and the upload continues in the background, so the next step's rollout request goes out
+meanwhile (the manager only assigns it to workers that hold the version, which they pull once the
+weight-server announces it); `flush()` waits for it and re-raises its error. The event loop never blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -24,6 +34,10 @@ from rlboost.weights.checksum import state_checksum
 from rlboost.weights.safetensors_io import state_to_bytes, to_publish_dtype
 
 log = logging.getLogger(__name__)
+
+# A delta above this fraction of the dense state's bytes is uploaded as a full snapshot instead:
+# nearly the same bytes, and it restarts the chain so later syncs read less.
+DELTA_MAX_FRACTION = 0.8
 
 
 class WeightUploader(Protocol):
@@ -40,33 +54,77 @@ class WeightUploader(Protocol):
 class Published:
     version: int
     checksum: str
-    kind: str
-    nbytes: int
-    seconds: float
+    kind: str  # 'full' or 'delta'
+    nbytes: int  # payload bytes (sent, or being sent with overlap)
+    seconds: float  # cast + checksum + encode (+ upload unless overlapped)
     uploaded: bool  # False when the weight-server already held the version
+    base_version: int | None = None  # for deltas
+    encode_seconds: float = 0.0
+    upload_seconds: float = 0.0  # 0 while an overlapped upload is still in flight
+
+
+@dataclass
+class _Encoded:
+    bf16: dict[str, torch.Tensor]
+    checksum: str
+    kind: str
+    payload: bytes
+    base_version: int | None
+    seconds: float
 
 
 def publish_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The published copy of a state: floating tensors cast to bf16 (others kept), contiguous on CPU."""
-    return {k: v.detach().cpu().contiguous() for k, v in to_publish_dtype(state).items()}
+    """The published copy of a state: floating tensors cast to bf16 (others kept), contiguous on CPU.
+
+    Never aliases the caller's tensors: the copy is the base of the next delta, so it must not move
+    when the trainer updates its parameters in place.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name, t in to_publish_dtype(state).items():
+        c = t.detach().cpu().contiguous()
+        out[name] = c.clone() if c.numel() and c.data_ptr() == state[name].data_ptr() else c
+    return out
 
 
 def encode_full(state: Mapping[str, torch.Tensor]) -> bytes:
     return state_to_bytes(state)
 
 
-def _prepare(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], str, bytes]:
-    bf16 = publish_state(state)
-    return bf16, state_checksum(bf16), encode_full(bf16)
+def encode_delta(
+    base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], base_version: int, version: int
+) -> bytes:
+    import rlboost.delta as rd
+
+    return rd.encode(base, new, base_version=base_version, version=version)
+
+
+def _dense_bytes(state: Mapping[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
 
 
 class WeightPublisher:
-    """Uploads versions through a WeightClient; remembers the last published bf16 state."""
+    """Uploads versions through a WeightClient; remembers the last published bf16 state (the next delta's base)."""
 
-    def __init__(self, client: WeightUploader) -> None:
-        self.client = client
+    def __init__(
+        self,
+        client: WeightUploader,
+        mode: Literal["delta", "full"] = "delta",
+        full_every: int = 10,
+        overlap: bool = False,
+    ) -> None:
+        if mode not in ("delta", "full"):
+            raise ValueError(f"weightSync.mode must be 'delta' or 'full', got {mode!r}")
+        if full_every < 1:
+            raise ValueError(f"weightSync.fullEvery must be >= 1, got {full_every}")
+        self.client, self.mode, self.full_every, self.overlap = client, mode, full_every, overlap
         self.last_state: dict[str, torch.Tensor] | None = None
         self.last: Published | None = None
+        self._inflight: asyncio.Task[None] | None = None
+
+    @classmethod
+    def from_spec(cls, client: WeightUploader, weight_sync: Any, overlap: bool = False) -> WeightPublisher:
+        """A publisher configured by a JobSpec's `weight_sync` (rlboost.spec.WeightSyncSpec)."""
+        return cls(client, mode=weight_sync.mode, full_every=weight_sync.full_every, overlap=overlap)
 
     async def held_versions(self) -> list[int]:
         listing = await self.client.versions()
@@ -76,19 +134,112 @@ class WeightPublisher:
     async def publish(
         self, version: int, state: Mapping[str, torch.Tensor], skip_if_present: bool = False
     ) -> Published:
-        """Cast, checksum, serialise and upload `version`; with skip_if_present an existing version is kept."""
+        """Cast, checksum, encode and upload `version`; with skip_if_present an existing version is kept.
+
+        Returns once uploaded, or with `overlap` once encoded (the upload then runs in the background).
+        """
         start = time.monotonic()
-        bf16, checksum, payload = await asyncio.to_thread(_prepare, state)
-        uploaded = True
-        if skip_if_present and version in await self.held_versions():
-            uploaded = False
+        enc = await self._encode(version, state)  # overlaps the previous version's upload, if any
+        await self.flush()  # uploads stay in order: a delta's base must be on the server first
+        uploaded = not (skip_if_present and version in await self.held_versions())
+        pub = Published(version, enc.checksum, enc.kind, len(enc.payload), 0.0, uploaded, enc.base_version, enc.seconds)
+        self.last_state, self.last = enc.bf16, pub  # the next version's delta base, even while this one uploads
+        if not uploaded:
             log.info("weight-server already holds this version", extra={"weight_version": version})
+        elif self.overlap:
+            self._inflight = asyncio.create_task(self._upload(pub, enc))
         else:
-            await self.client.upload(version, payload, kind="full", checksum=checksum, fmt="safetensors")
-        self.last_state = bf16
-        self.last = Published(version, checksum, "full", len(payload), time.monotonic() - start, uploaded)
+            await self._upload(pub, enc)
+        pub.seconds = time.monotonic() - start
         log.info(
-            "weights published",
-            extra={"weight_version": version, "checksum": checksum[:16], "bytes": len(payload), "uploaded": uploaded},
-        )
+            "weights encoded; upload in flight" if self._inflight else "weights published",
+            extra={"weight_version": version, "checksum": enc.checksum[:16], "kind": pub.kind,
+                   "base_version": pub.base_version, "bytes": pub.nbytes, "uploaded": uploaded,
+                   "encode_seconds": round(enc.seconds, 4)},
+        )  # fmt: skip
         return self.last
+
+    async def flush(self) -> None:
+        """Wait for an upload still in flight (overlap mode); re-raises its error."""
+        task, self._inflight = self._inflight, None
+        if task is not None:
+            await task
+
+    async def aclose(self) -> None:
+        """Finish an upload in flight, or cancel it if this task is being cancelled."""
+        task, self._inflight = self._inflight, None
+        if task is not None and not task.done():
+            try:
+                await task
+            except asyncio.CancelledError:
+                task.cancel()
+                raise
+
+    async def __aenter__(self) -> WeightPublisher:
+        return self
+
+    async def __aexit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:
+            await self.aclose()
+        elif self._inflight is not None:
+            self._inflight.cancel()
+            with contextlib.suppress(BaseException):
+                await self._inflight
+            self._inflight = None
+
+    # ---- encoding ----------------------------------------------------------------------------
+    def _delta_base(self, version: int) -> int | None:
+        """The version this one is a delta against, or None for a full snapshot."""
+        if self.mode != "delta" or self.last_state is None or self.last is None:
+            return None
+        if version % self.full_every == 0 or self.last.version >= version:
+            return None
+        return self.last.version
+
+    async def _encode(self, version: int, state: Mapping[str, torch.Tensor]) -> _Encoded:
+        t0 = time.monotonic()
+        bf16 = await asyncio.to_thread(publish_state, state)
+        base = self._delta_base(version)
+        checksum_job = asyncio.to_thread(state_checksum, bf16)
+        if base is None:
+            checksum, payload = await asyncio.gather(checksum_job, asyncio.to_thread(encode_full, bf16))
+            return _Encoded(bf16, checksum, "full", payload, None, time.monotonic() - t0)
+        assert self.last_state is not None
+        delta_job = asyncio.to_thread(encode_delta, self.last_state, bf16, base, version)
+        checksum, payload = await asyncio.gather(checksum_job, delta_job, return_exceptions=True)
+        if isinstance(checksum, BaseException):
+            raise checksum
+        if isinstance(payload, BaseException) or len(payload) > DELTA_MAX_FRACTION * _dense_bytes(bf16):
+            why = f"{type(payload).__name__}: {payload}" if isinstance(payload, BaseException) else "delta too large"
+            log.info("publishing a full snapshot instead of a delta", extra={"weight_version": version, "why": why})
+            payload = await asyncio.to_thread(encode_full, bf16)
+            return _Encoded(bf16, checksum, "full", payload, None, time.monotonic() - t0)
+        return _Encoded(bf16, checksum, "delta", payload, base, time.monotonic() - t0)
+
+    # ---- upload ------------------------------------------------------------------------------
+    async def _upload(self, pub: Published, enc: _Encoded) -> None:
+        """Upload one encoded version; a delta whose base the server lost is re-sent as a snapshot."""
+        t0 = time.monotonic()
+        if enc.kind == "delta":
+            try:
+                await self.client.upload(
+                    pub.version, enc.payload, kind="delta", checksum=enc.checksum, base_version=enc.base_version,
+                    fmt="rlboost-delta",
+                )  # fmt: skip
+            except Exception as err:
+                if getattr(err, "field", None) != "base_version":
+                    raise
+                # The server lost the base (restarted on an empty volume, retention): send a snapshot.
+                log.warning("delta base refused; uploading a full snapshot", extra={"weight_version": pub.version})
+                enc.payload, enc.kind, enc.base_version = await asyncio.to_thread(encode_full, enc.bf16), "full", None
+                await self._upload(pub, enc)
+                return
+        else:
+            await self.client.upload(pub.version, enc.payload, kind="full", checksum=enc.checksum, fmt="safetensors")
+        pub.kind, pub.nbytes, pub.base_version = enc.kind, len(enc.payload), enc.base_version
+        pub.upload_seconds = time.monotonic() - t0
+        log.info(
+            "weights uploaded",
+            extra={"weight_version": pub.version, "kind": enc.kind, "bytes": len(enc.payload),
+                   "upload_seconds": round(pub.upload_seconds, 4)},
+        )  # fmt: skip

@@ -1,7 +1,8 @@
 """The weight-server's FastAPI app: versions, manifests, ranged payloads, uploads and sync plans.
 
 Routes (rlboost.wire.weights_io): GET /v1/versions, GET /v1/versions/{v}/manifest,
-GET /v1/versions/{v}/payload (Range), PUT /v1/versions/{v} (bearer token), GET /v1/sync?from=A&to=B,
+GET /v1/versions/{v}/payload (Range), PUT /v1/versions/{v} (bearer token), GET /v1/sync?from=A&to=B[&compact=0],
+GET /v1/compacted/{a}/{b}/manifest and /payload (Range; composed from the chain on first request),
 GET /healthz, GET /metrics. Errors are JSON: {"error": "...", "field": "..."}.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hmac
 import logging
 import re
+from pathlib import Path
 
 import anyio
 from fastapi import FastAPI, Request
@@ -88,6 +90,7 @@ def create_app(
 
     def refresh_gauges() -> None:
         metrics.versions_held.set(len(store.versions()))
+        metrics.compacted_held.set(store.compacted_count())
         metrics.bytes_on_disk.set(store.bytes_on_disk())
 
     refresh_gauges()
@@ -128,12 +131,30 @@ def create_app(
     async def sync(request: Request) -> list[Manifest]:
         check_read(request)
         q = request.query_params
-        return store.sync_plan(_int_param(q.get("from"), "from"), _int_param(q.get("to"), "to"))
+        a, b = _int_param(q.get("from"), "from"), _int_param(q.get("to"), "to")
+        compact = q.get("compact", "1") not in ("0", "false", "no")
+        # Off the event loop: building a compacted delta reads and composes the chain.
+        return await anyio.to_thread.run_sync(store.sync_plan, a, b, compact)
+
+    @app.get(API_PREFIX + "/compacted/{base}/{version}/manifest")
+    async def compacted_manifest(base: int, version: int, request: Request) -> Manifest:
+        check_read(request)
+        return await anyio.to_thread.run_sync(store.compacted, base, version)
+
+    @app.get(API_PREFIX + "/compacted/{base}/{version}/payload")
+    async def compacted_payload(base: int, version: int, request: Request) -> Response:
+        check_read(request)
+        m = await anyio.to_thread.run_sync(store.compacted, base, version)
+        return _serve(m, store.compacted_payload_path(base, version), request)
 
     @app.get(API_PREFIX + "/versions/{version}/payload")
     async def payload(version: int, request: Request) -> Response:
         check_read(request)
         m = store.manifest(version)
+        return _serve(m, store.payload_path(version), request)
+
+    def _serve(m: Manifest, path: Path, request: Request) -> Response:
+        """A payload file, whole or one Range of it, streamed in blocks; bytes counted by sync path."""
         size = m.total_bytes
         range_header = request.headers.get("range")
         if range_header is None:
@@ -146,10 +167,10 @@ def create_app(
                 metrics.rejected.labels("416").inc()
                 return _error(416, err.message, err.field, {"Content-Range": f"bytes */{size}"})
             status, extra = 206, {"Content-Range": f"bytes {start}-{end}/{size}"}
-        served = metrics.bytes_served.labels(m.kind)
+        served = metrics.bytes_served.labels(m.sync_path)
 
         def body():  # sync generator: Starlette runs each step in a worker thread, off the event loop
-            for block in store.read_range(version, start, end):
+            for block in store.read_range(m.version, start, end, path):
                 served.inc(len(block))
                 yield block
 

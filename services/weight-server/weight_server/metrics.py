@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
 class WeightServerMetrics:
-    """Uploads, bytes served by payload kind, range requests, versions held and bytes on disk."""
+    """Uploads, bytes served by sync path (delta, compacted, full), range requests, versions held, bytes on disk."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -20,7 +20,10 @@ class WeightServerMetrics:
             "rlboost_weights_rejected_total", "Requests refused, by HTTP status.", ["status"], registry=self.registry
         )
         self.bytes_served = Counter(
-            "rlboost_weights_bytes_served_total", "Payload bytes sent, by kind.", ["kind"], registry=self.registry
+            "rlboost_weights_bytes_served_total",
+            "Payload bytes sent, by sync path: 'full' snapshot, stored 'delta', or 'compacted' delta.",
+            ["path"],
+            registry=self.registry,
         )
         self.range_requests = Counter(
             "rlboost_weights_range_requests_total", "Payload requests with a Range header.", registry=self.registry
@@ -29,4 +32,7 @@ class WeightServerMetrics:
             "rlboost_weights_announce_failures_total", "NATS announcements that failed.", registry=self.registry
         )
         self.versions_held = Gauge("rlboost_weights_versions_held", "Versions on disk.", registry=self.registry)
+        self.compacted_held = Gauge(
+            "rlboost_weights_compacted_deltas_held", "Compacted deltas cached on disk.", registry=self.registry
+        )
         self.bytes_on_disk = Gauge("rlboost_weights_bytes_on_disk", "Payload bytes on disk.", registry=self.registry)

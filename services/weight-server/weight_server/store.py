@@ -7,6 +7,12 @@ On start the store reloads every complete version and clears leftovers of interr
 
 Retention keeps the newest `retain_versions` versions plus every version that a retained delta
 chains back to (its bases, down to the full snapshot), so every retained version stays reachable.
+
+Compacted deltas: `compacted(a, b)` composes the stored chain a->...->b into one delta
+(rlboost.delta.compose_chain, torch-free) and caches it under `<data-dir>/compacted/<a>-<b>/`
+(same payload + manifest layout, installed atomically); it is dropped once a or b leaves the store.
+A sync plan for a worker at a serves the fewest bytes of: the chain, the compacted a->b delta,
+the full snapshot + its deltas, or the full snapshot + the compacted delta after it.
 """
 
 from __future__ import annotations
@@ -92,6 +98,16 @@ class Upload:
 
     def commit(self) -> Manifest:
         """fsync, write the manifest, rename into place; blocking. Raises StoreError on a conflict."""
+        manifest = self.finish()
+        try:
+            self.store._install(self, manifest)
+        except BaseException:
+            self.abort()
+            raise
+        return manifest
+
+    def finish(self, compacted: bool = False) -> Manifest:
+        """fsync the payload and write its manifest in the temporary directory; blocking."""
         if self._chunk_fill:
             self._close_chunk()
         self._file.flush()
@@ -108,17 +124,13 @@ class Upload:
             chunk_bytes=self.chunk_bytes,
             chunks=self.chunks,
             created_at=time.time(),
+            compacted=compacted,
         )
         with open(self.tmp_dir / MANIFEST, "w") as f:
             f.write(manifest.model_dump_json(indent=1))
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(self.tmp_dir)
-        try:
-            self.store._install(self, manifest)
-        except BaseException:
-            self.abort()
-            raise
         return manifest
 
     def abort(self) -> None:
@@ -134,11 +146,14 @@ class VersionStore:
         self.root = Path(data_dir)
         self.versions_dir = self.root / "versions"
         self.incoming_dir = self.root / "incoming"
+        self.compacted_dir = self.root / "compacted"
         self.chunk_bytes = chunk_bytes
         self.retain_versions = retain_versions
         self._lock = threading.Lock()
         self._manifests: dict[int, Manifest] = {}
         self._pending: set[int] = set()  # versions being uploaded right now
+        self._compacted: dict[tuple[int, int], Manifest] = {}
+        self._compact_locks: dict[tuple[int, int], threading.Lock] = {}  # one build per (a, b) at a time
         self._load()
 
     # ---- startup -----------------------------------------------------------------------------
@@ -155,7 +170,23 @@ class VersionStore:
                 log.warning("skipping unreadable version directory", extra={"path": str(d), "error": str(err)})
                 continue
             self._manifests[manifest.version] = manifest
+        self._load_compacted()
         log.info("store loaded", extra={"versions": sorted(self._manifests), "data_dir": str(self.root)})
+
+    def _load_compacted(self) -> None:
+        self.compacted_dir.mkdir(parents=True, exist_ok=True)
+        for d in self.compacted_dir.iterdir():
+            try:
+                m = Manifest.model_validate_json((d / MANIFEST).read_text())
+                valid = m.compacted and d.name == f"{m.base_version}-{m.version}"
+                if not valid or (d / PAYLOAD).stat().st_size != m.total_bytes:
+                    raise ValueError("manifest does not match its directory")
+                if m.base_version not in self._manifests or m.version not in self._manifests:
+                    raise ValueError("its versions are gone")
+            except (OSError, ValueError):
+                shutil.rmtree(d, ignore_errors=True)  # a cache: rebuilt on request
+                continue
+            self._compacted[(m.base_version, m.version)] = m  # type: ignore[index]
 
     # ---- queries -----------------------------------------------------------------------------
     def versions(self) -> list[int]:
@@ -177,13 +208,17 @@ class VersionStore:
         self.manifest(version)
         return self.versions_dir / str(version) / PAYLOAD
 
+    def compacted_payload_path(self, base: int, version: int) -> Path:
+        self.compacted(base, version)
+        return self.compacted_dir / f"{base}-{version}" / PAYLOAD
+
     def bytes_on_disk(self) -> int:
         with self._lock:
             return sum(m.total_bytes for m in self._manifests.values())
 
-    def read_range(self, version: int, start: int, end: int) -> Iterator[bytes]:
-        """Yield bytes [start, end] (inclusive) of a payload in blocks; blocking."""
-        with open(self.payload_path(version), "rb") as f:
+    def read_range(self, version: int, start: int, end: int, path: Path | None = None) -> Iterator[bytes]:
+        """Yield bytes [start, end] (inclusive) of a payload (version's, or the file `path`) in blocks; blocking."""
+        with open(path or self.payload_path(version), "rb") as f:
             f.seek(start)
             left = end - start + 1
             while left > 0:
@@ -257,8 +292,14 @@ class VersionStore:
             doomed = self._expired()
             for v in doomed:
                 del self._manifests[v]
+            stale = [k for k in self._compacted if k[0] not in self._manifests or k[1] not in self._manifests]
+            for k in stale:
+                del self._compacted[k]
+                self._compact_locks.pop(k, None)
         for v in doomed:
             shutil.rmtree(self.versions_dir / str(v), ignore_errors=True)
+        for a, b in stale:
+            shutil.rmtree(self.compacted_dir / f"{a}-{b}", ignore_errors=True)
         if doomed:
             log.info("retention removed versions", extra={"removed": doomed})
 
@@ -274,11 +315,13 @@ class VersionStore:
                 v = m.base_version if m.kind == "delta" else None
         return sorted(set(self._manifests) - keep)
 
-    def sync_plan(self, from_version: int | None, to_version: int | None) -> list[Manifest]:
+    def sync_plan(self, from_version: int | None, to_version: int | None, compact: bool = True) -> list[Manifest]:
         """Manifests a worker at `from_version` (None: holds nothing) applies in order to reach `to_version`.
 
         Walk back from the target along delta bases. Reaching `from_version` gives the delta chain;
-        reaching a full snapshot gives snapshot + deltas. Of the candidates, fewer total bytes wins.
+        reaching a full snapshot gives snapshot + deltas. With `compact`, a run of two or more deltas
+        may be replaced by one compacted delta. Of the candidates, fewer total bytes wins (blocking:
+        building a compacted delta reads and composes the chain).
         """
         with self._lock:
             manifests = dict(self._manifests)
@@ -307,4 +350,105 @@ class VersionStore:
         candidates = [c for c in (chain, snapshot) if c is not None]
         if not candidates:
             raise StoreError(409, f"version {to_version} cannot be rebuilt: its delta chain lost its base", "to")
-        return min(candidates, key=lambda c: sum(m.total_bytes for m in c))
+        if compact:
+            candidates += self._compacted_candidates(chain, snapshot)
+        return min(candidates, key=lambda c: (sum(m.total_bytes for m in c), len(c)))
+
+    def _compacted_candidates(
+        self, chain: list[Manifest] | None, snapshot: list[Manifest] | None
+    ) -> list[list[Manifest]]:
+        """The chain as one compacted delta; the snapshot followed by one compacted delta."""
+        out = []
+        if chain is not None and len(chain) >= 2:
+            one = self._try_compacted(chain)
+            if one is not None:
+                out.append([one])
+        if snapshot is not None and len(snapshot) >= 3:
+            one = self._try_compacted(snapshot[1:])
+            if one is not None:
+                out.append([snapshot[0], one])
+        return out
+
+    def _try_compacted(self, run: list[Manifest]) -> Manifest | None:
+        try:
+            return self.compacted(run[0].base_version, run[-1].version)  # type: ignore[arg-type]
+        except StoreError as err:  # e.g. deltas in a format the server cannot compose: serve the chain
+            log.warning(
+                "no compacted delta", extra={"base": run[0].base_version, "to": run[-1].version, "error": err.message}
+            )
+            return None
+
+    # ---- compacted deltas --------------------------------------------------------------------
+    def compacted(self, base: int, version: int) -> Manifest:
+        """The compacted base->version delta's manifest, composing and caching it on first request; blocking."""
+        key = (base, version)
+        with self._lock:
+            found = self._compacted.get(key)
+            if found is not None:
+                return found
+            gate = self._compact_locks.setdefault(key, threading.Lock())
+        with gate:  # concurrent requests for the same pair build it once
+            with self._lock:
+                found = self._compacted.get(key)
+            return found if found is not None else self._build_compacted(base, version)
+
+    def _delta_run(self, base: int, version: int) -> list[Manifest]:
+        """The stored deltas leading from `base` to `version`, oldest first; StoreError if there is none."""
+        with self._lock:
+            manifests = dict(self._manifests)
+        run: list[Manifest] = []
+        v = version
+        while v != base:
+            m = manifests.get(v)
+            if m is None or m.kind != "delta" or m.base_version is None or m.base_version < base:
+                raise StoreError(
+                    404, f"no chain of stored deltas leads from version {base} to {version}", "base_version"
+                )
+            run.append(m)
+            v = m.base_version
+        if not run:
+            raise StoreError(422, f"a compacted delta needs two different versions, got {base} and {version}", "to")
+        return list(reversed(run))
+
+    def _build_compacted(self, base: int, version: int) -> Manifest:
+        from rlboost.delta.compact import compose_chain
+        from rlboost.delta.format import DeltaError
+
+        run = self._delta_run(base, version)
+        if any(m.format != "rlboost-delta" for m in run):
+            raise StoreError(422, f"deltas {base}->{version} are not all in the rlboost-delta format", "format")
+        try:
+            payload = compose_chain([self.payload_path(m.version).read_bytes() for m in run])
+        except DeltaError as err:
+            raise StoreError(422, f"cannot compact deltas {base}->{version}: {err}", "base_version") from None
+        except OSError:  # a version of the run was removed meanwhile
+            raise StoreError(404, f"deltas {base}->{version} were removed by retention", "base_version") from None
+        tmp = self.incoming_dir / f"compacted-{base}-{version}-{uuid.uuid4().hex}"
+        up = Upload(self, version, "delta", base, run[-1].checksum, "rlboost-delta", self.chunk_bytes, tmp)
+        try:
+            up.write(payload)
+            manifest = up.finish(compacted=True)
+            target = self.compacted_dir / f"{base}-{version}"
+            with self._lock:
+                if base not in self._manifests or version not in self._manifests:
+                    raise StoreError(404, f"deltas {base}->{version} were removed by retention", "base_version")
+                shutil.rmtree(target, ignore_errors=True)
+                os.rename(tmp, target)
+                self._compacted[(base, version)] = manifest
+        except BaseException:
+            up.abort()
+            raise
+        log.info(
+            "compacted delta built",
+            extra={
+                "base": base,
+                "to": version,
+                "bytes": manifest.total_bytes,
+                "chain_bytes": sum(m.total_bytes for m in run),
+            },
+        )
+        return manifest
+
+    def compacted_count(self) -> int:
+        with self._lock:
+            return len(self._compacted)

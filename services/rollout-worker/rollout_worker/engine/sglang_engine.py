@@ -1,0 +1,393 @@
+"""The `sglang` engine: SGLang's in-process `Engine` behind the worker's Engine interface (GPUs; CPU for tests).
+
+SGLang runs its scheduler and detokenizer in child processes; this process talks to them through the
+engine's `tokenizer_manager`, whose coroutines we await directly on the worker's event loop (the sync
+`Engine.*` wrappers call `loop.run_until_complete` and cannot run inside a running loop).
+
+- Generation: `async_generate(input_ids=prompt + tokens so far, stream=True, return_logprob=True)`, with
+  `skip_tokenizer_init` (ids in, ids out) and `ignore_eos` (only the assignment's stop ids end a response,
+  like the torch engine). Per-request seeds go in `sampling_seed` with deterministic inference on, so SGLang
+  samples token i from hash(seed, sequence position): a request continued from prompt + k tokens draws
+  what the uninterrupted one would have. Greedy (temperature 0) is exact.
+- Abort: `tokenizer_manager.abort_request(rid=...)`; the stream ends with finish reason "abort".
+- Weights: an update runs between `begin_weight_update` and `end_weight_update`, and sends through
+  `update_weights_from_tensor` only the tensors whose bits differ from the state held (a sparse delta
+  touches a few tensors). SGLang's model-update lock makes the update wait for running requests, and
+  requests arriving during an update wait for it here.
+- Pause / continue: `pause_generation(mode="retract")` / `continue_generation`.
+- Memory release / resume (colocation with training): SGLang's `release/resume_memory_occupation`, which
+  needs `--enable-memory-saver` and CUDA (torch_memory_saver); on CPU both are logged no-ops.
+
+CPU recipe (DESIGN.md): env SGLANG_USE_CPU_ENGINE=1 and `Engine(device="cpu", attention_backend="torch_native",
+sampling_backend="pytorch", grammar_backend="none", disable_cuda_graph=True, disable_overlap_schedule=True)`;
+`scripts/setup_sglang_env.sh` builds an environment where that imports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from rollout_worker.engine.base import (
+    FINISH_ABORT,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Engine,
+    EngineError,
+    GenerationStep,
+)
+
+from rlboost.weights.checksum import state_checksum
+from rlboost.wire.rollout_io import Assignment
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+_INT64_MAX = (1 << 63) - 1
+_FINISH = {"stop": FINISH_STOP, "length": FINISH_LENGTH, "abort": FINISH_ABORT}
+
+# SGLang's CPU path (see module docstring); on CUDA its defaults are used.
+CPU_ENGINE_KWARGS: dict[str, Any] = {
+    "attention_backend": "torch_native",
+    "sampling_backend": "pytorch",
+    "grammar_backend": "none",
+    "disable_cuda_graph": True,
+    "disable_overlap_schedule": True,
+}
+
+
+def _signed64(x: int) -> int:
+    """A uint64 seed as the int64 with the same bits (SGLang's sampling_seed is an int64)."""
+    x &= (1 << 64) - 1
+    return x - (1 << 64) if x > _INT64_MAX else x
+
+
+def sglang_available() -> str:
+    """'' when sglang imports here, else the reason (for skips and start-up errors)."""
+    try:
+        import sglang  # noqa: F401
+    except Exception as err:  # ImportError, or a CUDA library that fails to load
+        return f"sglang is not importable: {type(err).__name__}: {err}"
+    return ""
+
+
+def sampling_params(a: Assignment) -> dict[str, Any]:
+    """SGLang sampling params for the rest of an assignment's response."""
+    s = a.sampling
+    params: dict[str, Any] = {
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k if s.top_k > 0 else -1,
+        "max_new_tokens": s.max_new_tokens - a.generated,
+        "stop_token_ids": list(s.stop_token_ids),
+        "ignore_eos": True,  # the assignment's stop ids are the only stop condition (same as the torch engine)
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+        "sampling_seed": _signed64(s.seed),
+    }
+    return params
+
+
+def changed_tensors(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor]) -> list[str]:
+    """Names of tensors of `new` whose bits differ from `old` (new names, other shapes or dtypes included)."""
+    import torch
+
+    names = []
+    for name, tensor in new.items():
+        prev = old.get(name)
+        if prev is tensor:
+            continue
+        if prev is None or prev.shape != tensor.shape or prev.dtype != tensor.dtype:
+            names.append(name)
+            continue
+        # Bit patterns, not values: NaN != NaN and -0 == +0 would hide real changes.
+        if not torch.equal(prev.reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8)):
+            names.append(name)
+    return names
+
+
+class SglangEngine(Engine):
+    """SGLang `Engine` in this process (scheduler in child processes); one request per assignment."""
+
+    name = "sglang"
+
+    def __init__(
+        self,
+        capacity: int = 64,
+        dtype: str = "float32",
+        device: str = "cpu",
+        mem_fraction_static: float | None = None,
+        enable_memory_saver: bool = False,
+        extra_args: Mapping[str, Any] | None = None,
+    ) -> None:
+        if capacity <= 0:
+            raise ValueError(f"capacity: must be > 0, got {capacity}")
+        self.capacity = capacity
+        self.dtype = dtype
+        self.device = device
+        self.mem_fraction_static = mem_fraction_static
+        self.enable_memory_saver = enable_memory_saver
+        self.extra_args = dict(extra_args or {})
+        self._sgl = None  # sglang.Engine
+        self._version = 0
+        self._state: Mapping[str, torch.Tensor] = {}
+        self._checksum = ""
+        self._running: set[str] = set()
+        self._update_lock = asyncio.Lock()
+        self._no_update = asyncio.Event()  # set while no weight update is in progress
+        self._no_update.set()
+        self._paused = False
+        self._bg: set[asyncio.Task] = set()
+        self.startup_s = 0.0
+        self.last_update: dict[str, float] = {}
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device == "cpu"
+
+    def engine_kwargs(self, model_dir: str) -> dict[str, Any]:
+        """The arguments of `sglang.Engine(...)` for this configuration."""
+        kwargs: dict[str, Any] = {
+            "model_path": model_dir,
+            "device": self.device,
+            "dtype": self.dtype,
+            "max_running_requests": self.capacity,
+            "skip_tokenizer_init": True,  # ids in, ids out: no tokenizer needed in the model dir
+            "enable_deterministic_inference": True,  # sampling_seed + position -> reproducible tokens
+            "random_seed": 0,
+            "log_level": "error",
+        }
+        if self.on_cpu:
+            kwargs.update(CPU_ENGINE_KWARGS)
+        if self.mem_fraction_static is not None:
+            kwargs["mem_fraction_static"] = self.mem_fraction_static
+        if self.enable_memory_saver:
+            kwargs["enable_memory_saver"] = True
+        kwargs.update(self.extra_args)
+        return kwargs
+
+    async def start(self, model_dir: str, state: Mapping[str, torch.Tensor] | None = None, version: int = 0) -> None:
+        reason = sglang_available() if not self.on_cpu else self._cpu_import_reason()
+        if reason:
+            raise EngineError(f"--engine sglang: {reason}; build it with scripts/setup_sglang_env.sh (CPU)")
+        t0 = time.perf_counter()
+        # Blocking on purpose: SGLang installs signal handlers and forks children, which must happen on the
+        # main thread; nothing else runs on the loop before the worker registers.
+        self._sgl = self._launch(model_dir)
+        disk = _read_safetensors(model_dir)
+        self._state, self._checksum = disk, state_checksum(disk)
+        self.startup_s = time.perf_counter() - t0
+        if state is not None:
+            await self.update_weights(state, version)
+        self._version = version
+        log.info("sglang engine ready", extra={"startup_s": round(self.startup_s, 2), "device": self.device})
+
+    def _cpu_import_reason(self) -> str:
+        os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+        return sglang_available()
+
+    def _launch(self, model_dir: str):
+        import sglang
+
+        try:
+            return sglang.Engine(**self.engine_kwargs(model_dir))
+        except Exception as err:
+            first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise EngineError(f"cannot start SGLang on {model_dir}: {type(err).__name__}: {first_line}") from None
+
+    async def close(self) -> None:
+        if self._sgl is None:
+            return
+        sgl, self._sgl = self._sgl, None
+        with contextlib.suppress(Exception):
+            sgl.tokenizer_manager.abort_request(abort_all=True)
+        await asyncio.to_thread(sgl.shutdown)  # kills SGLang's child processes
+
+    # ---- the interface ---------------------------------------------------------------------
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def weights_checksum(self) -> str:
+        return self._checksum
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def _tm(self):
+        if self._sgl is None:
+            raise EngineError("engine is not running")
+        return self._sgl.tokenizer_manager
+
+    async def generate(self, assignment: Assignment) -> AsyncIterator[GenerationStep]:
+        rid = assignment.request_id
+        tm = self._tm
+        if rid in self._running:
+            raise EngineError(f"request {rid} is already running")
+        offset = assignment.generated
+        if offset >= assignment.sampling.max_new_tokens:  # a migrated request that had used its whole budget
+            yield GenerationStep(rid, offset, [], [], True, FINISH_LENGTH)
+            return
+        self._running.add(rid)
+        try:
+            await self._no_update.wait()  # requests arriving during an update run on the new weights
+            stream = await self._sgl.async_generate(
+                input_ids=list(assignment.input_ids),
+                sampling_params=sampling_params(assignment),
+                stream=True,
+                return_logprob=True,
+                rid=rid,
+            )
+            seen = 0  # response tokens of this request already yielded
+            async for out in stream:
+                step, seen = _to_step(rid, offset, seen, out)
+                if step.token_ids or step.finished:
+                    yield step
+                if step.finished:
+                    return
+            yield GenerationStep(rid, offset + seen, [], [], True, FINISH_ABORT)  # stream ended without a reason
+        finally:
+            self._running.discard(rid)
+            if self._sgl is not None and rid in tm.rid_to_state:
+                tm.abort_request(rid=rid)  # the consumer went away: free the slot
+
+    def abort(self, request_id: str) -> bool:
+        if request_id not in self._running or self._sgl is None:
+            return False
+        self._tm.abort_request(rid=request_id)
+        return True
+
+    async def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Send the tensors of `state` that differ from the state held, in one begin/end weight-update session."""
+        tm = self._tm
+        from sglang.srt.managers.io_struct import (
+            BeginWeightUpdateReqInput,
+            EndWeightUpdateReqInput,
+            UpdateWeightsFromTensorReqInput,
+        )
+
+        async with self._update_lock:
+            self._no_update.clear()
+            try:
+                t0 = time.perf_counter()
+                names = changed_tensors(self._state, state)
+                unknown = [n for n in state if n not in self._state]
+                if unknown:
+                    raise EngineError(f"weights: {len(unknown)} tensors are not in the model, e.g. {unknown[0]!r}")
+                if names:
+                    await _checked(tm.begin_weight_update(BeginWeightUpdateReqInput(), None), "begin_weight_update")
+                    try:
+                        payload = self._sgl._serialize_tensors_per_rank([(n, state[n]) for n in names], None)
+                        req = UpdateWeightsFromTensorReqInput(serialized_named_tensors=payload, flush_cache=True)
+                        await _checked(tm.update_weights_from_tensor(req, None), "update_weights_from_tensor")
+                    finally:
+                        await _checked(tm.end_weight_update(EndWeightUpdateReqInput(), None), "end_weight_update")
+                merged = dict(self._state)
+                merged.update(state)
+                self._state = merged
+                self._checksum = state_checksum(merged)
+                self._version = version
+                self.last_update = {"tensors": len(names), "seconds": time.perf_counter() - t0}
+                log.info("weights updated in place", extra={"weight_version": version, **self.last_update})
+            finally:
+                self._no_update.set()
+
+    # ---- pause / memory (SGLang extras) ----------------------------------------------------
+
+    async def pause(self) -> None:
+        """Stop decoding; running requests go back to SGLang's queue (KV recomputed on continue)."""
+        from sglang.srt.managers.io_struct import PauseGenerationReqInput
+
+        await self._tm.pause_generation(PauseGenerationReqInput(mode="retract"))
+        self._paused = True
+
+    async def resume(self) -> None:
+        """Continue decoding after pause()."""
+        from sglang.srt.managers.io_struct import ContinueGenerationReqInput
+
+        await self._tm.continue_generation(ContinueGenerationReqInput())
+        self._paused = False
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    async def release_memory_occupation(self) -> bool:
+        """Free KV cache and weights on the GPU; False (a no-op) where unsupported (CPU, no memory saver)."""
+        if self.on_cpu or not self.enable_memory_saver:
+            log.info("release_memory_occupation: no-op (needs CUDA and enable_memory_saver)")
+            return False
+        from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqInput
+
+        await self._tm.release_memory_occupation(ReleaseMemoryOccupationReqInput(), None)
+        return True
+
+    async def resume_memory_occupation(self) -> bool:
+        """Take the GPU memory back after release_memory_occupation; False where that was a no-op."""
+        if self.on_cpu or not self.enable_memory_saver:
+            return False
+        from sglang.srt.managers.io_struct import ResumeMemoryOccupationReqInput
+
+        await self._tm.resume_memory_occupation(ResumeMemoryOccupationReqInput(), None)
+        return True
+
+    def release_memory(self) -> None:
+        self._spawn(self.release_memory_occupation())
+
+    def resume_memory(self) -> None:
+        self._spawn(self.resume_memory_occupation())
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+
+def _to_step(rid: str, offset: int, seen: int, out: dict[str, Any]) -> tuple[GenerationStep, int]:
+    """One streamed SGLang output (cumulative or incremental ids) as the step of the tokens not yet yielded."""
+    meta = out.get("meta_info", {})
+    ids = list(out.get("output_ids") or [])
+    lps = [lp for lp, *_ in meta.get("output_token_logprobs") or []]
+    total = int(meta.get("completion_tokens", len(ids)))
+    # SGLang streams cumulative ids by default and deltas with --incremental-streaming-output.
+    new_ids = ids[seen:] if len(ids) == total else ids[len(ids) - (total - seen) :] if total > seen else []
+    new_lps = lps[seen:] if len(lps) == total else lps[len(lps) - len(new_ids) :] if new_ids else []
+    reason = meta.get("finish_reason")
+    finished = reason is not None
+    kind = _FINISH.get(reason.get("type", "abort"), FINISH_ABORT) if isinstance(reason, dict) else FINISH_ABORT
+    step = GenerationStep(rid, offset + seen, new_ids, [float(x) for x in new_lps], finished, kind if finished else "")
+    return step, seen + len(new_ids)
+
+
+async def _checked(coro, what: str) -> None:
+    result = await coro
+    if isinstance(result, tuple) and result and result[0] is False:
+        raise EngineError(f"SGLang {what} failed: {result[1] if len(result) > 1 else 'no message'}")
+
+
+def _read_safetensors(model_dir: str) -> dict[str, torch.Tensor]:
+    """The exact tensors stored in a HF model directory (its *.safetensors files)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise EngineError(f"cannot load a model from {model_dir}: no *.safetensors file there")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state

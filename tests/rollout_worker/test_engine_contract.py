@@ -1,0 +1,165 @@
+"""One behaviour contract for every rollout engine, parametrised over the `torch` and `sglang` backends.
+
+Each backend runs a real engine on the tiny Qwen3 model (conftest.tiny_model_dir) and is held to the same
+behaviour: streamed chunks at contiguous offsets, greedy output equal to transformers, abort of one
+request while another continues, continuation from prompt + tokens equal to the uninterrupted run, stop
+ids, and greedy output after an in-place weight update (full and sparse delta) equal to transformers
+with the new weights.
+
+The sglang parameter needs SGLang importable (CPU: `scripts/setup_sglang_env.sh`, then
+`.venv-sglang/bin/python -m pytest -m sglang tests/rollout_worker/test_engine_contract.py`); it is skipped
+elsewhere. One engine per backend serves the whole module (SGLang takes ~15 s to start on CPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import pytest_asyncio
+import torch
+from rollout_worker.engine import make_engine
+from rollout_worker.engine.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Engine
+from rollout_worker.engine.torch_engine import _read_safetensors
+from transformers import AutoModelForCausalLM
+
+from rlboost.weights.checksum import state_checksum
+from rlboost.wire.rollout_io import Assignment, SamplingParams
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+PROMPT = [5, 9, 3, 17, 8]
+
+
+def _sglang_skip_reason() -> str:
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    from rollout_worker.engine.sglang_engine import sglang_available
+
+    reason = sglang_available()
+    return f"{reason} (build .venv-sglang with scripts/setup_sglang_env.sh: make test-sglang)" if reason else ""
+
+
+_SGLANG_SKIP = _sglang_skip_reason()
+BACKENDS = [
+    "torch",
+    pytest.param(
+        "sglang",
+        marks=[pytest.mark.sglang, pytest.mark.skipif(bool(_SGLANG_SKIP), reason=_SGLANG_SKIP or "n/a")],
+    ),
+]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=BACKENDS)
+async def engine(request, tiny_model_dir):
+    eng = make_engine(request.param, capacity=8)
+    if request.param == "sglang":
+        # Small KV pool: the tiny model needs a few thousand token slots, not a share of the host's RAM.
+        eng.extra_args.update({"max_total_tokens": 8192, "context_length": 1024})
+    await eng.start(str(tiny_model_dir))
+    yield eng
+    await eng.close()
+
+
+def assignment(rid: str, input_ids: list[int], prompt_len: int, n: int = 12, temp: float = 0.0, seed: int = 7, stop=()):
+    sampling = SamplingParams(temperature=temp, max_new_tokens=n, seed=seed, stop_token_ids=tuple(stop))
+    return Assignment(rid, 1, list(input_ids), prompt_len, sampling, 0)
+
+
+async def collect(engine: Engine, a: Assignment, abort_after: int = 0) -> tuple[list[int], list[float], str, list]:
+    tokens, logprobs, steps = [], [], []
+    async for step in engine.generate(a):
+        assert step.offset == a.generated + len(tokens), "steps must be contiguous response indices"
+        assert len(step.token_ids) == len(step.logprobs), "one log-probability per token"
+        tokens += step.token_ids
+        logprobs += step.logprobs
+        steps.append(step)
+        if abort_after and len(tokens) >= abort_after and not step.finished:
+            assert engine.abort(a.request_id)
+            abort_after = 0
+    assert steps and steps[-1].finished and all(not s.finished for s in steps[:-1])
+    return tokens, logprobs, steps[-1].finish_reason, steps
+
+
+_HF_CACHE: dict = {}
+
+
+def hf_greedy(model_dir, prompt: list[int], n: int, state=None) -> list[int]:
+    """transformers' own greedy decode in float32, with `state` (bf16 tensors) loaded when given."""
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    if state is not None:
+        model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    out = model.generate(
+        torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True, eos_token_id=None
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+async def test_streams_greedy_tokens_equal_to_transformers(engine, tiny_model_dir):
+    tokens, logprobs, reason, steps = await collect(engine, assignment("stream", PROMPT, len(PROMPT), n=16))
+    assert tokens == hf_greedy(tiny_model_dir, PROMPT, 16)
+    assert reason == FINISH_LENGTH
+    assert sum(1 for s in steps if s.token_ids) > 1, "tokens must stream in several chunks, not one at the end"
+    assert len(logprobs) == 16 and all(lp <= 0 for lp in logprobs)
+
+
+async def test_abort_one_request_leaves_the_other_running(engine):
+    solo, _, _, _ = await collect(engine, assignment("solo", [3, 4, 5], 3, n=24))
+    victim = asyncio.create_task(collect(engine, assignment("victim", PROMPT, len(PROMPT), n=400), abort_after=3))
+    other = asyncio.create_task(collect(engine, assignment("other", [3, 4, 5], 3, n=24)))
+    (v_tokens, _, v_reason, _), (o_tokens, _, o_reason, _) = await asyncio.wait_for(asyncio.gather(victim, other), 60)
+    assert v_reason == FINISH_ABORT and 3 <= len(v_tokens) < 400
+    assert o_reason == FINISH_LENGTH and o_tokens == solo
+    assert engine.running == 0
+    assert not engine.abort("victim"), "aborting a finished request reports False"
+
+
+@pytest.mark.parametrize("temp", [0.0, 1.0])
+async def test_continuation_from_prompt_plus_tokens_equals_uninterrupted(engine, temp):
+    """A request continued from prompt + its first k tokens yields what the uninterrupted run did."""
+    full, full_lp, _, _ = await collect(engine, assignment(f"full{temp}", PROMPT, len(PROMPT), n=14, temp=temp, seed=11))
+    for k in (1, 6, 13):
+        rest, rest_lp, reason, _ = await collect(
+            engine, assignment(f"cont{temp}-{k}", PROMPT + full[:k], len(PROMPT), n=14, temp=temp, seed=11)
+        )
+        assert full[:k] + rest == full
+        assert rest_lp == pytest.approx(full_lp[k:], abs=1e-3)
+        assert reason == FINISH_LENGTH
+    done, _, reason, _ = await collect(engine, assignment(f"done{temp}", PROMPT + full, len(PROMPT), n=14))
+    assert done == [] and reason == FINISH_LENGTH
+
+
+async def test_stop_token_ends_the_response_and_is_emitted(engine):
+    full, _, _, _ = await collect(engine, assignment("nostop", PROMPT, len(PROMPT), n=12))
+    stop = full[4]
+    tokens, _, reason, _ = await collect(engine, assignment("stop", PROMPT, len(PROMPT), n=12, stop=[stop]))
+    assert tokens == full[: full.index(stop) + 1]
+    assert reason == FINISH_STOP
+
+
+async def test_greedy_after_weight_updates_equals_transformers_with_new_weights(engine, tiny_model_dir):
+    old = _read_safetensors(str(tiny_model_dir))
+    gen = torch.Generator().manual_seed(3)
+    full = {k: (v.float() + 0.2 * torch.randn(v.shape, generator=gen)).to(torch.bfloat16) for k, v in old.items()}
+    before, _, _, _ = await collect(engine, assignment("before", PROMPT, len(PROMPT), n=12))
+    try:
+        await engine.update_weights(full, 5)
+        assert engine.weight_version == 5 and engine.weights_checksum == state_checksum(full)
+        after, _, _, _ = await collect(engine, assignment("after-full", PROMPT, len(PROMPT), n=12))
+        assert after == hf_greedy(tiny_model_dir, PROMPT, 12, state=full)
+        assert after != before
+
+        # A sparse delta: one tensor changes (the rest are the very same tensors).
+        name = next(k for k in full if k.endswith("mlp.down_proj.weight"))
+        delta = dict(full)
+        delta[name] = (full[name].float() * -3.0).to(torch.bfloat16)
+        await engine.update_weights(delta, 6)
+        assert engine.weight_version == 6 and engine.weights_checksum == state_checksum(delta)
+        if hasattr(engine, "last_update"):
+            assert engine.last_update["tensors"] == 1, "a delta must send only the tensors it changes"
+        after_delta, _, _, _ = await collect(engine, assignment("after-delta", PROMPT, len(PROMPT), n=12))
+        assert after_delta == hf_greedy(tiny_model_dir, PROMPT, 12, state=delta)
+    finally:
+        await engine.update_weights(old, 0)  # the module shares one engine: leave the original weights
+    restored, _, _, _ = await collect(engine, assignment("restored", PROMPT, len(PROMPT), n=12))
+    assert restored == before
