@@ -93,7 +93,7 @@ def test_report_json_and_plot(tmp_path: Path) -> None:
     write_report(report, tmp_path / "r.json")
     data = yaml.safe_load((tmp_path / "r.json").read_text())
     assert set(data["steps"][0]) == {"step", "reward_mean", "tokens", "rollout_seconds", "train_seconds",
-                                     "sync_seconds", "weight_version"}  # fmt: skip
+                                     "sync_seconds", "weight_version", "weights_checksum"}  # fmt: skip
     for key in ("final_weights_checksum", "preemptions", "migrations", "tokens_lost", "tokens_regenerated", "workers"):
         assert key in data
     png = plot_rewards(steps, tmp_path / "reward.png")
