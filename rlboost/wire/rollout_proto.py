@@ -98,14 +98,14 @@ def chunk_to_pb(c: TokenChunk) -> pb.TokenChunk:
 
 
 def chunk_from_pb(m: pb.TokenChunk) -> TokenChunk:
-    if len(m.logprobs) != len(m.token_ids):
-        raise WireError(f"chunk.logprobs: {len(m.logprobs)} values for {len(m.token_ids)} tokens")
-    if m.offset < 0:
-        raise WireError(f"chunk.offset: must be >= 0, got {m.offset}")
-    return TokenChunk(
-        request_id=m.request_id, lease_epoch=m.lease_epoch, offset=m.offset, token_ids=list(m.token_ids),
-        logprobs=list(m.logprobs), finished=m.finished, finish_reason=m.finish_reason,
-    )
+    # the manager's hot path (one call per chunk): each field read once; `[:]` copies a repeated field
+    # into a list about twice as fast as list() with upb
+    token_ids, logprobs, offset = m.token_ids[:], m.logprobs[:], m.offset
+    if len(logprobs) != len(token_ids):
+        raise WireError(f"chunk.logprobs: {len(logprobs)} values for {len(token_ids)} tokens")
+    if offset < 0:
+        raise WireError(f"chunk.offset: must be >= 0, got {offset}")
+    return TokenChunk(m.request_id, m.lease_epoch, offset, token_ids, logprobs, m.finished, m.finish_reason)
 
 
 def rollout_request_to_pb(r: RolloutRequest) -> pb.RolloutRequest:
