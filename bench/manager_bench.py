@@ -254,8 +254,9 @@ async def _trainer(target: str, per_step: int, max_in_flight: int, max_new: int,
 
         async def one_step(step: int) -> None:
             req = pb.RolloutRequest(step=step, weight_version=0, group_size=1, prompts=prompts, sampling=sampling)
-            async for traj in stub.Rollout(req):
-                stats.trajectories.append((time.monotonic(), len(traj.response_ids)))
+            async for batch in stub.Rollout(req):
+                now = time.monotonic()
+                stats.trajectories.extend((now, len(t.response_ids)) for t in batch.trajectories)
             stats.steps_done += 1
 
         running: set[asyncio.Task] = set()

@@ -114,7 +114,7 @@ class WorkerClient:
 
 async def collect_rollout(target: str, request: pb.RolloutRequest) -> list[pb.Trajectory]:
     async with grpc.aio.insecure_channel(target) as ch:
-        return [t async for t in pb_grpc.RolloutManagerStub(ch).Rollout(request)]
+        return [t async for batch in pb_grpc.RolloutManagerStub(ch).Rollout(request) for t in batch.trajectories]
 
 
 async def status(target: str) -> pb.StatusReply:

@@ -21,6 +21,7 @@ import grpc
 
 from rlboost.nats_server import free_port, wait_for_port
 from rlboost.rollout.v1 import rollout_pb2_grpc
+from rlboost.rollout.v1.rollout_pb2 import TrajectoryBatch
 from rlboost.wire.rollout_io import RolloutRequest, Trajectory, request_id
 from rlboost.wire.rollout_proto import rollout_request_from_pb, trajectory_to_pb
 
@@ -114,9 +115,9 @@ class StandInManager(rollout_pb2_grpc.RolloutManagerServicer):
                     )  # fmt: skip
                 )
         random.Random(req.step).shuffle(trajs)
-        for t in trajs:
+        for t in trajs:  # one per message: exercises the trainer's streaming path at its finest grain
             self.sent.append(t)
-            yield trajectory_to_pb(t)
+            yield TrajectoryBatch(trajectories=[trajectory_to_pb(t)])
 
 
 async def start_manager(servicer: StandInManager) -> tuple[grpc.aio.Server, str]:

@@ -224,6 +224,12 @@ class Trajectory(_message.Message):
     workers: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, request_id: _Optional[str] = ..., step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., sample_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., weight_version: _Optional[int] = ..., workers: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class TrajectoryBatch(_message.Message):
+    __slots__ = ("trajectories",)
+    TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
+    trajectories: _containers.RepeatedCompositeFieldContainer[Trajectory]
+    def __init__(self, trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

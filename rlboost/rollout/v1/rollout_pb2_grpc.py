@@ -42,7 +42,7 @@ class RolloutManagerStub:
         self.Rollout = channel.unary_stream(
                 '/rlboost.rollout.v1.RolloutManager/Rollout',
                 request_serializer=rlboost_dot_rollout_dot_v1_dot_rollout__pb2.RolloutRequest.SerializeToString,
-                response_deserializer=rlboost_dot_rollout_dot_v1_dot_rollout__pb2.Trajectory.FromString,
+                response_deserializer=rlboost_dot_rollout_dot_v1_dot_rollout__pb2.TrajectoryBatch.FromString,
                 _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/rlboost.rollout.v1.RolloutManager/GetStatus',
@@ -62,7 +62,8 @@ class RolloutManagerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Rollout(self, request, context):
-        """A step's rollouts; trajectories stream back as they finish (any order).
+        """A step's rollouts; trajectories stream back as they finish (any order), batched: each message
+        carries every trajectory finished since the last, so delivery keeps up with 1,000 workers.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -86,7 +87,7 @@ def add_RolloutManagerServicer_to_server(servicer, server):
             'Rollout': grpc.unary_stream_rpc_method_handler(
                     servicer.Rollout,
                     request_deserializer=rlboost_dot_rollout_dot_v1_dot_rollout__pb2.RolloutRequest.FromString,
-                    response_serializer=rlboost_dot_rollout_dot_v1_dot_rollout__pb2.Trajectory.SerializeToString,
+                    response_serializer=rlboost_dot_rollout_dot_v1_dot_rollout__pb2.TrajectoryBatch.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -147,7 +148,7 @@ class RolloutManager:
             target,
             '/rlboost.rollout.v1.RolloutManager/Rollout',
             rlboost_dot_rollout_dot_v1_dot_rollout__pb2.RolloutRequest.SerializeToString,
-            rlboost_dot_rollout_dot_v1_dot_rollout__pb2.Trajectory.FromString,
+            rlboost_dot_rollout_dot_v1_dot_rollout__pb2.TrajectoryBatch.FromString,
             options,
             channel_credentials,
             insecure,

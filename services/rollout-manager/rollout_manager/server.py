@@ -226,7 +226,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
 
     async def Rollout(  # noqa: N802
         self, request: pb.RolloutRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.Trajectory]:
+    ) -> AsyncIterator[pb.TrajectoryBatch]:
         try:
             req = wire.rollout_request_from_pb(request)
             sink: asyncio.Queue[Trajectory | None] = asyncio.Queue()
@@ -247,8 +247,12 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
                     if context.cancelled() or context.done():
                         return  # the trainer went away; `finally` drops the step
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "rollout-manager shutting down; retry the step")
-                delivered += 1
-                yield wire.trajectory_to_pb(traj)
+                batch = [traj, *_drain_ready(sink)]  # one message for everything finished so far
+                if batch[-1] is None:
+                    batch.pop()
+                    sink.put_nowait(None)  # handled on the next turn
+                delivered += len(batch)
+                yield pb.TrajectoryBatch(trajectories=[wire.trajectory_to_pb(t) for t in batch])
         finally:
             if self._sinks.get(req.step) is sink:
                 del self._sinks[req.step]
@@ -312,4 +316,15 @@ def _outbox_to_pb(box: Outbox) -> list[pb.ManagerMessage]:
         out.append(pb.ManagerMessage(assign=pb.AssignBatch(assignments=[wire.assignment_to_pb(a) for a in box.assign])))
     if box.drain is not None:
         out.append(pb.ManagerMessage(drain=pb.DrainCommand(reason=box.drain)))
+    return out
+
+
+def _drain_ready(queue: asyncio.Queue) -> list:
+    """Everything already queued, without waiting; stops after a None (end marker)."""
+    out = []
+    while not queue.empty():
+        item = queue.get_nowait()
+        out.append(item)
+        if item is None:
+            break
     return out

@@ -61,8 +61,9 @@ class RolloutClient:
         assert self._stub is not None, "use `async with RolloutClient(...)`"
         call = self._stub.Rollout(rollout_request_to_pb(request), wait_for_ready=True)
         try:
-            async for msg in call:
-                yield trajectory_from_pb(msg)
+            async for batch in call:
+                for msg in batch.trajectories:
+                    yield trajectory_from_pb(msg)
         except grpc.aio.AioRpcError as err:
             raise RolloutError(
                 f"rollout-manager at {self.target} failed step {request.step}: {err.code().name}: {err.details()}"
