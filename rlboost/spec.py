@@ -31,9 +31,9 @@ class ModelSpec(SpecModel):
     )
     path: str = Field("", description="HF model directory (safetensors + tokenizer). For 'tiny', where to create it; empty = inside the run directory.")
     hidden_size: int = Field(128, ge=16, le=8192, description="Hidden size of the tiny model.")
-    num_layers: int = Field(4, ge=1, le=64, description="Transformer layers of the tiny model.")
+    num_layers: int = Field(2, ge=1, le=64, description="Transformer layers of the tiny model.")
     num_heads: int = Field(4, ge=1, le=64, description="Attention heads of the tiny model.")
-    warmup_steps: int = Field(40, ge=0, le=10000, description="Supervised warm-up steps on the task's format when the tiny model is created.")
+    warmup_steps: int = Field(175, ge=0, le=10000, description="Supervised warm-up steps on the task's format when the tiny model is created.")
     seed: int = Field(0, ge=0, description="Seed of the tiny model's initialisation and warm-up.")
 
 
@@ -41,7 +41,7 @@ class TaskSpec(SpecModel):
     """The toy task: prompts generated from a seed and a reward checked by code."""
 
     name: Literal["addition"] = Field("addition", description="Built-in task: 'addition' asks for the sum of two integers.")
-    max_operand: int = Field(19, ge=1, le=10**6, description="Operands are drawn from 0..max_operand.")
+    max_operand: int = Field(5, ge=1, le=10**6, description="Operands are drawn from 0..max_operand.")
     num_prompts: int = Field(400, ge=1, le=10**7, description="Size of the prompt set generated from the seed.")
     seed: int = Field(1234, ge=0, description="Seed of the prompt set and its order.")
     reward: str = Field("rlboost.tasks.rewards:exact_match", description="Reward function as 'module:function' (pluggable entry point).")
@@ -59,6 +59,12 @@ class AlgorithmSpec(SpecModel):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold; 1 = off.")
     max_new_tokens: int = Field(8, ge=1, le=131072, description="Maximum response length in tokens.")
     clip_ratio: float = Field(0.2, gt=0, le=10, description="PPO-style clip range of the importance ratio.")
+    clip_ratio_low: float = Field(0.0, ge=0, lt=1, description="Lower clip range: ratio >= 1 - clipRatioLow; 0 = clipRatio.")
+    clip_ratio_high: float = Field(0.0, ge=0, le=10, description="Upper clip range: ratio <= 1 + clipRatioHigh (DAPO clip-higher); 0 = clipRatio.")
+    kl_coef: float = Field(0.0, ge=0, le=100, description="Weight of the KL penalty to a frozen copy of the initial policy (k3 estimator); 0 = no reference model.")
+    entropy_coef: float = Field(0.0, ge=0, le=100, description="Weight of the entropy bonus (subtracted from the loss); 0 = off.")
+    loss_aggregation: Literal["sequence", "token"] = Field("sequence", description="'sequence': token mean per sequence, then mean over sequences; 'token': every token weighs the same (sum / (sequences x maxNewTokens), Dr. GRPO), so the normaliser is known while samples stream in.")
+    max_staleness: int = Field(0, ge=0, le=1000, description="Accept samples generated up to this many weight versions behind the step's (importance-corrected with clipping); 0 = strictly on-policy. Older samples are skipped (no loss) and counted.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clipping.")
     micro_batch_size: int = Field(32, ge=1, le=65536, description="Trajectories per forward/backward micro-batch.")
     seed: int = Field(0, ge=0, description="Seed of the trainer and of every sample's sampling seed.")
@@ -71,6 +77,9 @@ class TrainerSpec(SpecModel):
     zero_stage: int = Field(1, ge=0, le=3, description="DeepSpeed ZeRO stage.")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="torch.distributed backend; auto = nccl on GPU, gloo on CPU.")
     gpus_per_rank: int = Field(0, ge=0, le=16, description="Accelerators per rank (0 on CPU).")
+    checkpoint_every: int = Field(10, ge=1, le=10**7, description="Write a checkpoint every K steps (and after the last step) when the trainer has a checkpoint directory.")
+    keep_checkpoints: int = Field(3, ge=1, le=1000, description="Valid checkpoints kept; older ones are deleted after a new one is complete.")
+    stream_training: bool = Field(True, description="Train micro-batches as soon as their groups finish, while the rest of the step's rollout runs; false = wait for the whole batch (for comparison).")
 
 
 class PoolSpec(SpecModel):
@@ -105,7 +114,7 @@ class RolloutSpec(SpecModel):
 class WeightSyncSpec(SpecModel):
     """How weights travel from trainer to workers."""
 
-    mode: Literal["delta", "full"] = Field("full", description="'delta': sparse bit-exact deltas; 'full': a snapshot per version.")
+    mode: Literal["delta", "full"] = Field("delta", description="'delta': sparse bit-exact deltas; 'full': a snapshot per version.")
     full_every: int = Field(10, ge=1, le=100000, description="A full snapshot every K versions bounds the delta chain.")
     chunk_bytes: int = Field(4 << 20, ge=4096, le=1 << 30, description="Payload chunk size served with HTTP Range.")
     streams: int = Field(4, ge=1, le=64, description="Concurrent ranged HTTP streams per pull.")
@@ -132,12 +141,28 @@ class JobSpec(SpecModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
-        batch = self.algorithm.prompts_per_step * self.algorithm.group_size
-        if batch % self.trainer.ranks:
+        alg, tr = self.algorithm, self.trainer
+        batch = alg.prompts_per_step * alg.group_size
+        if batch % tr.ranks:
             raise ValueError(
-                f"algorithm.promptsPerStep x algorithm.groupSize ({batch}) must be divisible by trainer.ranks ({self.trainer.ranks})"
+                f"algorithm.promptsPerStep x algorithm.groupSize ({batch}) must be divisible by trainer.ranks ({tr.ranks})"
             )
+        per_rank = batch // tr.ranks
+        if per_rank % effective_micro_batch(self):
+            raise ValueError(
+                f"algorithm.microBatchSize ({alg.micro_batch_size}) must divide the per-rank batch "
+                f"(promptsPerStep x groupSize / trainer.ranks = {per_rank}) so every rank trains the same number "
+                f"of micro-batches; pick a divisor of {per_rank}"
+            )
+        if tr.backend == "nccl" and tr.gpus_per_rank == 0:
+            raise ValueError("trainer.backend 'nccl' needs GPUs: set trainer.gpusPerRank >= 1 or use 'gloo'/'auto'")
         return self
+
+
+def effective_micro_batch(spec: JobSpec) -> int:
+    """The micro-batch size actually used: `microBatchSize`, capped at one rank's share of the batch."""
+    per_rank = spec.algorithm.prompts_per_step * spec.algorithm.group_size // spec.trainer.ranks
+    return max(1, min(spec.algorithm.micro_batch_size, per_rank))
 
 
 class JobSpecError(ValueError):

@@ -44,6 +44,15 @@ class StepReport(BaseModel):
     weights_checksum: str
     loss: float = 0.0
     tokens_by_pool: dict[str, int] = Field(default_factory=dict)
+    grad_norm: float = Field(0.0, description="Global gradient norm before clipping.")
+    learning_rate: float = 0.0
+    kl: float = Field(0.0, description="Mean k3 KL to the reference policy per response token (0 without klCoef).")
+    entropy: float = Field(0.0, description="Mean policy entropy per response token.")
+    train_compute_seconds: float = Field(0.0, description="Rank 0's forward/backward + optimizer time.")
+    trainer_idle_seconds: float = Field(0.0, description="Rank 0's time without compute, request to optimizer step.")
+    off_policy: int = Field(0, description="Samples skipped for being older than algorithm.maxStaleness.")
+    stale: int = Field(0, description="Samples accepted within algorithm.maxStaleness.")
+    ranks: int = Field(1, description="Trainer ranks.")
 
 
 class JobDone(BaseModel):

@@ -4,7 +4,11 @@ Run it (each flag also reads RLBOOST_<FLAG> from the environment):
 
     python -m trainer --config job.yaml --manager 127.0.0.1:50051 --weight-server http://127.0.0.1:8000 \
         --token-file token.txt --model-dir runs/x/model --metrics-port 9102 --run-dir runs/x/trainer \
-        --nats-url nats://127.0.0.1:4222 --namespace default --job local [--steps N] [--dump-rollouts F]
+        --nats-url nats://127.0.0.1:4222 --namespace default --job local [--steps N] [--dump-rollouts F] \
+        [--checkpoint-dir DIR [--resume]]
+
+Several ranks: start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and LOCAL_RANK)
+in the environment (torchrun or a StatefulSet); rank 0 talks to the peers, the others follow it.
 
 Exit 0 after JobDone(ok=True); on failure JobDone(ok=False) is published and the process exits 1 with one
 clear line on stderr.
@@ -34,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default=env_default("run-dir", "runs/trainer"), help="steps.jsonl goes here")
     p.add_argument("--steps", type=int, default=env_default("steps", None), help="override algorithm.steps")
     p.add_argument("--dump-rollouts", default=env_default("dump-rollouts", ""), help="append trajectories as JSONL")
+    p.add_argument("--checkpoint-dir", default=env_default("checkpoint-dir", ""), help="checkpoints go here")
+    p.add_argument("--resume", action="store_true", default=bool(env_default("resume", "")),
+                   help="continue from the newest valid checkpoint in --checkpoint-dir")  # fmt: skip
     p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to wait for NATS and the manager")
     return p
 
@@ -51,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         _fail(parser.prog, f"--model-dir {args.model_dir!r}: not a model directory (needs config.json + safetensors)")
     if args.steps is not None and int(args.steps) < 1:
         _fail(parser.prog, f"--steps must be >= 1, got {args.steps}")
+    if args.resume and not args.checkpoint_dir:
+        _fail(parser.prog, "--resume needs --checkpoint-dir (where the checkpoints are)")
     token = ""
     if args.token_file:
         try:
@@ -65,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir=Path(args.run_dir), nats_url=args.nats_url, namespace=args.namespace, job=args.job,
         steps=int(args.steps) if args.steps is not None else None,
         dump_rollouts=Path(args.dump_rollouts) if args.dump_rollouts else None, connect_timeout_s=args.connect_timeout,
+        checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None, resume=args.resume,
     )  # fmt: skip
     try:
         trainer = Trainer(args.spec, opts)

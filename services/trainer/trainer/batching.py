@@ -53,13 +53,15 @@ class StepAssembler:
     def complete(self) -> bool:
         return self._next_chunk == len(self._chunks)
 
-    def add(self, traj: Trajectory) -> list[list[Sample]]:
-        """Take one trajectory; return the micro-batches that became ready (possibly none), in order."""
+    def add(self, traj: Trajectory, stale: bool = False, weight: float = 1.0) -> list[list[Sample]]:
+        """Take one trajectory; return the micro-batches that became ready (possibly none), in order.
+
+        `stale`/`weight`: see `Sample` (bounded staleness; weight 0 skips a too-stale sample's loss)."""
         key = self._validate(traj)
         if key in self._samples:
             self.duplicates += 1  # a re-sent trajectory must not count twice
             return []
-        self._samples[key] = Sample(traj, float(self._reward_of(traj)))
+        self._samples[key] = Sample(traj, float(self._reward_of(traj)), stale=stale, weight=weight)
         self._maybe_finish_group(traj.prompt_index)
         return self._release()
 

@@ -22,8 +22,17 @@ import numpy as np
 import torch
 
 from rlboost.nats_server import free_port
-from rlboost.spec import JobSpec
-from trainer.grpo import LossStats, MicroBatch, behaviour_logprobs, clipped_policy_loss, token_logprobs
+from rlboost.spec import JobSpec, effective_micro_batch
+from trainer.grpo import (
+    LossStats,
+    MicroBatch,
+    aggregate,
+    behaviour_logprobs,
+    clipped_policy_loss,
+    kl_k3,
+    token_entropy,
+    token_logprobs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +63,9 @@ def resolve_backend(backend: str) -> str:
 def deepspeed_config(spec: JobSpec, world_size: int, bf16: bool) -> dict[str, Any]:
     """The DeepSpeed config of a job (no "optimizer" block, see the module docstring)."""
     return {
-        "train_micro_batch_size_per_gpu": spec.algorithm.micro_batch_size,
+        "train_micro_batch_size_per_gpu": effective_micro_batch(spec),
         "gradient_accumulation_steps": 1,
-        "train_batch_size": spec.algorithm.micro_batch_size * world_size,
+        "train_batch_size": effective_micro_batch(spec) * world_size,
         "managed_gradient_accumulation": False,
         "gradient_clipping": spec.algorithm.grad_clip,
         "zero_optimization": {"stage": spec.trainer.zero_stage},
@@ -73,7 +82,12 @@ class StepResult:
 
 
 class PolicyEngine:
-    """A causal LM wrapped by DeepSpeed, trained with the GRPO clipped loss."""
+    """A causal LM wrapped by DeepSpeed, trained with the GRPO clipped loss (+ optional KL and entropy terms).
+
+    With `algorithm.klCoef > 0` a frozen fp32 copy of the initial model is kept on every rank as the KL
+    reference (not partitioned: fine for the models this runs on CPU; on GPUs a ZeRO-3 reference would be
+    the next step).
+    """
 
     def __init__(self, model_dir: str | Path, spec: JobSpec) -> None:
         import deepspeed
@@ -82,21 +96,37 @@ class PolicyEngine:
         ensure_dist_env()
         seed_everything(spec.algorithm.seed)
         self.spec = spec
-        self.temperature = spec.algorithm.temperature
-        self.clip_ratio = spec.algorithm.clip_ratio
+        alg = spec.algorithm
+        self.temperature = alg.temperature
+        self.clip_low = alg.clip_ratio_low or alg.clip_ratio
+        self.clip_high = alg.clip_ratio_high or alg.clip_ratio
         self.device_is_gpu = torch.cuda.is_available()
         backend = resolve_backend(spec.trainer.backend)
         deepspeed.init_distributed(dist_backend=backend)
-        world = int(os.environ["WORLD_SIZE"])
+        self.world = int(os.environ["WORLD_SIZE"])
+        self.rank = int(os.environ["RANK"])
 
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         model.config.use_cache = False
-        optimizer = torch.optim.AdamW(model.parameters(), lr=spec.algorithm.learning_rate, weight_decay=0.0)
-        config = deepspeed_config(spec, world, bf16=self.device_is_gpu)
+        self.reference = None
+        if alg.kl_coef > 0:
+            self.reference = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+            self.reference.config.use_cache = False
+            self.reference.eval().requires_grad_(False)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=alg.learning_rate, weight_decay=0.0)
+        config = deepspeed_config(spec, self.world, bf16=self.device_is_gpu)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         self.engine.train()
+        if self.reference is not None:
+            self.reference.to(self.engine.device)
         log.info(
-            "deepspeed ready", extra={"backend": backend, "world_size": world, "zero_stage": spec.trainer.zero_stage}
+            "deepspeed ready",
+            extra={
+                "backend": backend,
+                "world_size": self.world,
+                "rank": self.rank,
+                "zero_stage": spec.trainer.zero_stage,
+            },
         )
 
     @property
@@ -109,9 +139,33 @@ class PolicyEngine:
         return token_logprobs(out.logits, batch.input_ids, self.temperature)
 
     def _loss(self, batch: MicroBatch, num_sequences: int) -> tuple[torch.Tensor, LossStats]:
-        logp = self.logprobs(batch)
+        alg = self.spec.algorithm
+        out = self.engine(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        logp = token_logprobs(out.logits, batch.input_ids, self.temperature)
         old = behaviour_logprobs(batch, logp)
-        return clipped_policy_loss(logp, old, batch.advantages, batch.response_mask, self.clip_ratio, num_sequences)
+        mask = batch.response_mask
+        if batch.loss_weight is not None:
+            mask = mask * batch.loss_weight[:, None]  # a skipped (too stale) row contributes nothing
+        agg = {"aggregation": alg.loss_aggregation, "max_tokens": alg.max_new_tokens}
+        loss, stats = clipped_policy_loss(
+            logp, old, batch.advantages, mask, self.clip_low, num_sequences, clip_high=self.clip_high, **agg
+        )
+        on = mask > 0
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_out = self.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+                ref_logp = token_logprobs(ref_out.logits, batch.input_ids, self.temperature)
+            kl = kl_k3(logp, ref_logp)
+            loss = loss + alg.kl_coef * aggregate(kl, mask, num_sequences, **agg)
+            stats.kl_sum = float(kl.detach()[on].sum().item())
+        if alg.entropy_coef > 0:
+            ent = token_entropy(out.logits, self.temperature)
+            loss = loss - alg.entropy_coef * aggregate(ent, mask, num_sequences, **agg)
+            stats.entropy_sum = float(ent.detach()[on].sum().item())
+        else:
+            with torch.no_grad():  # a diagnostic only: no graph through the full-vocabulary entropy
+                stats.entropy_sum = float(token_entropy(out.logits.detach(), self.temperature)[on].sum().item())
+        return loss, stats
 
     def forward_backward(self, batch: MicroBatch, num_sequences: int) -> tuple[float, LossStats]:
         """Accumulate one micro-batch's gradient; returns its share of the step loss and diagnostics."""
@@ -133,11 +187,30 @@ class PolicyEngine:
         return StepResult(grad_norm=float(norm) if norm is not None else float("nan"), learning_rate=float(lr))
 
     def full_state(self) -> dict[str, torch.Tensor]:
-        """The whole model state (HF names, CPU), gathered from ZeRO-3 partitions when needed."""
-        module = self.engine.module
-        if self.spec.trainer.zero_stage == 3:
-            import deepspeed
+        """The whole model state (HF names, CPU) on rank 0; other ranks return {} (they only take part).
 
-            with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-                return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-        return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+        Under ZeRO-3 parameters are gathered one at a time (GatheredParameters per tensor), so no rank ever
+        holds more than the largest parameter beyond its own partition; every rank must call this.
+        """
+        module = self.engine.module
+        if self.spec.trainer.zero_stage != 3:
+            if self.rank != 0:
+                return {}
+            return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+        import deepspeed
+
+        out: dict[str, torch.Tensor] = {}
+        first_name: dict[int, str] = {}  # tied weights: gathered once (the same on every rank: collectives)
+        for name, t in module.state_dict(keep_vars=True).items():
+            if id(t) in first_name:
+                if self.rank == 0:
+                    out[name] = out[first_name[id(t)]].clone()  # separate storage, as safetensors wants
+                continue
+            first_name[id(t)] = name
+            if hasattr(t, "ds_id"):
+                with deepspeed.zero.GatheredParameters([t], modifier_rank=None):
+                    if self.rank == 0:
+                        out[name] = t.detach().cpu().clone()
+            elif self.rank == 0:
+                out[name] = t.detach().cpu().clone()
+        return out

@@ -4,9 +4,16 @@
 - `collate`: samples -> a right-padded `MicroBatch` with a response-token mask aligned to the targets.
 - `token_logprobs`: log_softmax(logits / T) at the target tokens, in float32, over the full vocabulary
   (the quantity the rollout workers report, see `rlboost.sampling.sample_next`).
-- `clipped_policy_loss`: PPO-clipped token-level loss with behaviour log-probs, aggregated per sequence
-  (token mean) and divided by the step's number of sequences, so a step's loss is the sum of its
-  micro-batches' losses and micro-batches can be formed as trajectories stream in.
+- `clipped_policy_loss`: PPO-clipped token-level loss with behaviour log-probs (asymmetric clip range),
+  aggregated per sequence (token mean, divided by the step's number of sequences) or per token (sum
+  divided by sequences x max response length, Dr. GRPO): both normalisers are known before the step's
+  samples arrive, so a step's loss is the sum of its micro-batches' losses and micro-batches can be formed
+  as trajectories stream in.
+- `kl_k3` / `token_entropy`: the optional KL-to-reference penalty and entropy bonus, aggregated the same way.
+- Behaviour log-probs: an on-policy sample's ratio is taken against the trainer's own (detached) log-probs,
+  so it is exactly 1 (one optimizer step per batch, as verl's recomputed old log-probs); only stale samples
+  (bounded staleness) use the workers' log-probs for importance correction. The gradient then does not
+  depend on the workers' floating-point arithmetic, which keeps resumed runs bit-exact.
 """
 
 from __future__ import annotations
@@ -40,11 +47,17 @@ def group_advantages(rewards: Sequence[float], eps: float = ADV_EPS) -> list[flo
 
 @dataclass
 class Sample:
-    """One finished trajectory with its reward and (once its group is complete) its advantage."""
+    """One finished trajectory with its reward and (once its group is complete) its advantage.
+
+    `stale`: generated with an older weight version within the staleness bound (importance-corrected);
+    `weight` 0 skips a sample that is too stale (it keeps its slot so micro-batches stay fixed).
+    """
 
     trajectory: Trajectory
     reward: float
     advantage: float = 0.0
+    stale: bool = False
+    weight: float = 1.0
 
 
 @dataclass
@@ -57,13 +70,17 @@ class MicroBatch:
     old_logprobs: torch.Tensor  # [B, L-1] float32: behaviour log-probs at response targets, 0 elsewhere
     has_old_logprobs: torch.Tensor  # [B] bool: False when the trajectory carried no usable log-probs
     advantages: torch.Tensor  # [B] float32
+    stale: torch.Tensor | None = None  # [B] bool: use the workers' log-probs for the ratio
+    loss_weight: torch.Tensor | None = None  # [B] float32: 0 skips a row
 
     @property
     def num_tokens(self) -> int:
         return int(self.response_mask.sum().item())
 
     def to(self, device: torch.device | str) -> MicroBatch:
-        return MicroBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+        return MicroBatch(
+            *(None if getattr(self, f) is None else getattr(self, f).to(device) for f in self.__dataclass_fields__)
+        )
 
 
 def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
@@ -90,7 +107,9 @@ def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
             old[i, p - 1 : p - 1 + n] = torch.tensor(t.logprobs, dtype=torch.float32)
             has_old[i] = True
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    return MicroBatch(input_ids, attention, resp_mask, old, has_old, adv)
+    stale = torch.tensor([s.stale for s in samples], dtype=torch.bool)
+    weight = torch.tensor([s.weight for s in samples], dtype=torch.float32)
+    return MicroBatch(input_ids, attention, resp_mask, old, has_old, adv, stale, weight)
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -110,6 +129,38 @@ class LossStats:
     clipped_tokens: int
     ratio_sum: float
     abs_logp_diff_sum: float  # |logp_new - logp_old|: a trainer/worker mismatch shows here first
+    kl_sum: float = 0.0  # k3 KL to the reference, summed over response tokens
+    entropy_sum: float = 0.0  # policy entropy, summed over response tokens
+
+    def __add__(self, o: LossStats) -> LossStats:
+        return LossStats(
+            self.tokens + o.tokens, self.clipped_tokens + o.clipped_tokens, self.ratio_sum + o.ratio_sum,
+            self.abs_logp_diff_sum + o.abs_logp_diff_sum, self.kl_sum + o.kl_sum, self.entropy_sum + o.entropy_sum,
+        )  # fmt: skip
+
+
+def aggregate(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    num_sequences: int,
+    aggregation: str = "sequence",
+    max_tokens: int = 0,
+) -> torch.Tensor:
+    """Reduce [B, T] token values to the micro-batch's share of the step's scalar.
+
+    'sequence': sum over rows of the row's token mean, / num_sequences.
+    'token': sum of all tokens / (num_sequences x max_tokens): every token weighs the same.
+    """
+    if num_sequences <= 0:
+        raise ValueError(f"num_sequences must be > 0, got {num_sequences}")
+    if aggregation == "sequence":
+        per_seq = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+        return per_seq.sum() / num_sequences
+    if aggregation == "token":
+        if max_tokens <= 0:
+            raise ValueError(f"token aggregation needs max_tokens > 0, got {max_tokens}")
+        return (per_token * mask).sum() / (num_sequences * max_tokens)
+    raise ValueError(f"loss aggregation must be 'sequence' or 'token', got {aggregation!r}")
 
 
 def clipped_policy_loss(
@@ -119,21 +170,24 @@ def clipped_policy_loss(
     mask: torch.Tensor,
     clip_ratio: float,
     num_sequences: int,
+    clip_high: float | None = None,
+    aggregation: str = "sequence",
+    max_tokens: int = 0,
 ) -> tuple[torch.Tensor, LossStats]:
-    """PPO-clipped loss: sum over rows of the token mean of max(-A r, -A clip(r)), divided by `num_sequences`.
+    """PPO-clipped loss: max(-A r, -A clip(r, 1 - clip_ratio, 1 + clip_high)) per token, aggregated.
 
     `num_sequences` is the whole step's count (not the micro-batch's), so the micro-batches' losses add up
     to the step's loss and their gradients accumulate to the step's gradient.
     """
     if num_sequences <= 0:
         raise ValueError(f"num_sequences must be > 0, got {num_sequences}")
+    high = clip_ratio if clip_high is None else clip_high
     ratio = torch.exp(logp - old_logp)
     adv = advantages.to(logp.dtype)[:, None]
     unclipped = -adv * ratio
-    clipped = -adv * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + high)
     per_token = torch.maximum(unclipped, clipped)
-    per_seq = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
-    loss = per_seq.sum() / num_sequences
+    loss = aggregate(per_token, mask, num_sequences, aggregation, max_tokens)
     with torch.no_grad():
         on = mask > 0
         stats = LossStats(
@@ -145,7 +199,24 @@ def clipped_policy_loss(
     return loss, stats
 
 
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(policy || reference): exp(ref - logp) - (ref - logp) - 1 (>= 0, unbiased)."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1.0
+
+
+def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[B, L-1] entropy of the next-token distribution (logits / T) at each target position."""
+    scale = temperature if temperature > 0 else 1.0
+    logp = torch.log_softmax(logits[:, :-1, :].float() / scale, dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
 def behaviour_logprobs(batch: MicroBatch, logp: torch.Tensor) -> torch.Tensor:
-    """The trajectories' log-probs; rows without them fall back to the current policy's (ratio 1)."""
+    """Old log-probs of the ratio: the workers' for stale rows that carry them, else the current policy's
+    (detached: ratio exactly 1, see the module docstring)."""
     fallback = logp.detach()
-    return torch.where(batch.has_old_logprobs[:, None], batch.old_logprobs, fallback)
+    if batch.stale is None:
+        return fallback
+    use = batch.stale & batch.has_old_logprobs
+    return torch.where(use[:, None], batch.old_logprobs, fallback)

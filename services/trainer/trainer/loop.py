@@ -6,7 +6,18 @@ received by a reader task while ready micro-batches train in a worker thread -> 
 upload version s+1 (the weight-server announces it) -> StepReport on `rlboost.<ns>.<job>.steps`.
 At the end JobDone on `...done`. Time split of a step: rollout = request to last trajectory,
 train = last trajectory to optimizer step done (training overlapped with rollout is not counted twice),
-sync = weight publication.
+sync = weight publication. `trainer_idle_seconds` = the part of (request -> optimizer step done) in which
+rank 0 computed nothing: streamed consumption shrinks it (compare `trainer.streamTraining: false`).
+
+Several ranks: see `trainer.ranks` (rank 0 leads, the others follow its broadcasts). Checkpoints: see
+`trainer.checkpoint`; written after the step's weights are published, every `trainer.checkpointEvery` steps
+and after the last one.
+
+Versions on resume (the weight-server only accepts versions newer than its latest): the checkpoint's
+weights are checksummed; if the weight-server's latest version holds exactly them it is reused, otherwise
+they are published as max(latest + 1, checkpointed version) and the run continues from there. So a
+resumed run whose killed predecessor already published later versions skips their numbers, with the same
+content as an uninterrupted run (versions need not equal steps).
 """
 
 from __future__ import annotations
@@ -21,12 +32,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlboost.spec import JobSpec
+from rlboost.spec import JobSpec, effective_micro_batch
 from rlboost.wire.events import JobDone, StepReport, subject
 from rlboost.wire.rollout_io import PromptItem, RolloutRequest, SamplingParams, Trajectory
-from trainer import metrics
+from trainer import metrics, ranks
 from trainer.batching import StepAssembler
-from trainer.grpo import LossStats, Sample, collate
+from trainer.grpo import LossStats, MicroBatch, Sample, collate
 from trainer.publisher import WeightPublisher
 from trainer.rollout_client import RolloutClient, RolloutError
 
@@ -48,6 +59,8 @@ class TrainerOptions:
     steps: int | None = None  # overrides spec.algorithm.steps
     dump_rollouts: Path | None = None
     connect_timeout_s: float = 30.0
+    checkpoint_dir: Path | None = None  # None: no checkpoints
+    resume: bool = False  # continue from the newest valid checkpoint in checkpoint_dir
 
 
 @dataclass
@@ -71,7 +84,12 @@ class StepRecord:
     first_trajectory_seconds: float
     clip_fraction: float
     logprob_abs_diff: float
-    off_policy: int
+    off_policy: int  # skipped: generated more than maxStaleness versions behind
+    stale: int = 0  # accepted within maxStaleness, importance-corrected
+    kl: float = 0.0  # mean k3 KL to the reference per response token (0 without klCoef)
+    entropy: float = 0.0  # mean policy entropy per response token
+    trainer_idle_seconds: float = 0.0
+    ranks: int = 1
     finish_reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -87,12 +105,7 @@ class StepContext:
     def add_stats(self, loss: float, s: LossStats, seconds: float) -> None:
         self.loss += loss
         self.compute_s += seconds
-        self.stats = LossStats(
-            self.stats.tokens + s.tokens,
-            self.stats.clipped_tokens + s.clipped_tokens,
-            self.stats.ratio_sum + s.ratio_sum,
-            self.stats.abs_logp_diff_sum + s.abs_logp_diff_sum,
-        )
+        self.stats = self.stats + s
 
 
 class Trainer:
@@ -146,11 +159,18 @@ class Trainer:
     # ---- the run ----
 
     async def run(self) -> JobDone:
-        """Train every step; publish JobDone(ok) or, on failure, JobDone(ok=False) and re-raise."""
+        """Train every step; publish JobDone(ok) or, on failure, JobDone(ok=False) and re-raise.
+
+        Ranks other than 0 follow rank 0 (no NATS, manager or weight-server) and return JobDone(ok=True)."""
+        if ranks.rank() != 0:
+            self.engine = await asyncio.to_thread(self._make_engine)
+            await asyncio.to_thread(self._follow)
+            return JobDone(ok=True, steps=self.steps_done)
         try:
             await self._connect_nats()
             self.engine = await asyncio.to_thread(self._make_engine)
             await self._train_all()
+            await asyncio.to_thread(ranks.broadcast, {"op": "stop"})
             done = JobDone(ok=True, steps=self.steps_done, final_weights_checksum=self.checksum)
             await self._publish_event("done", done)
             return done
@@ -166,23 +186,127 @@ class Trainer:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._nc.drain(), 5)
 
+    def _resume_point(self) -> Path | None:
+        """Rank 0: the checkpoint to continue from (None: start fresh); checks it fits this job."""
+        from trainer.checkpoint import CheckpointError, latest_valid
+
+        if not (self.opts.resume and self.opts.checkpoint_dir):
+            return None
+        found = latest_valid(self.opts.checkpoint_dir)
+        if found is None:
+            log.warning("no valid checkpoint: starting from scratch", extra={"dir": str(self.opts.checkpoint_dir)})
+            return None
+        path, st = found
+        want = {"world_size": ranks.world_size(), "zero_stage": self.spec.trainer.zero_stage,
+                "task_seed": self.spec.task.seed, "prompts_per_step": self.spec.algorithm.prompts_per_step}  # fmt: skip
+        for key, value in want.items():
+            if getattr(st, key) != value:
+                raise CheckpointError(
+                    f"checkpoint {path} was written with {key}={getattr(st, key)}, this job has {value}; "
+                    "resume with the same trainer.ranks, trainer.zeroStage, task.seed and algorithm.promptsPerStep"
+                )
+        self.steps_done, self.version, self.checksum = st.steps_done, st.weight_version, st.weights_checksum
+        log.info(
+            "resuming",
+            extra={"checkpoint": str(path), "steps_done": st.steps_done, "weight_version": st.weight_version},
+        )
+        return path
+
+    def _restore(self, ckpt: Path | None) -> dict[str, Any]:
+        """Every rank (in a thread): load the chosen checkpoint, then gather the state to publish."""
+        from trainer import checkpoint
+
+        if ckpt is not None:
+            checkpoint.load(self.engine, ckpt)
+        return self.engine.full_state()
+
+    async def _publish_initial(self, publisher: WeightPublisher, state: dict[str, Any]) -> None:
+        """Publish the starting weights at a version the weight-server accepts (see the module docstring)."""
+        from rlboost.weights.checksum import state_checksum
+        from rlboost.weights.safetensors_io import to_publish_dtype
+
+        ours = await asyncio.to_thread(lambda: state_checksum(to_publish_dtype(state)))
+        if self.checksum and ours != self.checksum:
+            raise RuntimeError(
+                f"restored weights have checksum {ours[:16]}, the checkpoint recorded {self.checksum[:16]}"
+            )
+        held = await publisher.held_versions()
+        version = self.version
+        if held:
+            latest = max(held)
+            same = (await publisher.client.manifest(latest)).checksum == ours
+            version = latest if same else max(latest + 1, self.version)
+        published = await publisher.publish(version, state, skip_if_present=True)
+        self.checksum, self.version = published.checksum, published.version
+        metrics.WEIGHT_VERSION.set(self.version)
+
     async def _train_all(self) -> None:
-        """Publish version 0 (unless the weight-server has it), then run the steps."""
+        """Resume (or not), publish the starting weights, then run the steps."""
         from rlboost.weights.client import WeightClient
 
+        ckpt = self._resume_point()
+        await asyncio.to_thread(ranks.broadcast, {"op": "resume", "ckpt": str(ckpt) if ckpt else None})
+        state = await asyncio.to_thread(self._restore, ckpt)
         streams = self.spec.weight_sync.streams
         async with WeightClient(self.opts.weight_server, token=self.opts.token, streams=streams) as wc:
-            publisher = WeightPublisher(wc)
-            state = await asyncio.to_thread(self.engine.full_state)
-            first = await publisher.publish(0, state, skip_if_present=True)
-            self.checksum, self.version = first.checksum, 0
-            metrics.WEIGHT_VERSION.set(0)
+            publisher = WeightPublisher.from_spec(wc, self.spec.weight_sync)  # weightSync.mode: delta | full
+            await self._publish_initial(publisher, state)
+            del state
             async with RolloutClient(self.opts.manager) as rc:
                 await rc.wait_ready(self.opts.connect_timeout_s)
                 for step in range(self.steps_done, self.steps):
                     record = await self._step(step, rc, publisher)
                     self.steps_done = step + 1
                     await self._report(record)
+            await publisher.flush()  # an upload still in flight (overlap mode) finishes before JobDone
+
+    def _save_due(self) -> bool:
+        every = self.spec.trainer.checkpoint_every
+        last = self.steps_done + 1 == self.steps
+        return self.opts.checkpoint_dir is not None and ((self.steps_done + 1) % every == 0 or last)
+
+    def _trainer_state(self, steps_done: int, version: int, checksum: str) -> Any:
+        from trainer.checkpoint import TrainerState
+
+        return TrainerState(steps_done=steps_done, weight_version=version, weights_checksum=checksum,
+                            world_size=ranks.world_size(), zero_stage=self.spec.trainer.zero_stage,
+                            task_seed=self.spec.task.seed, prompts_per_step=self.spec.algorithm.prompts_per_step)  # fmt: skip
+
+    # ---- followers (ranks > 0) ----
+
+    def _follow(self) -> None:
+        """Ranks > 0: do what rank 0's broadcasts say until it says stop."""
+        msg = ranks.broadcast()
+        self._restore(Path(msg["ckpt"]) if msg["ckpt"] else None)
+        loss, stats = 0.0, LossStats(0, 0, 0.0, 0.0)
+        while True:
+            msg = ranks.broadcast()
+            if msg["op"] == "round":
+                part, st = self.engine.forward_backward(msg["mbs"][ranks.rank()], msg["n"])
+                loss, stats = loss + part, stats + st
+            elif msg["op"] == "step":
+                self._finish_step(loss, stats, msg["save"])
+                self.steps_done += 1
+                loss, stats = 0.0, LossStats(0, 0, 0.0, 0.0)
+            elif msg["op"] == "stop":
+                return
+            else:
+                raise RuntimeError(f"rank {ranks.rank()}: unknown message {msg['op']!r} from rank 0")
+
+    def _finish_step(self, loss: float, stats: LossStats, save: Any) -> tuple[Any, float, LossStats, dict]:
+        """Every rank: optimizer step, statistics all-reduce, state gather. (Checkpoint: after publication.)"""
+        result = self.engine.step()
+        loss, stats = ranks.all_reduce_stats(loss, stats)
+        state = self.engine.full_state()
+        if ranks.rank() != 0 and save is not None:
+            self._checkpoint(save)
+        return result, loss, stats, state
+
+    def _checkpoint(self, state: Any) -> None:
+        from trainer import checkpoint
+
+        assert self.opts.checkpoint_dir is not None
+        checkpoint.save(self.engine, self.opts.checkpoint_dir, state, self.spec.trainer.keep_checkpoints)
 
     def _request(self, step: int) -> tuple[RolloutRequest, list[Any]]:
         from rlboost.models import encode_prompt
@@ -203,27 +327,42 @@ class Trainer:
         text = self._decode(self.tokenizer, traj.response_ids)
         return float(self.reward_fn(text, ctx.examples[traj.prompt_index]))
 
+    def _classify(self, request: RolloutRequest, traj: Trajectory) -> tuple[bool, float]:
+        """(stale, loss weight) of a trajectory: on-policy, stale within maxStaleness, or skipped."""
+        lag = request.weight_version - traj.weight_version
+        if lag == 0:
+            return False, 1.0
+        if 0 < lag <= self.spec.algorithm.max_staleness:
+            return True, 1.0
+        return False, 0.0
+
     async def _step(self, step: int, rc: RolloutClient, publisher: WeightPublisher) -> StepRecord:
         alg = self.spec.algorithm
         request, examples = self._request(step)
         ctx = StepContext(step, examples, [p.token_ids for p in request.prompts])
         assembler = StepAssembler(
-            step, len(examples), alg.group_size, alg.micro_batch_size, lambda t: self._reward(ctx, t)
+            step, len(examples), alg.group_size, effective_micro_batch(self.spec), lambda t: self._reward(ctx, t)
         )
         t0 = time.monotonic()
         queue: asyncio.Queue[Trajectory | None] = asyncio.Queue()
         reader = asyncio.create_task(self._read(rc, request, queue))
         first_at: float | None = None
-        off_policy = 0
+        off_policy = stale = 0
         finish: dict[str, int] = {}
+        pending: list[list[Sample]] = []  # ready micro-batches not yet sent in a round
+        stream = self.spec.trainer.stream_training
         try:
             while (traj := await queue.get()) is not None:
                 first_at = first_at if first_at is not None else time.monotonic() - t0
-                off_policy += traj.weight_version != request.weight_version
+                is_stale, weight = self._classify(request, traj)
+                stale += is_stale
+                off_policy += weight == 0.0
                 finish[traj.finish_reason or "?"] = finish.get(traj.finish_reason or "?", 0) + 1
                 self._dump(traj)
-                for mb in assembler.add(traj):
-                    await self._train(ctx, mb, assembler.total)
+                pending += assembler.add(traj, stale=is_stale, weight=weight)
+                while stream and len(pending) >= ranks.world_size():
+                    await self._train_round(ctx, pending[: ranks.world_size()], assembler.total)
+                    pending = pending[ranks.world_size() :]
             await reader  # re-raises a stream failure
         finally:
             reader.cancel()
@@ -234,27 +373,42 @@ class Trainer:
                 f"rollout stream of step {step} ended with {assembler.received}/{assembler.total} trajectories "
                 f"(first missing (prompt, sample): {missing[:3]})"
             )
-        result = await asyncio.to_thread(self.engine.step)
+        while pending:  # not streaming (or a remainder): train what is left now
+            await self._train_round(ctx, pending[: ranks.world_size()], assembler.total)
+            pending = pending[ranks.world_size() :]
+        version = self.version + 1
+        save = self._trainer_state(step + 1, version, "") if self._save_due() else None
+        await asyncio.to_thread(ranks.broadcast, {"op": "step", "save": save})
+        t_step = time.monotonic()
+        result, loss, stats, state = await asyncio.to_thread(self._finish_step, ctx.loss, ctx.stats, None)
         train_end = time.monotonic()
-        state = await asyncio.to_thread(self.engine.full_state)
-        published = await publisher.publish(step + 1, state)
+        ctx.compute_s += train_end - t_step
+        published = await publisher.publish(version, state, skip_if_present=True)
+        del state
+        if save is not None:
+            save.weights_checksum = published.checksum
+            await asyncio.to_thread(self._checkpoint, save)
         sync_end = time.monotonic()
         self.version, self.checksum = published.version, published.checksum
         metrics.OFF_POLICY.inc(off_policy)
+        metrics.STALE.inc(stale)
         metrics.PUBLISHED_BYTES.inc(published.nbytes)
         samples = assembler.samples()
         rewards = [s.reward for s in samples]
-        n_tok = ctx.stats.tokens
+        n_tok = stats.tokens
         return StepRecord(
             step=step, weight_version=published.version, weights_checksum=published.checksum,
             reward_mean=statistics.fmean(rewards), reward_std=statistics.pstdev(rewards),
-            loss=ctx.loss, grad_norm=result.grad_norm, learning_rate=result.learning_rate,
+            loss=loss, grad_norm=result.grad_norm, learning_rate=result.learning_rate,
             tokens=sum(len(s.trajectory.response_ids) for s in samples), trajectories=len(samples),
             rollout_seconds=rollout_end - t0, train_seconds=train_end - rollout_end, sync_seconds=sync_end - train_end,
             train_compute_seconds=ctx.compute_s, first_trajectory_seconds=first_at or 0.0,
-            clip_fraction=ctx.stats.clipped_tokens / n_tok if n_tok else 0.0,
-            logprob_abs_diff=ctx.stats.abs_logp_diff_sum / n_tok if n_tok else 0.0,
-            off_policy=off_policy, finish_reasons=finish,
+            clip_fraction=stats.clipped_tokens / n_tok if n_tok else 0.0,
+            logprob_abs_diff=stats.abs_logp_diff_sum / n_tok if n_tok else 0.0,
+            off_policy=off_policy, stale=stale, kl=stats.kl_sum / n_tok if n_tok else 0.0,
+            entropy=stats.entropy_sum / n_tok if n_tok else 0.0,
+            trainer_idle_seconds=max(0.0, (train_end - t0) - ctx.compute_s), ranks=ranks.world_size(),
+            finish_reasons=finish,
         )  # fmt: skip
 
     async def _read(self, rc: RolloutClient, request: RolloutRequest, queue: asyncio.Queue) -> None:
@@ -266,11 +420,16 @@ class Trainer:
         finally:
             queue.put_nowait(None)
 
-    async def _train(self, ctx: StepContext, mb: list[Sample], num_sequences: int) -> None:
+    async def _train_round(self, ctx: StepContext, round_: list[list[Sample]], num_sequences: int) -> None:
+        """Send one micro-batch to each rank (rank 0 keeps the first) and train rank 0's."""
         start = time.monotonic()
-        batch = collate(mb, self.pad_id)
-        loss, stats = await asyncio.to_thread(self.engine.forward_backward, batch, num_sequences)
+        mbs = [collate(mb, self.pad_id) for mb in round_]
+        loss, stats = await asyncio.to_thread(self._round, mbs, num_sequences)
         ctx.add_stats(loss, stats, time.monotonic() - start)
+
+    def _round(self, mbs: list[MicroBatch], num_sequences: int) -> tuple[float, LossStats]:
+        ranks.broadcast({"op": "round", "mbs": mbs, "n": num_sequences})
+        return self.engine.forward_backward(mbs[0], num_sequences)
 
     # ---- outputs ----
 
@@ -299,6 +458,9 @@ class Trainer:
             step=r.step, reward_mean=r.reward_mean, reward_std=r.reward_std, tokens=r.tokens,
             rollout_seconds=r.rollout_seconds, train_seconds=r.train_seconds, sync_seconds=r.sync_seconds,
             weight_version=r.weight_version, weights_checksum=r.weights_checksum, loss=r.loss,
+            grad_norm=r.grad_norm, learning_rate=r.learning_rate, kl=r.kl, entropy=r.entropy,
+            train_compute_seconds=r.train_compute_seconds, trainer_idle_seconds=r.trainer_idle_seconds,
+            off_policy=r.off_policy, stale=r.stale, ranks=r.ranks,
         )  # fmt: skip
         await self._publish_event("steps", report)
 
@@ -313,6 +475,10 @@ def _set_metrics(r: StepRecord) -> None:
     metrics.LEARNING_RATE.set(r.learning_rate)
     metrics.CLIP_FRACTION.set(r.clip_fraction)
     metrics.LOGP_DIFF.set(r.logprob_abs_diff)
+    metrics.KL.set(r.kl)
+    metrics.ENTROPY.set(r.entropy)
+    metrics.IDLE_SECONDS.set(r.trainer_idle_seconds)
+    metrics.COMPUTE_SECONDS.set(r.train_compute_seconds)
     metrics.TOKENS.inc(r.tokens)
     wall = r.rollout_seconds + r.train_seconds + r.sync_seconds
     metrics.TOKENS_PER_SECOND.set(r.tokens / wall if wall > 0 else 0.0)

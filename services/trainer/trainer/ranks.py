@@ -1,0 +1,61 @@
+"""Rank coordination of the multi-rank trainer: rank 0 leads, every other rank follows its broadcasts.
+
+Choice: rank 0 alone talks to the rollout-manager, the weight-server and NATS. As a step's micro-batches
+become ready it collates a *round* of `world_size` of them and broadcasts it (torch.distributed
+`broadcast_object_list` on the default group: gloo on CPU); rank r trains micro-batch r of the round.
+Micro-batch k of a step therefore always lands on rank k mod world_size whatever the arrival order, every
+rank runs the same number of backward passes (the job spec guarantees the batch splits evenly), and the
+step is reproducible. Then every rank takes part in the optimizer step, the statistics all-reduce, the
+ZeRO-3 parameter gathers for publication and the collective checkpoint; only rank 0 publishes.
+
+Messages (dicts): {"op": "resume", "ckpt": path|None}, {"op": "round", "mbs": [MicroBatch x world], "n": N},
+{"op": "step", "save": TrainerState|None}, {"op": "stop"}.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from trainer.grpo import LossStats
+
+_FIELDS = ("tokens", "clipped_tokens", "ratio_sum", "abs_logp_diff_sum", "kl_sum", "entropy_sum")
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _multi() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_initialized() and dist.get_world_size() > 1
+
+
+def broadcast(obj: Any = None) -> Any:
+    """Rank 0 sends `obj`; every rank returns it (no-op with one rank). Blocking: call it from a thread."""
+    if not _multi():
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_reduce_stats(loss: float, stats: LossStats) -> tuple[float, LossStats]:
+    """Sum a step's loss and diagnostics over ranks (float64, so the integers stay exact)."""
+    if not _multi():
+        return loss, stats
+    import torch.distributed as dist
+
+    t = torch.tensor([loss, *(float(getattr(stats, f)) for f in _FIELDS)], dtype=torch.float64)
+    dist.all_reduce(t)
+    v = t.tolist()
+    return v[0], LossStats(int(v[1]), int(v[2]), v[3], v[4], v[5], v[6])
