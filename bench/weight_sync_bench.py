@@ -141,9 +141,8 @@ async def publish(url: str, v0, v1, mode: str) -> dict[str, int]:
 
 async def sync_once(url: str, streams: int, held_v0, checksum_v0: str) -> dict:
     """One worker's pull of version 1 through the shaped link, from v0 (held_v0 given) or from nothing."""
-    from rollout_worker.weights import PulledWeights, WeightPuller
-
     from rlboost.weights.client import WeightClient
+    from rollout_worker.weights import PulledWeights, WeightPuller
 
     async with WeightClient(url, streams=streams, timeout=300) as wc:
         puller = WeightPuller(wc)

@@ -18,53 +18,84 @@ from pydantic.alias_generators import to_camel
 class SpecModel(BaseModel):
     """Base: camelCase aliases, unknown fields rejected, assignment validated."""
 
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_assignment=True
-    )
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_assignment=True)
 
 
 class ModelSpec(SpecModel):
     """The policy model and its tokenizer."""
 
     source: Literal["tiny", "path"] = Field(
-        "tiny", description="'tiny': create a small random-init Qwen3 model with warm-up; 'path': load a HF model directory."
+        "tiny",
+        description="'tiny': create a small random-init Qwen3 model with warm-up; 'path': load a HF model directory.",
     )
-    path: str = Field("", description="HF model directory (safetensors + tokenizer). For 'tiny', where to create it; empty = inside the run directory.")
+    path: str = Field(
+        "",
+        description="HF model directory (safetensors + tokenizer). For 'tiny', where to create it; empty = inside the run directory.",
+    )
     hidden_size: int = Field(128, ge=16, le=8192, description="Hidden size of the tiny model.")
     num_layers: int = Field(2, ge=1, le=64, description="Transformer layers of the tiny model.")
     num_heads: int = Field(4, ge=1, le=64, description="Attention heads of the tiny model.")
-    warmup_steps: int = Field(175, ge=0, le=10000, description="Supervised warm-up steps on the task's format when the tiny model is created.")
+    warmup_steps: int = Field(
+        175, ge=0, le=10000, description="Supervised warm-up steps on the task's format when the tiny model is created."
+    )
     seed: int = Field(0, ge=0, description="Seed of the tiny model's initialisation and warm-up.")
 
 
 class TaskSpec(SpecModel):
     """The toy task: prompts generated from a seed and a reward checked by code."""
 
-    name: Literal["addition"] = Field("addition", description="Built-in task: 'addition' asks for the sum of two integers.")
+    name: Literal["addition"] = Field(
+        "addition", description="Built-in task: 'addition' asks for the sum of two integers."
+    )
     max_operand: int = Field(5, ge=1, le=10**6, description="Operands are drawn from 0..max_operand.")
     num_prompts: int = Field(400, ge=1, le=10**7, description="Size of the prompt set generated from the seed.")
     seed: int = Field(1234, ge=0, description="Seed of the prompt set and its order.")
-    reward: str = Field("rlboost.tasks.rewards:exact_match", description="Reward function as 'module:function' (pluggable entry point).")
+    reward: str = Field(
+        "rlboost.tasks.rewards:exact_match", description="Reward function as 'module:function' (pluggable entry point)."
+    )
 
 
 class AlgorithmSpec(SpecModel):
     """GRPO-family policy optimisation."""
 
     name: Literal["grpo"] = Field("grpo", description="Policy-gradient algorithm.")
-    steps: int = Field(40, ge=1, le=10**7, description="Optimizer steps to run.")
-    prompts_per_step: int = Field(16, ge=1, le=10**6, description="Prompts per step (the batch); each gets group_size samples.")
-    group_size: int = Field(8, ge=2, le=1024, description="Samples per prompt; advantages are normalised within a group.")
+    steps: int = Field(60, ge=1, le=10**7, description="Optimizer steps to run.")
+    prompts_per_step: int = Field(
+        32, ge=1, le=10**6, description="Prompts per step (the batch); each gets group_size samples."
+    )
+    group_size: int = Field(
+        8, ge=2, le=1024, description="Samples per prompt; advantages are normalised within a group."
+    )
     learning_rate: float = Field(2e-3, gt=0, le=1.0, description="Optimizer learning rate.")
     temperature: float = Field(1.0, ge=0, le=10, description="Sampling temperature; 0 = greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold; 1 = off.")
     max_new_tokens: int = Field(8, ge=1, le=131072, description="Maximum response length in tokens.")
     clip_ratio: float = Field(0.2, gt=0, le=10, description="PPO-style clip range of the importance ratio.")
-    clip_ratio_low: float = Field(0.0, ge=0, lt=1, description="Lower clip range: ratio >= 1 - clipRatioLow; 0 = clipRatio.")
-    clip_ratio_high: float = Field(0.0, ge=0, le=10, description="Upper clip range: ratio <= 1 + clipRatioHigh (DAPO clip-higher); 0 = clipRatio.")
-    kl_coef: float = Field(0.0, ge=0, le=100, description="Weight of the KL penalty to a frozen copy of the initial policy (k3 estimator); 0 = no reference model.")
-    entropy_coef: float = Field(0.0, ge=0, le=100, description="Weight of the entropy bonus (subtracted from the loss); 0 = off.")
-    loss_aggregation: Literal["sequence", "token"] = Field("sequence", description="'sequence': token mean per sequence, then mean over sequences; 'token': every token weighs the same (sum / (sequences x maxNewTokens), Dr. GRPO), so the normaliser is known while samples stream in.")
-    max_staleness: int = Field(0, ge=0, le=1000, description="Accept samples generated up to this many weight versions behind the step's (importance-corrected with clipping); 0 = strictly on-policy. Older samples are skipped (no loss) and counted.")
+    clip_ratio_low: float = Field(
+        0.0, ge=0, lt=1, description="Lower clip range: ratio >= 1 - clipRatioLow; 0 = clipRatio."
+    )
+    clip_ratio_high: float = Field(
+        0.0, ge=0, le=10, description="Upper clip range: ratio <= 1 + clipRatioHigh (DAPO clip-higher); 0 = clipRatio."
+    )
+    kl_coef: float = Field(
+        0.0,
+        ge=0,
+        le=100,
+        description="Weight of the KL penalty to a frozen copy of the initial policy (k3 estimator); 0 = no reference model.",
+    )
+    entropy_coef: float = Field(
+        0.0, ge=0, le=100, description="Weight of the entropy bonus (subtracted from the loss); 0 = off."
+    )
+    loss_aggregation: Literal["sequence", "token"] = Field(
+        "sequence",
+        description="'sequence': token mean per sequence, then mean over sequences; 'token': every token weighs the same (sum / (sequences x maxNewTokens), Dr. GRPO), so the normaliser is known while samples stream in.",
+    )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description="Accept samples generated up to this many weight versions behind the step's (importance-corrected with clipping); 0 = strictly on-policy. Older samples are skipped (no loss) and counted.",
+    )
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clipping.")
     micro_batch_size: int = Field(32, ge=1, le=65536, description="Trajectories per forward/backward micro-batch.")
     seed: int = Field(0, ge=0, description="Seed of the trainer and of every sample's sampling seed.")
@@ -75,23 +106,41 @@ class TrainerSpec(SpecModel):
 
     ranks: int = Field(1, ge=1, le=4096, description="Data-parallel ranks (a StatefulSet's replicas on Kubernetes).")
     zero_stage: int = Field(1, ge=0, le=3, description="DeepSpeed ZeRO stage.")
-    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="torch.distributed backend; auto = nccl on GPU, gloo on CPU.")
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="torch.distributed backend; auto = nccl on GPU, gloo on CPU."
+    )
     gpus_per_rank: int = Field(0, ge=0, le=16, description="Accelerators per rank (0 on CPU).")
-    checkpoint_every: int = Field(10, ge=1, le=10**7, description="Write a checkpoint every K steps (and after the last step) when the trainer has a checkpoint directory.")
-    keep_checkpoints: int = Field(3, ge=1, le=1000, description="Valid checkpoints kept; older ones are deleted after a new one is complete.")
-    stream_training: bool = Field(True, description="Train micro-batches as soon as their groups finish, while the rest of the step's rollout runs; false = wait for the whole batch (for comparison).")
+    checkpoint_every: int = Field(
+        10,
+        ge=1,
+        le=10**7,
+        description="Write a checkpoint every K steps (and after the last step) when the trainer has a checkpoint directory.",
+    )
+    keep_checkpoints: int = Field(
+        3, ge=1, le=1000, description="Valid checkpoints kept; older ones are deleted after a new one is complete."
+    )
+    stream_training: bool = Field(
+        True,
+        description="Train micro-batches as soon as their groups finish, while the rest of the step's rollout runs; false = wait for the whole batch (for comparison).",
+    )
 
 
 class PoolSpec(SpecModel):
     """One pool of rollout workers."""
 
-    replicas: int = Field(1, ge=0, le=10000, description="Workers started (for spot: the initial count, bounded by min/max).")
+    replicas: int = Field(
+        1, ge=0, le=10000, description="Workers started (for spot: the initial count, bounded by min/max)."
+    )
     min_replicas: int = Field(0, ge=0, le=10000, description="Lower bound of the worker count.")
     max_replicas: int = Field(16, ge=0, le=10000, description="Upper bound of the worker count.")
     capacity: int = Field(64, ge=1, le=100000, description="Concurrent requests per worker.")
-    engine: Literal["torch", "sglang"] = Field("torch", description="Generation engine: 'torch' (CPU, tests) or 'sglang' (GPU).")
+    engine: Literal["torch", "sglang"] = Field(
+        "torch", description="Generation engine: 'torch' (CPU, tests) or 'sglang' (GPU)."
+    )
     gpus_per_worker: int = Field(0, ge=0, le=16, description="Accelerators per worker (0 on CPU).")
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Kubernetes nodeSelector of the pool's pods.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Kubernetes nodeSelector of the pool's pods."
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> PoolSpec:
@@ -103,7 +152,9 @@ class PoolSpec(SpecModel):
 class RolloutSpec(SpecModel):
     """Rollout workers and the manager's timing."""
 
-    reserved: PoolSpec = Field(default_factory=lambda: PoolSpec(replicas=1), description="Reserved (on-demand) workers.")
+    reserved: PoolSpec = Field(
+        default_factory=lambda: PoolSpec(replicas=1), description="Reserved (on-demand) workers."
+    )
     spot: PoolSpec = Field(default_factory=lambda: PoolSpec(replicas=2), description="Preemptible (spot) workers.")
     heartbeat_interval_ms: int = Field(500, ge=50, le=60000, description="Worker heartbeat period.")
     lease_timeout_ms: int = Field(5000, ge=200, le=600000, description="A worker silent this long loses its requests.")
@@ -114,7 +165,9 @@ class RolloutSpec(SpecModel):
 class WeightSyncSpec(SpecModel):
     """How weights travel from trainer to workers."""
 
-    mode: Literal["delta", "full"] = Field("delta", description="'delta': sparse bit-exact deltas; 'full': a snapshot per version.")
+    mode: Literal["delta", "full"] = Field(
+        "delta", description="'delta': sparse bit-exact deltas; 'full': a snapshot per version."
+    )
     full_every: int = Field(10, ge=1, le=100000, description="A full snapshot every K versions bounds the delta chain.")
     chunk_bytes: int = Field(4 << 20, ge=4096, le=1 << 30, description="Payload chunk size served with HTTP Range.")
     streams: int = Field(4, ge=1, le=64, description="Concurrent ranged HTTP streams per pull.")
@@ -136,7 +189,9 @@ class JobSpec(SpecModel):
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec, description="Algorithm and its hyper-parameters.")
     trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="Trainer ranks and DeepSpeed.")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rollout pools and manager timing.")
-    weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="Weight sync from trainer to workers.")
+    weight_sync: WeightSyncSpec = Field(
+        default_factory=WeightSyncSpec, description="Weight sync from trainer to workers."
+    )
     prices: PricesSpec = Field(default_factory=PricesSpec, description="Accelerator prices.")
 
     @model_validator(mode="after")
@@ -182,7 +237,9 @@ def parse_job_spec(data: object, source: str = "<dict>") -> JobSpec:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise JobSpecError(f"invalid job spec in {source}: expected a mapping at the top level, got {type(data).__name__}")
+        raise JobSpecError(
+            f"invalid job spec in {source}: expected a mapping at the top level, got {type(data).__name__}"
+        )
     try:
         return JobSpec.model_validate(data)
     except ValidationError as err:

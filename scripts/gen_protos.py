@@ -1,7 +1,7 @@
 """Generate the Python gRPC stubs from protos/ into the core package.
 
-    python scripts/gen_protos.py          # (re)write rlboost/rollout/v1/*_pb2*.py
-    python scripts/gen_protos.py --check  # exit 1 if the checked-in stubs differ (CI)
+python scripts/gen_protos.py          # (re)write rlboost/rollout/v1/*_pb2*.py
+python scripts/gen_protos.py --check  # exit 1 if the checked-in stubs differ (CI)
 """
 
 from __future__ import annotations
@@ -20,7 +20,13 @@ def generate(out_dir: Path) -> list[Path]:
     from grpc_tools import protoc
 
     protos = sorted(PROTO_ROOT.rglob("*.proto"))
-    args = ["protoc", f"-I{PROTO_ROOT}", f"--python_out={out_dir}", f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}"]
+    args = [
+        "protoc",
+        f"-I{PROTO_ROOT}",
+        f"--python_out={out_dir}",
+        f"--pyi_out={out_dir}",
+        f"--grpc_python_out={out_dir}",
+    ]
     if protoc.main(args + [str(p) for p in protos]) != 0:
         sys.exit("protoc failed")
     return [p for p in out_dir.rglob("*_pb2*.py*")]

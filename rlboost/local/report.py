@@ -91,7 +91,12 @@ def plot_rewards(steps: list[StepRecord], path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([s.step for s in steps], [s.reward_mean for s in steps], marker="o")
+    xs, ys = [s.step for s in steps], [s.reward_mean for s in steps]
+    ax.plot(xs, ys, marker="o", ms=3, lw=0.8, alpha=0.6, label="per step")
+    window = min(10, len(ys))  # a step's mean is noisy (few prompts): show the trend too
+    trend = [sum(ys[max(0, i - window + 1) : i + 1]) / len(ys[max(0, i - window + 1) : i + 1]) for i in range(len(ys))]
+    ax.plot(xs, trend, lw=2, label=f"mean of last {window}")
+    ax.legend(loc="lower right")
     ax.set_xlabel("step")
     ax.set_ylabel("mean reward")
     ax.set_title("rlboost local: mean reward per step")

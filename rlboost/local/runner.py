@@ -253,7 +253,7 @@ class Run:
             return
         self.state.progress.steps.append(rec)
         if self.live is None:
-            self.console.print(step_line(rec, self.state.progress.total_steps))
+            self.console.print(step_line(rec, self.state.progress.total_steps), soft_wrap=True, highlight=False)
 
     async def _on_done(self, msg: object) -> None:
         try:

@@ -12,11 +12,13 @@ A process group per child (start_new_session) lets shutdown reach grandchildren 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -25,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class ChildFailedError(RuntimeError):
@@ -70,6 +74,15 @@ def tail_lines(path: Path, n: int = 15, max_bytes: int = 64 * 1024) -> str:
     return "\n".join(data.decode(errors="replace").splitlines()[-n:])
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGKILL when the CLI dies, even by SIGKILL (Linux), so nothing is orphaned.
+
+    Children are only started from the CLI's main thread, which lives as long as the CLI.
+    """
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def _signal_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):  # the whole group is gone already
         os.killpg(pid, sig)
@@ -111,7 +124,7 @@ class Supervisor:
         with open(log_path, "ab") as out:  # the child keeps its own descriptor
             proc = subprocess.Popen(
                 list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=full_env, start_new_session=True,
+                env=full_env, start_new_session=True, preexec_fn=_die_with_parent,
             )  # fmt: skip
         child = Child(name, proc, log_path, role=role, pool=pool)
         self.children[name] = child

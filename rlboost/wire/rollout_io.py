@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class Pool(str, Enum):
+class Pool(StrEnum):
     """Where a worker runs: reserved (on-demand, colocated with training) or spot (preemptible)."""
 
     RESERVED = "reserved"

@@ -40,8 +40,12 @@ def pool_from_pb(value: int) -> Pool:
 
 def sampling_to_pb(s: SamplingParams) -> pb.SamplingParams:
     return pb.SamplingParams(
-        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
-        seed=s.seed, stop_token_ids=list(s.stop_token_ids),
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        max_new_tokens=s.max_new_tokens,
+        seed=s.seed,
+        stop_token_ids=list(s.stop_token_ids),
     )
 
 
@@ -51,15 +55,23 @@ def sampling_from_pb(m: pb.SamplingParams) -> SamplingParams:
     if m.max_new_tokens <= 0:
         raise WireError(f"sampling.max_new_tokens: must be > 0, got {m.max_new_tokens}")
     return SamplingParams(
-        temperature=m.temperature, top_p=m.top_p or 1.0, top_k=m.top_k, max_new_tokens=m.max_new_tokens,
-        seed=m.seed, stop_token_ids=tuple(m.stop_token_ids),
+        temperature=m.temperature,
+        top_p=m.top_p or 1.0,
+        top_k=m.top_k,
+        max_new_tokens=m.max_new_tokens,
+        seed=m.seed,
+        stop_token_ids=tuple(m.stop_token_ids),
     )
 
 
 def registration_to_pb(r: WorkerRegistration) -> pb.Register:
     return pb.Register(
-        worker_id=r.worker_id, pool=pool_to_pb(r.pool), node=r.node, capacity=r.capacity,
-        weight_version=r.weight_version, engine=r.engine,
+        worker_id=r.worker_id,
+        pool=pool_to_pb(r.pool),
+        node=r.node,
+        capacity=r.capacity,
+        weight_version=r.weight_version,
+        engine=r.engine,
     )
 
 
@@ -69,15 +81,23 @@ def registration_from_pb(m: pb.Register) -> WorkerRegistration:
     if m.capacity <= 0:
         raise WireError(f"register.capacity: must be > 0, got {m.capacity}")
     return WorkerRegistration(
-        worker_id=m.worker_id, pool=pool_from_pb(m.pool), node=m.node, capacity=m.capacity,
-        weight_version=m.weight_version, engine=m.engine or "torch",
+        worker_id=m.worker_id,
+        pool=pool_from_pb(m.pool),
+        node=m.node,
+        capacity=m.capacity,
+        weight_version=m.weight_version,
+        engine=m.engine or "torch",
     )
 
 
 def assignment_to_pb(a: Assignment) -> pb.Assignment:
     return pb.Assignment(
-        request_id=a.request_id, lease_epoch=a.lease_epoch, input_ids=a.input_ids, prompt_len=a.prompt_len,
-        sampling=sampling_to_pb(a.sampling), weight_version=a.weight_version,
+        request_id=a.request_id,
+        lease_epoch=a.lease_epoch,
+        input_ids=a.input_ids,
+        prompt_len=a.prompt_len,
+        sampling=sampling_to_pb(a.sampling),
+        weight_version=a.weight_version,
     )
 
 
@@ -85,15 +105,24 @@ def assignment_from_pb(m: pb.Assignment) -> Assignment:
     if not 0 < m.prompt_len <= len(m.input_ids):
         raise WireError(f"assignment.prompt_len: {m.prompt_len} is outside 1..len(input_ids)={len(m.input_ids)}")
     return Assignment(
-        request_id=m.request_id, lease_epoch=m.lease_epoch, input_ids=list(m.input_ids), prompt_len=m.prompt_len,
-        sampling=sampling_from_pb(m.sampling), weight_version=m.weight_version,
+        request_id=m.request_id,
+        lease_epoch=m.lease_epoch,
+        input_ids=list(m.input_ids),
+        prompt_len=m.prompt_len,
+        sampling=sampling_from_pb(m.sampling),
+        weight_version=m.weight_version,
     )
 
 
 def chunk_to_pb(c: TokenChunk) -> pb.TokenChunk:
     return pb.TokenChunk(
-        request_id=c.request_id, lease_epoch=c.lease_epoch, offset=c.offset, token_ids=c.token_ids,
-        logprobs=c.logprobs, finished=c.finished, finish_reason=c.finish_reason,
+        request_id=c.request_id,
+        lease_epoch=c.lease_epoch,
+        offset=c.offset,
+        token_ids=c.token_ids,
+        logprobs=c.logprobs,
+        finished=c.finished,
+        finish_reason=c.finish_reason,
     )
 
 
@@ -110,7 +139,10 @@ def chunk_from_pb(m: pb.TokenChunk) -> TokenChunk:
 
 def rollout_request_to_pb(r: RolloutRequest) -> pb.RolloutRequest:
     return pb.RolloutRequest(
-        step=r.step, weight_version=r.weight_version, group_size=r.group_size, sampling=sampling_to_pb(r.sampling),
+        step=r.step,
+        weight_version=r.weight_version,
+        group_size=r.group_size,
+        sampling=sampling_to_pb(r.sampling),
         prompts=[pb.Prompt(prompt_index=p.prompt_index, token_ids=p.token_ids) for p in r.prompts],
     )
 
@@ -121,50 +153,87 @@ def rollout_request_from_pb(m: pb.RolloutRequest) -> RolloutRequest:
     if any(not p.token_ids for p in m.prompts):
         raise WireError("rollout.prompts: every prompt needs at least one token")
     return RolloutRequest(
-        step=m.step, weight_version=m.weight_version, group_size=m.group_size, sampling=sampling_from_pb(m.sampling),
+        step=m.step,
+        weight_version=m.weight_version,
+        group_size=m.group_size,
+        sampling=sampling_from_pb(m.sampling),
         prompts=[PromptItem(prompt_index=p.prompt_index, token_ids=list(p.token_ids)) for p in m.prompts],
     )
 
 
 def trajectory_to_pb(t: Trajectory) -> pb.Trajectory:
     return pb.Trajectory(
-        request_id=t.request_id, step=t.step, prompt_index=t.prompt_index, sample_index=t.sample_index,
-        prompt_ids=t.prompt_ids, response_ids=t.response_ids, logprobs=t.logprobs, finish_reason=t.finish_reason,
-        weight_version=t.weight_version, workers=t.workers,
+        request_id=t.request_id,
+        step=t.step,
+        prompt_index=t.prompt_index,
+        sample_index=t.sample_index,
+        prompt_ids=t.prompt_ids,
+        response_ids=t.response_ids,
+        logprobs=t.logprobs,
+        finish_reason=t.finish_reason,
+        weight_version=t.weight_version,
+        workers=t.workers,
     )
 
 
 def trajectory_from_pb(m: pb.Trajectory) -> Trajectory:
     return Trajectory(
-        request_id=m.request_id, step=m.step, prompt_index=m.prompt_index, sample_index=m.sample_index,
-        prompt_ids=list(m.prompt_ids), response_ids=list(m.response_ids), logprobs=list(m.logprobs),
-        finish_reason=m.finish_reason, weight_version=m.weight_version, workers=list(m.workers),
+        request_id=m.request_id,
+        step=m.step,
+        prompt_index=m.prompt_index,
+        sample_index=m.sample_index,
+        prompt_ids=list(m.prompt_ids),
+        response_ids=list(m.response_ids),
+        logprobs=list(m.logprobs),
+        finish_reason=m.finish_reason,
+        weight_version=m.weight_version,
+        workers=list(m.workers),
     )
 
 
 def status_to_pb(s: ManagerStatus) -> pb.StatusReply:
     workers = [
         pb.WorkerStatus(
-            worker_id=w.worker_id, pool=pool_to_pb(w.pool), node=w.node, weight_version=w.weight_version,
-            running=w.running, capacity=w.capacity, tokens_generated=w.tokens_generated, draining=w.draining,
+            worker_id=w.worker_id,
+            pool=pool_to_pb(w.pool),
+            node=w.node,
+            weight_version=w.weight_version,
+            running=w.running,
+            capacity=w.capacity,
+            tokens_generated=w.tokens_generated,
+            draining=w.draining,
         )
         for w in s.workers
     ]
     return pb.StatusReply(
-        workers=workers, pending=s.pending, running=s.running, finished=s.finished,
-        migrations=s.migrations, tokens_received=s.tokens_received,
+        workers=workers,
+        pending=s.pending,
+        running=s.running,
+        finished=s.finished,
+        migrations=s.migrations,
+        tokens_received=s.tokens_received,
     )
 
 
 def status_from_pb(m: pb.StatusReply) -> ManagerStatus:
     workers = [
         WorkerStatus(
-            worker_id=w.worker_id, pool=pool_from_pb(w.pool), node=w.node, weight_version=w.weight_version,
-            running=w.running, capacity=w.capacity, tokens_generated=w.tokens_generated, draining=w.draining,
+            worker_id=w.worker_id,
+            pool=pool_from_pb(w.pool),
+            node=w.node,
+            weight_version=w.weight_version,
+            running=w.running,
+            capacity=w.capacity,
+            tokens_generated=w.tokens_generated,
+            draining=w.draining,
         )
         for w in m.workers
     ]
     return ManagerStatus(
-        workers=workers, pending=m.pending, running=m.running, finished=m.finished,
-        migrations=m.migrations, tokens_received=m.tokens_received,
+        workers=workers,
+        pending=m.pending,
+        running=m.running,
+        finished=m.finished,
+        migrations=m.migrations,
+        tokens_received=m.tokens_received,
     )

@@ -15,6 +15,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+
 from rlboost_operator.checks import check_job
 from rlboost_operator.config import OperatorSettings
 

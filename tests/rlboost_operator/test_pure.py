@@ -8,12 +8,12 @@ from datetime import UTC, datetime, timedelta
 import jsonschema
 import kubernetes_validate
 import pytest
-from rlboost_operator import children, crd, spot, status
-from rlboost_operator.checks import SpecProblemError, check_job, check_reward
-from rlboost_operator.config import OperatorSettings, load_settings
 
 from rlboost.spec import JobSpec, PoolSpec, parse_job_spec
 from rlboost.wire.events import JobDone, StepReport
+from rlboost_operator import children, crd, spot, status
+from rlboost_operator.checks import SpecProblemError, check_job, check_reward
+from rlboost_operator.config import OperatorSettings, load_settings
 
 K8S_VERSION = "1.30.0"
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from rollout_manager.server import RolloutManagerServer
 
 from rlboost.spec import RolloutSpec
+from rollout_manager.server import RolloutManagerServer
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ import asyncio
 
 import nats
 import pytest
-from rollout_manager.preemption import NatsUnavailableError, PreemptionSubscriber, handle_notice
 
 from rlboost.wire.events import PreemptionNotice, subject
+from rollout_manager.preemption import NatsUnavailableError, PreemptionSubscriber, handle_notice
 
 from .client import WorkerClient, collect_rollout, rollout_request, status
 

@@ -222,10 +222,9 @@ async def test_bad_registration_and_bad_rollout_are_invalid_argument(manager):
 
 
 async def test_offload_window_moves_reserved_work_to_spot():
-    from rollout_manager.server import RolloutManagerServer
-
     from rlboost.policies.offload import OffloadConfig, OffloadWindow
     from rlboost.spec import RolloutSpec
+    from rollout_manager.server import RolloutManagerServer
 
     window = OffloadWindow(OffloadConfig(initial_s=0.2, min_s=0.1))
     manager = RolloutManagerServer(RolloutSpec(heartbeat_interval_ms=50, lease_timeout_ms=300), 3600.0, window)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from rollout_manager.state import ManagerState, StepError
 
 from rlboost.policies.migration import MigrationReason
 from rlboost.wire.rollout_io import (
@@ -14,6 +13,7 @@ from rlboost.wire.rollout_io import (
     TokenChunk,
     WorkerRegistration,
 )
+from rollout_manager.state import ManagerState, StepError
 
 
 def _state(*workers: tuple[str, int], pool: Pool = Pool.SPOT) -> ManagerState:

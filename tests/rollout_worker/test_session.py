@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable
 
 import pytest
-from rollout_worker.engine.torch_engine import TorchEngine
-from rollout_worker.session import ManagerUnreachableError, SessionConfig, WorkerSession
 
 from rlboost.nats_server import free_port
 from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.wire.rollout_io import Pool
+from rollout_worker.engine.torch_engine import TorchEngine
+from rollout_worker.session import ManagerUnreachableError, SessionConfig, WorkerSession
 from tests.rollout_worker.standin_manager import StandInManager
 
 PROMPT = [5, 9, 3, 17, 8]

@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 import torch
-from rollout_worker.engine.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, EngineError
-from rollout_worker.engine.torch_engine import TorchEngine, _read_safetensors
 from transformers import AutoModelForCausalLM
 
 from rlboost.weights.checksum import state_checksum
 from rlboost.wire.rollout_io import Assignment, SamplingParams
+from rollout_worker.engine.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, EngineError
+from rollout_worker.engine.torch_engine import TorchEngine, _read_safetensors
 
 PROMPT = [5, 9, 3, 17, 8]
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 from prometheus_client import REGISTRY
-from rollout_worker.weights import WeightPuller, WeightsError
 
 from rlboost.weights.client import WeightClient
 from rlboost.weights.safetensors_io import state_to_bytes
+from rollout_worker.weights import WeightPuller, WeightsError
 from tests.weight_server.servers import TOKEN, ThreadServer
 from tests.weight_server.states import chain, checksum, delta
 

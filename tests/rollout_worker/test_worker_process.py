@@ -15,13 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from rollout_worker.engine.torch_engine import _read_safetensors
 
 from rlboost.nats_server import free_port, wait_for_port
 from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.weights.checksum import state_checksum
 from rlboost.weights.client import WeightClient
 from rlboost.weights.safetensors_io import state_to_bytes
+from rollout_worker.engine.torch_engine import _read_safetensors
 from tests.rollout_worker.standin_manager import StandInManager
 from tests.rollout_worker.test_session import PROMPT, REGISTERED, eventually, pb_assignment
 from tests.rollout_worker.test_torch_engine import hf_greedy

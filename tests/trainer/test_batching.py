@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from trainer.batching import StepAssembler, StreamError
 
 from rlboost.wire.rollout_io import Trajectory
+from trainer.batching import StepAssembler, StreamError
 
 
 def traj(p: int, g: int, step: int = 0, tokens: int = 1) -> Trajectory:

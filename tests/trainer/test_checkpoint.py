@@ -6,12 +6,12 @@ import json
 
 import pytest
 import torch
-from trainer import checkpoint
-from trainer.checkpoint import TrainerState, latest_valid, list_checkpoints, verify
-from trainer.engine import PolicyEngine
 
 from tests.trainer.conftest import tiny_spec
 from tests.trainer.test_engine import _batch
+from trainer import checkpoint
+from trainer.checkpoint import TrainerState, latest_valid, list_checkpoints, verify
+from trainer.engine import PolicyEngine
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),

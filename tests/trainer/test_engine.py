@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainer.engine import PolicyEngine, deepspeed_config
-from trainer.grpo import Sample, collate
 
 from rlboost.wire.rollout_io import Trajectory
 from tests.trainer.conftest import tiny_spec
+from trainer.engine import PolicyEngine, deepspeed_config
+from trainer.grpo import Sample, collate
 
 # DeepSpeed's ZeRO optimizer check imports its Muon module, which torch.compile()s at import and so
 # imports torch.utils.mkldnn, which warns about torch.jit.script_method: third-party noise.

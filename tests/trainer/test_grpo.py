@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+
+from rlboost.wire.rollout_io import Trajectory
 from trainer.grpo import (
     Sample,
     behaviour_logprobs,
@@ -14,8 +16,6 @@ from trainer.grpo import (
     group_advantages,
     token_logprobs,
 )
-
-from rlboost.wire.rollout_io import Trajectory
 
 
 def traj(prompt: list[int], response: list[int], logprobs: list[float] | None = None, p: int = 0, g: int = 0):

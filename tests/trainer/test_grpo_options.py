@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
-from trainer.grpo import Sample, aggregate, behaviour_logprobs, clipped_policy_loss, collate, kl_k3, token_entropy
 
 from rlboost.wire.rollout_io import Trajectory
+from trainer.grpo import Sample, aggregate, behaviour_logprobs, clipped_policy_loss, collate, kl_k3, token_entropy
 
 
 def test_token_aggregation_weighs_every_token_the_same_with_a_fixed_normaliser():

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainer.publisher import WeightPublisher, publish_state
 
 from rlboost.weights.checksum import state_checksum
 from rlboost.weights.client import WeightClient
 from rlboost.weights.safetensors_io import state_from_bytes
 from tests.trainer.peers import TOKEN, WeightServerProcess
+from trainer.publisher import WeightPublisher, publish_state
 
 
 def _state() -> dict[str, torch.Tensor]:

@@ -11,12 +11,12 @@ import threading
 from pathlib import Path
 
 import uvicorn
+
+from rlboost.nats_server import free_port, wait_for_port
 from weight_server.__main__ import bind
 from weight_server.announce import Announcer
 from weight_server.app import create_app
 from weight_server.store import VersionStore
-
-from rlboost.nats_server import free_port, wait_for_port
 
 TOKEN = "test-token"
 ROOT = Path(__file__).resolve().parents[2]

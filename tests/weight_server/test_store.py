@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+
 from weight_server.store import StoreError, VersionStore
 
 

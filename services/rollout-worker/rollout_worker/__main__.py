@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--capacity", type=int, default=int(env_default("capacity", 0)), help="max concurrent requests (0 = spec)"
     )
-    p.add_argument("--engine", default=env_default("engine", ""), choices=["", "torch", "sglang"], help="engine ('' = spec)")
+    p.add_argument(
+        "--engine", default=env_default("engine", ""), choices=["", "torch", "sglang"], help="engine ('' = spec)"
+    )
     p.add_argument(
         "--dtype", default=env_default("dtype", "float32"), choices=["float32", "bfloat16"], help="compute dtype"
     )

@@ -5,10 +5,12 @@ engine's `tokenizer_manager`, whose coroutines we await directly on the worker's
 `Engine.*` wrappers call `loop.run_until_complete` and cannot run inside a running loop).
 
 - Generation: `async_generate(input_ids=prompt + tokens so far, stream=True, return_logprob=True)`, with
-  `skip_tokenizer_init` (ids in, ids out) and `ignore_eos` (only the assignment's stop ids end a response,
-  like the torch engine). Per-request seeds go in `sampling_seed` with deterministic inference on, so SGLang
-  samples token i from hash(seed, sequence position): a request continued from prompt + k tokens draws
-  what the uninterrupted one would have. Greedy (temperature 0) is exact.
+  `skip_tokenizer_init` (ids in, ids out) and `ignore_eos`: only the assignment's stop ids end a response,
+  like the torch engine; the stream is cut here at the first one and the SGLang request aborted. Per-request seeds go in `sampling_seed` with deterministic inference on (GPU), so
+  SGLang samples token i from hash(seed, sequence position): a request continued from prompt + k tokens
+  draws what the uninterrupted one would have. SGLang refuses deterministic inference with the CPU
+  attention backend, so on CPU seeded sampling is not reproducible (`seeded_sampling` is False); greedy
+  (temperature 0) is exact everywhere.
 - Abort: `tokenizer_manager.abort_request(rid=...)`; the stream ends with finish reason "abort".
 - Weights: an update runs between `begin_weight_update` and `end_weight_update`, and sends through
   `update_weights_from_tensor` only the tensors whose bits differ from the state held (a sparse delta
@@ -33,6 +35,8 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from rlboost.weights.checksum import state_checksum
+from rlboost.wire.rollout_io import Assignment
 from rollout_worker.engine.base import (
     FINISH_ABORT,
     FINISH_LENGTH,
@@ -41,9 +45,6 @@ from rollout_worker.engine.base import (
     EngineError,
     GenerationStep,
 )
-
-from rlboost.weights.checksum import state_checksum
-from rlboost.wire.rollout_io import Assignment
 
 if TYPE_CHECKING:
     import torch
@@ -86,8 +87,10 @@ def sampling_params(a: Assignment) -> dict[str, Any]:
         "top_p": s.top_p,
         "top_k": s.top_k if s.top_k > 0 else -1,
         "max_new_tokens": s.max_new_tokens - a.generated,
-        "stop_token_ids": list(s.stop_token_ids),
-        "ignore_eos": True,  # the assignment's stop ids are the only stop condition (same as the torch engine)
+        # SGLang checks stop_token_ids only together with the model's EOS ids (and not at all with ignore_eos);
+        # the assignment's stop ids must be the only stop condition (as in the torch engine), so SGLang
+        # ignores EOS and the stream is cut at the first stop id here (SglangEngine.generate).
+        "ignore_eos": True,
         "skip_special_tokens": False,
         "no_stop_trim": True,
         "sampling_seed": _signed64(s.seed),
@@ -145,6 +148,9 @@ class SglangEngine(Engine):
         self._no_update.set()
         self._paused = False
         self._bg: set[asyncio.Task] = set()
+        # SGLang honours sampling_seed only under deterministic inference, which it refuses with the CPU
+        # attention backend (torch_native): on CPU only greedy decoding is reproducible across migrations.
+        self.seeded_sampling = device != "cpu"
         self.startup_s = 0.0
         self.last_update: dict[str, float] = {}
 
@@ -162,7 +168,8 @@ class SglangEngine(Engine):
             "dtype": self.dtype,
             "max_running_requests": self.capacity,
             "skip_tokenizer_init": True,  # ids in, ids out: no tokenizer needed in the model dir
-            "enable_deterministic_inference": True,  # sampling_seed + position -> reproducible tokens
+            # sampling_seed + position -> reproducible tokens; SGLang allows it only with GPU attention backends.
+            "enable_deterministic_inference": self.seeded_sampling,
             "random_seed": 0,
             "log_level": "error",
         }
@@ -252,8 +259,14 @@ class SglangEngine(Engine):
                 rid=rid,
             )
             seen = 0  # response tokens of this request already yielded
+            stop = frozenset(assignment.sampling.stop_token_ids)
             async for out in stream:
                 step, seen = _to_step(rid, offset, seen, out)
+                if stop:
+                    cut = _cut_at_stop(step, stop)
+                    if cut.finished and not step.finished:
+                        tm.abort_request(rid=rid)  # SGLang would go on decoding past our stop id
+                    step = cut
                 if step.token_ids or step.finished:
                     yield step
                 if step.finished:
@@ -370,6 +383,16 @@ def _to_step(rid: str, offset: int, seen: int, out: dict[str, Any]) -> tuple[Gen
     kind = _FINISH.get(reason.get("type", "abort"), FINISH_ABORT) if isinstance(reason, dict) else FINISH_ABORT
     step = GenerationStep(rid, offset + seen, new_ids, [float(x) for x in new_lps], finished, kind if finished else "")
     return step, seen + len(new_ids)
+
+
+def _cut_at_stop(step: GenerationStep, stop: frozenset[int]) -> GenerationStep:
+    """The step up to and including its first stop id, finished with FINISH_STOP (unchanged if it has none)."""
+    for i, token in enumerate(step.token_ids):
+        if token in stop:
+            return GenerationStep(
+                step.request_id, step.offset, step.token_ids[: i + 1], step.logprobs[: i + 1], True, FINISH_STOP
+            )
+    return step
 
 
 async def _checked(coro, what: str) -> None:

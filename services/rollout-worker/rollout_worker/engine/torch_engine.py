@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from rlboost.sampling import sample_next
+from rlboost.weights.checksum import state_checksum
+from rlboost.wire.rollout_io import Assignment
 from rollout_worker.engine.base import (
     FINISH_ABORT,
     FINISH_LENGTH,
@@ -28,10 +32,6 @@ from rollout_worker.engine.base import (
     EngineError,
     GenerationStep,
 )
-
-from rlboost.sampling import sample_next
-from rlboost.weights.checksum import state_checksum
-from rlboost.wire.rollout_io import Assignment
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,97 @@
+"""Rollout-engine figures: start-up time, decode tokens/s and weight-update time (full vs sparse delta).
+
+    .venv/bin/python bench/engine_bench.py --engine torch
+    .venv-sglang/bin/python bench/engine_bench.py --engine sglang
+    .venv-sglang/bin/python bench/engine_bench.py --engine sglang --model-dir run/model --requests 32
+
+Without --model-dir it builds the tiny Qwen3 of the worker tests. Prints one JSON line of figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "services" / "rollout-worker")]
+
+
+def _tiny_model(path: Path) -> Path:
+    from tests.rollout_worker.conftest import make_tiny_model
+
+    return make_tiny_model(path)
+
+
+async def _run(args: argparse.Namespace) -> dict:
+    import torch
+
+    from rlboost.wire.rollout_io import Assignment, SamplingParams
+    from rollout_worker.engine import make_engine
+    from rollout_worker.engine.torch_engine import _read_safetensors
+
+    model_dir = args.model_dir or str(_tiny_model(Path(tempfile.mkdtemp(prefix="engine-bench-"))))
+    eng = make_engine(args.engine, capacity=args.requests)
+    if args.engine == "sglang":
+        eng.extra_args.update({"max_total_tokens": 32768, "context_length": 2048})
+    t0 = time.perf_counter()
+    await eng.start(model_dir)
+    startup = time.perf_counter() - t0
+
+    async def one(i: int) -> int:
+        s = SamplingParams(temperature=1.0, max_new_tokens=args.tokens, seed=i)
+        n = 0
+        async for step in eng.generate(Assignment(f"b{i}", 1, [5 + i % 50, 9, 3], 3, s, 0)):
+            n += len(step.token_ids)
+        return n
+
+    await asyncio.gather(*(one(i) for i in range(2)))  # warm-up
+    t0 = time.perf_counter()
+    total = sum(await asyncio.gather(*(one(i) for i in range(args.requests))))
+    decode_s = time.perf_counter() - t0
+
+    old = _read_safetensors(model_dir)
+    gen = torch.Generator().manual_seed(0)
+    full = {k: (v.float() + 0.01 * torch.randn(v.shape, generator=gen)).to(v.dtype) for k, v in old.items()}
+    t0 = time.perf_counter()
+    await eng.update_weights(full, 1)
+    full_s = time.perf_counter() - t0
+    delta = dict(full)
+    name = sorted(k for k in full if k.endswith("down_proj.weight"))[0]
+    delta[name] = (full[name].float() * 1.01).to(full[name].dtype)
+    t0 = time.perf_counter()
+    await eng.update_weights(delta, 2)
+    delta_s = time.perf_counter() - t0
+    await eng.close()
+    return {
+        "engine": args.engine,
+        "threads": torch.get_num_threads(),
+        "startup_s": round(startup, 2),
+        "requests": args.requests,
+        "tokens": total,
+        "tokens_per_s": round(total / decode_s, 1),
+        "update_full_s": round(full_s, 4),
+        "update_delta_1_tensor_s": round(delta_s, 4),
+        "tensors": len(full),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--engine", choices=["torch", "sglang"], default="torch")
+    p.add_argument("--model-dir", default="", help="HF model directory (default: the tiny test model)")
+    p.add_argument("--requests", type=int, default=16, help="concurrent requests")
+    p.add_argument("--tokens", type=int, default=64, help="new tokens per request")
+    args = p.parse_args()
+    if args.engine == "sglang":
+        os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    print(json.dumps(asyncio.run(_run(args))))
+
+
+if __name__ == "__main__":
+    main()
