@@ -6,8 +6,14 @@ Run `rlboost --help` (console script) or `python -m rlboost.cli.main --help`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+
+# The CLI forks children while its gRPC client threads poll the manager: gRPC's fork handlers only
+# log "skipping fork() handlers" noise there, and children exec at once. Set before grpc is imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
 def _version() -> str:

@@ -55,6 +55,9 @@ _INT64_MAX = (1 << 63) - 1
 _FINISH = {"stop": FINISH_STOP, "length": FINISH_LENGTH, "abort": FINISH_ABORT}
 
 # SGLang's CPU path (see module docstring); on CUDA its defaults are used.
+CPU_TOKENS_PER_REQUEST = 1024  # KV tokens reserved per concurrent request on CPU (prompt + response)
+CPU_MEM_FRACTION = 0.05  # of system memory, per engine, on CPU
+
 CPU_ENGINE_KWARGS: dict[str, Any] = {
     "attention_backend": "torch_native",
     "sampling_backend": "pytorch",
@@ -141,6 +144,7 @@ class SglangEngine(Engine):
         self._sgl = None  # sglang.Engine
         self._version = 0
         self._state: Mapping[str, torch.Tensor] = {}
+        self._tied: dict[str, str] = {}  # alias -> source of tensors the model ties (stored once)
         self._checksum = ""
         self._running: set[str] = set()
         self._update_lock = asyncio.Lock()
@@ -175,6 +179,10 @@ class SglangEngine(Engine):
         }
         if self.on_cpu:
             kwargs.update(CPU_ENGINE_KWARGS)
+            # On CPU SGLang sizes its KV pool from *system* memory: three engines on one machine
+            # were OOM-killed. Bound the pool by what `capacity` requests can use.
+            kwargs["max_total_tokens"] = max(4096, self.capacity * CPU_TOKENS_PER_REQUEST)
+            kwargs["mem_fraction_static"] = CPU_MEM_FRACTION
         if self.mem_fraction_static is not None:
             kwargs["mem_fraction_static"] = self.mem_fraction_static
         if self.enable_memory_saver:
@@ -191,6 +199,9 @@ class SglangEngine(Engine):
         # main thread; nothing else runs on the loop before the worker registers.
         self._sgl = self._launch(model_dir)
         disk = _read_safetensors(model_dir)
+        self._tied = _tied_aliases(model_dir, disk)
+        for alias, source in self._tied.items():
+            disk[alias] = disk[source]  # the published state names both; the checksum covers both
         self._state, self._checksum = disk, state_checksum(disk)
         self.startup_s = time.perf_counter() - t0
         if state is not None:
@@ -300,6 +311,8 @@ class SglangEngine(Engine):
                 unknown = [n for n in state if n not in self._state]
                 if unknown:
                     raise EngineError(f"weights: {len(unknown)} tensors are not in the model, e.g. {unknown[0]!r}")
+                _check_tied(self._tied, state)
+                names = [n for n in names if n not in self._tied]  # SGLang holds one tensor for a tied pair
                 if names:
                     await _checked(tm.begin_weight_update(BeginWeightUpdateReqInput(), None), "begin_weight_update")
                     try:
@@ -399,6 +412,29 @@ async def _checked(coro, what: str) -> None:
     result = await coro
     if isinstance(result, tuple) and result and result[0] is False:
         raise EngineError(f"SGLang {what} failed: {result[1] if len(result) > 1 else 'no message'}")
+
+
+def _tied_aliases(model_dir: str, disk: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """{"lm_head.weight": "model.embed_tokens.weight"} when the model ties them and the files store one copy."""
+    import json
+    from pathlib import Path
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    tied = config.get("tie_word_embeddings", False) and "lm_head.weight" not in disk
+    return {"lm_head.weight": "model.embed_tokens.weight"} if tied and "model.embed_tokens.weight" in disk else {}
+
+
+def _check_tied(tied: Mapping[str, str], state: Mapping[str, torch.Tensor]) -> None:
+    """A tied pair must carry the same bits: SGLang cannot hold them apart."""
+    import torch
+
+    for alias, source in tied.items():
+        if (
+            alias in state
+            and source in state
+            and not torch.equal(state[alias].view(torch.uint8), state[source].view(torch.uint8))
+        ):
+            raise EngineError(f"weights: {alias} differs from {source}, but the model ties them (tie_word_embeddings)")
 
 
 def _read_safetensors(model_dir: str) -> dict[str, torch.Tensor]:
