@@ -5,5 +5,5 @@ rollout-manager's real policy code (`rlboost.policies`: placement, offload windo
 reserved-only (colocated), disaggregated (fixed split) and hybrid (rlboost) on the same trace
 and workload. See docs/simulation.md for the model and its assumptions.
 
-    rlboost simulate --trace ../shared/traces/bamboo/<file>.csv --json --plot out.png
+    rlboost simulate --trace traces/bamboo/<file>.csv --json --plot out.png
 """

@@ -23,7 +23,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "examples" / "local-preemption.yaml"
-TRACE = Path("/work/shared/traces/bamboo/aws-spot-instances-p2-xlarge-2020-11-20-to-2020-11-23.csv")
+TRACE = REPO / "traces" / "bamboo" / "aws-spot-instances-p2-xlarge-2020-11-20-to-2020-11-23.csv"
 STEPS = 3
 PROMPTS_PER_STEP, GROUP_SIZE = 4, 4  # as in the config
 RUN_TIMEOUT_S = 240
@@ -119,8 +119,9 @@ def test_sigterm_drain_flushes_every_token(uninterrupted, tmp_path: Path) -> Non
 def test_bamboo_trace_replay_loses_no_sample(uninterrupted, tmp_path: Path) -> None:
     _, expected = uninterrupted
     # Clamped to 0..2 spot workers this trace goes 0 -> 2 (108 s) -> 0 (299 s) -> 2 (652 s); 10x faster the
-    # spot workers join during the first steps and are SIGKILLed at 30 s, while later steps run.
-    steps = 8
+    # spot workers join during the first steps and are SIGKILLed at 30 s wall. Enough steps that the run
+    # outlasts that on an idle machine too (8 steps once finished before it: no preemption to test).
+    steps = 40
     report, rollouts = run_local(tmp_path, "--spot-trace", str(TRACE), "--trace-time-scale", "10", steps=steps)
     assert_identical(rollouts, expected)
     assert_nothing_lost(report, rollouts, steps)

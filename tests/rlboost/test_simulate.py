@@ -14,8 +14,12 @@ from rlboost.simulate.runner import run_policy
 from rlboost.simulate.trace import SpotTrace, TraceError, load_trace, parse_trace
 from rlboost.simulate.workload import Workload
 
-TRACES = sorted((Path(__file__).resolve().parents[3] / "shared" / "traces" / "bamboo").glob("*.csv"))
+TRACES = sorted((Path(__file__).resolve().parents[2] / "traces" / "bamboo").glob("*.csv"))
 SMALL = ClusterConfig(MODELS["qwen3-8b"], Workload(prompts_per_step=64))
+
+
+def test_the_bamboo_traces_ship_with_the_repo():
+    assert len(TRACES) >= 6, "traces/bamboo/*.csv missing: the trace-driven tests below would not run"
 
 
 def throughput(cfg: ClusterConfig, policy: str, trace: SpotTrace | None, steps: int = 8) -> float:

@@ -9,7 +9,7 @@ import pytest
 from rlboost.local.chaos import ChaosMonkey
 from rlboost.local.spot_trace import TraceError, TraceSchedule, load_trace, parse_trace, reconcile
 
-BAMBOO = Path("/work/shared/traces/bamboo")
+BAMBOO = Path(__file__).resolve().parents[2] / "traces" / "bamboo"
 
 
 def test_parse_crlf_header_comments_and_same_second_steps() -> None:
