@@ -24,8 +24,7 @@ from transformers import AutoModelForCausalLM
 from rlboost.weights.checksum import state_checksum
 from rlboost.wire.rollout_io import Assignment, SamplingParams
 from rollout_worker.engine import make_engine
-from rollout_worker.engine.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Engine
-from rollout_worker.engine.torch_engine import _read_safetensors
+from rollout_worker.engine.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Engine, read_model_state
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -149,7 +148,7 @@ async def test_stop_token_ends_the_response_and_is_emitted(engine):
 
 
 async def test_greedy_after_weight_updates_equals_transformers_with_new_weights(engine, tiny_model_dir):
-    old = _read_safetensors(str(tiny_model_dir))
+    old = read_model_state(str(tiny_model_dir))
     gen = torch.Generator().manual_seed(3)
     full = {k: (v.float() + 0.2 * torch.randn(v.shape, generator=gen)).to(torch.bfloat16) for k, v in old.items()}
     before, _, _, _ = await collect(engine, assignment("before", PROMPT, len(PROMPT), n=12))

@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM
 
 from rlboost.weights.checksum import state_checksum
 from rlboost.wire.rollout_io import Assignment, SamplingParams
-from rollout_worker.engine.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, EngineError
-from rollout_worker.engine.torch_engine import TorchEngine, _read_safetensors
+from rollout_worker.engine.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, EngineError, read_model_state
+from rollout_worker.engine.torch_engine import TorchEngine
 
 PROMPT = [5, 9, 3, 17, 8]
 
@@ -123,7 +123,7 @@ async def test_abort_stops_at_once_and_keeps_what_was_produced(engine):
 
 
 async def test_update_weights_in_place_matches_fresh_model(engine, tiny_model_dir):
-    old = _read_safetensors(str(tiny_model_dir))
+    old = read_model_state(str(tiny_model_dir))
     gen = torch.Generator().manual_seed(3)
     new = {k: (v.float() + 0.2 * torch.randn(v.shape, generator=gen)).to(torch.bfloat16) for k, v in old.items()}
     before, _, _, _ = await collect(engine, assignment("a", PROMPT, len(PROMPT), n=12))
@@ -137,7 +137,7 @@ async def test_update_weights_in_place_matches_fresh_model(engine, tiny_model_di
 
 async def test_update_waits_for_requests_of_the_old_version(engine, tiny_model_dir):
     """A request decoding when the update arrives finishes on the old weights; the update follows it."""
-    old = _read_safetensors(str(tiny_model_dir))
+    old = read_model_state(str(tiny_model_dir))
     new = {k: (v.float() * 1.5).to(torch.bfloat16) for k, v in old.items()}
     reference, _, _, _ = await collect(engine, assignment("ref", PROMPT, len(PROMPT), n=30))
     stream = engine.generate(assignment("r", PROMPT, len(PROMPT), n=30))

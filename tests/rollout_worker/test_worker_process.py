@@ -21,7 +21,7 @@ from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.weights.checksum import state_checksum
 from rlboost.weights.client import WeightClient
 from rlboost.weights.safetensors_io import state_to_bytes
-from rollout_worker.engine.torch_engine import _read_safetensors
+from rollout_worker.engine.torch_engine import read_model_state
 from tests.rollout_worker.standin_manager import StandInManager
 from tests.rollout_worker.test_session import PROMPT, REGISTERED, eventually, pb_assignment
 from tests.rollout_worker.test_torch_engine import hf_greedy
@@ -104,7 +104,7 @@ async def test_pulls_weights_and_follows_announcements(tiny_model_dir, tmp_path,
     worker = None
     try:
         await asyncio.to_thread(wait_for_port, "127.0.0.1", ws_port, 60, ws)
-        v0 = _read_safetensors(str(tiny_model_dir))
+        v0 = read_model_state(str(tiny_model_dir))
         gen = torch.Generator().manual_seed(5)
         v1 = {k: (v.float() + 0.2 * torch.randn(v.shape, generator=gen)).to(torch.bfloat16) for k, v in v0.items()}
         async with WeightClient(f"http://127.0.0.1:{ws_port}", token="secret") as wc:

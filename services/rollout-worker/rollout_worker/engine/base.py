@@ -86,3 +86,18 @@ class Engine(ABC):
 
     async def close(self) -> None:  # noqa: B027
         """Stop background work; pending streams end with FINISH_ABORT."""
+
+
+def read_model_state(model_dir: str) -> dict[str, torch.Tensor]:
+    """The exact tensors stored in a HF model directory (its *.safetensors files), for either backend."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise EngineError(f"cannot load a model from {model_dir}: no *.safetensors file there")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state

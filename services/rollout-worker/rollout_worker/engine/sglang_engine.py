@@ -44,6 +44,7 @@ from rollout_worker.engine.base import (
     Engine,
     EngineError,
     GenerationStep,
+    read_model_state,
 )
 
 if TYPE_CHECKING:
@@ -198,7 +199,7 @@ class SglangEngine(Engine):
         # Blocking on purpose: SGLang installs signal handlers and forks children, which must happen on the
         # main thread; nothing else runs on the loop before the worker registers.
         self._sgl = self._launch(model_dir)
-        disk = _read_safetensors(model_dir)
+        disk = read_model_state(model_dir)
         self._tied = _tied_aliases(model_dir, disk)
         for alias, source in self._tied.items():
             disk[alias] = disk[source]  # the published state names both; the checksum covers both
@@ -435,18 +436,3 @@ def _check_tied(tied: Mapping[str, str], state: Mapping[str, torch.Tensor]) -> N
             and not torch.equal(state[alias].view(torch.uint8), state[source].view(torch.uint8))
         ):
             raise EngineError(f"weights: {alias} differs from {source}, but the model ties them (tie_word_embeddings)")
-
-
-def _read_safetensors(model_dir: str) -> dict[str, torch.Tensor]:
-    """The exact tensors stored in a HF model directory (its *.safetensors files)."""
-    from pathlib import Path
-
-    from safetensors.torch import load_file
-
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise EngineError(f"cannot load a model from {model_dir}: no *.safetensors file there")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    return state

@@ -17,7 +17,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -31,6 +30,7 @@ from rollout_worker.engine.base import (
     Engine,
     EngineError,
     GenerationStep,
+    read_model_state,
 )
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class TorchEngine(Engine):
     async def start(self, model_dir: str, state: Mapping[str, torch.Tensor] | None = None, version: int = 0) -> None:
         self.model = await asyncio.to_thread(self._load_model, model_dir)
         if state is None:
-            state = await asyncio.to_thread(_read_safetensors, model_dir)
+            state = await asyncio.to_thread(read_model_state, model_dir)
         await asyncio.to_thread(self._apply_state, state)
         self._version = version
         self._wake = asyncio.Event()
@@ -369,16 +369,3 @@ class TorchEngine(Engine):
         tokens, logprobs = sample_next(logits, temperature, seed, position, top_p)
         c.last = tokens.to(self.device)
         return list(zip(c.reqs, tokens.tolist(), logprobs.tolist(), strict=True))
-
-
-def _read_safetensors(model_dir: str) -> dict[str, torch.Tensor]:
-    """The exact tensors stored in a HF model directory (its *.safetensors files)."""
-    from safetensors.torch import load_file
-
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise EngineError(f"cannot load a model from {model_dir}: no *.safetensors file there")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    return state
