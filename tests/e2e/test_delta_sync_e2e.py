@@ -10,11 +10,11 @@ Run it alone with `.venv/bin/pytest -m slow tests/e2e/test_delta_sync_e2e.py`.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.e2e.local_cli import run_local
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,13 +47,7 @@ def test_every_worker_holds_the_trainers_exact_weights_after_every_step(tmp_path
     cfg = tmp_path / "job.yaml"
     cfg.write_text(CONFIG)
     run_dir, report_path = tmp_path / "run", tmp_path / "report.json"
-    cmd = [sys.executable, "-m", "rlboost.cli.main", "local", "--config", str(cfg), "--steps", "3",
-           "--run-dir", str(run_dir), "--json-report", str(report_path)]  # fmt: skip
-    try:
-        res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    except subprocess.TimeoutExpired as err:
-        pytest.fail(f"rlboost local did not finish in 600 s; output:\n{err.stdout}\n{err.stderr}")
-    assert res.returncode == 0, f"exit {res.returncode}\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
+    run_local("--config", cfg, "--steps", "3", "--run-dir", run_dir, "--json-report", report_path, timeout=600)
     report = json.loads(report_path.read_text())
     published = {s["weight_version"]: s["weights_checksum"] for s in report["steps"]}
     assert sorted(published) == [1, 2, 3] and all(published.values())

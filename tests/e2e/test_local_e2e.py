@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.e2e.local_cli import run_local
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,13 +48,7 @@ def test_rlboost_local_two_steps(tmp_path: Path) -> None:
     cfg = tmp_path / "job.yaml"
     cfg.write_text(CONFIG)
     run_dir, report_path = tmp_path / "run", tmp_path / "report.json"
-    cmd = [sys.executable, "-m", "rlboost.cli.main", "local", "--config", str(cfg), "--steps", "2",
-           "--run-dir", str(run_dir), "--json-report", str(report_path)]  # fmt: skip
-    try:
-        res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
-    except subprocess.TimeoutExpired as err:
-        pytest.fail(f"rlboost local did not finish in 900 s; output:\n{err.stdout}\n{err.stderr}")
-    assert res.returncode == 0, f"exit {res.returncode}\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
+    run_local("--config", cfg, "--steps", "2", "--run-dir", run_dir, "--json-report", report_path)
     report = json.loads(report_path.read_text())
     steps = report["steps"]
     assert [s["step"] for s in steps] == sorted(s["step"] for s in steps) and len(steps) == 2

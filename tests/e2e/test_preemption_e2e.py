@@ -14,12 +14,12 @@ Run them with `.venv/bin/pytest -m slow tests/e2e/test_preemption_e2e.py` (about
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.e2e.local_cli import run_local as run_local_cli
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "examples" / "local-preemption.yaml"
@@ -34,14 +34,8 @@ Key = tuple[int, int, int]
 def run_local(out: Path, *flags: str, steps: int = STEPS) -> tuple[dict[str, Any], dict[Key, dict[str, Any]]]:
     """Run `rlboost local` greedily; return its JSON report and the dumped rollouts keyed by (step, prompt, sample)."""
     report, dump = out / "report.json", out / "rollouts.jsonl"
-    cmd = [sys.executable, "-m", "rlboost.cli.main", "local", "--config", str(CONFIG), "--steps", str(steps),
-           "--temperature", "0", "--run-dir", str(out / "run"), "--json-report", str(report),
-           "--dump-rollouts", str(dump), *flags]  # fmt: skip
-    try:
-        res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired as err:
-        pytest.fail(f"rlboost local {' '.join(flags)} did not finish in {RUN_TIMEOUT_S} s:\n{err.stdout}\n{err.stderr}")
-    assert res.returncode == 0, f"exit {res.returncode}\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
+    run_local_cli("--config", CONFIG, "--steps", str(steps), "--temperature", "0", "--run-dir", out / "run",
+                  "--json-report", report, "--dump-rollouts", dump, *flags, timeout=RUN_TIMEOUT_S)  # fmt: skip
     rollouts: dict[Key, dict[str, Any]] = {}
     for line in dump.read_text().splitlines():
         d = json.loads(line)
