@@ -147,6 +147,16 @@ async def test_stop_token_ends_the_response_and_is_emitted(engine):
     assert reason == FINISH_STOP
 
 
+async def test_a_published_state_naming_both_tied_embeddings_applies(engine, tiny_model_dir):
+    """The trainer publishes `state_dict()`: a tied model's lm_head.weight beside embed_tokens (same bits)."""
+    state = read_model_state(str(tiny_model_dir))
+    assert "lm_head.weight" not in state  # the files store the tied pair once
+    published = {**state, "lm_head.weight": state["model.embed_tokens.weight"].clone()}
+    await engine.update_weights(published, 7)
+    assert engine.weight_version == 7 and engine.weights_checksum == state_checksum(published)
+    await engine.update_weights(state, 0)  # back to the files' weights for the tests after this one
+
+
 async def test_greedy_after_weight_updates_equals_transformers_with_new_weights(engine, tiny_model_dir):
     old = read_model_state(str(tiny_model_dir))
     gen = torch.Generator().manual_seed(3)

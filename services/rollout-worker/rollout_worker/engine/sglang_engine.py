@@ -200,9 +200,7 @@ class SglangEngine(Engine):
         # main thread; nothing else runs on the loop before the worker registers.
         self._sgl = self._launch(model_dir)
         disk = read_model_state(model_dir)
-        self._tied = _tied_aliases(model_dir, disk)
-        for alias, source in self._tied.items():
-            disk[alias] = disk[source]  # the published state names both; the checksum covers both
+        self._tied = _tied_aliases(model_dir, disk)  # published states name both; the files store one
         self._state, self._checksum = disk, state_checksum(disk)
         self.startup_s = time.perf_counter() - t0
         if state is not None:
@@ -309,7 +307,7 @@ class SglangEngine(Engine):
             try:
                 t0 = time.perf_counter()
                 names = changed_tensors(self._state, state)
-                unknown = [n for n in state if n not in self._state]
+                unknown = [n for n in state if n not in self._state and n not in self._tied]
                 if unknown:
                     raise EngineError(f"weights: {len(unknown)} tensors are not in the model, e.g. {unknown[0]!r}")
                 _check_tied(self._tied, state)
@@ -322,8 +320,9 @@ class SglangEngine(Engine):
                         await _checked(tm.update_weights_from_tensor(req, None), "update_weights_from_tensor")
                     finally:
                         await _checked(tm.end_weight_update(EndWeightUpdateReqInput(), None), "end_weight_update")
-                merged = dict(self._state)
-                merged.update(state)
+                # A whole state replaces what is held (as in the torch engine); a partial one updates it.
+                whole = set(self._state) - set(self._tied) <= set(state)
+                merged = dict(state) if whole else {**self._state, **state}
                 self._state = merged
                 self._checksum = state_checksum(merged)
                 self._version = version
