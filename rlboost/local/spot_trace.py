@@ -55,7 +55,7 @@ def parse_trace(text: str, source: str = "<trace>") -> SpotTrace:
             raise TraceError(f"{source}:{lineno}: seconds and instances must be >= 0, got {line!r}")
         if events and seconds < events[-1][0]:
             raise TraceError(
-                f"{source}:{lineno}: time {seconds} goes backwards (previous {events[-1][0]}); sort the trace"
+                f"{source}:{lineno}: time {seconds} goes backwards (previous {events[-1][0]}); times must be ascending: sort the trace"
             )
         if events and seconds == events[-1][0]:
             events[-1] = (seconds, count)

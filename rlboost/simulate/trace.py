@@ -1,4 +1,4 @@
-"""Spot availability traces (`seconds,instances` per line, Bamboo format) as a step function of time."""
+"""A spot trace for the simulator: the parsed step function (rlboost.local.spot_trace), repeating past its end."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import bisect
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlboost.local.spot_trace import TraceError
+from rlboost.local.spot_trace import parse_trace as parse_events
 
-class TraceError(ValueError):
-    """A trace file that cannot be read; the message names the line and the fix."""
+__all__ = ["SpotTrace", "TraceError", "load_trace", "parse_trace"]
 
 
 @dataclass(frozen=True)
@@ -34,26 +35,8 @@ class SpotTrace:
 
 
 def parse_trace(text: str, source: str = "<trace>", min_duration: float = 3600.0) -> SpotTrace:
-    times: list[float] = []
-    counts: list[int] = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        parts = line.split(",")
-        try:
-            t, c = float(parts[0]), int(float(parts[1]))
-        except (ValueError, IndexError):
-            if not times and lineno == 1:  # a header line
-                continue
-            raise TraceError(f"{source}:{lineno}: expected 'seconds,instances', got {raw!r}") from None
-        if c < 0 or (times and t < times[-1]):
-            raise TraceError(f"{source}:{lineno}: counts must be >= 0 and times ascending, got {raw!r}")
-        times.append(t)
-        counts.append(c)
-    if not times:
-        raise TraceError(f"{source}: no 'seconds,instances' lines found")
-    return SpotTrace(tuple(times), tuple(counts), max(times[-1], min_duration))
+    events = parse_events(text, source)
+    return SpotTrace(events.times, events.counts, max(events.span_s, min_duration))
 
 
 def load_trace(path: str | Path) -> SpotTrace:

@@ -19,12 +19,11 @@ import os
 import pytest
 import pytest_asyncio
 import torch
-from transformers import AutoModelForCausalLM
 
 from rlboost.weights.checksum import state_checksum
-from rlboost.wire.rollout_io import Assignment, SamplingParams
 from rollout_worker.engine import make_engine
-from rollout_worker.engine.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Engine, read_model_state
+from rollout_worker.engine.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, read_model_state
+from tests.rollout_worker.engine_helpers import assignment, collect, hf_greedy
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -65,40 +64,6 @@ async def engine(request, tiny_model_dir):
     await eng.start(str(tiny_model_dir))
     yield eng
     await eng.close()
-
-
-def assignment(rid: str, input_ids: list[int], prompt_len: int, n: int = 12, temp: float = 0.0, seed: int = 7, stop=()):
-    sampling = SamplingParams(temperature=temp, max_new_tokens=n, seed=seed, stop_token_ids=tuple(stop))
-    return Assignment(rid, 1, list(input_ids), prompt_len, sampling, 0)
-
-
-async def collect(engine: Engine, a: Assignment, abort_after: int = 0) -> tuple[list[int], list[float], str, list]:
-    tokens, logprobs, steps = [], [], []
-    async for step in engine.generate(a):
-        assert step.offset == a.generated + len(tokens), "steps must be contiguous response indices"
-        assert len(step.token_ids) == len(step.logprobs), "one log-probability per token"
-        tokens += step.token_ids
-        logprobs += step.logprobs
-        steps.append(step)
-        if abort_after and len(tokens) >= abort_after and not step.finished:
-            assert engine.abort(a.request_id)
-            abort_after = 0
-    assert steps and steps[-1].finished and all(not s.finished for s in steps[:-1])
-    return tokens, logprobs, steps[-1].finish_reason, steps
-
-
-_HF_CACHE: dict = {}
-
-
-def hf_greedy(model_dir, prompt: list[int], n: int, state=None) -> list[int]:
-    """transformers' own greedy decode in float32, with `state` (bf16 tensors) loaded when given."""
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    if state is not None:
-        model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
-    out = model.generate(
-        torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True, eos_token_id=None
-    )
-    return out[0, len(prompt) :].tolist()
 
 
 async def test_streams_greedy_tokens_equal_to_transformers(engine, tiny_model_dir):

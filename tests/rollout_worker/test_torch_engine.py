@@ -6,29 +6,13 @@ import asyncio
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from rlboost.weights.checksum import state_checksum
-from rlboost.wire.rollout_io import Assignment, SamplingParams
 from rollout_worker.engine.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, EngineError, read_model_state
 from rollout_worker.engine.torch_engine import TorchEngine
+from tests.rollout_worker.engine_helpers import assignment, collect, hf_greedy
 
 PROMPT = [5, 9, 3, 17, 8]
-
-
-def assignment(rid: str, input_ids: list[int], prompt_len: int, n: int = 12, temp: float = 0.0, seed: int = 7, stop=()):
-    sampling = SamplingParams(temperature=temp, max_new_tokens=n, seed=seed, stop_token_ids=tuple(stop))
-    return Assignment(rid, 1, list(input_ids), prompt_len, sampling, 0)
-
-
-async def collect(engine: TorchEngine, a: Assignment) -> tuple[list[int], list[float], str, list]:
-    tokens, logprobs, steps = [], [], []
-    async for step in engine.generate(a):
-        assert step.offset == a.generated + len(tokens), "steps must be contiguous response indices"
-        tokens += step.token_ids
-        logprobs += step.logprobs
-        steps.append(step)
-    return tokens, logprobs, steps[-1].finish_reason, steps
 
 
 @pytest.fixture
@@ -37,16 +21,6 @@ async def engine(tiny_model_dir):
     await eng.start(str(tiny_model_dir))
     yield eng
     await eng.close()
-
-
-def hf_greedy(model_dir, prompt: list[int], n: int, state=None) -> list[int]:
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    if state is not None:
-        model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
-    out = model.generate(
-        torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True, eos_token_id=None
-    )
-    return out[0, len(prompt) :].tolist()
 
 
 async def test_greedy_equals_transformers_generate(engine, tiny_model_dir):
