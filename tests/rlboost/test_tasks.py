@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rlboost.spec import TaskSpec
 from rlboost.tasks import Example, RewardLoadError, load_reward, make_task
-from rlboost.tasks.rewards import exact_match, format_reward
+from rlboost.tasks.rewards import exact_match, format_reward, math_answer, parse_number
 
 
 def test_addition_examples_are_seeded_and_correct() -> None:
@@ -105,3 +109,84 @@ def test_load_reward_errors_name_the_field(entry: str, message: str) -> None:
     with pytest.raises(RewardLoadError, match="task.reward") as err:
         load_reward(entry)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "answer", "expected"),
+    [
+        ("The answer is 12.", "12", 1.0),
+        ("5 + 7 = 12, so the answer is 12<|im_end|>", "12", 1.0),
+        ("First 3, then 4, finally \\boxed{12}. Check: 13 is wrong", "12", 1.0),  # a box beats a later number
+        ("\\boxed{\\frac{3}{4}}", "0.75", 1.0),
+        ("$\\dfrac{6}{8}$", "3/4", 1.0),
+        ("Half of it: \\boxed{x = -\\frac{1}{2}}", "-0.5", 1.0),
+        ("work...\n#### 1,234", "1234", 1.0),
+        ("The final answer is: $+7$.", "7", 1.0),
+        ("It costs \\$1,000", "1000", 1.0),
+        ("The answer is 5 because 2 + 2 = 4", "5", 1.0),  # the number right after "answer is"
+        ("\u22125", "-5", 1.0),  # a Unicode minus
+        ("we get 7.50", "7.5", 1.0),
+        ("\\boxed{5 \\text{ cm}}", "5", 1.0),
+        ("Answer: Paris.", "paris", 1.0),  # a non-numeric reference answer: normalised text
+        # Tricky negatives.
+        ("", "12", 0.0),
+        ("no digits here", "12", 0.0),
+        ("The answer is 13.", "12", 0.0),
+        ("123", "12", 0.0),  # a prefix is not the number
+        ("5-3", "-3", 0.0),  # a binary minus is no sign
+        ("-5", "5", 0.0),
+        ("0.7499", "3/4", 0.0),
+        ("1/0", "1", 0.0),
+        ("1,23", "123", 0.0),  # not a thousands separator: the last number is 23
+        ("\\boxed{13}, or maybe 12", "12", 0.0),  # the box is the answer
+        ("9" * 50_000, "9" * 50_000, 0.0),  # too long to be an answer, never fed to Fraction
+        ("<|im_end|>12", "12", 0.0),  # after the end-of-turn marker nothing counts
+        ("Answer: London.", "paris", 0.0),
+    ],
+)
+def test_math_answer(text: str, answer: str, expected: float) -> None:
+    assert math_answer(text, Example("q", answer)) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("3/4", Fraction(3, 4)), ("\\frac{3}{4}", Fraction(3, 4)), ("-2.50", Fraction(-5, 2)), ("1,000,000", 10**6),
+     ("$+.5$.", Fraction(1, 2)), ("x", None), ("1/0", None), ("1,0000", None), ("2**10", None), ("1e5", None)],
+)  # fmt: skip
+def test_parse_number_is_exact_and_evaluates_nothing(text: str, value: Fraction | None) -> None:
+    assert parse_number(text) == value
+
+
+def _spellings(value: Fraction) -> list[str]:
+    """Equivalent ways to write `value` (a multiple of 1/8, so every one has a finite decimal)."""
+    sign = "-" if value < 0 else ""
+    mag = abs(value)
+    dec = f"{sign}{float(mag):.3f}"  # exact: a multiple of 1/8 below 2**53
+    latex = f"{sign}\\frac{{{mag.numerator * 2}}}{{{mag.denominator * 2}}}"
+    forms = [dec, f"{dec}0", f"{sign}{mag.numerator}/{mag.denominator}", latex]
+    if mag.denominator == 1:
+        whole = int(mag)
+        forms += [f"{sign}{whole}", f"{sign}{whole:,}", f"{sign or '+'}{whole}"]
+    return forms
+
+
+_WRAPPERS = ["{}", "The answer is {}.", "so\n#### {}", "\\boxed{{{}}}", "I think it is ${}$"]
+
+
+@given(
+    st.integers(-(10**9), 10**9),
+    st.sampled_from([1, 2, 4, 8]),
+    st.integers(0, 4),
+    st.data(),
+)
+def test_math_answer_property(num: int, den: int, wrapper: int, data: st.DataObject) -> None:
+    """Any equivalent spelling in any wrapper verifies; a different number never does."""
+    value = Fraction(num, den)
+    reference = str(num // den) if value.denominator == 1 else f"{float(value)}"
+    form = data.draw(st.sampled_from(_spellings(value)))
+    text = _WRAPPERS[wrapper].format(form)
+    assert math_answer(text, Example("q", reference)) == 1.0, text
+    delta = data.draw(st.sampled_from([Fraction(1), Fraction(-1), Fraction(1, 8), Fraction(1000)]))
+    other = data.draw(st.sampled_from(_spellings(value + delta)))
+    wrong = _WRAPPERS[wrapper].format(other)
+    assert math_answer(wrong, Example("q", reference)) == 0.0, wrong

@@ -99,3 +99,32 @@ def test_kl_and_entropy_terms_train_with_a_frozen_reference(tiny_model_dir):
     _, after = engine.forward_backward(batch, n)
     assert before.kl_sum == pytest.approx(0.0, abs=1e-6) and after.kl_sum > 1e-6
     assert before.entropy_sum > 0 and after.entropy_sum > 0
+
+
+@pytest.mark.parametrize("zero_stage", [1, 3])
+def test_publish_state_is_the_bf16_cast_of_the_full_state(tiny_model_dir, zero_stage):
+    """ZeRO-3 (one rank, in process) takes the partitioned path; stage 1 the gathered one. Same bits either way,
+    and a state once returned never changes under later extractions (the publisher keeps it as a delta base)."""
+    from rlboost.weights.checksum import state_checksum
+    from rlboost.weights.safetensors_io import to_publish_dtype
+
+    spec = tiny_spec(learning_rate=1e-4, micro_batch_size=4)
+    spec.trainer.zero_stage = zero_stage
+    engine = PolicyEngine(tiny_model_dir, spec)
+    assert engine.extraction == ("partitioned" if zero_stage == 3 else "gathered")
+    batch, n = _batch(engine)
+    earlier: list[tuple[dict, str]] = []
+    for step in range(3):
+        if step:
+            engine.forward_backward(batch, n)
+            engine.step()
+        got = engine.publish_state()
+        assert {t.dtype for t in got.values()} == {torch.bfloat16}
+        assert state_checksum(got) == state_checksum(to_publish_dtype(engine.full_state()))
+        assert len({t.data_ptr() for t in got.values()}) == len(got)  # tied names: separate storage
+        earlier.append((got, state_checksum(got)))
+    assert all(state_checksum(s) == c for s, c in earlier)
+    assert len({c for _, c in earlier}) == 3
+    assert engine.last_extraction["path"] == engine.extraction and engine.last_extraction["bytes_to_rank0"] == 0
+    with pytest.raises(ValueError, match="'partitioned' or 'gathered'"):
+        engine.publish_state("scattered")

@@ -6,11 +6,18 @@ plain torch AdamW handed to DeepSpeed: an "optimizer" block in the DeepSpeed con
 Adam. Gradient accumulation is unmanaged (`managed_gradient_accumulation: false`): backward() may run any
 number of times while a step's trajectories stream in, and step() is the boundary.
 
+Publication: `publish_state()` gives rank 0 the bf16 state the publisher uploads. Under ZeRO-3 each rank
+extracts the bf16 delta of its own partition and only that moves to rank 0 (trainer.partition_delta);
+stages 0-2, or a ZeRO-3 layout it cannot read (NVMe offload, subgroup partitioning), gather the full
+parameters instead (`full_state()`). The choice is logged at start-up ("state_extraction") and each
+extraction's bytes moved to rank 0 are logged and exported as metrics.
+
 DeepSpeed and transformers are imported inside functions so that importing this module stays cheap.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -119,6 +126,7 @@ class PolicyEngine:
         self.engine.train()
         if self.reference is not None:
             self.reference.to(self.engine.device)
+        self.extraction, why = self._choose_extraction()
         log.info(
             "deepspeed ready",
             extra={
@@ -126,8 +134,24 @@ class PolicyEngine:
                 "world_size": self.world,
                 "rank": self.rank,
                 "zero_stage": spec.trainer.zero_stage,
+                "state_extraction": self.extraction,
+                "state_extraction_why": why,
             },
         )
+
+    def _choose_extraction(self) -> tuple[str, str]:
+        """'partitioned' (ZeRO-3: per-rank deltas, see trainer.partition_delta) or 'gathered', and why."""
+        from trainer.partition_delta import PartitionDeltaExtractor, unsupported_reason
+
+        self._extractor: PartitionDeltaExtractor | None = None
+        self.last_extraction: dict[str, Any] = {}  # the last publish_state()'s path and traffic
+        if self.spec.trainer.zero_stage != 3:
+            return "gathered", f"ZeRO stage {self.spec.trainer.zero_stage}: rank 0 holds every parameter"
+        reason = unsupported_reason(self.engine.module, self.world)
+        if reason is not None:
+            return "gathered", f"ZeRO-3 fallback: {reason}"
+        self._extractor = PartitionDeltaExtractor(self.engine.module, self.rank, self.world)
+        return "partitioned", "ZeRO-3: each rank extracts the delta of its own partition"
 
     @property
     def device(self) -> torch.device:
@@ -214,3 +238,46 @@ class PolicyEngine:
             elif self.rank == 0:
                 out[name] = t.detach().cpu().clone()
         return out
+
+    def publish_state(self, path: str | None = None) -> dict[str, torch.Tensor]:
+        """The bf16 state to publish (HF names, CPU) on rank 0; other ranks return {}. Every rank must call it.
+
+        `path` (default: the engine's choice, `self.extraction`) is 'partitioned' (ZeRO-3 only: per-rank
+        partition deltas, trainer.partition_delta) or 'gathered' (full_state() cast to bf16); both give the
+        same bits. The bytes moved to rank 0 go to the log and the metrics rlboost_trainer_extraction_last_bytes
+        and rlboost_trainer_extraction_bytes_total (label `path`).
+        """
+        from rlboost.weights.safetensors_io import to_publish_dtype
+        from trainer.partition_delta import EXTRACTION_BYTES, EXTRACTION_BYTES_TOTAL
+
+        path = path or self.extraction
+        if path == "partitioned":
+            if self._extractor is None:
+                raise ValueError(f"partitioned state extraction needs ZeRO-3 partitions ({self.extraction} in use)")
+            state, stats = self._extractor.extract()
+            detail = dataclasses.asdict(stats)
+            moved = detail.pop("bytes_to_rank0")
+        elif path == "gathered":
+            full = self.full_state()
+            state = {k: v.contiguous() for k, v in to_publish_dtype(full).items()}
+            moved, detail = self._gathered_bytes(), {}
+        else:
+            raise ValueError(f"state extraction path must be 'partitioned' or 'gathered', got {path!r}")
+        self.last_extraction = {"path": path, "bytes_to_rank0": moved, **detail}
+        if self.rank == 0:
+            EXTRACTION_BYTES.labels(path).set(moved)
+            EXTRACTION_BYTES_TOTAL.labels(path).inc(moved)
+            log.info("state extracted", extra={"state_extraction": path, "extraction_bytes": moved, **detail})
+        return state
+
+    def _gathered_bytes(self) -> int:
+        """Bytes rank 0 receives gathering the ZeRO-3 parameters (the other ranks' shares); 0 below stage 3."""
+        if self.spec.trainer.zero_stage != 3 or self.world == 1:
+            return 0
+        seen: set[int] = set()
+        total = 0
+        for t in self.engine.module.state_dict(keep_vars=True).values():
+            if hasattr(t, "ds_id") and id(t) not in seen:
+                seen.add(id(t))
+                total += t.ds_numel * t.element_size() * (self.world - 1) // self.world
+        return total
