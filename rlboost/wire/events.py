@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 
 def subject(namespace: str, job: str, topic: str) -> str:
-    """`rlboost.<namespace>.<job>.<topic>`; topics: weights, nodes, steps, done."""
+    """`rlboost.<namespace>.<job>.<topic>`; topics: weights, nodes, steps, done, colocation, colocation-acks."""
     return f"rlboost.{namespace}.{job}.{topic}"
 
 
@@ -53,6 +53,9 @@ class StepReport(BaseModel):
     off_policy: int = Field(0, description="Samples skipped for being older than algorithm.maxStaleness.")
     stale: int = Field(0, description="Samples accepted within algorithm.maxStaleness.")
     ranks: int = Field(1, description="Trainer ranks.")
+    colocation_released: int = Field(0, description="Colocated reserved workers that acked the release this step.")
+    colocation_resumed: int = Field(0, description="Colocated reserved workers that acked the resume this step.")
+    colocation_wait_seconds: float = Field(0.0, description="Trainer time waiting for the release acks this step.")
 
 
 class JobDone(BaseModel):
@@ -62,3 +65,33 @@ class JobDone(BaseModel):
     steps: int
     final_weights_checksum: str = ""
     error: str = ""
+
+
+COLOCATION_RELEASE = "release"
+COLOCATION_RESUME = "resume"
+
+
+class ColocationCommand(BaseModel):
+    """topic `colocation` (trainer -> colocated reserved workers, `trainer.colocateReserved`).
+
+    `release` after step `step`'s rollout batch is complete: stop taking work, free engine memory, ack.
+    `resume` after the step trained and its weights were published: take the memory back, ack, then sync to
+    the newest announced weight version before taking work again."""
+
+    step: int = Field(description="Trainer step the command belongs to.")
+    action: str = Field(description="'release' or 'resume'.")
+    weight_version: int = Field(0, description="Weight version published last (resume: the step's new version).")
+
+
+class ColocationAck(BaseModel):
+    """topic `colocation-acks` (worker -> trainer): one per worker and command."""
+
+    step: int = Field(description="Step of the command acknowledged.")
+    action: str = Field(description="'release' or 'resume'.")
+    worker_id: str = Field(description="The acknowledging worker.")
+    ok: bool = Field(True, description="False: the engine could not release/resume; `error` says why.")
+    error: str = Field("", description="Why it failed (empty when ok).")
+    released: bool = Field(description="Whether the engine's memory is released after the command.")
+    nbytes: int = Field(0, description="Engine bytes freed (release) or allocated again (resume).")
+    seconds: float = Field(0.0, description="Time the engine took.")
+    weight_version: int = Field(0, description="Weight version the engine holds.")

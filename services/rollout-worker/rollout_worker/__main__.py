@@ -7,6 +7,8 @@
 Every flag is also an environment variable RLBOOST_<FLAG> (e.g. RLBOOST_WORKER_ID). `--weight-server ''`
 uses the model directory's own weights as version 0; `--nats-url ''` disables weight announcements.
 SIGTERM drains: DrainNotice, abort running requests, flush every token, close the stream, exit 0.
+Colocation (`trainer.colocateReserved: true`, reserved workers with NATS): the worker follows the trainer's
+release / resume commands on rlboost.<ns>.<job>.colocation and acks each on ...colocation-acks.
 Start-up failures (model does not load, manager / weight-server / NATS unreachable) print one line, exit 1.
 """
 
@@ -93,6 +95,8 @@ async def _amain(args: argparse.Namespace) -> int:
         _install_signals(session)
         if args.nats_url:
             nats = await _subscribe_weights(args, session)
+            if args.pool == "reserved" and args.spec.trainer.colocate_reserved:
+                await _subscribe_colocation(nats, args, session)
         from rollout_worker import metrics
 
         metrics.WEIGHT_VERSION.set(engine.weight_version)
@@ -160,6 +164,37 @@ async def _subscribe_weights(args: argparse.Namespace, session):
         raise StartupError(f"cannot connect to NATS at {args.nats_url}: {type(err).__name__}: {err}") from None
     await nc.subscribe(subject(args.namespace, args.job, "weights"), cb=on_message)
     return nc
+
+
+async def _subscribe_colocation(nc, args: argparse.Namespace, session) -> None:
+    """Follow the trainer's release / resume commands (colocation) and ack each one."""
+    from rlboost.wire.events import COLOCATION_RELEASE, COLOCATION_RESUME, ColocationAck, ColocationCommand, subject
+
+    acks = subject(args.namespace, args.job, "colocation-acks")
+
+    async def on_message(msg) -> None:
+        try:
+            cmd = ColocationCommand.model_validate_json(msg.data)
+        except ValueError as err:
+            log.warning("bad colocation command ignored", extra={"error": str(err)[:200]})
+            return
+        if cmd.action not in (COLOCATION_RELEASE, COLOCATION_RESUME):
+            log.warning("unknown colocation action ignored", extra={"action": cmd.action})
+            return
+        ack = ColocationAck(step=cmd.step, action=cmd.action, worker_id=args.worker_id, released=False)
+        try:
+            act = session.release if cmd.action == COLOCATION_RELEASE else session.resume
+            report = await act(cmd.step)
+            ack.nbytes, ack.seconds = report.nbytes, report.seconds
+        except Exception as err:  # the trainer logs the failed ack; the worker keeps serving
+            log.error("colocation command failed", extra={"action": cmd.action, "step": cmd.step, "error": str(err)})
+            ack.ok, ack.error = False, f"{type(err).__name__}: {err}"
+        ack.released, ack.weight_version = session.released, session.engine.weight_version
+        await nc.publish(acks, ack.model_dump_json().encode())
+
+    await nc.subscribe(subject(args.namespace, args.job, "colocation"), cb=on_message)
+    await nc.flush(timeout=5)  # subscribed before the worker registers: no command is missed after that
+    log.info("colocated with the trainer: following release / resume commands", extra={"subject_acks": acks})
 
 
 def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

@@ -44,3 +44,22 @@ FALLBACKS = Counter(
     "rlboost_worker_weight_full_fallbacks_total", "Pulls that fell back to the full snapshot after a failure."
 )
 CONNECTS = Counter("rlboost_worker_manager_connects_total", "Connect streams opened to the rollout-manager.")
+# Colocation (trainer.colocateReserved): the engine's memory released while the trainer trains.
+MEMORY_RELEASED = Gauge("rlboost_worker_memory_released", "1 while the engine's memory is released for training.")
+RELEASE_SECONDS = Histogram(
+    "rlboost_worker_memory_release_seconds",
+    "Seconds to release the engine's memory (colocation).",
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30),
+)
+RESUME_SECONDS = Histogram(
+    "rlboost_worker_memory_resume_seconds",
+    "Seconds to take the engine's memory back, weights restored (colocation).",
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30),
+)
+RELEASED_BYTES = Gauge("rlboost_worker_memory_released_bytes", "Engine bytes freed by the last release.")
+RELEASE_RSS_BYTES = Gauge(
+    "rlboost_worker_memory_release_rss_bytes",
+    "Resident set size of the worker around the last release (phase: before, after).",
+    ["phase"],
+)
+RELEASES = Counter("rlboost_worker_memory_releases_total", "Colocation commands handled, by action.", ["action"])

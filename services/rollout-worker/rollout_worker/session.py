@@ -11,6 +11,13 @@ generated here has been sent and the request may continue elsewhere from prompt 
 Drain (SIGTERM or DrainCommand): stop taking work (new assignments are answered with an empty abort chunk),
 send a DrainNotice (SIGTERM only), abort running requests, flush every token, close the stream. A stream
 that breaks aborts the running requests (the manager requeues them) and reconnects with backoff.
+
+Colocation (`trainer.colocateReserved`, reserved workers): release() stops taking work (assignments that
+arrive are held), aborts whatever still runs (the manager requeues it; normally nothing, the step's batch
+is complete), waits for any weight update in flight and frees the engine's memory; weight versions announced
+meanwhile are remembered. resume() takes the memory back, then syncs to the newest announced version and
+starts the held assignments (each once the engine holds its version). The manager places work only on
+workers holding the work's version, so a worker that resumed is given the next step's work after it synced.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from rlboost.wire.rollout_io import Assignment, Pool, TokenChunk, WorkerRegistra
 from rlboost.wire.rollout_proto import WireError, assignment_from_pb, chunk_to_pb, registration_to_pb
 from rollout_worker import metrics
 from rollout_worker.chunker import Chunker
-from rollout_worker.engine.base import FINISH_ABORT, Engine
+from rollout_worker.engine.base import FINISH_ABORT, Engine, MemoryReport
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +95,9 @@ class WorkerSession:
         self._update_lock = asyncio.Lock()
         self._bg: set[asyncio.Task] = set()
         self._tokens_total = 0
+        self._paused: list[Assignment] = []  # assignments that arrived while the engine memory was released
+        self._deferred_version = 0  # newest version announced while released: synced on resume
+        self._memory_lock = asyncio.Lock()
 
     # ---- public ------------------------------------------------------------------------------
 
@@ -116,8 +126,42 @@ class WorkerSession:
 
     def schedule_update(self, version: int) -> None:
         """Pull and apply `version` in the background (NATS announcement, SetWeightVersion, newer assignment)."""
-        if self.pull is not None and version > self.engine.weight_version:
+        if self.engine.memory_released:
+            self._deferred_version = max(self._deferred_version, version)
+        elif self.pull is not None and version > self.engine.weight_version:
             self._spawn(self._update_to(version))
+
+    @property
+    def released(self) -> bool:
+        return self.engine.memory_released
+
+    async def release(self, step: int) -> MemoryReport:
+        """Colocation: stop taking work and free the engine's memory while the trainer trains step `step`."""
+        async with self._memory_lock:
+            link = self.link
+            if link is not None and link.tasks:
+                log.warning("release with requests running: they go back to the manager", extra={"step": step})
+                await self._abort_all(link, "release")
+            async with self._update_lock:  # a weight update in flight finishes first
+                report = await self.engine.release_memory()
+            _record(report)
+            log.info("engine memory released for training", extra={"step": step, **_fields(report)})
+            return report
+
+    async def resume(self, step: int) -> MemoryReport:
+        """Colocation: take the memory back, sync to the newest announced version, start held assignments."""
+        async with self._memory_lock:
+            report = await self.engine.resume_memory()
+            _record(report)
+            log.info("engine memory resumed after training", extra={"step": step, **_fields(report)})
+            version, self._deferred_version = self._deferred_version, 0
+            self.schedule_update(version)
+            paused, self._paused = self._paused, []
+            link = self.link
+            if link is not None:
+                for a in paused:
+                    self._assign(link, a)
+            return report
 
     # ---- one connection ----------------------------------------------------------------------
 
@@ -142,6 +186,7 @@ class WorkerSession:
             finally:
                 self.link = None
                 self._held.clear()  # the manager requeues what this stream held
+                self._paused.clear()
                 await self._abort_all(link, "disconnect")
                 for t in workers:
                     t.cancel()
@@ -206,6 +251,8 @@ class WorkerSession:
         metrics.ASSIGNED.inc()
         if self.draining:
             self._reject(link, a)
+        elif self.engine.memory_released:
+            self._paused.append(a)  # started after resume (the manager gives a released worker none normally)
         elif a.weight_version > self.engine.weight_version and self.pull is not None:
             self._held.append(a)  # starts once the engine holds that version
             self.schedule_update(a.weight_version)
@@ -315,9 +362,10 @@ class WorkerSession:
             link.outbox.put_nowait(
                 pb.WorkerMessage(drain=pb.DrainNotice(reason=reason, deadline_ms=self.cfg.drain_deadline_ms))
             )
-        for a in self._held:
+        for a in self._held + self._paused:
             self._reject(link, a)
         self._held.clear()
+        self._paused.clear()
         await self._abort_all(link, "drain")
         self._send_due(link, flush_all=True)
         link.outbox.put_nowait(_CLOSE)
@@ -327,6 +375,9 @@ class WorkerSession:
 
     async def _update_to(self, version: int) -> None:
         async with self._update_lock:
+            if self.engine.memory_released:  # released meanwhile: sync on resume
+                self._deferred_version = max(self._deferred_version, version)
+                return
             if version <= self.engine.weight_version:
                 return
             try:
@@ -349,6 +400,23 @@ class WorkerSession:
         task = asyncio.create_task(coro)
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
+
+
+def _record(r: MemoryReport) -> None:
+    metrics.MEMORY_RELEASED.set(1 if r.action == "release" else 0)
+    metrics.RELEASES.labels(r.action).inc()
+    if r.action == "release":
+        metrics.RELEASE_SECONDS.observe(r.seconds)
+        metrics.RELEASED_BYTES.set(r.nbytes)
+        metrics.RELEASE_RSS_BYTES.labels("before").set(r.rss_before)
+        metrics.RELEASE_RSS_BYTES.labels("after").set(r.rss_after)
+    else:
+        metrics.RESUME_SECONDS.observe(r.seconds)
+
+
+def _fields(r: MemoryReport) -> dict[str, object]:
+    return {"bytes": r.nbytes, "rss_before": r.rss_before, "rss_after": r.rss_after,
+            "seconds": round(r.seconds, 4), "effective": r.effective}  # fmt: skip
 
 
 def _describe(err: BaseException) -> str:

@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", default=bool(env_default("resume", "")),
                    help="continue from the newest valid checkpoint in --checkpoint-dir")  # fmt: skip
     p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to wait for NATS and the manager")
+    p.add_argument("--colocation-timeout", type=float, default=float(env_default("colocation-timeout", 120)),
+                   help="trainer.colocateReserved: seconds to wait for the reserved workers' release/resume acks")  # fmt: skip
     return p
 
 
@@ -58,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         _fail(parser.prog, f"--model-dir {args.model_dir!r}: not a model directory (needs config.json + safetensors)")
     if args.steps is not None and int(args.steps) < 1:
         _fail(parser.prog, f"--steps must be >= 1, got {args.steps}")
+    if args.colocation_timeout <= 0:
+        _fail(parser.prog, f"--colocation-timeout must be > 0 seconds, got {args.colocation_timeout}")
     if args.resume and not args.checkpoint_dir:
         _fail(parser.prog, "--resume needs --checkpoint-dir (where the checkpoints are)")
     token = ""
@@ -75,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         steps=int(args.steps) if args.steps is not None else None,
         dump_rollouts=Path(args.dump_rollouts) if args.dump_rollouts else None, connect_timeout_s=args.connect_timeout,
         checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None, resume=args.resume,
+        colocation_timeout_s=args.colocation_timeout,
     )  # fmt: skip
     try:
         trainer = Trainer(args.spec, opts)

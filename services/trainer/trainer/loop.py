@@ -18,6 +18,11 @@ weights are checksummed; if the weight-server's latest version holds exactly the
 they are published as max(latest + 1, checkpointed version) and the run continues from there. So a
 resumed run whose killed predecessor already published later versions skips their numbers, with the same
 content as an uninterrupted run (versions need not equal steps).
+
+Colocation (`trainer.colocateReserved`, see trainer.colocation): the reserved workers share the trainer's
+accelerators. After the step's whole batch is in (colocation turns streamed training off, since reserved
+workers would otherwise still generate on the accelerator being trained on) the trainer asks them to release
+their engine memory and waits for their acks, trains, publishes the new weights, then asks them to resume.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ class TrainerOptions:
     steps: int | None = None  # overrides spec.algorithm.steps
     dump_rollouts: Path | None = None
     connect_timeout_s: float = 30.0
+    colocation_timeout_s: float = 120.0  # wait this long for the colocated workers' release / resume acks
     checkpoint_dir: Path | None = None  # None: no checkpoints
     resume: bool = False  # continue from the newest valid checkpoint in checkpoint_dir
 
@@ -90,6 +96,9 @@ class StepRecord:
     entropy: float = 0.0  # mean policy entropy per response token
     trainer_idle_seconds: float = 0.0
     ranks: int = 1
+    colocation_released: int = 0  # colocated workers that acked the release (trainer.colocateReserved)
+    colocation_resumed: int = 0  # ... and the resume
+    colocation_wait_seconds: float = 0.0  # time waiting for the release acks
     finish_reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -130,6 +139,7 @@ class Trainer:
         self.version = 0
         self.steps_done = 0  # a resumed run (checkpoints) will start from its saved step
         self._nc: Any = None
+        self._colocation: Any = None  # trainer.colocation.Colocation when trainer.colocateReserved
         opts.run_dir.mkdir(parents=True, exist_ok=True)
 
     # ---- setup ----
@@ -218,7 +228,7 @@ class Trainer:
 
         if ckpt is not None:
             checkpoint.load(self.engine, ckpt)
-        return self.engine.full_state()
+        return self.engine.publish_state()  # bf16; ZeRO-3: per-rank partition deltas (trainer.partition_delta)
 
     async def _publish_initial(self, publisher: WeightPublisher, state: dict[str, Any]) -> None:
         """Publish the starting weights at a version the weight-server accepts (see the module docstring)."""
@@ -254,6 +264,7 @@ class Trainer:
             del state
             async with RolloutClient(self.opts.manager) as rc:
                 await rc.wait_ready(self.opts.connect_timeout_s)
+                await self._start_colocation()
                 for step in range(self.steps_done, self.steps):
                     record = await self._step(step, rc, publisher)
                     self.steps_done = step + 1
@@ -297,7 +308,7 @@ class Trainer:
         """Every rank: optimizer step, statistics all-reduce, state gather. (Checkpoint: after publication.)"""
         result = self.engine.step()
         loss, stats = ranks.all_reduce_stats(loss, stats)
-        state = self.engine.full_state()
+        state = self.engine.publish_state()
         if ranks.rank() != 0 and save is not None:
             self._checkpoint(save)
         return result, loss, stats, state
@@ -350,7 +361,7 @@ class Trainer:
         off_policy = stale = 0
         finish: dict[str, int] = {}
         pending: list[list[Sample]] = []  # ready micro-batches not yet sent in a round
-        stream = self.spec.trainer.stream_training
+        stream = self._streaming()
         try:
             while (traj := await queue.get()) is not None:
                 first_at = first_at if first_at is not None else time.monotonic() - t0
@@ -373,6 +384,7 @@ class Trainer:
                 f"rollout stream of step {step} ended with {assembler.received}/{assembler.total} trajectories "
                 f"(first missing (prompt, sample): {missing[:3]})"
             )
+        released = await self._colocation_release(step)
         while pending:  # not streaming (or a remainder): train what is left now
             await self._train_round(ctx, pending[: ranks.world_size()], assembler.total)
             pending = pending[ranks.world_size() :]
@@ -385,6 +397,7 @@ class Trainer:
         ctx.compute_s += train_end - t_step
         published = await publisher.publish(version, state, skip_if_present=True)
         del state
+        resumed = await self._colocation_resume(step, published.version)
         if save is not None:
             save.weights_checksum = published.checksum
             await asyncio.to_thread(self._checkpoint, save)
@@ -396,7 +409,7 @@ class Trainer:
         samples = assembler.samples()
         rewards = [s.reward for s in samples]
         n_tok = stats.tokens
-        return StepRecord(
+        record = StepRecord(
             step=step, weight_version=published.version, weights_checksum=published.checksum,
             reward_mean=statistics.fmean(rewards), reward_std=statistics.pstdev(rewards),
             loss=loss, grad_norm=result.grad_norm, learning_rate=result.learning_rate,
@@ -410,6 +423,41 @@ class Trainer:
             trainer_idle_seconds=max(0.0, (train_end - t0) - ctx.compute_s), ranks=ranks.world_size(),
             finish_reasons=finish,
         )  # fmt: skip
+        return _with_colocation(record, released, resumed)
+
+    # ---- colocation (trainer.colocateReserved; see trainer.colocation) ----
+
+    def _streaming(self) -> bool:
+        """Streamed training, unless colocated: reserved workers must finish generating before training starts."""
+        return self.spec.trainer.stream_training and not self.spec.trainer.colocate_reserved
+
+    async def _start_colocation(self) -> None:
+        workers = self.spec.rollout.reserved.replicas
+        if not self.spec.trainer.colocate_reserved or self._nc is None or workers == 0:
+            return
+        from trainer.colocation import Colocation
+
+        self._colocation = Colocation(self._nc, self.opts.namespace, self.opts.job, workers,
+                                      self.opts.colocation_timeout_s)  # fmt: skip
+        await self._colocation.start()
+        log.info(
+            "colocated with the reserved rollout workers: they release memory while the trainer trains",
+            extra={"workers": workers, "stream_training": False, "timeout_s": self.opts.colocation_timeout_s},
+        )
+
+    async def _colocation_release(self, step: int) -> Any:
+        """Before training: the colocated workers free their engine memory (None when not colocated)."""
+        if self._colocation is None:
+            return None
+        result = await self._colocation.release(step, self.version)
+        metrics.COLOCATION_RELEASE_WAIT.set(result.wait_seconds)
+        return result
+
+    async def _colocation_resume(self, step: int, version: int) -> Any:
+        """After publishing `version`: the colocated workers take their memory back and sync to it."""
+        if self._colocation is None:
+            return None
+        return await self._colocation.resume(step, version)
 
     async def _read(self, rc: RolloutClient, request: RolloutRequest, queue: asyncio.Queue) -> None:
         """Receive the step's trajectories into the queue while training runs; None marks the end."""
@@ -461,6 +509,8 @@ class Trainer:
             grad_norm=r.grad_norm, learning_rate=r.learning_rate, kl=r.kl, entropy=r.entropy,
             train_compute_seconds=r.train_compute_seconds, trainer_idle_seconds=r.trainer_idle_seconds,
             off_policy=r.off_policy, stale=r.stale, ranks=r.ranks,
+            colocation_released=r.colocation_released, colocation_resumed=r.colocation_resumed,
+            colocation_wait_seconds=r.colocation_wait_seconds,
         )  # fmt: skip
         await self._publish_event("steps", report)
 
@@ -484,6 +534,15 @@ def _set_metrics(r: StepRecord) -> None:
     metrics.TOKENS_PER_SECOND.set(r.tokens / wall if wall > 0 else 0.0)
     for phase, s in (("rollout", r.rollout_seconds), ("train", r.train_seconds), ("sync", r.sync_seconds)):
         metrics.STEP_SECONDS.labels(phase).set(s)
+
+
+def _with_colocation(record: StepRecord, released: Any, resumed: Any) -> StepRecord:
+    """Fill the record's colocation fields from the step's release / resume results (None: not colocated)."""
+    if released is not None:
+        record.colocation_released, record.colocation_wait_seconds = released.acked, released.wait_seconds
+    if resumed is not None:
+        record.colocation_resumed = resumed.acked
+    return record
 
 
 def _one_line(err: BaseException) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 STEP = Gauge("rlboost_trainer_step", "Last completed RL step (1-based count of optimizer steps)")
 WEIGHT_VERSION = Gauge("rlboost_trainer_weight_version", "Last weight version published")
@@ -24,3 +24,17 @@ KL = Gauge("rlboost_trainer_kl", "Mean k3 KL to the reference policy per respons
 ENTROPY = Gauge("rlboost_trainer_entropy", "Mean policy entropy per response token of the last step")
 IDLE_SECONDS = Gauge("rlboost_trainer_idle_seconds", "Rank 0's time without compute between request and step")
 COMPUTE_SECONDS = Gauge("rlboost_trainer_compute_seconds", "Rank 0's forward/backward + optimizer time of a step")
+# Colocation (trainer.colocateReserved): release / resume handshakes with the reserved workers.
+COLOCATION_WAIT_SECONDS = Histogram(
+    "rlboost_trainer_colocation_wait_seconds",
+    "Seconds the trainer waited for the colocated workers' acks per step, by action (release, resume).",
+    ["action"],
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120),
+)
+COLOCATION_ACKS = Counter("rlboost_trainer_colocation_acks_total", "Colocation acks received, by action.", ["action"])
+COLOCATION_TIMEOUTS = Counter(
+    "rlboost_trainer_colocation_timeouts_total", "Release / resume phases whose acks did not all arrive.", ["action"]
+)
+COLOCATION_RELEASE_WAIT = Gauge(
+    "rlboost_trainer_colocation_release_wait_seconds", "Time the last step waited for the release acks."
+)

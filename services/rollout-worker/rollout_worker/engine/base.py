@@ -1,7 +1,8 @@
 """The engine interface every rollout backend implements (`torch` here; `sglang` later, issue 8).
 
 An engine generates token streams from `input_ids` (prompt + tokens so far), aborts single requests,
-swaps its weights in place between decode iterations and reports the version it holds. The session
+swaps its weights in place between decode iterations and reports the version it holds; when colocated with
+the trainer it releases its memory while idle and resumes it with the same weights (release/resume_memory). The session
 (gRPC transport, chunking, weight pulls) only ever talks to this interface.
 """
 
@@ -78,14 +79,60 @@ class Engine(ABC):
     def running(self) -> int:
         """Requests submitted and not yet finished (queued or decoding)."""
 
-    def release_memory(self) -> None:  # noqa: B027 (optional hook, a no-op for CPU engines)
-        """Give accelerator memory back (colocation with training); a no-op where there is none."""
+    # ---- colocation: release / resume memory while the trainer trains on the same accelerator ----
 
-    def resume_memory(self) -> None:  # noqa: B027
-        """Take accelerator memory again after release_memory."""
+    @property
+    def memory_released(self) -> bool:
+        """True between release_memory() and resume_memory(): the engine cannot generate or take weights."""
+        return getattr(self, "_memory_released", False)
+
+    async def release_memory(self) -> MemoryReport:
+        """Give the engine's memory back (weights, KV cache); only when no request runs (EngineError otherwise).
+
+        The default is a no-op that only records the state (`effective=False`); backends override it."""
+        self._check_idle("release_memory")
+        self._memory_released = True
+        return MemoryReport("release", 0, *_rss_pair(), 0.0, effective=False)
+
+    async def resume_memory(self) -> MemoryReport:
+        """Take the memory again after release_memory(), with exactly the weights held before."""
+        self._memory_released = False
+        return MemoryReport("resume", 0, *_rss_pair(), 0.0, effective=False)
+
+    def _check_idle(self, what: str) -> None:
+        if self.running:
+            raise EngineError(f"{what}: {self.running} requests still run; abort or finish them first")
 
     async def close(self) -> None:  # noqa: B027
         """Stop background work; pending streams end with FINISH_ABORT."""
+
+
+@dataclass
+class MemoryReport:
+    """What one release_memory() or resume_memory() did (for metrics, logs and the colocation ack)."""
+
+    action: str  # "release" | "resume"
+    nbytes: int  # engine bytes given back (release) or allocated again (resume)
+    rss_before: int  # resident set size of this process before, bytes (0 where unknown)
+    rss_after: int  # ... and after
+    seconds: float
+    effective: bool = True  # False: nothing was freed (e.g. SGLang without CUDA and the memory saver)
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process in bytes (Linux /proc; 0 elsewhere)."""
+    import os
+
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _rss_pair() -> tuple[int, int]:
+    rss = rss_bytes()
+    return rss, rss
 
 
 def read_model_state(model_dir: str) -> dict[str, torch.Tensor]:

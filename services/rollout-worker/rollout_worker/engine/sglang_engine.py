@@ -18,7 +18,9 @@ engine's `tokenizer_manager`, whose coroutines we await directly on the worker's
   requests arriving during an update wait for it here.
 - Pause / continue: `pause_generation(mode="retract")` / `continue_generation`.
 - Memory release / resume (colocation with training): SGLang's `release/resume_memory_occupation`, which
-  needs `--enable-memory-saver` and CUDA (torch_memory_saver); on CPU both are logged no-ops.
+  needs `--enable-memory-saver` and CUDA (torch_memory_saver); on CPU both are logged no-ops. SGLang drops
+  the weights' contents on release (unless `enable_weights_cpu_backup`), so resume pushes the whole held
+  state back through `update_weights_from_tensor` and the engine generates with exactly the weights it had.
 
 CPU recipe (DESIGN.md): env SGLANG_USE_CPU_ENGINE=1 and `Engine(device="cpu", attention_backend="torch_native",
 sampling_backend="pytorch", grammar_backend="none", disable_cuda_graph=True, disable_overlap_schedule=True)`;
@@ -44,7 +46,9 @@ from rollout_worker.engine.base import (
     Engine,
     EngineError,
     GenerationStep,
+    MemoryReport,
     read_model_state,
+    rss_bytes,
 )
 
 if TYPE_CHECKING:
@@ -254,6 +258,8 @@ class SglangEngine(Engine):
         tm = self._tm
         if rid in self._running:
             raise EngineError(f"request {rid} is already running")
+        if self.memory_released:
+            raise EngineError("generate: engine memory is released (colocation); call resume_memory() first")
         offset = assignment.generated
         if offset >= assignment.sampling.max_new_tokens:  # a migrated request that had used its whole budget
             yield GenerationStep(rid, offset, [], [], True, FINISH_LENGTH)
@@ -293,8 +299,9 @@ class SglangEngine(Engine):
         self._tm.abort_request(rid=request_id)
         return True
 
-    async def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        """Send the tensors of `state` that differ from the state held, in one begin/end weight-update session."""
+    async def update_weights(self, state: Mapping[str, torch.Tensor], version: int, resend_all: bool = False) -> None:
+        """Send the tensors of `state` that differ from the state held (all of them with `resend_all`, after a
+        memory resume), in one begin/end weight-update session."""
         tm = self._tm
         from sglang.srt.managers.io_struct import (
             BeginWeightUpdateReqInput,
@@ -306,7 +313,7 @@ class SglangEngine(Engine):
             self._no_update.clear()
             try:
                 t0 = time.perf_counter()
-                names = changed_tensors(self._state, state)
+                names = list(state) if resend_all else changed_tensors(self._state, state)
                 unknown = [n for n in state if n not in self._state and n not in self._tied]
                 if unknown:
                     raise EngineError(f"weights: {len(unknown)} tensors are not in the model, e.g. {unknown[0]!r}")
@@ -370,11 +377,27 @@ class SglangEngine(Engine):
         await self._tm.resume_memory_occupation(ResumeMemoryOccupationReqInput(), None)
         return True
 
-    def release_memory(self) -> None:
-        self._spawn(self.release_memory_occupation())
+    async def release_memory(self) -> MemoryReport:
+        if self.memory_released:
+            return MemoryReport("release", 0, rss_bytes(), rss_bytes(), 0.0, effective=False)
+        self._check_idle("release_memory")
+        t0, before = time.perf_counter(), rss_bytes()
+        async with self._update_lock:  # not in the middle of a weight update
+            effective = await self.release_memory_occupation()
+        self._memory_released = True
+        nbytes = sum(t.numel() * t.element_size() for t in self._state.values()) if effective else 0
+        return MemoryReport("release", nbytes, before, rss_bytes(), time.perf_counter() - t0, effective)
 
-    def resume_memory(self) -> None:
-        self._spawn(self.resume_memory_occupation())
+    async def resume_memory(self) -> MemoryReport:
+        if not self.memory_released:
+            return MemoryReport("resume", 0, rss_bytes(), rss_bytes(), 0.0, effective=False)
+        t0, before = time.perf_counter(), rss_bytes()
+        effective = await self.resume_memory_occupation()
+        if effective:  # the weights' pages came back empty: send the exact held state again
+            await self.update_weights(dict(self._state), self._version, resend_all=True)
+        self._memory_released = False
+        nbytes = sum(t.numel() * t.element_size() for t in self._state.values()) if effective else 0
+        return MemoryReport("resume", nbytes, before, rss_bytes(), time.perf_counter() - t0, effective)
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)

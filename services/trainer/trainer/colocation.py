@@ -1,0 +1,113 @@
+"""The trainer's side of colocation (`trainer.colocateReserved`): reserved rollout workers share its accelerators.
+
+Per step s, once the step's whole rollout batch is in (colocation turns streamed training off: reserved
+workers must not generate on the accelerator while it trains):
+
+  1. release: publish ColocationCommand(s, "release") on `rlboost.<ns>.<job>.colocation` and wait, up to
+     `timeout_s`, for a ColocationAck from each of the `rollout.reserved.replicas` workers on
+     `...colocation-acks`; they stop taking work and free their engine memory;
+  2. train, publish the new weights;
+  3. resume: publish ColocationCommand(s, "resume", version) and wait (same deadline) for the acks; the
+     workers take their memory back and sync to the new version before taking the next step's work.
+
+A deadline that passes is logged as an error and counted (rlboost_trainer_colocation_timeouts_total), and
+training goes on: a reserved worker that died does not stop the job (on a GPU the trainer may then run
+short of memory, which the log line explains). A negative ack (the engine failed) is logged the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from rlboost.wire.events import COLOCATION_RELEASE, COLOCATION_RESUME, ColocationAck, ColocationCommand, subject
+from trainer import metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PhaseResult:
+    """One release or resume of one step: who acked, how long the trainer waited."""
+
+    acked: int
+    wait_seconds: float
+    failed: list[str]  # worker ids whose ack was not ok
+
+
+class Colocation:
+    """Sends release / resume commands over NATS and waits for the colocated workers' acks."""
+
+    def __init__(self, nc, namespace: str, job: str, workers: int, timeout_s: float) -> None:
+        self.nc, self.workers, self.timeout_s = nc, workers, timeout_s
+        self.commands = subject(namespace, job, "colocation")
+        self.acks_subject = subject(namespace, job, "colocation-acks")
+        self._acks: dict[tuple[int, str], dict[str, ColocationAck]] = {}
+        self._changed = asyncio.Condition()
+        self._sub = None
+
+    async def start(self) -> None:
+        """Subscribe to the acks (before the first command, so none is missed)."""
+        self._sub = await self.nc.subscribe(self.acks_subject, cb=self._on_ack)
+        await self.nc.flush(timeout=10)
+
+    async def _on_ack(self, msg) -> None:
+        try:
+            ack = ColocationAck.model_validate_json(msg.data)
+        except ValueError as err:
+            log.warning("bad colocation ack ignored", extra={"error": str(err)[:200]})
+            return
+        async with self._changed:
+            self._acks.setdefault((ack.step, ack.action), {})[ack.worker_id] = ack
+            self._changed.notify_all()
+
+    async def release(self, step: int, version: int) -> PhaseResult:
+        return await self._phase(step, COLOCATION_RELEASE, version)
+
+    async def resume(self, step: int, version: int) -> PhaseResult:
+        return await self._phase(step, COLOCATION_RESUME, version)
+
+    async def _phase(self, step: int, action: str, version: int) -> PhaseResult:
+        t0 = time.monotonic()
+        cmd = ColocationCommand(step=step, action=action, weight_version=version)
+        await self.nc.publish(self.commands, cmd.model_dump_json().encode())
+        await self.nc.flush(timeout=10)
+        acks = await self._wait(step, action)
+        waited = time.monotonic() - t0
+        failed = sorted(w for w, a in acks.items() if not a.ok)
+        metrics.COLOCATION_WAIT_SECONDS.labels(action).observe(waited)
+        metrics.COLOCATION_ACKS.labels(action).inc(len(acks))
+        extra = {"step": step, "action": action, "acked": len(acks), "expected": self.workers,
+                 "wait_s": round(waited, 4), "bytes": sum(a.nbytes for a in acks.values())}  # fmt: skip
+        if len(acks) < self.workers:
+            metrics.COLOCATION_TIMEOUTS.labels(action).inc()
+            log.error(
+                f"colocation {action}: {len(acks)} of {self.workers} reserved workers acked within "
+                f"{self.timeout_s:.0f}s; training goes on (a missing worker may still hold accelerator memory)",
+                extra=extra,
+            )
+        elif failed:
+            log.error(f"colocation {action} failed on {', '.join(failed)}", extra={**extra, "failed": failed})
+        else:
+            log.info(f"colocation {action} acked", extra=extra)
+        self._acks.pop((step, action), None)
+        return PhaseResult(len(acks), waited, failed)
+
+    async def _wait(self, step: int, action: str) -> dict[str, ColocationAck]:
+        key = (step, action)
+
+        def enough() -> bool:
+            return len(self._acks.get(key, {})) >= self.workers
+
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):  # a missing ack is reported by the caller
+                await asyncio.wait_for(self._changed.wait_for(enough), self.timeout_s)
+            return dict(self._acks.get(key, {}))
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None

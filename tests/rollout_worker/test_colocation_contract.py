@@ -1,0 +1,39 @@
+"""The colocation part of the engine contract, for every backend (see test_engine_contract.py for how the
+sglang parameter runs): release refuses work until resume, and greedy output after resume equals before.
+On CPU SGLang's release is a logged no-op (`effective=False`; it needs CUDA and the memory saver)."""
+
+from __future__ import annotations
+
+import pytest
+import pytest_asyncio
+
+from rollout_worker.engine import make_engine
+from rollout_worker.engine.base import EngineError
+from tests.rollout_worker.engine_helpers import assignment, collect
+from tests.rollout_worker.test_engine_contract import BACKENDS, PROMPT
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=BACKENDS)
+async def engine(request, tiny_model_dir):
+    eng = make_engine(request.param, capacity=4)
+    if request.param == "sglang":
+        eng.extra_args.update({"max_total_tokens": 8192, "context_length": 1024})
+    await eng.start(str(tiny_model_dir))
+    yield eng
+    await eng.close()
+
+
+async def test_release_refuses_work_and_resume_generates_the_same(engine):
+    before, _, _, _ = await collect(engine, assignment("before", PROMPT, len(PROMPT), n=10))
+    checksum = engine.weights_checksum
+    released = await engine.release_memory()
+    assert engine.memory_released and released.action == "release"
+    with pytest.raises(EngineError, match="memory is released"):
+        await anext(engine.generate(assignment("during", PROMPT, len(PROMPT))))
+    resumed = await engine.resume_memory()
+    assert not engine.memory_released and resumed.action == "resume"
+    assert engine.weights_checksum == checksum
+    after, _, _, _ = await collect(engine, assignment("after", PROMPT, len(PROMPT), n=10))
+    assert after == before
