@@ -51,7 +51,9 @@ class TaskSpec(SpecModel):
     num_prompts: int = Field(400, ge=1, le=10**7, description="Size of the prompt set generated from the seed.")
     seed: int = Field(1234, ge=0, description="Seed of the prompt set and its order.")
     reward: str = Field(
-        "rlboost.tasks.rewards:exact_match", description="Reward function as 'module:function' (pluggable entry point)."
+        "rlboost.tasks.rewards:exact_match",
+        description="Reward function as 'module:function' (pluggable entry point). Built-ins in rlboost.tasks.rewards: "
+        "exact_match, format_reward, math_answer (the final answer, compared as a number: 3/4 == 0.75).",
     )
 
 
@@ -123,6 +125,10 @@ class TrainerSpec(SpecModel):
         True,
         description="Train micro-batches as soon as their groups finish, while the rest of the step's rollout runs; false = wait for the whole batch (for comparison).",
     )
+    colocate_reserved: bool = Field(
+        False,
+        description="Reserved rollout workers share the trainer's accelerators: they release engine memory (weights, KV cache) while the trainer trains and resume after each step.",
+    )
 
 
 class PoolSpec(SpecModel):
@@ -159,6 +165,12 @@ class RolloutSpec(SpecModel):
     heartbeat_interval_ms: int = Field(500, ge=50, le=60000, description="Worker heartbeat period.")
     lease_timeout_ms: int = Field(5000, ge=200, le=600000, description="A worker silent this long loses its requests.")
     chunk_max_tokens: int = Field(16, ge=1, le=4096, description="A token chunk is sent after this many tokens...")
+    offload_window_s: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="Initial adaptive offload window in seconds: reserved workers' partial responses still running after it move to spot workers (0 = never offload).",
+    )
     chunk_max_ms: int = Field(50, ge=1, le=10000, description="...or after this many milliseconds, whichever first.")
 
 

@@ -19,14 +19,26 @@ class StepRecord(BaseModel):
     sync_seconds: float = Field(description="Time uploading and announcing the weights.")
     weight_version: int = Field(description="Weight version published after the step.")
     weights_checksum: str = Field("", description="Checksum of the whole published state at weight_version.")
+    reward_std: float = Field(0.0, description="Spread (standard deviation) of the step's rewards.")
+    loss: float = Field(0.0, description="Policy loss of the step.")
+    kl: float = Field(0.0, description="Mean k3 KL to the reference policy per response token.")
+    entropy: float = Field(0.0, description="Mean policy entropy per response token.")
+    grad_norm: float = Field(0.0, description="Global gradient norm before clipping.")
+    learning_rate: float = Field(0.0, description="Learning rate of the step.")
+    train_compute_seconds: float = Field(0.0, description="Rank 0's forward/backward + optimizer time.")
+    trainer_idle_seconds: float = Field(
+        0.0, description="Rank 0's time without compute between the rollout request and the optimizer step."
+    )
+    ranks: int = Field(1, description="Trainer ranks that took the step.")
+    colocation_released: int = Field(
+        0, description="trainer.colocateReserved: reserved workers that released their memory for this step."
+    )
+    colocation_resumed: int = Field(0, description="...and that took it back once the step's weights were out.")
+    colocation_wait_seconds: float = Field(0.0, description="Trainer time waiting for the release acks.")
 
     @classmethod
     def from_event(cls, e: StepReport) -> StepRecord:
-        return cls(
-            step=e.step, reward_mean=e.reward_mean, tokens=e.tokens, rollout_seconds=e.rollout_seconds,
-            train_seconds=e.train_seconds, sync_seconds=e.sync_seconds, weight_version=e.weight_version,
-            weights_checksum=e.weights_checksum,
-        )  # fmt: skip
+        return cls.model_validate(e.model_dump(include=set(cls.model_fields)))
 
 
 class WorkerRecord(BaseModel):

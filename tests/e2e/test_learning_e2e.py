@@ -27,3 +27,20 @@ def test_default_job_learns(tmp_path: Path) -> None:
     first, last = mean(rewards[:10]), mean(rewards[-10:])
     assert last >= first + 0.08, f"mean reward did not rise: first 10 steps {first:.3f}, last 10 {last:.3f}"
     assert (tmp_path / "run" / "reward.png").stat().st_size > 5_000
+
+
+@pytest.mark.slow
+def test_two_rank_zero2_job_learns(tmp_path: Path) -> None:
+    """Issue 5's bar: the default job on 2 trainer ranks (gloo) under ZeRO-2 learns as well."""
+    config = tmp_path / "zero2.yaml"
+    config.write_text("trainer:\n  zeroStage: 2\n")
+    report_path = tmp_path / "report.json"
+    run_local(
+        "--config", config, "--trainer-ranks", "2", "--steps", "40", "--run-dir", tmp_path / "run",
+        "--json-report", report_path,
+    )  # fmt: skip
+    steps = json.loads(report_path.read_text())["steps"]
+    rewards = [s["reward_mean"] for s in steps]
+    assert len(rewards) == 40 and all(s["ranks"] == 2 for s in steps)
+    first, last = mean(rewards[:10]), mean(rewards[-10:])
+    assert last >= first + 0.08, f"mean reward did not rise on 2 ranks: first 10 steps {first:.3f}, last 10 {last:.3f}"

@@ -11,6 +11,7 @@ from rlboost.local.plan import LocalOptions, build_plan, initial_spot_workers
 from rlboost.local.progress import ProgressState, sparkline
 from rlboost.local.report import LocalReport, StepRecord, plot_rewards, write_report
 from rlboost.spec import JobSpec, load_job_spec
+from rlboost.wire.events import StepReport
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,13 +93,23 @@ def test_report_json_and_plot(tmp_path: Path) -> None:
     report = LocalReport(steps=steps, final_weights_checksum="ab", preemptions=1)
     write_report(report, tmp_path / "r.json")
     data = yaml.safe_load((tmp_path / "r.json").read_text())
-    assert set(data["steps"][0]) == {"step", "reward_mean", "tokens", "rollout_seconds", "train_seconds",
-                                     "sync_seconds", "weight_version", "weights_checksum"}  # fmt: skip
+    assert {"step", "reward_mean", "reward_std", "tokens", "rollout_seconds", "train_seconds", "sync_seconds",
+            "weight_version", "weights_checksum", "loss", "kl", "entropy", "grad_norm", "learning_rate",
+            "trainer_idle_seconds", "train_compute_seconds"} <= set(data["steps"][0])  # fmt: skip
     for key in ("final_weights_checksum", "preemptions", "migrations", "tokens_lost", "tokens_regenerated", "workers"):
         assert key in data
     png = plot_rewards(steps, tmp_path / "reward.png")
     assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_rewards([], tmp_path / "none.png") is None
+
+
+def test_step_record_copies_the_trainer_metrics_of_the_step_event() -> None:
+    event = StepReport(step=3, reward_mean=0.5, reward_std=0.2, tokens=9, rollout_seconds=1.0, train_seconds=0.5,
+                       sync_seconds=0.1, weight_version=4, weights_checksum="cd", loss=-0.1, grad_norm=2.5,
+                       learning_rate=1e-3, trainer_idle_seconds=0.7, ranks=2)  # fmt: skip
+    record = StepRecord.from_event(event)
+    assert (record.reward_std, record.grad_norm, record.learning_rate) == (0.2, 2.5, 1e-3)
+    assert (record.trainer_idle_seconds, record.ranks, record.weights_checksum) == (0.7, 2, "cd")
 
 
 def test_sparkline_and_progress_state() -> None:

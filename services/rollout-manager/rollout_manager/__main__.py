@@ -3,8 +3,8 @@
     python -m rollout_manager --config job.yaml --port 50051 --metrics-port 9101 \
         --nats-url nats://127.0.0.1:4222 --namespace default --job local --host 127.0.0.1
 
-`--nats-url ''` runs without preemption notices. `--offload-window S` turns on adaptive
-partial-response offload starting from a window of S seconds (0 = off). A port in use or an
+`--nats-url ''` runs without preemption notices. Adaptive partial-response offload starts from a
+window of `rollout.offloadWindowS` seconds in the job spec (0 = off); `--offload-window S` overrides it. A port in use or an
 unreachable NATS prints one line and exits with code 1.
 """
 
@@ -33,8 +33,9 @@ def build_parser():
     parser.add_argument(
         "--offload-window",
         type=float,
-        default=float(env_default("offload-window", 0)),
-        help="initial adaptive offload window T in seconds; 0 = never offload reserved work",
+        default=env_default("offload-window", None),
+        help="initial adaptive offload window T in seconds; 0 = never offload reserved work "
+        "(default: the job spec's rollout.offloadWindowS)",
     )
     parser.add_argument(
         "--balance-interval",
@@ -45,15 +46,21 @@ def build_parser():
     return parser
 
 
+def offload_window_s(args) -> float:
+    """The flag (or RLBOOST_OFFLOAD_WINDOW) wins over the job spec's rollout.offloadWindowS."""
+    return args.spec.rollout.offload_window_s if args.offload_window is None else args.offload_window
+
+
 async def serve(args) -> int:
     from .preemption import NatsUnavailableError, PreemptionSubscriber
     from .server import PortInUseError, RolloutManagerServer
 
     offload = None
-    if args.offload_window > 0:
+    window_s = offload_window_s(args)
+    if window_s > 0:
         from rlboost.policies.offload import OffloadConfig, OffloadWindow
 
-        offload = OffloadWindow(OffloadConfig(initial_s=args.offload_window))
+        offload = OffloadWindow(OffloadConfig(initial_s=window_s))
     manager = RolloutManagerServer(args.spec.rollout, balance_interval_s=args.balance_interval, offload=offload)
     subscriber = None
     try:
