@@ -4,6 +4,8 @@
     rlboost delta apply --base A.safetensors --delta D -o C.safetensors
     rlboost delta inspect D [--json]
     rlboost delta bench [--json] [--elements N]
+    rlboost delta bench --source real [--steps 3] [--lr 1e-6] [--hidden 384 --layers 4 --heads 6] [--json]
+        (runs `python -m trainer.delta_updates` as a subprocess: the trainer's real engine and GRPO steps)
 
 Wire-up (rlboost/cli/main.py): `delta_cmd.add_parser(subparsers)`; the parser's `func` default
 is the handler, which returns the exit code. Bad input prints one `error: ...` line and exits 2.
@@ -40,7 +42,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     ins.add_argument("delta", type=Path, help="delta file")
     ins.add_argument("--json", action="store_true", help="print the DeltaInfo as JSON")
 
-    bench = sub.add_parser("bench", help="size and speed on synthetic RL-like bf16 updates")
+    bench = sub.add_parser(
+        "bench", help="size and speed on synthetic RL-like bf16 updates, or on the trainer's real ones (--source real)"
+    )
     add_bench_arguments(bench)
 
     p.set_defaults(func=run)

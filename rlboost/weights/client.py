@@ -114,8 +114,11 @@ class WeightClient:
     async def versions(self) -> VersionList:
         return VersionList.model_validate_json((await self._get("/versions")).content)
 
-    async def manifest(self, version: int) -> Manifest:
-        return Manifest.model_validate_json((await self._get(f"/versions/{version}/manifest")).content)
+    async def manifest(self, version: int, kind: str | None = None) -> Manifest:
+        """A version's manifest; with `kind` ('full' or 'delta') its payload of that kind (a snapshot version
+        may also hold the delta from the version before, as a companion)."""
+        params = {"kind": kind} if kind else None
+        return Manifest.model_validate_json((await self._get(f"/versions/{version}/manifest", params=params)).content)
 
     async def sync_plan(
         self, from_version: int | None, to_version: int | None = None, compact: bool = True

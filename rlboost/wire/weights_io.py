@@ -2,12 +2,16 @@
 
 Routes (all under the weight-server's base URL):
   GET  /v1/versions                     -> VersionList
-  GET  /v1/versions/{v}/manifest        -> Manifest
+  GET  /v1/versions/{v}/manifest        -> Manifest (?kind=full|delta: that kind's payload of the version)
   GET  /v1/versions/{v}/payload         -> bytes (HTTP Range supported; chunks per manifest)
+  GET  /v1/versions/{v}/{kind}/payload  -> bytes of the version's `kind` payload (a version may hold both a full
+                                           snapshot and the delta from the version before: see Manifest.companion)
   GET  /v1/sync?from=A&to=B             -> list[Manifest]: what a worker at A applies, in order, to reach B
   GET  /v1/compacted/{a}/{b}/manifest   -> Manifest of the a->b delta composed from the chain (built on request)
   GET  /v1/compacted/{a}/{b}/payload    -> its bytes (HTTP Range supported)
-  PUT  /v1/versions/{v}                 <- payload bytes; headers below; needs `Authorization: Bearer <token>`
+  PUT  /v1/versions/{v}                 <- payload bytes; headers below; needs `Authorization: Bearer <token>`.
+                                           A second PUT of a held version in the other kind, with the same
+                                           checksum, adds that payload beside the first (a companion).
   GET  /healthz, GET /metrics
 """
 
@@ -49,11 +53,20 @@ class Manifest(BaseModel):
         "/v1/compacted/{base_version}/{version}/payload instead of /v1/versions/{version}/payload.",
     )
 
+    companion: bool = Field(
+        False,
+        description="The second payload of a version held in both kinds (e.g. the delta from the previous version "
+        "stored beside a periodic full snapshot; same checksum); its payload is at "
+        "/v1/versions/{version}/{kind}/payload.",
+    )
+
     @property
     def payload_path(self) -> str:
         """The payload's route under API_PREFIX."""
         if self.compacted:
             return f"/compacted/{self.base_version}/{self.version}/payload"
+        if self.companion:
+            return f"/versions/{self.version}/{self.kind}/payload"
         return f"/versions/{self.version}/payload"
 
     @property

@@ -179,3 +179,47 @@ def test_chaos_kills_and_replaces_spot_workers(tmp_path: Path) -> None:
     logs = {p.stem for p in (tmp_path / "run" / "logs").glob("spot-*.log")}
     assert "spot-2" in logs  # a replacement with a fresh id was started
     assert _run_processes(tmp_path / "run") == []
+
+
+# ---- rlboost delta bench --source real ---------------------------------------------------------------------
+def _delta_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PY, "-m", "rlboost.cli.delta_cmd", "delta", "bench", "--source", "real", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow  # a real DeepSpeed engine in a subprocess (+ JIT cache): ~30 s on this loaded 2-core machine
+def test_delta_bench_real_source_benches_consecutive_states_of_real_trainer_steps(tmp_path: Path) -> None:
+    """The CLI spawns `python -m trainer.delta_updates` (real engine, 2 real GRPO steps on the tiny model),
+    then benches v0->v1 and v1->v2: bit-exact, the documented keys, and states that really changed."""
+    out = _delta_cli(
+        "--json", "--steps", "2", "--hidden", "32", "--layers", "1", "--heads", "2", "--warmup-steps", "0",
+        "--repeat", "1", "--lr", "1e-4", "--keep", str(tmp_path / "states"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    keys = {"changed_fraction", "bytes_per_changed_element", "encode_gb_per_s", "apply_gb_per_s", "bit_exact"}
+    assert keys | {"source"} <= set(result) and result["source"] == "real"
+    assert result["bit_exact"] is True
+    assert [p["pair"] for p in result["pairs"]] == ["v0->v1", "v1->v2"]
+    for pair in result["pairs"]:
+        assert keys <= set(pair) and pair["bit_exact"] is True
+        assert 0 < pair["changed_fraction"] < 1  # a real step moved some bf16 weights, not all
+    assert result["params"] > 10_000 and result["model"]["hiddenSize"] == 32
+    states = sorted(p.name for p in (tmp_path / "states").glob("v*.safetensors"))
+    assert states == ["v0.safetensors", "v1.safetensors", "v2.safetensors"]
+
+
+def test_delta_bench_real_source_bad_input_is_one_clear_line(tmp_path: Path) -> None:
+    """Bad flags are refused before any training; a model the spec cannot build is refused by the child with
+    the field named, passed through as the CLI's one error line."""
+    missing = _delta_cli("--spec", str(tmp_path / "nope.yaml"))
+    indivisible = _delta_cli("--hidden", "30", "--heads", "4", "--steps", "1", "--keep", str(tmp_path / "s"))
+    zero = _delta_cli("--steps", "0")
+    for proc, needle in ((missing, "no such file"), (indivisible, "numHeads"), (zero, "--steps")):
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], proc.stderr[-2000:]

@@ -85,7 +85,7 @@ async def test_delta_mode_uploads_deltas_between_periodic_snapshots(tmp_path):
             for v in range(5):
                 out = await pub.publish(v, state)
                 kinds.append((out.kind, out.base_version))
-                manifest = await client.manifest(v)
+                manifest = await client.manifest(v, out.kind)
                 assert (manifest.kind, manifest.base_version, manifest.checksum) == (
                     out.kind,
                     out.base_version,
@@ -138,3 +138,52 @@ async def test_overlap_returns_before_the_upload_and_flush_waits_for_it(tmp_path
             await pub.publish(3, state)  # returns: the refusal surfaces on flush
             with pytest.raises(Exception, match="Bearer"):
                 await pub.flush()
+
+
+async def test_snapshot_version_also_uploads_its_delta_and_workers_pull_the_cheaper_one(tmp_path):
+    """Real publisher -> real weight-server (uvicorn on loopback) -> the rollout-worker's real WeightPuller:
+    at the periodic snapshot version 3 the delta 2->3 goes up first, then the snapshot beside it; a worker at 2
+    pulls the delta (bytes by path), a new worker the snapshot, both bit-exact to the published checksum."""
+    from rollout_worker.weights import WeightPuller
+    from tests.weight_server.servers import TOKEN as WS_TOKEN
+    from tests.weight_server.servers import ThreadServer
+
+    with ThreadServer(tmp_path / "ws", retain=2) as ws:
+        async with WeightClient(ws.url, token=WS_TOKEN) as client:
+            pub = WeightPublisher(client, mode="delta", full_every=3)
+            old_worker = WeightPuller(client)
+            state, outs = _big_state(), []
+            for v in range(4):
+                outs.append(await pub.publish(v, state))
+                if v == 2:
+                    assert (await old_worker.pull(2)).checksum == outs[2].checksum
+                state = _rl_step(state, v)
+            snap = outs[3]
+            assert (snap.kind, snap.base_version, snap.companion_base) == ("full", None, 2)
+            full, delta = await client.manifest(3, "full"), await client.manifest(3, "delta")
+            assert (delta.companion, delta.base_version, full.companion) == (False, 2, True)
+            assert full.checksum == delta.checksum == snap.checksum
+            assert snap.nbytes == full.total_bytes + delta.total_bytes and delta.total_bytes < full.total_bytes / 5
+            # Retention (2 versions): the newest two are 2 and 3, and 2 still chains back to the snapshot 0.
+            assert (await client.versions()).versions == [0, 1, 2, 3]
+
+            before = _served(ws.url, "delta")
+            pulled = await old_worker.pull(3)
+            assert pulled.checksum == snap.checksum and pulled.paths == {"delta": delta.total_bytes}
+            assert _served(ws.url, "delta") == before + delta.total_bytes  # the companion path is counted
+            before = _served(ws.url, "full")
+            fresh = await WeightPuller(client).pull(3)
+            assert fresh.checksum == snap.checksum and fresh.paths == {"full": full.total_bytes}
+            assert _served(ws.url, "full") == before + full.total_bytes
+            assert state_checksum(await _replay(client, 3)) == snap.checksum
+            await pub.publish(4, state)
+            assert (await client.versions()).versions == [3, 4]  # 3 holds a snapshot: the older chain went
+
+
+def _served(url: str, path: str) -> float:
+    """rlboost_weights_bytes_served_total{path=...} scraped from the weight-server's /metrics."""
+    import httpx
+
+    prefix = f'rlboost_weights_bytes_served_total{{path="{path}"}} '
+    lines = [ln for ln in httpx.get(url + "/metrics", timeout=10).text.splitlines() if ln.startswith(prefix)]
+    return float(lines[0][len(prefix) :]) if lines else 0.0

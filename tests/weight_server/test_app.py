@@ -175,3 +175,45 @@ async def test_serving_continues_when_nats_dies_and_announces_after_it_returns(t
                     assert 0 <= WeightsAnnounced.model_validate_json(msg.data).version <= v  # buffered ones count too
                 finally:
                     await nc.close()
+
+
+async def test_snapshot_version_with_its_delta_over_http_counts_bytes_and_announces_once(tmp_path, nats_server):
+    """Delta first (announced), then the snapshot as its companion (not announced again); the sync plan
+    sends the delta to a worker one version behind and the snapshot to a new worker; bytes served count
+    each path."""
+    nc = await nats.connect(nats_server.url)
+    sub = await nc.subscribe(subject("default", "comp", "weights"))
+    try:
+        with ThreadServer(tmp_path, nats_url=nats_server.url, job="comp") as srv:
+            async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+                h = {**AUTH, HEADER_CHECKSUM: "s1"}
+                assert (await c.put("/v1/versions/0", content=b"F" * 3000, headers=h)).status_code == 200
+                delta_h = {**h, HEADER_KIND: "delta", HEADER_BASE_VERSION: "0"}
+                assert (await c.put("/v1/versions/1", content=b"d" * 30, headers=delta_h)).status_code == 200
+                r = await c.put("/v1/versions/1", content=b"S" * 3000, headers={**h, HEADER_KIND: "full"})
+                assert r.status_code == 200, r.text
+                snap = Manifest.model_validate(r.json())
+                assert snap.companion and snap.payload_path == "/versions/1/full/payload"
+                again = await c.put("/v1/versions/1", content=b"S", headers={**h, HEADER_KIND: "full"})
+                assert (again.status_code, again.json()["field"]) == (409, "version")  # holds both kinds already
+                other = {**AUTH, HEADER_CHECKSUM: "other", HEADER_KIND: "delta"}
+                bad = await c.put("/v1/versions/0", content=b"d", headers=other)
+                assert (bad.status_code, bad.json()["field"]) == (409, "checksum")  # must be the same state
+                behind = [Manifest.model_validate(m) for m in (await c.get("/v1/sync?from=0&to=1")).json()]
+                new = [Manifest.model_validate(m) for m in (await c.get("/v1/sync?to=1")).json()]
+                assert [(m.kind, m.total_bytes) for m in behind] == [("delta", 30)]
+                assert [(m.kind, m.companion) for m in new] == [("full", True)]
+                got = await c.get("/v1" + new[0].payload_path, headers={"Range": "bytes=0-999"})
+                assert got.status_code == 206 and got.content == b"S" * 1000
+                assert (await c.get("/v1/versions/1/manifest", params={"kind": "full"})).json()["companion"]
+                assert (await c.get("/v1/versions/0/delta/payload")).status_code == 404
+                text = (await c.get("/metrics")).text
+            assert 'rlboost_weights_bytes_served_total{path="full"} 1000.0' in text
+            assert "rlboost_weights_bytes_on_disk 6030.0" in text
+            seen = [WeightsAnnounced.model_validate_json((await sub.next_msg(timeout=5)).data) for _ in range(2)]
+            assert [(e.version, e.kind) for e in seen] == [(0, "full"), (1, "delta")]
+            await nc.flush()
+            with pytest.raises(nats.errors.TimeoutError):  # the companion added no version: no announcement
+                await sub.next_msg(timeout=0.3)
+    finally:
+        await nc.close()

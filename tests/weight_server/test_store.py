@@ -186,3 +186,121 @@ def _put_chain_from(store: VersionStore, states, start: int, stop: int, full_at=
         up = store.begin_upload(v, "full" if full else "delta", checksum(states[v]), None if full else v - 1)
         up.write(state_to_bytes(states[v]) if full else delta(states, v - 1, v))
         up.commit()
+
+
+# ---- companions: a snapshot version that also holds the delta from the version before ------------------
+def _put_version(store: VersionStore, states, v: int, kind: str):
+    """Upload version v of `states` as a full snapshot or as the delta from v-1 (real payloads)."""
+    from rlboost.weights.safetensors_io import state_to_bytes
+    from tests.weight_server.states import checksum, delta
+
+    base = v - 1 if kind == "delta" else None
+    up = store.begin_upload(v, kind, checksum(states[v]), base_version=base)
+    up.write(state_to_bytes(states[v]) if kind == "full" else delta(states, v - 1, v))
+    return up.commit()
+
+
+def _snapshot_chain(store: VersionStore, states, full_every: int = 3) -> None:
+    """What the trainer uploads: v0 full; deltas; at each K-th version the delta first, then the snapshot."""
+    _put_version(store, states, 0, "full")
+    for v in range(1, len(states)):
+        _put_version(store, states, v, "delta")
+        if v % full_every == 0:
+            _put_version(store, states, v, "full")
+
+
+def test_snapshot_version_serves_its_delta_to_a_worker_one_behind_and_the_snapshot_to_a_new_one(tmp_path) -> None:
+    import rlboost.delta as rd
+    from rlboost.weights.safetensors_io import state_from_bytes
+    from tests.weight_server.states import chain, checksum
+
+    states = chain(5)
+    store = VersionStore(tmp_path, 4096, 50)
+    _snapshot_chain(store, states)
+    full3, delta3 = store.manifest(3, "full"), store.manifest(3, "delta")
+    assert (full3.companion, delta3.companion, delta3.base_version) == (True, False, 2)
+    assert full3.checksum == delta3.checksum == checksum(states[3])
+    assert full3.payload_path == "/versions/3/full/payload" and store.companion(3) == full3
+    steps = lambda a, b, **kw: [(m.version, m.kind) for m in store.sync_plan(a, b, **kw)]  # noqa: E731
+    assert steps(2, 3) == [(3, "delta")]  # one version behind: the small delta, not the snapshot
+    assert steps(None, 3) == [(3, "full")]  # a new worker: the snapshot alone, not 0 + three deltas
+    assert steps(None, 4, compact=False) == [(3, "full"), (4, "delta")]
+    assert steps(1, 4, compact=False) == [(2, "delta"), (3, "delta"), (4, "delta")]  # through the snapshot version
+    # The plan's payloads rebuild the target bit for bit.
+    out = states[1]
+    for m in store.sync_plan(1, 4, compact=False):
+        out = rd.apply(out, store.payload_path(m.version, m.kind).read_bytes())
+    assert checksum(out) == checksum(states[4])
+    assert checksum(state_from_bytes(store.payload_path(3, "full").read_bytes())) == checksum(states[3])
+    # A compacted delta across the snapshot version composes through its companion delta.
+    plan = store.sync_plan(1, 4)
+    assert [(m.base_version, m.version, m.compacted) for m in plan] == [(1, 4, True)]
+    assert checksum(rd.apply(states[1], store._file_of(plan[0]).read_bytes())) == checksum(states[4])
+    # A restarted store reloads the companion.
+    again = VersionStore(tmp_path, 4096, 50)
+    assert again.companion(3) == full3 and [m.kind for m in again.sync_plan(2, 3)] == ["delta"]
+    assert again.bytes_on_disk() == store.bytes_on_disk()
+
+
+def test_companion_uploaded_after_the_snapshot_is_served_too(tmp_path) -> None:
+    """Snapshot first, delta second (the other order): the delta is the companion, served from its own path."""
+    from tests.weight_server.states import chain
+
+    states = chain(4)
+    store = VersionStore(tmp_path, 4096, 50)
+    for v, kind in [(0, "full"), (1, "delta"), (2, "delta"), (3, "full"), (3, "delta")]:
+        _put_version(store, states, v, kind)
+    [m] = store.sync_plan(2, 3)
+    assert (m.kind, m.companion, m.payload_path) == ("delta", True, "/versions/3/delta/payload")
+    assert [x.kind for x in store.sync_plan(None, 3)] == ["full"]
+
+
+def test_companion_uploads_that_do_not_fit_are_refused(tmp_path) -> None:
+    from tests.weight_server.states import chain
+
+    store = VersionStore(tmp_path, 4096, 50)
+    states = chain(3)
+    for v, kind in [(0, "full"), (1, "delta"), (2, "delta")]:
+        _put_version(store, states, v, kind)
+    for version, kind, checksum, base, status, field in [
+        (2, "full", "another-state", None, 409, "checksum"),  # must produce the same state
+        (1, "full", "wrong", None, 409, "checksum"),
+        (2, "delta", None, 1, 409, "version"),  # same kind again: versions are immutable
+    ]:
+        with pytest.raises(StoreError) as err:
+            store.begin_upload(version, kind, checksum or store.manifest(version).checksum, base_version=base)
+        assert (err.value.status, err.value.field) == (status, field), (version, kind)
+    _put_version(store, states, 2, "full")
+    with pytest.raises(StoreError) as err:  # it already holds both kinds
+        store.begin_upload(2, "full", store.manifest(2).checksum)
+    assert (err.value.status, err.value.field) == (409, "version")
+    assert store.versions() == [0, 1, 2]
+
+
+def test_retention_ends_chains_at_a_companion_snapshot_and_keeps_them_consistent(tmp_path) -> None:
+    import rlboost.delta as rd
+    from tests.weight_server.states import chain, checksum
+
+    states = chain(6)
+    store = VersionStore(tmp_path, 4096, retain_versions=2)
+    for v in range(4):
+        _put_version(store, states, v, "full" if v == 0 else "delta")
+    assert store.versions() == [0, 1, 2, 3]  # 2 and 3 chain back to the snapshot 0
+    _put_version(store, states, 3, "full")  # 3's companion snapshot: 2 still chains to 0
+    assert store.versions() == [0, 1, 2, 3]
+    _put_version(store, states, 4, "delta")
+    assert store.versions() == [3, 4]  # newest two; 3 holds a snapshot, so nothing older is needed
+    assert not (tmp_path / "versions" / "2").exists() and (tmp_path / "versions" / "3" / "full").is_dir()
+    assert [(m.version, m.kind) for m in store.sync_plan(None, 4)] == [(3, "full"), (4, "delta")]
+    # A worker still at 2 holds that state itself: the kept delta 2->3 serves it (compaction needs 2: skipped).
+    plan = store.sync_plan(2, 4)
+    assert [(m.version, m.kind) for m in plan] == [(3, "delta"), (4, "delta")]
+    out = states[2]
+    for m in plan:
+        out = rd.apply(out, store.payload_path(m.version, m.kind).read_bytes())
+    assert checksum(out) == checksum(states[4])
+    _put_version(store, states, 5, "delta")
+    assert store.versions() == [3, 4, 5]  # 4 and 5 chain back to 3's companion snapshot
+    assert store.bytes_on_disk() == sum(
+        m.total_bytes for v in (3, 4, 5) for m in (store.manifest(v), store.companion(v)) if m is not None
+    )

@@ -10,6 +10,12 @@ bf16 state, new bf16 state)` (bit-exact, ~1-2 B per changed element). A delta th
 the state itself is sent as a snapshot instead, and a delta whose base the server no longer holds is
 re-sent as a snapshot. Mode `full` uploads a snapshot per version.
 
+At a periodic snapshot version (every `full_every`-th) the delta from the last published version is
+encoded too (concurrently with the snapshot) and uploaded FIRST: the weight-server holds and announces the
+version as soon as the small delta lands, so workers one version behind pull it instead of the snapshot;
+the snapshot follows as the version's companion payload (same checksum), for new workers and to bound
+the chain. A refused or oversized companion delta is simply skipped.
+
 Pipelining: the bf16 cast runs in a thread, then checksum and encode run concurrently in two threads;
 version v+1 is encoded while version v's upload still streams (uploads stay in version order, since a
 delta's base must be on the server first). With `overlap=True`, `publish` returns as soon as the version
@@ -55,12 +61,14 @@ class Published:
     version: int
     checksum: str
     kind: str  # 'full' or 'delta'
-    nbytes: int  # payload bytes (sent, or being sent with overlap)
+    nbytes: int  # payload bytes of the version (sent, or being sent with overlap), companion delta included
     seconds: float  # cast + checksum + encode (+ upload unless overlapped)
     uploaded: bool  # False when the weight-server already held the version
     base_version: int | None = None  # for deltas
     encode_seconds: float = 0.0
     upload_seconds: float = 0.0  # 0 while an overlapped upload is still in flight
+    companion_base: int | None = None  # a snapshot version's companion delta: its base (None: no companion)
+    companion_nbytes: int = 0  # and its bytes
 
 
 @dataclass
@@ -71,6 +79,8 @@ class _Encoded:
     payload: bytes
     base_version: int | None
     seconds: float
+    companion: bytes | None = None  # at a snapshot version: the delta from `companion_base`, uploaded first
+    companion_base: int | None = None
 
 
 def publish_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -142,7 +152,9 @@ class WeightPublisher:
         enc = await self._encode(version, state)  # overlaps the previous version's upload, if any
         await self.flush()  # uploads stay in order: a delta's base must be on the server first
         uploaded = not (skip_if_present and version in await self.held_versions())
-        pub = Published(version, enc.checksum, enc.kind, len(enc.payload), 0.0, uploaded, enc.base_version, enc.seconds)
+        side = len(enc.companion) if enc.companion is not None else 0
+        pub = Published(version, enc.checksum, enc.kind, len(enc.payload) + side, 0.0, uploaded, enc.base_version,
+                        enc.seconds, companion_base=enc.companion_base, companion_nbytes=side)  # fmt: skip
         self.last_state, self.last = enc.bf16, pub  # the next version's delta base, even while this one uploads
         if not uploaded:
             log.info("weight-server already holds this version", extra={"weight_version": version})
@@ -188,13 +200,30 @@ class WeightPublisher:
             self._inflight = None
 
     # ---- encoding ----------------------------------------------------------------------------
-    def _delta_base(self, version: int) -> int | None:
-        """The version this one is a delta against, or None for a full snapshot."""
-        if self.mode != "delta" or self.last_state is None or self.last is None:
-            return None
-        if version % self.full_every == 0 or self.last.version >= version:
+    def _previous(self, version: int) -> int | None:
+        """The last published version, when a delta against it can be made (delta mode, older)."""
+        if self.mode != "delta" or self.last_state is None or self.last is None or self.last.version >= version:
             return None
         return self.last.version
+
+    def _delta_base(self, version: int) -> int | None:
+        """The version this one is a delta against, or None for a full snapshot."""
+        return None if version % self.full_every == 0 else self._previous(version)
+
+    def _companion_base(self, version: int) -> int | None:
+        """At a periodic snapshot version: the base of the delta uploaded beside the snapshot."""
+        return self._previous(version) if version % self.full_every == 0 else None
+
+    async def _encode_companion(self, bf16: dict[str, torch.Tensor], base: int, version: int) -> bytes | None:
+        assert self.last_state is not None
+        try:
+            payload = await asyncio.to_thread(encode_delta, self.last_state, bf16, base, version)
+        except Exception as err:  # the snapshot alone still publishes the version
+            log.warning(
+                "no companion delta", extra={"weight_version": version, "error": f"{type(err).__name__}: {err}"}
+            )
+            return None
+        return payload if len(payload) <= DELTA_MAX_FRACTION * _dense_bytes(bf16) else None
 
     async def _encode(self, version: int, state: Mapping[str, torch.Tensor]) -> _Encoded:
         t0 = time.monotonic()
@@ -202,8 +231,13 @@ class WeightPublisher:
         base = self._delta_base(version)
         checksum_job = asyncio.to_thread(state_checksum, bf16)
         if base is None:
-            checksum, payload = await asyncio.gather(checksum_job, asyncio.to_thread(encode_full, bf16))
-            return _Encoded(bf16, checksum, "full", payload, None, time.monotonic() - t0)
+            side = self._companion_base(version)
+            side_job = self._encode_companion(bf16, side, version) if side is not None else asyncio.sleep(0)
+            checksum, payload, companion = await asyncio.gather(
+                checksum_job, asyncio.to_thread(encode_full, bf16), side_job
+            )
+            side = side if companion is not None else None
+            return _Encoded(bf16, checksum, "full", payload, None, time.monotonic() - t0, companion, side)
         assert self.last_state is not None
         delta_job = asyncio.to_thread(encode_delta, self.last_state, bf16, base, version)
         checksum, payload = await asyncio.gather(checksum_job, delta_job, return_exceptions=True)
@@ -235,11 +269,31 @@ class WeightPublisher:
                 await self._upload(pub, enc)
                 return
         else:
+            if enc.companion is not None:
+                await self._upload_companion(pub, enc)
             await self.client.upload(pub.version, enc.payload, kind="full", checksum=enc.checksum, fmt="safetensors")
-        pub.kind, pub.nbytes, pub.base_version = enc.kind, len(enc.payload), enc.base_version
+        pub.kind, pub.base_version = enc.kind, enc.base_version
+        pub.companion_base = enc.companion_base if enc.companion is not None else None
+        pub.companion_nbytes = len(enc.companion) if enc.companion is not None else 0
+        pub.nbytes = len(enc.payload) + pub.companion_nbytes
         pub.upload_seconds = time.monotonic() - t0
         log.info(
             "weights uploaded",
             extra={"weight_version": pub.version, "kind": enc.kind, "bytes": len(enc.payload),
                    "upload_seconds": round(pub.upload_seconds, 4)},
         )  # fmt: skip
+
+    async def _upload_companion(self, pub: Published, enc: _Encoded) -> None:
+        """Upload a snapshot version's delta before its snapshot; a refused base just drops the companion."""
+        assert enc.companion is not None
+        try:
+            await self.client.upload(
+                pub.version, enc.companion, kind="delta", checksum=enc.checksum, base_version=enc.companion_base,
+                fmt="rlboost-delta",
+            )  # fmt: skip
+        except Exception as err:
+            if getattr(err, "field", None) != "base_version":
+                raise
+            log.warning("companion delta's base refused; uploading the snapshot alone",
+                        extra={"weight_version": pub.version, "base_version": enc.companion_base})  # fmt: skip
+            enc.companion, enc.companion_base = None, None

@@ -1,7 +1,9 @@
 """The weight-server's FastAPI app: versions, manifests, ranged payloads, uploads and sync plans.
 
-Routes (rlboost.wire.weights_io): GET /v1/versions, GET /v1/versions/{v}/manifest,
-GET /v1/versions/{v}/payload (Range), PUT /v1/versions/{v} (bearer token), GET /v1/sync?from=A&to=B[&compact=0],
+Routes (rlboost.wire.weights_io): GET /v1/versions, GET /v1/versions/{v}/manifest[?kind=full|delta],
+GET /v1/versions/{v}/payload (Range), GET /v1/versions/{v}/{kind}/payload (a version's payload of that kind:
+a snapshot version may also hold the delta from the version before, its companion), PUT /v1/versions/{v}
+(bearer token; a second PUT of the other kind adds a companion, not announced again), GET /v1/sync?from=A&to=B[&compact=0],
 GET /v1/compacted/{a}/{b}/manifest and /payload (Range; composed from the chain on first request),
 GET /healthz, GET /metrics. Errors are JSON: {"error": "...", "field": "..."}.
 """
@@ -125,7 +127,7 @@ def create_app(
     @app.get(API_PREFIX + "/versions/{version}/manifest")
     async def manifest(version: int, request: Request) -> Manifest:
         check_read(request)
-        return store.manifest(version)
+        return store.manifest(version, request.query_params.get("kind") or None)
 
     @app.get(API_PREFIX + "/sync")
     async def sync(request: Request) -> list[Manifest]:
@@ -152,6 +154,12 @@ def create_app(
         check_read(request)
         m = store.manifest(version)
         return _serve(m, store.payload_path(version), request)
+
+    @app.get(API_PREFIX + "/versions/{version}/{kind}/payload")
+    async def payload_of_kind(version: int, kind: str, request: Request) -> Response:
+        check_read(request)
+        m = store.manifest(version, kind)
+        return _serve(m, store.payload_path(version, kind), request)
 
     def _serve(m: Manifest, path: Path, request: Request) -> Response:
         """A payload file, whole or one Range of it, streamed in blocks; bytes counted by sync path."""
@@ -201,9 +209,15 @@ def create_app(
         refresh_gauges()
         log.info(
             "version uploaded",
-            extra={"version": version, "kind": result.kind, "bytes": result.total_bytes, "base": result.base_version},
+            extra={
+                "version": version,
+                "kind": result.kind,
+                "bytes": result.total_bytes,
+                "base": result.base_version,
+                "companion": result.companion,
+            },  # fmt: skip
         )
-        if announcer is not None:
+        if announcer is not None and not result.companion:  # a companion adds no new version: announced already
             event = WeightsAnnounced(version=version, checksum=result.checksum, kind=result.kind)
             if not await announcer.announce(event):
                 metrics.announce_failures.inc()

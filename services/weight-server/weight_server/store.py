@@ -5,8 +5,16 @@ computed on the fly; on commit the files are fsynced and the directory is rename
 `versions/<v>` (atomic on one filesystem), so a crash never leaves a half-written version visible.
 On start the store reloads every complete version and clears leftovers of interrupted uploads.
 
+Companions: a version may hold two payloads, a full snapshot and the delta from an earlier version
+(the trainer uploads both at each periodic snapshot version, delta first). The first upload of a version
+is its primary payload (`versions/<v>/payload`); a second PUT of the other kind with the same checksum is
+a companion, installed atomically under `versions/<v>/<kind>/` and listed with `companion=True`. So a
+worker one version behind a snapshot version pulls the small delta, and a new worker the snapshot.
+
 Retention keeps the newest `retain_versions` versions plus every version that a retained delta
-chains back to (its bases, down to the full snapshot), so every retained version stays reachable.
+chains back to (its bases, down to the nearest version that holds a full snapshot, primary or
+companion), so every retained version stays reachable from nothing. A version's payloads, companion
+included, go together. A kept delta whose base has expired still serves a worker that holds that base.
 
 Compacted deltas: `compacted(a, b)` composes the stored chain a->...->b into one delta
 (rlboost.delta.compose_chain, torch-free) and caches it under `<data-dir>/compacted/<a>-<b>/`
@@ -65,6 +73,7 @@ class Upload:
     fmt: str
     chunk_bytes: int
     tmp_dir: Path
+    companion: bool = False  # the second payload (other kind, same checksum) of a version already held
     total: int = 0
     _whole: hashlib._Hash = field(default_factory=hashlib.sha256)
     _chunk: hashlib._Hash = field(default_factory=hashlib.sha256)
@@ -125,6 +134,7 @@ class Upload:
             chunks=self.chunks,
             created_at=time.time(),
             compacted=compacted,
+            companion=self.companion,
         )
         with open(self.tmp_dir / MANIFEST, "w") as f:
             f.write(manifest.model_dump_json(indent=1))
@@ -150,8 +160,10 @@ class VersionStore:
         self.chunk_bytes = chunk_bytes
         self.retain_versions = retain_versions
         self._lock = threading.Lock()
-        self._manifests: dict[int, Manifest] = {}
+        self._manifests: dict[int, Manifest] = {}  # each version's primary (first uploaded) payload
+        self._companions: dict[int, Manifest] = {}  # a version's second payload, of the other kind
         self._pending: set[int] = set()  # versions being uploaded right now
+        self._pending_companions: set[int] = set()  # companions being uploaded right now
         self._compacted: dict[tuple[int, int], Manifest] = {}
         self._compact_locks: dict[tuple[int, int], threading.Lock] = {}  # one build per (a, b) at a time
         self._load()
@@ -170,8 +182,25 @@ class VersionStore:
                 log.warning("skipping unreadable version directory", extra={"path": str(d), "error": str(err)})
                 continue
             self._manifests[manifest.version] = manifest
+            self._load_companion(d, manifest)
         self._load_compacted()
         log.info("store loaded", extra={"versions": sorted(self._manifests), "data_dir": str(self.root)})
+
+    def _load_companion(self, d: Path, primary: Manifest) -> None:
+        other = d / ("delta" if primary.kind == "full" else "full")
+        if not other.is_dir():
+            return
+        try:
+            m = Manifest.model_validate_json((other / MANIFEST).read_text())
+            if not m.companion or m.version != primary.version or m.kind == primary.kind:
+                raise ValueError("companion manifest does not match its directory")
+            if (other / PAYLOAD).stat().st_size != m.total_bytes:
+                raise ValueError("companion payload size does not match its manifest")
+        except (OSError, ValueError) as err:
+            log.warning("dropping unreadable companion payload", extra={"path": str(other), "error": str(err)})
+            shutil.rmtree(other, ignore_errors=True)
+            return
+        self._companions[m.version] = m
 
     def _load_compacted(self) -> None:
         self.compacted_dir.mkdir(parents=True, exist_ok=True)
@@ -197,16 +226,36 @@ class VersionStore:
         with self._lock:
             return max(self._manifests, default=None)
 
-    def manifest(self, version: int) -> Manifest:
+    def manifest(self, version: int, kind: str | None = None) -> Manifest:
+        """The version's primary manifest, or with `kind` its payload of that kind (primary or companion)."""
         with self._lock:
             found = self._manifests.get(version)
+            companion = self._companions.get(version)
         if found is None:
             raise StoreError(404, f"version {version} is not held (see GET /v1/versions)", "version")
-        return found
+        if kind is None or found.kind == kind:
+            return found
+        if kind not in ("full", "delta"):
+            raise StoreError(422, f"kind must be 'full' or 'delta', got {kind!r}", "kind")
+        if companion is None or companion.kind != kind:
+            raise StoreError(404, f"version {version} holds no {kind} payload (it is a {found.kind})", "kind")
+        return companion
 
-    def payload_path(self, version: int) -> Path:
-        self.manifest(version)
-        return self.versions_dir / str(version) / PAYLOAD
+    def payload_path(self, version: int, kind: str | None = None) -> Path:
+        return self._file_of(self.manifest(version, kind))
+
+    def _file_of(self, m: Manifest) -> Path:
+        """Where a manifest's payload lies on disk."""
+        if m.compacted:
+            return self.compacted_dir / f"{m.base_version}-{m.version}" / PAYLOAD
+        if m.companion:
+            return self.versions_dir / str(m.version) / m.kind / PAYLOAD
+        return self.versions_dir / str(m.version) / PAYLOAD
+
+    def companion(self, version: int) -> Manifest | None:
+        """The version's second payload, if it holds one."""
+        with self._lock:
+            return self._companions.get(version)
 
     def compacted_payload_path(self, base: int, version: int) -> Path:
         self.compacted(base, version)
@@ -214,7 +263,8 @@ class VersionStore:
 
     def bytes_on_disk(self) -> int:
         with self._lock:
-            return sum(m.total_bytes for m in self._manifests.values())
+            held = [*self._manifests.values(), *self._companions.values()]
+        return sum(m.total_bytes for m in held)
 
     def read_range(self, version: int, start: int, end: int, path: Path | None = None) -> Iterator[bytes]:
         """Yield bytes [start, end] (inclusive) of a payload (version's, or the file `path`) in blocks; blocking."""
@@ -242,16 +292,47 @@ class VersionStore:
         if kind == "full" and base_version is not None:
             raise StoreError(422, "base_version is only for deltas; leave it out for a full snapshot", "base_version")
         with self._lock:
-            self._check_version(version, kind, base_version)
-            self._pending.add(version)
+            companion = self._is_companion(version, kind, checksum, base_version)
+            if companion:
+                self._pending_companions.add(version)
+            else:
+                self._check_version(version, kind, base_version)
+                self._pending.add(version)
         fmt = fmt or ("safetensors" if kind == "full" else "rlboost-delta")
         tmp = self.incoming_dir / f"{version}-{uuid.uuid4().hex}"
         try:
-            return Upload(self, version, kind, base_version, checksum, fmt, self.chunk_bytes, tmp)
+            return Upload(self, version, kind, base_version, checksum, fmt, self.chunk_bytes, tmp, companion)
         except BaseException:
             with self._lock:
-                self._pending.discard(version)
+                (self._pending_companions if companion else self._pending).discard(version)
             raise
+
+    def _is_companion(self, version: int, kind: str, checksum: str, base_version: int | None) -> bool:
+        """Under the lock: True when this upload adds the other kind's payload to a held version.
+
+        Raises StoreError when it would, but cannot: a different checksum, a companion already held or
+        uploading, or a delta whose base is not an older held version.
+        """
+        primary = self._manifests.get(version)
+        if primary is None or primary.kind == kind:
+            return False  # a new version, or a re-upload of the same kind: the ordinary rules answer
+        if version in self._companions or version in self._pending_companions:
+            raise StoreError(409, f"version {version} already holds a full snapshot and a delta", "version")
+        if checksum != primary.checksum:
+            raise StoreError(
+                409,
+                f"version {version} is held with checksum {primary.checksum[:16]}; a second payload of it must "
+                "produce the same state (same checksum)",
+                "checksum",
+            )
+        if kind == "delta":
+            if base_version is None:
+                raise StoreError(422, "a delta needs its base version (header X-Rlboost-Base-Version)", "base_version")
+            if base_version not in self._manifests or base_version >= version:
+                raise StoreError(
+                    422, f"base_version {base_version} must be an older version the server holds", "base_version"
+                )
+        return True
 
     def _check_version(self, version: int, kind: str, base_version: int | None) -> None:
         """Under the lock: the version is new and above the latest; a delta's base is held."""
@@ -276,9 +357,12 @@ class VersionStore:
         """Forget a failed upload's reservation and its temporary files."""
         upload.abort()
         with self._lock:
-            self._pending.discard(upload.version)
+            (self._pending_companions if upload.companion else self._pending).discard(upload.version)
 
     def _install(self, upload: Upload, manifest: Manifest) -> None:
+        if upload.companion:
+            self._install_companion(upload, manifest)
+            return
         target = self.versions_dir / str(upload.version)
         with self._lock:
             self._pending.discard(upload.version)
@@ -296,6 +380,37 @@ class VersionStore:
             for k in stale:
                 del self._compacted[k]
                 self._compact_locks.pop(k, None)
+            for v in doomed:
+                self._companions.pop(v, None)
+        self._remove(doomed, stale)
+
+    def _install_companion(self, upload: Upload, manifest: Manifest) -> None:
+        """Put a version's second payload beside its first (atomic rename into versions/<v>/<kind>)."""
+        version = upload.version
+        with self._lock:
+            self._pending_companions.discard(version)
+            if version not in self._manifests:
+                raise StoreError(404, f"version {version} was removed by retention during the upload", "version")
+            if upload.kind == "delta" and upload.base_version not in self._manifests:
+                raise StoreError(
+                    409, f"base_version {upload.base_version} was removed during the upload", "base_version"
+                )
+            parent = self.versions_dir / str(version)
+            os.rename(upload.tmp_dir, parent / upload.kind)
+            _fsync_dir(parent)
+            self._companions[version] = manifest
+            # A companion snapshot ends its version's chain: older versions may now expire.
+            doomed = self._expired()
+            for v in doomed:
+                del self._manifests[v]
+                self._companions.pop(v, None)
+            stale = [k for k in self._compacted if k[0] not in self._manifests or k[1] not in self._manifests]
+            for k in stale:
+                del self._compacted[k]
+                self._compact_locks.pop(k, None)
+        self._remove(doomed, stale)
+
+    def _remove(self, doomed: list[int], stale: list[tuple[int, int]]) -> None:
         for v in doomed:
             shutil.rmtree(self.versions_dir / str(v), ignore_errors=True)
         for a, b in stale:
@@ -304,55 +419,86 @@ class VersionStore:
             log.info("retention removed versions", extra={"removed": doomed})
 
     # ---- retention and sync plans ------------------------------------------------------------
+    def _has_full(self, v: int, manifests: dict[int, Manifest], companions: dict[int, Manifest]) -> bool:
+        return manifests[v].kind == "full" or (v in companions and companions[v].kind == "full")
+
     def _expired(self) -> list[int]:
-        """Under the lock: versions outside the newest `retain_versions` that no retained delta needs."""
+        """Under the lock: versions outside the newest `retain_versions` that no retained delta needs.
+
+        A retained version's chain runs back along delta bases to the nearest version holding a full snapshot.
+        """
         newest = sorted(self._manifests, reverse=True)[: self.retain_versions]
         keep: set[int] = set()
         for v in newest:
             while v is not None and v not in keep and v in self._manifests:
                 keep.add(v)
                 m = self._manifests[v]
-                v = m.base_version if m.kind == "delta" else None
+                full = self._has_full(v, self._manifests, self._companions)
+                v = None if full else m.base_version
         return sorted(set(self._manifests) - keep)
+
+    def _by_kind(self) -> tuple[set[int], dict[int, Manifest], dict[int, Manifest]]:
+        """One consistent snapshot: (versions held, full manifests, delta manifests by version), primaries and
+        companions alike."""
+        with self._lock:
+            versions = set(self._manifests)
+            held = [*self._manifests.values(), *self._companions.values()]
+        fulls = {m.version: m for m in held if m.kind == "full"}
+        deltas = {m.version: m for m in held if m.kind == "delta"}
+        return versions, fulls, deltas
 
     def sync_plan(self, from_version: int | None, to_version: int | None, compact: bool = True) -> list[Manifest]:
         """Manifests a worker at `from_version` (None: holds nothing) applies in order to reach `to_version`.
 
-        Walk back from the target along delta bases. Reaching `from_version` gives the delta chain;
-        reaching a full snapshot gives snapshot + deltas. With `compact`, a run of two or more deltas
-        may be replaced by one compacted delta. Of the candidates, fewer total bytes wins (blocking:
-        building a compacted delta reads and composes the chain).
+        Walk back from the target along delta bases (a version's primary or companion delta). Reaching
+        `from_version` gives the delta chain (the worker holds that state, so the server need not); the
+        nearest version holding a full snapshot gives snapshot + deltas. A snapshot version that also holds
+        the delta from the version before does not end the walk, so a worker just behind it gets the delta.
+        With `compact`, a run of two or more deltas may be replaced by one compacted delta. Of the
+        candidates, fewer total bytes wins (blocking: building a compacted delta reads and composes the chain).
         """
-        with self._lock:
-            manifests = dict(self._manifests)
+        held, fulls, deltas = self._by_kind()
         if to_version is None:
-            to_version = max(manifests, default=None)
+            to_version = max(held, default=None)
             if to_version is None:
                 raise StoreError(404, "no version has been uploaded yet", "to")
-        if to_version not in manifests:
+        if to_version not in held:
             raise StoreError(404, f"version {to_version} is not held (see GET /v1/versions)", "to")
         if from_version is not None and from_version > to_version:
             raise StoreError(422, f"from ({from_version}) must not be newer than to ({to_version})", "from")
         if from_version == to_version:
             return []
-        path: list[Manifest] = []
-        chain: list[Manifest] | None = None
-        v: int | None = to_version
-        while v is not None and v in manifests:
-            if v == from_version:
-                chain = list(reversed(path))
-            m = manifests[v]
-            path.append(m)
-            if m.kind == "full":
-                break
-            v = m.base_version
-        snapshot = list(reversed(path)) if path[-1].kind == "full" else None
+        chain, snapshot = self._walk_back(from_version, to_version, fulls, deltas)
         candidates = [c for c in (chain, snapshot) if c is not None]
         if not candidates:
             raise StoreError(409, f"version {to_version} cannot be rebuilt: its delta chain lost its base", "to")
         if compact:
             candidates += self._compacted_candidates(chain, snapshot)
         return min(candidates, key=lambda c: (sum(m.total_bytes for m in c), len(c)))
+
+    @staticmethod
+    def _walk_back(
+        from_version: int | None, to_version: int, fulls: dict[int, Manifest], deltas: dict[int, Manifest]
+    ) -> tuple[list[Manifest] | None, list[Manifest] | None]:
+        """(delta chain from `from_version`, nearest snapshot + deltas) ending at `to_version`; None where none."""
+        path: list[Manifest] = []  # deltas walked so far, newest first
+        chain: list[Manifest] | None = None
+        snapshot: list[Manifest] | None = None
+        v = to_version
+        while True:
+            if v == from_version:
+                chain = list(reversed(path))
+            if snapshot is None and v in fulls:
+                snapshot = [fulls[v], *reversed(path)]
+            # Past the snapshot, walking on only helps to reach from_version (still older than v).
+            if snapshot is not None and (chain is not None or from_version is None or from_version > v):
+                break
+            d = deltas.get(v)
+            if d is None or d.base_version is None:
+                break
+            path.append(d)
+            v = d.base_version
+        return chain, snapshot
 
     def _compacted_candidates(
         self, chain: list[Manifest] | None, snapshot: list[Manifest] | None
@@ -393,13 +539,13 @@ class VersionStore:
             return found if found is not None else self._build_compacted(base, version)
 
     def _delta_run(self, base: int, version: int) -> list[Manifest]:
-        """The stored deltas leading from `base` to `version`, oldest first; StoreError if there is none."""
-        with self._lock:
-            manifests = dict(self._manifests)
+        """The stored deltas (primary or companion) leading from `base` to `version`, oldest first; StoreError
+        if there is none."""
+        _, _, deltas = self._by_kind()
         run: list[Manifest] = []
         v = version
         while v != base:
-            m = manifests.get(v)
+            m = deltas.get(v)
             if m is None or m.kind != "delta" or m.base_version is None or m.base_version < base:
                 raise StoreError(
                     404, f"no chain of stored deltas leads from version {base} to {version}", "base_version"
@@ -414,11 +560,15 @@ class VersionStore:
         from rlboost.delta.compact import compose_chain
         from rlboost.delta.format import DeltaError
 
+        with self._lock:
+            held = base in self._manifests
+        if not held:  # a cache entry lives only while both its versions do
+            raise StoreError(404, f"version {base} is not held: no compacted delta from it", "base_version")
         run = self._delta_run(base, version)
         if any(m.format != "rlboost-delta" for m in run):
             raise StoreError(422, f"deltas {base}->{version} are not all in the rlboost-delta format", "format")
         try:
-            payload = compose_chain([self.payload_path(m.version).read_bytes() for m in run])
+            payload = compose_chain([self._file_of(m).read_bytes() for m in run])
         except DeltaError as err:
             raise StoreError(422, f"cannot compact deltas {base}->{version}: {err}", "base_version") from None
         except OSError:  # a version of the run was removed meanwhile
