@@ -6,6 +6,7 @@
     rd.apply_(base, blob)                                    # in place; validated before any write
     rd.inspect(blob).changed_fraction                        # DeltaInfo, per tensor too
     rd.compose(blob_ab, blob_bc)                             # a->c without the weights
+    rd.tensor_checksum(raw_bytes)                            # the format's (block-wise xxh3) tensor checksum
 
 `encode`, `apply` and `apply_` need torch and are loaded on first use (PEP 562), so
 `import rlboost.delta` stays torch-free for the weight-server. Torch-free code that wants
@@ -18,7 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from rlboost.delta.compact import compose, compose_chain
-from rlboost.delta.format import FORMAT_VERSION, DeltaError, DeltaInfo, TensorInfo, inspect
+from rlboost.delta.format import FORMAT_VERSION, DeltaError, DeltaInfo, TensorInfo, inspect, tensor_checksum
 
 if TYPE_CHECKING:
     from rlboost.delta.api import apply, apply_, encode
@@ -34,6 +35,7 @@ __all__ = [
     "compose_chain",
     "encode",
     "inspect",
+    "tensor_checksum",
 ]
 
 _TORCH_API = {"encode", "apply", "apply_"}

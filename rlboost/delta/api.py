@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from rlboost.delta.codec import BitArray, apply_arrays, apply_arrays_, encode_arrays, uint_dtype
-from rlboost.delta.format import DTYPE_ITEMSIZE, DeltaError
+from rlboost.delta.format import DEFAULT_BLOCK_BYTES, DTYPE_ITEMSIZE, DeltaError
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -45,10 +45,17 @@ def _bits_of(state: Mapping[str, torch.Tensor]) -> dict[str, BitArray]:
 
 
 def encode(
-    base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], *, base_version: int, version: int
+    base: Mapping[str, torch.Tensor],
+    new: Mapping[str, torch.Tensor],
+    *,
+    base_version: int,
+    version: int,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
 ) -> bytes:
-    """Delta bytes taking `base` (weights at `base_version`) to `new` (at `version`), bit-exactly."""
-    return encode_arrays(_bits_of(base), _bits_of(new), base_version=base_version, version=version)
+    """Delta bytes taking `base` (weights at `base_version`) to `new` (at `version`), bit-exactly. `block_bytes`:
+    the hash block of the tensor checksums (a power of two, 4 KiB..1 GiB; deltas composed together must agree)."""
+    bits_base, bits_new = _bits_of(base), _bits_of(new)
+    return encode_arrays(bits_base, bits_new, base_version=base_version, version=version, block_bytes=block_bytes)
 
 
 def apply(base: Mapping[str, torch.Tensor], delta: bytes) -> dict[str, torch.Tensor]:

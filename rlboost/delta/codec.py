@@ -13,10 +13,14 @@ compress to about a third of a byte per changed element and the gap planes near 
 bound of the positions. Modular differences compose by addition, so deltas compose without the
 weights (see compact.py).
 
-Speed (see _scan.py): encode reads each base/new pair once, scanning and hashing it chunk by
-chunk in cache; the byte planes of all tensors are then compressed on a pool of threads. Apply
-decodes every payload (checksums, positions in range, no empty change) before the first write,
-then writes each sparse tensor chunk by chunk and hashes it as it goes: one pass over memory.
+Speed (see _scan.py): every tensor is cut into runs of whole hash blocks (segments; checksums are
+block-wise, see format.tensor_checksum), and each stage hands the segments or streams of all
+tensors to a persistent pool of two threads (this machine's cores; the kernels, xxhash and zstd
+release the GIL), so one large tensor uses both cores. Encode reads each base/new pair once,
+scanning and hashing it chunk by chunk in cache, then builds and compresses the byte planes.
+Apply checks every payload checksum and decodes every payload (positions in range, no empty
+change) before the first write, the gap planes and the value planes of a tensor on different
+threads, then writes each tensor segment by segment and hashes it as it goes: one pass over memory.
 The target checksum also proves the base: the delta maps a base to its target bijectively
 (fixed positions, fixed modular differences), so the result matches the target's checksum only
 if the base was the delta's base. On a mismatch every written element is restored exactly
@@ -25,6 +29,8 @@ before DeltaError is raised, so a bad delta or a wrong base never leaves half-ap
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple, TypeVar
@@ -32,23 +38,30 @@ from typing import NamedTuple, TypeVar
 import numpy as np
 import zstandard
 
-from rlboost.delta._scan import Scan, byte_planes, read_planes, restore, scan_pair, write, write_and_hash
+from rlboost.delta import _scan
+from rlboost.delta._scan import Segment, SegScan, fill_planes, gap_planes_for, max_gap, segments
 from rlboost.delta.format import (
+    DEFAULT_BLOCK_BYTES,
     DTYPE_ITEMSIZE,
     Delta,
     DeltaError,
     TensorEntry,
-    checksum,
+    block_digests,
+    check_block_bytes,
+    combine_digests,
     pack,
     parse,
+    tensor_checksum,
 )
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _ZSTD_LEVEL = 1  # level 1..19 give the same size on these planes (measured); 1 is fastest
-_THREADS = 2  # this machine's cores: the kernels and zstd release the GIL
-_PARALLEL_PLANES = 1 << 16  # changes in a tensor from which its planes are decompressed in parallel
+_THREADS = 2  # this machine's cores: the kernels, xxhash and zstd release the GIL
 _T = TypeVar("_T")
 _R = TypeVar("_R")
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+_LOCAL = threading.local()
+_AHEAD = 2  # tensors decoded ahead of the one being written (1 left threads idle between tensors: measured)
 
 
 class BitArray(NamedTuple):
@@ -81,24 +94,43 @@ def bit_array(dtype: str, shape: tuple[int, ...], data: np.ndarray) -> BitArray:
     return BitArray(dtype, tuple(shape), flat)
 
 
+def _pool() -> ThreadPoolExecutor:
+    # One pool per process, kept: starting threads on every call costs more than a small tensor's work.
+    # Keyed by pid, so a forked child builds its own instead of waiting on its parent's threads.
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid():
+        _POOL = (os.getpid(), ThreadPoolExecutor(_THREADS, thread_name_prefix="rlboost-delta"))
+    return _POOL[1]
+
+
 def _pmap(fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
+    """fn over items on the pool (in order; the first exception is raised). Jobs must not call _pmap."""
     items = list(items)
     if len(items) <= 1:
         return [fn(x) for x in items]
-    with ThreadPoolExecutor(min(_THREADS, len(items))) as pool:
-        return list(pool.map(fn, items))
+    return list(_pool().map(fn, items))
 
 
 # ---------------------------------------------------------------- sparse streams
 
 
+def _zstd() -> threading.local:
+    """This thread's zstd (de)compressor: a fresh context per stream allocates and first-touches its tables
+    every time (measured ~0.2 ms per stream, most of the time of a model's many small tensors). Contexts are
+    not thread-safe, hence one per thread."""
+    if not hasattr(_LOCAL, "cctx"):
+        _LOCAL.cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
+        _LOCAL.dctx = zstandard.ZstdDecompressor()
+    return _LOCAL
+
+
 def _compress(plane: np.ndarray) -> bytes:
-    return zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(plane)
+    return _zstd().cctx.compress(plane)
 
 
 def encode_sparse(idx: np.ndarray, diff: np.ndarray) -> tuple[list[bytes], int]:
     """Compressed streams (gap planes, then value planes) for sorted positions and modular differences."""
-    planes, gap_planes = byte_planes(idx, diff)
+    planes, gap_planes = _scan.byte_planes(idx, diff)
     return [_compress(p) for p in planes], gap_planes
 
 
@@ -108,7 +140,7 @@ def _decompress_into(frame: bytes | memoryview, out: np.ndarray, what: str) -> N
         declared = zstandard.frame_content_size(frame)
         if declared != size:
             raise DeltaError(f"{what}: stream declares {declared} bytes, expected {size}")
-        data = zstandard.ZstdDecompressor().decompress(frame, max_output_size=size)
+        data = _zstd().dctx.decompress(frame, max_output_size=size)
     except zstandard.ZstdError as e:
         raise DeltaError(f"{what}: corrupt compressed stream ({e})") from None
     if len(data) != size:
@@ -116,27 +148,56 @@ def _decompress_into(frame: bytes | memoryview, out: np.ndarray, what: str) -> N
     out[:] = np.frombuffer(data, dtype=np.uint8)
 
 
+class _Sparse(NamedTuple):
+    """A sparse entry being decoded: its planes, filled by two jobs (gap planes, value planes)."""
+
+    entry: TensorEntry
+    payload: memoryview
+    planes: np.ndarray
+
+
+def _sparse_start(entry: TensorEntry, payload: memoryview) -> _Sparse:
+    return _Sparse(entry, payload, np.empty((len(entry.streams), entry.changed), dtype=np.uint8))
+
+
+def _decode_half(job: tuple[_Sparse, bool]) -> np.ndarray:
+    """Decompress and read the gap planes (positions) or the value planes (differences) of a sparse entry."""
+    sp, gaps = job
+    e = sp.entry
+    where = f"tensor {e.name!r}"
+    ends = np.cumsum(e.streams).tolist()
+    planes = range(e.gap_planes) if gaps else range(e.gap_planes, len(e.streams))
+    for i in planes:
+        _decompress_into(sp.payload[ends[i] - e.streams[i] : ends[i]], sp.planes[i], f"{where} stream {i}")
+    if gaps:
+        idx, ok = _scan.read_positions(sp.planes, e.gap_planes, e.numel)
+        if not ok:
+            raise DeltaError(f"{where}: positions run past the end of the tensor ({e.numel} elements)")
+        return idx
+    diff, ok = _scan.read_values(sp.planes, e.gap_planes, _UINT[e.itemsize])
+    if not ok:
+        raise DeltaError(f"{where}: a listed change leaves its element unchanged")
+    return diff
+
+
 def decode_sparse(entry: TensorEntry, payload: memoryview) -> tuple[np.ndarray, np.ndarray]:
     """Positions (int64, strictly increasing, in range) and modular differences of a sparse entry."""
-    where = f"tensor {entry.name!r}"
-    planes = np.empty((len(entry.streams), entry.changed), dtype=np.uint8)
-    ends = np.cumsum(entry.streams).tolist()
-    frames = [(i, payload[end - length : end]) for i, (length, end) in enumerate(zip(entry.streams, ends, strict=True))]
-    # The planes of a large tensor are decompressed on both threads (zstd releases the GIL).
-    run = _pmap if entry.changed >= _PARALLEL_PLANES else lambda fn, items: [fn(x) for x in items]
-    run(lambda f: _decompress_into(f[1], planes[f[0]], f"{where} stream {f[0]}"), frames)
-    idx, diff, status = read_planes(planes, entry.gap_planes, entry.numel, _UINT[entry.itemsize])
-    if status == 1:
-        raise DeltaError(f"{where}: positions run past the end of the tensor ({entry.numel} elements)")
-    if status == 2:
-        raise DeltaError(f"{where}: a listed change leaves its element unchanged")
+    sp = _sparse_start(entry, payload)
+    idx, diff = _pmap(_decode_half, [(sp, True), (sp, False)])
     return idx, diff
 
 
 # ---------------------------------------------------------------- encode
 
 
-def _entry(name: str, new: BitArray, scan: Scan, **fields: object) -> TensorEntry:
+class _Pair(NamedTuple):
+    name: str
+    old: BitArray
+    new: BitArray
+    segs: list[Segment]
+
+
+def _entry(name: str, new: BitArray, scan: _scan.Scan, **fields: object) -> TensorEntry:
     return TensorEntry(
         name=name,
         dtype=new.dtype,
@@ -149,23 +210,28 @@ def _entry(name: str, new: BitArray, scan: Scan, **fields: object) -> TensorEntr
     )
 
 
-def _scan_tensor(old: BitArray, new: BitArray) -> tuple[Scan, np.ndarray | None, int]:
-    # Past a quarter of the elements changed, sparse rarely wins and its index arrays grow large.
-    scan = scan_pair(old.bits, new.bits, limit=new.bits.size // 4)
-    if scan.idx is None or scan.changed == 0:
-        return scan, None, 0
-    planes, gap_planes = byte_planes(scan.idx, scan.diff)
-    return scan, planes, gap_planes
+def _joined(pair: _Pair, parts: list[SegScan], block_bytes: int) -> tuple[_scan.Scan, list[SegScan] | None]:
+    """The segments' scans as one tensor's counts and checksums, and the segments' changes when it goes sparse
+    (None when unchanged or when a segment passed its limit: then it goes dense)."""
+    changed = sum(p.changed for p in parts)
+    base = combine_digests([d for p in parts for d in p.base_blocks], pair.new.bits.nbytes, block_bytes)
+    target = combine_digests([d for p in parts for d in p.target_blocks], pair.new.bits.nbytes, block_bytes)
+    scan = _scan.Scan(None, None, changed, base, target)
+    return scan, None if changed == 0 or any(p.idx is None for p in parts) else parts
 
 
-def _finish_tensor(name: str, new: BitArray, scan: Scan, streams: list[bytes] | None, gap_planes: int):
+def _finish_tensor(
+    name: str, new: BitArray, scan: _scan.Scan, streams: list[bytes] | None, gap_planes: int, b: int
+) -> tuple[TensorEntry, bytes]:
+    """The table entry and payload of one tensor: unchanged, sparse, or dense when sparse is not smaller."""
     if scan.changed == 0:
-        return _entry(name, new, scan, encoding="unchanged", length=0, payload_xxh3=checksum(b"")), b""
+        return _entry(name, new, scan, encoding="unchanged", length=0, payload_xxh3=tensor_checksum(b"", b)), b""
     if streams is not None:
         payload = b"".join(streams)
         if len(payload) < new.bits.nbytes:
             fields = dict(streams=[len(s) for s in streams], gap_planes=gap_planes)
-            entry = _entry(name, new, scan, encoding="sparse", length=len(payload), payload_xxh3=checksum(payload))
+            checksum = tensor_checksum(payload, b)
+            entry = _entry(name, new, scan, encoding="sparse", length=len(payload), payload_xxh3=checksum)
             return entry.model_copy(update=fields), payload
     payload = new.bits.tobytes()
     # The dense payload is the target itself: its checksum is already known.
@@ -196,31 +262,65 @@ def _names(names: list[str]) -> str:
     return ", ".join(repr(n) for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
+def _scan_job(pair: _Pair, seg: Segment, block_bytes: int) -> SegScan:
+    # Past a quarter of the elements changed, sparse rarely wins and its index arrays grow large.
+    limit = (seg.stop - seg.start) // 4
+    return _scan.scan_segment(pair.old.bits, pair.new.bits, seg, limit, block_bytes)
+
+
+def _planes_of(pair: _Pair, parts: list[SegScan]) -> tuple[np.ndarray, int, list[tuple[SegScan, int, int]]]:
+    """The (unfilled) planes array of a sparse tensor, its gap planes, and per segment (scan, prev, column)."""
+    fills, prev, col = [], -1, 0
+    for p in parts:
+        if p.changed:
+            fills.append((p, prev, col))
+            prev, col = int(p.idx[-1]), col + p.changed
+    gap_planes = gap_planes_for(max(max_gap(p.idx, prev) for p, prev, _ in fills))  # ~0.3 ms per 1M changes
+    return np.empty((gap_planes + pair.new.bits.itemsize, col), dtype=np.uint8), gap_planes, fills
+
+
 def encode_arrays(
-    base: Mapping[str, BitArray], new: Mapping[str, BitArray], *, base_version: int, version: int
+    base: Mapping[str, BitArray],
+    new: Mapping[str, BitArray],
+    *,
+    base_version: int,
+    version: int,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
 ) -> bytes:
     """Encode the change from `base` to `new` (same names, dtypes and shapes) as delta bytes."""
+    check_block_bytes(block_bytes)
     _check_names(new, base, "base vs new")
     names = list(new)
     for name in names:
         _check_pair(name, base[name], new[name])
-    # Biggest first, so the two threads finish together.
-    order = sorted(names, key=lambda n: -new[n].bits.nbytes)
-    scanned = dict(zip(order, _pmap(lambda n: _scan_tensor(base[n], new[n]), order), strict=True))
+    pairs = {
+        n: _Pair(n, base[n], new[n], segments(new[n].bits.size, new[n].bits.itemsize, _THREADS, block_bytes))
+        for n in names
+    }
+    # Every segment of every tensor is one scan job, biggest first so the two threads finish together.
+    jobs = sorted(((p, s) for p in pairs.values() for s in p.segs), key=lambda j: j[1].start - j[1].stop)
+    scans = _pmap(lambda j: _scan_job(j[0], j[1], block_bytes), jobs)
+    by_seg = {(j[0].name, j[1].start): s for j, s in zip(jobs, scans, strict=True)}
+    joined = {n: _joined(p, [by_seg[(n, s.start)] for s in p.segs], block_bytes) for n, p in pairs.items()}
+    sparse = [n for n in names if joined[n][1] is not None]
+    layouts = {n: _planes_of(pairs[n], joined[n][1]) for n in sparse}
+    fills = [(layouts[n][0], layouts[n][1], f) for n in sparse for f in layouts[n][2]]
+    _pmap(lambda f: fill_planes(f[2][0].idx, f[2][0].diff, f[2][1], f[1], f[0], f[2][2]), fills)
     # Every plane of every tensor is one compression job: a single large tensor uses both threads too.
-    jobs = [(n, p) for n in order if scanned[n][1] is not None for p in scanned[n][1]]
-    compressed = _pmap(lambda job: _compress(job[1]), jobs)
+    zjobs = [(n, plane) for n in sparse for plane in layouts[n][0]]
+    compressed = _pmap(lambda job: _compress(job[1]), zjobs)
     streams: dict[str, list[bytes]] = {}
-    for (name, _), frame in zip(jobs, compressed, strict=True):
+    for (name, _), frame in zip(zjobs, compressed, strict=True):
         streams.setdefault(name, []).append(frame)
     entries, parts, offset = [], [], 0
     for name in names:
-        scan, _, gap_planes = scanned[name]
-        entry, payload = _finish_tensor(name, new[name], scan, streams.get(name), gap_planes)
+        gap_planes = layouts[name][1] if name in layouts else 0
+        scan = joined[name][0]
+        entry, payload = _finish_tensor(name, new[name], scan, streams.get(name), gap_planes, block_bytes)
         entries.append(entry.model_copy(update={"offset": offset}))
         parts.append(payload)
         offset += len(payload)
-    return pack(base_version, version, entries, parts)
+    return pack(base_version, version, entries, parts, block_bytes)
 
 
 # ---------------------------------------------------------------- apply
@@ -229,15 +329,20 @@ def encode_arrays(
 def decode_entry(delta: Delta, entry: TensorEntry) -> Staged:
     """Check a tensor's payload checksum and decode it: positions and differences, or the dense new bits."""
     payload = delta.payload_of(entry)
-    if checksum(payload) != entry.payload_xxh3:
+    if tensor_checksum(payload, delta.block_bytes) != entry.payload_xxh3:
         raise DeltaError(f"tensor {entry.name!r}: payload checksum mismatch (corrupted delta)")
+    return _decoded(entry, payload, None)
+
+
+def _decoded(entry: TensorEntry, payload: memoryview, sparse: tuple[np.ndarray, np.ndarray] | None) -> Staged:
+    """A Staged from a checked payload (sparse: its decoded positions and differences, decoded here if None)."""
     if entry.encoding == "unchanged":
         return Staged(entry, None, None)
     if entry.encoding == "dense":
         if entry.payload_xxh3 != entry.target_xxh3:  # a dense payload is the target itself
             raise DeltaError(f"tensor {entry.name!r}: dense payload does not match the target checksum")
         return Staged(entry, None, np.frombuffer(payload, dtype=_UINT[entry.itemsize]))
-    idx, diff = decode_sparse(entry, payload)
+    idx, diff = sparse if sparse is not None else decode_sparse(entry, payload)
     return Staged(entry, idx, diff)
 
 
@@ -249,56 +354,148 @@ def _check_base(entry: TensorEntry, arr: BitArray) -> None:
         raise DeltaError(f"{where}: base has shape {tuple(arr.shape)}, delta expects {tuple(entry.shape)} (wrong base)")
 
 
-def stage(delta: bytes | Delta, base: Mapping[str, BitArray]) -> tuple[Delta, list[Staged]]:
-    """Validate a whole delta against `base`'s names, dtypes and shapes and decode every payload, touching
-    nothing (the base's bits are checked by the target checksums as they are written). Raises DeltaError."""
+def _check_payloads(d: Delta) -> None:
+    """Every payload checksum, the blocks of large payloads split over the threads."""
+    b = d.block_bytes
+    jobs = [(e, s) for e in d.tensors for s in segments(e.length, 1, _THREADS, b)]
+    digests = _pmap(lambda j: block_digests(d.payload_of(j[0]), b, j[1].start // b, -(-j[1].stop // b)), jobs)
+    per: dict[str, list[int]] = {}
+    for (e, _), ds in zip(jobs, digests, strict=True):
+        per.setdefault(e.name, []).extend(ds)
+    for e in d.tensors:
+        if combine_digests(per.get(e.name, []), e.length, b) != e.payload_xxh3:
+            raise DeltaError(f"tensor {e.name!r}: payload checksum mismatch (corrupted delta)")
+
+
+def _validate(delta: bytes | Delta, base: Mapping[str, BitArray]) -> Delta:
+    """Everything that can be checked without decoding: header, table, names, dtypes, shapes, payload checksums."""
     d = delta if isinstance(delta, Delta) else parse(delta)
     _check_names({e.name: e for e in d.tensors}, base, "delta vs base")
     for e in d.tensors:
         _check_base(e, base[e.name])
-    return d, _pmap(lambda e: decode_entry(d, e), d.tensors)
+        if e.encoding == "dense" and e.payload_xxh3 != e.target_xxh3:  # a dense payload is the target itself
+            raise DeltaError(f"tensor {e.name!r}: dense payload does not match the target checksum")
+    _check_payloads(d)
+    return d
 
 
-class _Written(NamedTuple):
+def _decode_jobs(d: Delta, entries: list[TensorEntry]) -> list[tuple[_Sparse, bool]]:
+    """Two jobs per sparse entry: gap planes -> positions, value planes -> differences."""
+    return [(_sparse_start(e, d.payload_of(e)), g) for e in entries if e.encoding == "sparse" for g in (True, False)]
+
+
+def stage(delta: bytes | Delta, base: Mapping[str, BitArray]) -> tuple[Delta, list[Staged]]:
+    """Validate a whole delta against `base`'s names, dtypes and shapes, check every payload checksum and decode
+    every payload, touching nothing. Raises DeltaError."""
+    d = _validate(delta, base)
+    jobs = sorted(_decode_jobs(d, d.tensors), key=lambda j: -j[0].entry.changed)
+    halves = dict(zip(((j[0].entry.name, j[1]) for j in jobs), _pmap(_decode_half, jobs), strict=True))
+    return d, [_staged(d, e, halves) for e in d.tensors]
+
+
+def _staged(d: Delta, e: TensorEntry, halves: Mapping[tuple[str, bool], np.ndarray]) -> Staged:
+    pair = (halves[(e.name, True)], halves[(e.name, False)]) if e.encoding == "sparse" else None
+    return _decoded(e, d.payload_of(e), pair)
+
+
+class _Job(NamedTuple):
+    """One segment of one tensor to write (and hash)."""
+
     staged: Staged
-    old: np.ndarray | None  # the overwritten bits of a sparse tensor, to roll back
-    ok: bool
+    old: np.ndarray  # the overwritten bits of the tensor's changes, to roll back (shared by its segments)
+    seg: Segment
 
 
-def _write_one(s: Staged, dst: np.ndarray, src: np.ndarray | None, verify: bool) -> _Written:
-    """Write one non-dense tensor into dst (from src when given, else in place); hash it when verifying."""
-    idx = s.idx if s.idx is not None else np.empty(0, dtype=np.int64)
-    diff = s.values if s.values is not None else np.empty(0, dtype=dst.dtype)
-    if verify or src is not None:
-        old, digest = write_and_hash(dst, idx, diff, src)
-        return _Written(s, old, not verify or digest == s.entry.target_xxh3)
-    return _Written(s, write(dst, idx, diff), True)
+def _apply(
+    delta: bytes | Delta, base: Mapping[str, BitArray], dst: Mapping[str, BitArray], src: bool, verify: bool
+) -> Delta:
+    """Validate, then decode and write tensor by tensor, biggest first, pipelined on the pool: while the segments
+    of one tensor are written (memory-bound), the next tensor is decoded (compute-bound). Sparse and unchanged
+    tensors are checked against their targets as they are written; dense ones were checked by their payload
+    checksum. On any DeltaError after the first write (a wrong base, or a payload that passed its checksum and
+    still fails to decode: a forged delta), every written element is restored exactly before it is raised."""
+    d = _validate(delta, base)
+    b = d.block_bytes
+    todo = [e for e in d.tensors if e.encoding != "dense" and (verify or src or e.encoding == "sparse")]
+    todo.sort(key=lambda e: -e.nbytes)
+    pool, writes = _pool(), []
+    error: Exception | None = None
+    # Decoding runs _AHEAD tensors ahead of writing, so a thread never waits on the loop below to queue work.
+    pending = {i: [pool.submit(_decode_half, j) for j in _decode_jobs(d, [e])] for i, e in enumerate(todo[:_AHEAD])}
+    try:
+        for i, e in enumerate(todo):
+            halves = [f.result() for f in pending.pop(i)]
+            s = _decoded(e, d.payload_of(e), (halves[0], halves[1]) if halves else None)
+            bits = dst[e.name].bits
+            old = np.empty(0 if s.values is None else s.values.size, dtype=bits.dtype)  # shared by the segments
+            segs = [_Job(s, old, seg) for seg in _segs(bits, b)]
+            nxt = _decode_jobs(d, todo[i + _AHEAD : i + _AHEAD + 1])
+            # This tensor's segments and a later tensor's decoding, interleaved: one thread of each at a time.
+            later = []
+            for k in range(max(len(segs), len(nxt))):
+                if k < len(segs):
+                    writes.append((segs[k], pool.submit(_write_job, segs[k], dst, base if src else None, verify, b)))
+                if k < len(nxt):
+                    later.append(pool.submit(_decode_half, nxt[k]))
+            if i + _AHEAD < len(todo):
+                pending[i + _AHEAD] = later
+    except Exception as err:  # a DeltaError, or anything else: either way nothing may stay half-applied
+        error = err
+    done = [(j, f.result()) for j, f in writes]
+    if error is None and verify:
+        error = _check_targets(d, done)
+    if error is not None:
+        if not src:  # in place: undo every write exactly (a copy is simply dropped)
+            written = {j.staged.entry.name: j for j, _ in done if j.staged.idx is not None}
+            for name, j in written.items():
+                _scan.restore(dst[name].bits, j.staged.idx, j.old)
+        raise error
+    dense = [(e, seg) for e in d.tensors if e.encoding == "dense" for seg in _segs(dst[e.name].bits, b)]
+    _pmap(lambda j: _copy(dst[j[0].name].bits, _dense_bits(d, j[0]), j[1]), dense)
+    return d
 
 
-def _write_all(
-    d: Delta, staged: list[Staged], dst: Mapping[str, BitArray], src: Mapping[str, BitArray] | None, verify: bool
-) -> None:
-    """Write every tensor into dst, sparse and unchanged ones first (checked against the targets as they are
-    written; on a mismatch all are restored and DeltaError raised), then the dense ones (verified in decoding)."""
-    todo = [s for s in staged if s.entry.encoding != "dense"]
-    todo.sort(key=lambda s: -s.entry.nbytes)
-    results = _pmap(
-        lambda s: _write_one(s, dst[s.entry.name].bits, None if src is None else src[s.entry.name].bits, verify),
-        todo,
+def _dense_bits(d: Delta, e: TensorEntry) -> np.ndarray:
+    return np.frombuffer(d.payload_of(e), dtype=_UINT[e.itemsize])
+
+
+def _check_targets(d: Delta, done: list[tuple[_Job, list[int]]]) -> Exception | None:
+    per: dict[str, list[tuple[int, list[int]]]] = {}
+    entries = {}
+    for j, ds in done:
+        per.setdefault(j.staged.entry.name, []).append((j.seg.start, ds))
+        entries[j.staged.entry.name] = j.staged.entry
+    bad = [n for n, e in entries.items() if _digest(per[n], e, d.block_bytes) != e.target_xxh3]
+    if not bad:
+        return None
+    return DeltaError(
+        f"target checksum mismatch for {_names(bad)}: these weights are not version {d.header.base_version} "
+        "(wrong base) or the delta is forged; nothing applied"
     )
-    bad = [w.staged.entry.name for w in results if not w.ok]
-    if bad:
-        if src is None:  # in place: undo every write exactly
-            for w in results:
-                if w.staged.idx is not None:
-                    restore(dst[w.staged.entry.name].bits, w.staged.idx, w.old)
-        raise DeltaError(
-            f"target checksum mismatch for {_names(bad)}: these weights are not version {d.header.base_version} "
-            "(wrong base) or the delta is forged; nothing applied"
-        )
-    for s in staged:
-        if s.entry.encoding == "dense":
-            dst[s.entry.name].bits[:] = s.values
+
+
+def _segs(bits: np.ndarray, block_bytes: int) -> list[Segment]:
+    return segments(bits.size, bits.itemsize, _THREADS, block_bytes)
+
+
+def _copy(dst: np.ndarray, src: np.ndarray, seg: Segment) -> None:
+    np.copyto(dst[seg.start : seg.stop], src[seg.start : seg.stop])
+
+
+def _write_job(
+    j: _Job, dst: Mapping[str, BitArray], src: Mapping[str, BitArray] | None, verify: bool, b: int
+) -> list[int]:
+    s = j.staged
+    bits = dst[s.entry.name].bits
+    idx = s.idx if s.idx is not None else np.empty(0, dtype=np.int64)
+    diff = s.values if s.values is not None else np.empty(0, dtype=bits.dtype)
+    return _scan.write_segment(
+        bits, idx, diff, j.old, j.seg, b, None if src is None else src[s.entry.name].bits, verify
+    )
+
+
+def _digest(parts: list[tuple[int, list[int]]], entry: TensorEntry, block_bytes: int) -> int:
+    return combine_digests([d for _, ds in sorted(parts) for d in ds], entry.nbytes, block_bytes)
 
 
 def apply_arrays_(base: Mapping[str, BitArray], delta: bytes | Delta, *, verify_target: bool = True) -> Delta:
@@ -306,16 +503,13 @@ def apply_arrays_(base: Mapping[str, BitArray], delta: bytes | Delta, *, verify_
     write; with `verify_target` every tensor is hashed as it is written and, on a mismatch (a wrong base or a
     forged delta), every written element is restored exactly before DeltaError is raised. Without it nothing
     full-size is read: the caller vouches for the base (e.g. by a whole-state checksum)."""
-    d, staged = stage(delta, base)
-    _write_all(d, staged, base, None, verify_target)
-    return d
+    return _apply(delta, base, base, False, verify_target)
 
 
 def apply_arrays(
     base: Mapping[str, BitArray], delta: bytes | Delta, *, verify_target: bool = True
 ) -> dict[str, BitArray]:
     """Apply a delta to copies of the base arrays (copied, changed and hashed in one pass); the base is untouched."""
-    d, staged = stage(delta, base)
     out = {name: BitArray(a.dtype, a.shape, np.empty_like(a.bits)) for name, a in base.items()}
-    _write_all(d, staged, out, base, verify_target)
+    _apply(delta, base, out, True, verify_target)
     return out

@@ -9,7 +9,8 @@ tensor cannot fall back to dense when its sparse form grows past the tensor's si
 (still exact), and `changed` of a composed dense entry is an upper bound.
 
 Chain links are checked by checksum: every tensor's base checksum in b->c must equal its target
-checksum in a->b, so a broken chain is rejected rather than silently composed.
+checksum in a->b, so a broken chain is rejected rather than silently composed. Both deltas must hash
+with the same block size (format.tensor_checksum), else their checksums cannot be compared.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rlboost.delta.codec import Staged, decode_entry, encode_sparse
-from rlboost.delta.format import Delta, DeltaError, TensorEntry, checksum, pack, parse
+from rlboost.delta.format import Delta, DeltaError, TensorEntry, pack, parse, tensor_checksum
 
 
 def compose(d_ab: bytes | memoryview, d_bc: bytes | memoryview) -> bytes:
@@ -30,6 +31,11 @@ def compose(d_ab: bytes | memoryview, d_bc: bytes | memoryview) -> bytes:
             f"cannot compose: first delta produces version {ab.header.version}, "
             f"second applies to version {bc.header.base_version}"
         )
+    if ab.block_bytes != bc.block_bytes:
+        raise DeltaError(
+            f"cannot compose: the deltas hash tensors in blocks of {ab.block_bytes} and {bc.block_bytes} bytes; "
+            "re-encode one of them with the other's hash_block_bytes"
+        )
     first = {e.name: e for e in ab.tensors}
     if set(first) != {e.name for e in bc.tensors}:
         raise DeltaError("cannot compose: the two deltas cover different tensor names")
@@ -39,7 +45,7 @@ def compose(d_ab: bytes | memoryview, d_bc: bytes | memoryview) -> bytes:
         entries.append(entry.model_copy(update={"offset": offset, "length": len(payload)}))
         parts.append(payload)
         offset += len(payload)
-    return pack(ab.header.base_version, bc.header.version, entries, parts)
+    return pack(ab.header.base_version, bc.header.version, entries, parts, ab.block_bytes)
 
 
 def compose_chain(deltas: Sequence[bytes | memoryview]) -> bytes:
@@ -65,21 +71,23 @@ def _compose_tensor(ab: Delta, ea: TensorEntry, bc: Delta, eb: TensorEntry) -> t
     if ea.encoding == "unchanged":
         return eb.model_copy(update=ends), bytes(bc.payload_of(eb))
     if eb.encoding == "dense":
-        return _dense(eb, ends, ea.changed + eb.changed, bytes(bc.payload_of(eb)))
+        return _dense(eb, ends, ea.changed + eb.changed, bytes(bc.payload_of(eb)), bc.block_bytes)
     if ea.encoding == "dense":
         values = sa.values.copy()
         values[sb.idx] += sb.values  # modular add on the bit patterns
-        return _dense(eb, ends, ea.changed + eb.changed, values.tobytes())
-    return _sparse_sum(eb, ends, sa, sb)
+        return _dense(eb, ends, ea.changed + eb.changed, values.tobytes(), bc.block_bytes)
+    return _sparse_sum(eb, ends, sa, sb, bc.block_bytes)
 
 
-def _dense(like: TensorEntry, ends: dict[str, int], changed_bound: int, payload: bytes) -> tuple[TensorEntry, bytes]:
+def _dense(
+    like: TensorEntry, ends: dict[str, int], changed_bound: int, payload: bytes, block_bytes: int
+) -> tuple[TensorEntry, bytes]:
     entry = like.model_copy(
         update={
             **ends,
             "encoding": "dense",
             "changed": min(like.numel, changed_bound),
-            "payload_xxh3": checksum(payload),
+            "payload_xxh3": tensor_checksum(payload, block_bytes),
             "streams": [],
             "gap_planes": 0,
         }
@@ -87,7 +95,9 @@ def _dense(like: TensorEntry, ends: dict[str, int], changed_bound: int, payload:
     return entry, payload
 
 
-def _sparse_sum(like: TensorEntry, ends: dict[str, int], sa: Staged, sb: Staged) -> tuple[TensorEntry, bytes]:
+def _sparse_sum(
+    like: TensorEntry, ends: dict[str, int], sa: Staged, sb: Staged, block_bytes: int
+) -> tuple[TensorEntry, bytes]:
     idx = np.concatenate([sa.idx, sb.idx])
     diff = np.concatenate([sa.values, sb.values])
     order = np.argsort(idx, kind="stable")
@@ -97,7 +107,8 @@ def _sparse_sum(like: TensorEntry, ends: dict[str, int], sa: Staged, sb: Staged)
     keep = summed != 0
     uniq, summed = uniq[keep], summed[keep]
     if uniq.size == 0:
-        base = {"encoding": "unchanged", "changed": 0, "payload_xxh3": checksum(b""), "streams": [], "gap_planes": 0}
+        empty = tensor_checksum(b"", block_bytes)
+        base = {"encoding": "unchanged", "changed": 0, "payload_xxh3": empty, "streams": [], "gap_planes": 0}
         return like.model_copy(update={**ends, **base, "target_xxh3": ends["base_xxh3"]}), b""
     streams, gap_planes = encode_sparse(uniq, summed)
     payload = b"".join(streams)
@@ -105,7 +116,7 @@ def _sparse_sum(like: TensorEntry, ends: dict[str, int], sa: Staged, sb: Staged)
         **ends,
         "encoding": "sparse",
         "changed": int(uniq.size),
-        "payload_xxh3": checksum(payload),
+        "payload_xxh3": tensor_checksum(payload, block_bytes),
         "streams": [len(s) for s in streams],
         "gap_planes": gap_planes,
     }

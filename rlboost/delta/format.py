@@ -9,31 +9,44 @@ Torch-free (the weight-server reads and composes deltas without torch). Layout, 
     16  i64 base_version (the version the delta applies to)
     24  i64 version (the version it produces)
     32  u64 payload length in bytes
-    40  u64 xxh3-64 of bytes 0..40 followed by the table
-    48  table: UTF-8 JSON {"tensors": [TensorEntry, ...]}
-    48+table_len  payload region; entries point into it with (offset, length)
+    40  u32 hash block size in bytes (hash_block_bytes; a power of two, 4 KiB .. 1 GiB)
+    44  u32 reserved (0)
+    48  u64 xxh3-64 of bytes 0..48 followed by the table
+    56  table: UTF-8 JSON {"tensors": [TensorEntry, ...]}
+    56+table_len  payload region; entries point into it with (offset, length)
 
 Each tensor is `unchanged` (no payload), `dense` (the new raw bytes) or `sparse`: zstd-compressed
 byte planes of the position gaps, then zstd-compressed byte planes of the zigzagged modular
 difference `new_bits - old_bits` (integer arithmetic on raw bit patterns, wrapping at the dtype's
 width, so it is exact for every value including NaN payloads, ±0, inf and subnormals).
-Every entry carries xxh3-64 checksums of the base tensor, the target tensor and its own payload.
+Every entry carries checksums of the base tensor, the target tensor and its own payload, all
+computed by `tensor_checksum` with the header's block size: the xxh3-64 of the bytes when they fit
+in one block, else the xxh3-64 of the little-endian u64 xxh3-64 digests of every block (the last
+one may be short). Blocks let several threads hash one large tensor at once.
+
+Format history: version 1 hashed every tensor as one xxh3-64 stream (one thread per tensor);
+version 2 (this one) hashes block-wise and adds hash_block_bytes to the header. Version 1 deltas
+are rejected with an error saying to re-encode them (deltas are short-lived: a weight-server
+keeps a few versions and re-encodes nothing, so a mixed-version chain cannot arise in one job).
 """
 
 from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Sequence
 from typing import Literal
 
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MAGIC = b"RLBDELTA"
-FORMAT_VERSION = 1
-HEADER = struct.Struct("<8sHHIqqQQ")
-HEADER_SIZE = HEADER.size  # 48
-_HEADER_PREFIX = 40  # bytes of the header covered by the checksum (all but the checksum itself)
+FORMAT_VERSION = 2
+HEADER = struct.Struct("<8sHHIqqQIIQ")
+HEADER_SIZE = HEADER.size  # 56
+_HEADER_PREFIX = 48  # bytes of the header covered by the checksum (all but the checksum itself)
+DEFAULT_BLOCK_BYTES = 1 << 20  # hash block: small enough to split a tensor over threads, large enough to be cheap
+MIN_BLOCK_BYTES, MAX_BLOCK_BYTES = 1 << 12, 1 << 30
 
 # Element size of every dtype the codec carries; the codec works on unsigned views of this width.
 DTYPE_ITEMSIZE: dict[str, int] = {
@@ -70,6 +83,36 @@ def checksum(data: object) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
+def check_block_bytes(block_bytes: int) -> int:
+    """`block_bytes` if it is a valid hash block size, else DeltaError naming the allowed range."""
+    if not MIN_BLOCK_BYTES <= block_bytes <= MAX_BLOCK_BYTES or block_bytes & (block_bytes - 1):
+        raise DeltaError(
+            f"hash_block_bytes is {block_bytes}; it must be a power of two from {MIN_BLOCK_BYTES} to {MAX_BLOCK_BYTES}"
+        )
+    return block_bytes
+
+
+def combine_digests(digests: Sequence[int], nbytes: int, block_bytes: int) -> int:
+    """A tensor checksum from the xxh3-64 of each of its blocks (see tensor_checksum)."""
+    if nbytes <= block_bytes:
+        return digests[0] if digests else xxhash.xxh3_64_intdigest(b"")
+    return xxhash.xxh3_64_intdigest(struct.pack(f"<{len(digests)}Q", *digests))
+
+
+def block_digests(data: object, block_bytes: int, first: int = 0, stop: int | None = None) -> list[int]:
+    """xxh3-64 of blocks [first, stop) of a bytes-like object."""
+    buf = memoryview(data).cast("B")
+    end = -(-len(buf) // block_bytes) if stop is None else stop
+    return [xxhash.xxh3_64_intdigest(buf[b * block_bytes : (b + 1) * block_bytes]) for b in range(first, end)]
+
+
+def tensor_checksum(data: object, block_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
+    """The format's checksum of a tensor's (or payload's) bytes: plain xxh3-64 when they fit in one block, else
+    the xxh3-64 of the concatenated little-endian u64 xxh3-64 digests of the blocks."""
+    buf = memoryview(data).cast("B")
+    return combine_digests(block_digests(buf, block_bytes), len(buf), block_bytes)
+
+
 class TensorEntry(BaseModel):
     """One tensor of a delta: what it is, how it is encoded, where its payload lies."""
 
@@ -80,11 +123,11 @@ class TensorEntry(BaseModel):
     shape: list[int] = Field(description="Tensor shape.")
     encoding: Encoding = Field(description="'unchanged', 'dense' (new raw bytes) or 'sparse'.")
     changed: int = Field(ge=0, description="Number of elements whose bit pattern changed.")
-    base_xxh3: int = Field(ge=0, description="xxh3-64 of the base tensor's raw bytes.")
-    target_xxh3: int = Field(ge=0, description="xxh3-64 of the target tensor's raw bytes.")
+    base_xxh3: int = Field(ge=0, description="tensor_checksum of the base tensor's raw bytes.")
+    target_xxh3: int = Field(ge=0, description="tensor_checksum of the target tensor's raw bytes.")
     offset: int = Field(ge=0, description="Payload offset, relative to the payload region.")
     length: int = Field(ge=0, description="Payload length in bytes.")
-    payload_xxh3: int = Field(ge=0, description="xxh3-64 of the payload bytes.")
+    payload_xxh3: int = Field(ge=0, description="tensor_checksum of the payload bytes.")
     streams: list[int] = Field(
         default_factory=list, description="Sparse only: compressed lengths of the gap planes then the value planes."
     )
@@ -114,6 +157,7 @@ class Header(BaseModel):
     version: int = Field(description="Weight version the delta produces.")
     table_len: int = Field(description="Length of the JSON tensor table.")
     payload_len: int = Field(description="Length of the payload region.")
+    hash_block_bytes: int = Field(description="Block size of every tensor and payload checksum (tensor_checksum).")
 
 
 class Delta(BaseModel):
@@ -128,12 +172,24 @@ class Delta(BaseModel):
     def payload_of(self, entry: TensorEntry) -> memoryview:
         return self.payload[entry.offset : entry.offset + entry.length]
 
+    @property
+    def block_bytes(self) -> int:
+        return self.header.hash_block_bytes
 
-def pack(base_version: int, version: int, entries: list[TensorEntry], payload_parts: list[bytes]) -> bytes:
-    """Assemble a delta from its table and the payload parts (in the order of the entries' offsets)."""
+
+def pack(
+    base_version: int,
+    version: int,
+    entries: list[TensorEntry],
+    payload_parts: list[bytes],
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+) -> bytes:
+    """Assemble a delta from its table and the payload parts (in the order of the entries' offsets); the entries'
+    checksums must have been computed with `block_bytes`."""
     table = json.dumps({"tensors": [e.model_dump() for e in entries]}, separators=(",", ":")).encode()
     payload_len = sum(len(p) for p in payload_parts)
-    prefix = HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(table), base_version, version, payload_len, 0)[:_HEADER_PREFIX]
+    fields = (MAGIC, FORMAT_VERSION, 0, len(table), base_version, version, payload_len, block_bytes, 0, 0)
+    prefix = HEADER.pack(*fields)[:_HEADER_PREFIX]
     digest = xxhash.xxh3_64_intdigest(prefix + table)
     head = prefix + struct.pack("<Q", digest)
     return b"".join([head, table, *payload_parts])
@@ -142,15 +198,12 @@ def pack(base_version: int, version: int, entries: list[TensorEntry], payload_pa
 def parse(data: bytes | bytearray | memoryview) -> Delta:
     """Parse and validate the header and table (not the payloads). Raises DeltaError on any defect."""
     buf = memoryview(data).cast("B")
+    _check_magic_and_version(buf)
     if len(buf) < HEADER_SIZE:
         raise DeltaError(f"delta is truncated: {len(buf)} bytes, shorter than the {HEADER_SIZE}-byte header")
-    magic, fmt, flags, table_len, base_version, version, payload_len, digest = HEADER.unpack_from(buf, 0)
-    if magic != MAGIC:
-        raise DeltaError(f"not an rlboost delta: magic is {bytes(magic)!r}, expected {MAGIC!r}")
-    if fmt != FORMAT_VERSION:
-        raise DeltaError(f"unsupported delta format version {fmt}; this rlboost reads version {FORMAT_VERSION}")
-    if flags != 0:
-        raise DeltaError(f"unsupported delta flags {flags:#x}")
+    _, fmt, flags, table_len, base_version, version, payload_len, block, reserved, digest = HEADER.unpack_from(buf, 0)
+    if flags != 0 or reserved != 0:
+        raise DeltaError(f"unsupported delta flags {flags:#x} / reserved field {reserved:#x} (must be 0)")
     expected_len = HEADER_SIZE + table_len + payload_len
     if len(buf) != expected_len:
         kind = "truncated" if len(buf) < expected_len else "has trailing bytes"
@@ -158,11 +211,32 @@ def parse(data: bytes | bytearray | memoryview) -> Delta:
     table_bytes = buf[HEADER_SIZE : HEADER_SIZE + table_len]
     if xxhash.xxh3_64_intdigest(bytes(buf[:_HEADER_PREFIX]) + bytes(table_bytes)) != digest:
         raise DeltaError("delta header/table checksum mismatch: the delta is corrupted")
+    check_block_bytes(block)
     tensors = _parse_table(bytes(table_bytes), payload_len)
     header = Header(
-        format_version=fmt, base_version=base_version, version=version, table_len=table_len, payload_len=payload_len
+        format_version=fmt,
+        base_version=base_version,
+        version=version,
+        table_len=table_len,
+        payload_len=payload_len,
+        hash_block_bytes=block,
     )
     return Delta(header=header, tensors=tensors, payload=buf[HEADER_SIZE + table_len :])
+
+
+def _check_magic_and_version(buf: memoryview) -> None:
+    if len(buf) < 10:
+        raise DeltaError(f"delta is truncated: {len(buf)} bytes, shorter than the {HEADER_SIZE}-byte header")
+    magic, fmt = struct.unpack_from("<8sH", buf, 0)
+    if magic != MAGIC:
+        raise DeltaError(f"not an rlboost delta: magic is {bytes(magic)!r}, expected {MAGIC!r}")
+    if fmt == 1:
+        raise DeltaError(
+            "delta format version 1 (whole-tensor checksums) is no longer read; this rlboost reads version "
+            f"{FORMAT_VERSION}: re-encode the delta (rlboost delta encode) with this rlboost"
+        )
+    if fmt != FORMAT_VERSION:
+        raise DeltaError(f"unsupported delta format version {fmt}; this rlboost reads version {FORMAT_VERSION}")
 
 
 def _parse_table(table: bytes, payload_len: int) -> list[TensorEntry]:

@@ -22,6 +22,15 @@ from rlboost.delta._scan import changed_positions, scan_pair
 INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+def ref_checksum(a: np.ndarray, block: int = fmt.DEFAULT_BLOCK_BYTES) -> int:
+    """The format's tensor checksum written out independently: xxh3 of the bytes, or of the blocks' digests."""
+    raw = a.tobytes()
+    if len(raw) <= block:
+        return xxhash.xxh3_64_intdigest(raw)
+    digests = [xxhash.xxh3_64_intdigest(raw[i : i + block]) for i in range(0, len(raw), block)]
+    return xxhash.xxh3_64_intdigest(np.array(digests, dtype="<u8").tobytes())
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1).view(INT_VIEW[t.element_size()])
 
@@ -307,7 +316,7 @@ def test_scanner_grows_its_buffers_and_counts_past_the_limit() -> None:
     found = scan_pair(a, b, limit=a.size // 4)
     np.testing.assert_array_equal(found.idx, np.flatnonzero(flip))
     np.testing.assert_array_equal(found.diff, np.ones(flip.sum(), dtype=np.uint16))
-    assert found.base_xxh3 == xxhash.xxh3_64_intdigest(a) and found.target_xxh3 == xxhash.xxh3_64_intdigest(b)
+    assert found.base_xxh3 == ref_checksum(a) and found.target_xxh3 == ref_checksum(b)
     past = scan_pair(a, b, limit=1000)  # past the limit only the count is kept
     assert past.idx is None and past.changed == int(flip.sum())
 
@@ -336,8 +345,8 @@ def test_encoder_output_is_the_documented_layout_byte_for_byte() -> None:
     streams, planes = _reference_streams(old_bits, new_bits)
     assert entry.encoding == "sparse" and entry.gap_planes == planes
     assert bytes(d.payload_of(entry)) == b"".join(streams)
-    assert entry.base_xxh3 == xxhash.xxh3_64_intdigest(old_bits)
-    assert entry.target_xxh3 == xxhash.xxh3_64_intdigest(new_bits)
+    assert entry.base_xxh3 == ref_checksum(old_bits)
+    assert entry.target_xxh3 == ref_checksum(new_bits)
 
 
 def test_apply_without_target_verification_is_still_exact() -> None:
@@ -357,6 +366,171 @@ def test_bench_profile_and_many_tensors_run_in_process() -> None:
     stages = {r["stage"] for r in rows}
     assert {"encode: total", "apply: total", "reference: numpy copy"} <= stages
     assert all(r["wall_ms"] >= 0 and r["gb_per_s_wall"] > 0 for r in rows)
+
+
+# ---------------------------------------------------------------- block-wise checksums (format 2)
+
+SMALL = fmt.MIN_BLOCK_BYTES  # 4 KiB blocks: small tensors span many blocks and split into segments
+
+
+def multi_block_pair() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Tensors of many 4 KiB blocks (one dense): changes at both sides of every block boundary, specials too."""
+    g = torch.Generator().manual_seed(11)
+    base = {
+        "bf16": (torch.randn(50_001, generator=g) * 0.02).bfloat16(),  # not a whole number of blocks
+        "f32": torch.randn(3000, generator=g),
+        "dense": torch.randn(5000, generator=g),
+    }
+    new = {k: v.clone() for k, v in base.items()}
+    ints = bits(new["bf16"])
+    edges = torch.arange(2048, ints.numel(), 2048)  # 2048 bf16 elements per block
+    ints[edges] += 1
+    ints[edges - 1] -= 1
+    ints[0], ints[-1] = bits(specials(torch.bfloat16))[4], bits(specials(torch.bfloat16))[1]
+    bits(new["f32"])[::97] += 3
+    new["dense"] = torch.randn(5000, generator=g)
+    return base, new
+
+
+def test_multi_block_tensors_round_trip_with_block_wise_checksums() -> None:
+    base, new = multi_block_pair()
+    blob = rd.encode(base, new, base_version=0, version=1, block_bytes=SMALL)
+    d = fmt.parse(blob)
+    assert d.header.hash_block_bytes == SMALL
+    assert {e.name: e.encoding for e in d.tensors} == {"bf16": "sparse", "f32": "sparse", "dense": "dense"}
+    for e in d.tensors:
+        assert e.base_xxh3 == ref_checksum(bits(base[e.name]).numpy(), SMALL), e.name
+        assert e.target_xxh3 == ref_checksum(bits(new[e.name]).numpy(), SMALL), e.name
+        assert e.payload_xxh3 == ref_checksum(np.frombuffer(d.payload_of(e), dtype=np.uint8), SMALL), e.name
+    assert rd.tensor_checksum(bits(new["bf16"]).numpy(), SMALL) == d.tensors[0].target_xxh3
+    assert_bit_identical(rd.apply(base, blob), new)
+    for verify in (True, False):
+        target = {k: v.clone() for k, v in base.items()}
+        rd.apply_(target, blob, verify_target=verify)
+        assert_bit_identical(target, new)
+
+
+def test_changes_in_only_one_segment_and_long_gaps_across_segments() -> None:
+    """Segments without changes are skipped and the gap into the next segment spans them (two gap planes)."""
+    g = torch.Generator().manual_seed(12)
+    base = {"late": torch.randn(40_000, generator=g).bfloat16(), "early": torch.randn(40_000, generator=g).bfloat16()}
+    new = {k: v.clone() for k, v in base.items()}
+    bits(new["late"])[[39_000, 39_999]] += 1  # only the last segment, the first gap spans the others
+    bits(new["early"])[[0, 7, 300]] -= 1  # only the first segment
+    blob = rd.encode(base, new, base_version=0, version=1, block_bytes=SMALL)
+    entries = {e.name: e for e in fmt.parse(blob).tensors}
+    assert entries["late"].encoding == "sparse" and entries["late"].gap_planes == 2
+    assert entries["early"].changed == 3
+    assert_bit_identical(rd.apply(base, blob), new)
+
+
+def test_wrong_base_in_the_last_block_is_rolled_back_in_every_segment() -> None:
+    """The mismatch is in the last block: the other segment has already been written and must be undone too."""
+    base, new = multi_block_pair()
+    blob = rd.encode(base, new, base_version=0, version=1, block_bytes=SMALL)
+    wrong = {k: v.clone() for k, v in base.items()}
+    bits(wrong["bf16"])[-5] ^= 1
+    target = {k: v.clone() for k, v in wrong.items()}
+    with pytest.raises(rd.DeltaError, match="'bf16'.*not version 0"):
+        rd.apply_(target, blob)
+    assert_bit_identical(target, wrong)
+
+
+def test_forged_payload_of_a_later_tensor_rolls_back_the_tensors_already_written() -> None:
+    """Apply writes the biggest tensor while it decodes the next: a payload that passes its checksum but fails to
+    decode (a forged delta) is found after the first write, and that write must be undone exactly."""
+    base, new = multi_block_pair()
+    base["s"], new["s"] = torch.zeros(8, dtype=torch.bfloat16), torch.ones(8, dtype=torch.bfloat16)
+    d = fmt.parse(rd.encode(base, new, base_version=0, version=1, block_bytes=SMALL))
+    cctx = zstandard.ZstdCompressor(level=1)
+    streams = [cctx.compress(bytes([0, 0])), cctx.compress(bytes(2)), cctx.compress(bytes(2))]  # zero differences
+    forged = b"".join(streams)
+    entries, parts, offset = [], [], 0
+    for e in d.tensors:
+        payload = forged if e.name == "s" else bytes(d.payload_of(e))
+        if e.name == "s":
+            e = e.model_copy(update={"encoding": "sparse", "changed": 2, "gap_planes": 1})
+            e = e.model_copy(update={"streams": [len(x) for x in streams]})
+        e = e.model_copy(update={"offset": offset, "length": len(payload)})
+        entries.append(e.model_copy(update={"payload_xxh3": fmt.tensor_checksum(payload, SMALL)}))
+        parts.append(payload)
+        offset += len(payload)
+    blob = fmt.pack(0, 1, entries, parts, SMALL)
+    target = {k: v.clone() for k, v in base.items()}
+    with pytest.raises(rd.DeltaError, match="'s': a listed change leaves its element unchanged"):
+        rd.apply_(target, blob)
+    assert_bit_identical(target, base)
+
+
+def _apply_in_child(blob: bytes, base: np.ndarray, new: np.ndarray) -> None:
+    from rlboost.delta.codec import BitArray, apply_arrays_
+
+    work = {"w": BitArray("bfloat16", (base.size,), base.copy())}
+    apply_arrays_(work, blob)
+    sys.exit(0 if np.array_equal(work["w"].bits, new) else 3)
+
+
+def test_a_forked_child_builds_its_own_thread_pool() -> None:
+    """The codec's thread pool lives on after a call; a forked child (a real process) must not wait on the
+    parent's threads, which do not exist in the child."""
+    import multiprocessing
+
+    base, new = multi_block_pair()
+    blob = rd.encode({"w": base["bf16"]}, {"w": new["bf16"]}, base_version=0, version=1, block_bytes=SMALL)
+    rd.apply({"w": base["bf16"]}, blob)  # the parent's pool is started
+    b16, n16 = (bits(t).numpy().view(np.uint16) for t in (base["bf16"], new["bf16"]))
+    child = multiprocessing.get_context("fork").Process(target=_apply_in_child, args=(blob, b16, n16))
+    child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0
+
+
+def test_format_1_deltas_are_rejected_with_a_re_encode_hint() -> None:
+    v1 = fmt.MAGIC + struct.pack("<H", 1) + bytes(80)
+    for fn in (rd.inspect, lambda b: rd.apply_({}, b)):
+        with pytest.raises(rd.DeltaError, match="version 1 .*re-encode"):
+            fn(v1)
+
+
+def test_bad_hash_block_size_is_rejected_in_encode_and_in_the_header() -> None:
+    base, new = rl_state()
+    with pytest.raises(rd.DeltaError, match="hash_block_bytes is 1000; it must be a power of two"):
+        rd.encode(base, new, base_version=0, version=1, block_bytes=1000)
+    blob = bytearray(rd.encode(base, new, base_version=0, version=1))
+    blob[40:44] = struct.pack("<I", 3000)  # hash_block_bytes; then re-sign so only the size is wrong
+    table_end = fmt.HEADER_SIZE + struct.unpack_from("<I", blob, 12)[0]
+    blob[48:56] = struct.pack("<Q", xxhash.xxh3_64_intdigest(bytes(blob[:48]) + bytes(blob[56:table_end])))
+    with pytest.raises(rd.DeltaError, match="hash_block_bytes is 3000"):
+        rd.inspect(bytes(blob))
+
+
+def test_compose_rejects_deltas_hashed_in_different_blocks() -> None:
+    base, new = multi_block_pair()
+    d_ab = rd.encode(base, new, base_version=0, version=1, block_bytes=SMALL)
+    d_ba = rd.encode(new, base, base_version=1, version=2)
+    with pytest.raises(rd.DeltaError, match="blocks of 4096 and 1048576 bytes"):
+        rd.compose(d_ab, d_ba)
+    back = rd.compose(d_ab, rd.encode(new, base, base_version=1, version=2, block_bytes=SMALL))
+    assert rd.inspect(back).changed <= 5000  # only the dense tensor's bound remains
+
+
+def test_position_decoder_rejects_out_of_range_and_wrapping_gaps() -> None:
+    from rlboost.delta._scan import read_positions
+
+    def planes(gaps: list[int]) -> np.ndarray:
+        return np.ascontiguousarray(np.array(gaps, dtype="<u8").view(np.uint8).reshape(-1, 8).T)
+
+    idx, ok = read_positions(planes([3, 5]), 8, 10)  # the fast path: one check of the largest gap and the end
+    assert ok and idx.tolist() == [3, 9]
+    assert not read_positions(planes([3, 6]), 8, 10)[1]
+    assert not read_positions(planes([2**63 + 5, 1]), 8, 10)[1]
+    huge = 2**61  # 3 changes * 2**61 could overflow a running sum: every step is checked instead
+    idx, ok = read_positions(planes([0, 1, 2]), 8, huge)
+    assert ok and idx.tolist() == [0, 2, 5]
+    assert not read_positions(planes([0, 2**63 + 5, 1]), 8, huge)[1]
+    assert not read_positions(planes([0, huge - 2, 1]), 8, huge)[1]
 
 
 # ---------------------------------------------------------------- CLI (real subprocess, real files)

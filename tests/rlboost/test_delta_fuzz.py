@@ -2,7 +2,9 @@
 
 Two layers: raw byte mutations (caught by lengths and checksums), and mutations re-signed with
 valid checksums, so the table validation and the sparse stream decoder themselves are exercised.
-Example counts are bounded so the suite stays fast.
+Example counts are bounded so the suite stays fast. The delta hashes in the smallest blocks (4 KiB),
+so the large tensor is several blocks and two segments: the threaded write, hash and rollback are
+attacked too.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 
 def _state() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(0)
-    base = {"w": torch.randn(2000, generator=g).bfloat16(), "f": torch.randn(40, generator=g), "z": torch.zeros(3)}
+    base = {"w": torch.randn(8000, generator=g).bfloat16(), "f": torch.randn(40, generator=g), "z": torch.zeros(3)}
     new = {k: v.clone() for k, v in base.items()}
     new["w"][::37] = new["w"][::37] * 1.01
     new["f"] = torch.randn(40, generator=g)
@@ -31,15 +33,26 @@ def _state() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
 
 
 BASE, NEW = _state()
-BLOB = rd.encode(BASE, NEW, base_version=0, version=1)
+BLOCK = fmt.MIN_BLOCK_BYTES
+BLOB = rd.encode(BASE, NEW, base_version=0, version=1, block_bytes=BLOCK)
 PARSED = fmt.parse(BLOB)
 PAYLOAD_START = fmt.HEADER_SIZE + PARSED.header.table_len
 
 
 def resign(table: bytes, payload: bytes) -> bytes:
     """A delta with the given table and payload and a valid header checksum."""
-    prefix = struct.pack("<8sHHIqqQ", fmt.MAGIC, fmt.FORMAT_VERSION, 0, len(table), 0, 1, len(payload))
+    block = PARSED.header.hash_block_bytes
+    prefix = struct.pack("<8sHHIqqQII", fmt.MAGIC, fmt.FORMAT_VERSION, 0, len(table), 0, 1, len(payload), block, 0)
     return prefix + struct.pack("<Q", xxhash.xxh3_64_intdigest(prefix + table)) + table + payload
+
+
+def test_resigning_the_original_gives_a_delta_that_applies() -> None:
+    """Guards the fuzzers below: a resigned delta must reach the decoder, not fail on its header."""
+    table = bytes(BLOB[fmt.HEADER_SIZE : PAYLOAD_START])
+    assert resign(table, bytes(PARSED.payload)) == BLOB
+    target = {k: v.clone() for k, v in BASE.items()}
+    rd.apply_(target, resign(table, bytes(PARSED.payload)))
+    assert all(torch.equal(target[k].view(torch.uint8), NEW[k].view(torch.uint8)) for k in NEW)
 
 
 def must_reject_or_apply_exactly(blob: bytes) -> None:
@@ -75,7 +88,7 @@ def test_resigned_payload_mutations_only_raise_delta_error(data: st.DataObject) 
         payload[pos] = data.draw(st.integers(0, 255))
     table = json.loads(bytes(BLOB[fmt.HEADER_SIZE : PAYLOAD_START]))
     for e in table["tensors"]:
-        e["payload_xxh3"] = xxhash.xxh3_64_intdigest(bytes(payload[e["offset"] : e["offset"] + e["length"]]))
+        e["payload_xxh3"] = fmt.tensor_checksum(bytes(payload[e["offset"] : e["offset"] + e["length"]]), BLOCK)
     must_reject_or_apply_exactly(resign(json.dumps(table).encode(), bytes(payload)))
 
 
