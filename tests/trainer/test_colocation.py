@@ -71,6 +71,23 @@ async def test_missing_ack_times_out_and_training_goes_on(nats_server):
         await nc.close()
 
 
+async def test_a_worker_that_subscribes_late_gets_the_command_again(nats_server):
+    """A reserved worker still starting when the first step's rollout (run by spot workers) ended."""
+    nc = await nats.connect(nats_server.url)
+    try:
+        colo = Colocation(nc, "default", "c4", workers=1, timeout_s=30)
+        await colo.start()
+        release = asyncio.create_task(colo.release(0, version=0))
+        first = await nc.subscribe(subject("default", "c4", "colocation"))
+        await first.next_msg(timeout=10)  # the command went out while no worker listened
+        await first.unsubscribe()
+        seen = await fake_workers(nc, "c4", ["reserved-0"])
+        rel = await asyncio.wait_for(release, 10)
+        assert rel.acked == 1 and rel.wait_seconds < 10 and seen[0].action == "release"
+    finally:
+        await nc.close()
+
+
 async def test_failed_ack_is_reported(nats_server):
     nc = await nats.connect(nats_server.url)
     try:

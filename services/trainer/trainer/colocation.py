@@ -10,7 +10,9 @@ workers must not generate on the accelerator while it trains):
   3. resume: publish ColocationCommand(s, "resume", version) and wait (same deadline) for the acks; the
      workers take their memory back and sync to the new version before taking the next step's work.
 
-A deadline that passes is logged as an error and counted (rlboost_trainer_colocation_timeouts_total), and
+Each command is re-published every second until every worker acked (NATS core is at-most-once, and a
+reserved worker may subscribe only after the first step's rollout ran on spot workers); workers treat a
+repeated command idempotently. A deadline that passes is logged as an error and counted (rlboost_trainer_colocation_timeouts_total), and
 training goes on: a reserved worker that died does not stop the job (on a GPU the trainer may then run
 short of memory, which the log line explains). A negative ack (the engine failed) is logged the same way.
 """
@@ -27,6 +29,8 @@ from rlboost.wire.events import COLOCATION_RELEASE, COLOCATION_RESUME, Colocatio
 from trainer import metrics
 
 log = logging.getLogger(__name__)
+
+RESEND_S = 1.0  # a command not yet acked by every worker is published again this often
 
 
 @dataclass
@@ -72,10 +76,7 @@ class Colocation:
 
     async def _phase(self, step: int, action: str, version: int) -> PhaseResult:
         t0 = time.monotonic()
-        cmd = ColocationCommand(step=step, action=action, weight_version=version)
-        await self.nc.publish(self.commands, cmd.model_dump_json().encode())
-        await self.nc.flush(timeout=10)
-        acks = await self._wait(step, action)
+        acks = await self._command_until_acked(ColocationCommand(step=step, action=action, weight_version=version))
         waited = time.monotonic() - t0
         failed = sorted(w for w, a in acks.items() if not a.ok)
         metrics.COLOCATION_WAIT_SECONDS.labels(action).observe(waited)
@@ -96,7 +97,22 @@ class Colocation:
         self._acks.pop((step, action), None)
         return PhaseResult(len(acks), waited, failed)
 
-    async def _wait(self, step: int, action: str) -> dict[str, ColocationAck]:
+    async def _command_until_acked(self, cmd: ColocationCommand) -> dict[str, ColocationAck]:
+        """Publish the command, and again every RESEND_S until every worker acked or the deadline passed.
+
+        NATS core delivers at most once and only to current subscribers: a worker that subscribes late
+        (still starting while spot workers ran the first step) or missed a message gets the next copy.
+        Workers handle a repeated command idempotently (releasing a released engine is a no-op)."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            await self.nc.publish(self.commands, cmd.model_dump_json().encode())
+            await self.nc.flush(timeout=10)
+            left = deadline - time.monotonic()
+            acks, done = await self._wait(cmd.step, cmd.action, min(RESEND_S, max(left, 0.0)))
+            if done or time.monotonic() >= deadline:
+                return acks
+
+    async def _wait(self, step: int, action: str, timeout_s: float) -> tuple[dict[str, ColocationAck], bool]:
         key = (step, action)
 
         def enough() -> bool:
@@ -104,8 +120,8 @@ class Colocation:
 
         async with self._changed:
             with contextlib.suppress(TimeoutError):  # a missing ack is reported by the caller
-                await asyncio.wait_for(self._changed.wait_for(enough), self.timeout_s)
-            return dict(self._acks.get(key, {}))
+                await asyncio.wait_for(self._changed.wait_for(enough), timeout_s)
+            return dict(self._acks.get(key, {})), enough()
 
     async def close(self) -> None:
         if self._sub is not None:
