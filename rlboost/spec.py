@@ -221,6 +221,11 @@ class JobSpec(SpecModel):
                 f"(promptsPerStep x groupSize / trainer.ranks = {per_rank}) so every rank trains the same number "
                 f"of micro-batches; pick a divisor of {per_rank}"
             )
+        if tr.colocate_reserved and self.rollout.reserved.replicas != tr.ranks:
+            raise ValueError(
+                f"trainer.colocateReserved: one reserved rollout worker shares each trainer rank's accelerators, so "
+                f"rollout.reserved.replicas ({self.rollout.reserved.replicas}) must equal trainer.ranks ({tr.ranks})"
+            )
         if tr.backend == "nccl" and tr.gpus_per_rank == 0:
             raise ValueError("trainer.backend 'nccl' needs GPUs: set trainer.gpusPerRank >= 1 or use 'gloo'/'auto'")
         return self

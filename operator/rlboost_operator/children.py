@@ -301,9 +301,15 @@ def trainer(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings)
 
 
 def worker(
-    job: str, namespace: str, pool_name: str, pool: PoolSpec, replicas: int, settings: OperatorSettings
+    job: str,
+    namespace: str,
+    pool_name: str,
+    pool: PoolSpec,
+    replicas: int,
+    settings: OperatorSettings,
+    colocated: bool = False,
 ) -> dict[str, Any]:
-    """A rollout-worker Deployment for one pool ('reserved' or 'spot')."""
+    """A rollout-worker Deployment for one pool ('reserved' or 'spot'); `colocated`: one per trainer rank's node."""
     n, lbl, sel = (
         names(job)[pool_name],
         labels(job, "rollout-worker", pool_name),
@@ -326,7 +332,12 @@ def worker(
         "securityContext": _security(),
         "volumeMounts": [*_mounts(False), {"name": "models", "mountPath": "/models"}],
     }
-    sched = spot.spot_scheduling(pool) if pool_name == "spot" else spot.reserved_scheduling(pool)
+    if pool_name == "spot":
+        sched = spot.spot_scheduling(pool)
+    elif colocated:
+        sched = spot.colocated_scheduling(pool, selector(job, "trainer"), sel)
+    else:
+        sched = spot.reserved_scheduling(pool)
     # Spot pods get the notice window (up to 120 s on GKE) to drain; the manager migrates their tokens.
     extra = {**sched, "terminationGracePeriodSeconds": 25 if pool_name == "spot" else 60}
     volumes = [*_volumes(job, False), {"name": "models", "emptyDir": {}}]
@@ -347,6 +358,14 @@ def build_children(
         *weight_server(job, namespace, settings),
         *manager(job, namespace, settings),
         *trainer(job, namespace, spec, settings),
-        worker(job, namespace, "reserved", spec.rollout.reserved, initial_reserved(spec), settings),
+        worker(
+            job,
+            namespace,
+            "reserved",
+            spec.rollout.reserved,
+            initial_reserved(spec),
+            settings,
+            colocated=spec.trainer.colocate_reserved,
+        ),  # fmt: skip
         worker(job, namespace, "spot", spec.rollout.spot, spot_replicas, settings),
     ]

@@ -151,3 +151,19 @@ def reserved_scheduling(pool: PoolSpec) -> dict[str, Any]:
     if pool.gpus_per_worker:
         out["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     return out
+
+
+def colocated_scheduling(
+    pool: PoolSpec, trainer_selector: dict[str, str], worker_selector: dict[str, str]
+) -> dict[str, Any]:
+    """trainer.colocateReserved: each reserved worker on the node of a trainer rank, one per node.
+
+    The worker shares that rank's accelerators: on GPUs the node pool must share them between containers
+    (GKE GPU time-sharing or MPS, the NVIDIA device plugin's time-slicing on EKS), so the worker's own
+    `nvidia.com/gpu` request is a share of the same devices; it frees its memory while the rank trains."""
+    out = reserved_scheduling(pool)
+    same_node = {"labelSelector": {"matchLabels": trainer_selector}, "topologyKey": "kubernetes.io/hostname"}
+    own = {"labelSelector": {"matchLabels": worker_selector}, "topologyKey": "kubernetes.io/hostname"}
+    out["affinity"]["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [same_node]}
+    out["affinity"]["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [own]}
+    return out

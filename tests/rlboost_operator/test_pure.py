@@ -9,7 +9,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from rlboost.spec import JobSpec, PoolSpec, parse_job_spec
+from rlboost.spec import JobSpec, JobSpecError, PoolSpec, parse_job_spec
 from rlboost.wire.events import JobDone, StepReport
 from rlboost_operator import children, crd, spot, status
 from rlboost_operator.checks import SpecProblemError, check_job, check_reward
@@ -243,6 +243,29 @@ def test_children_are_valid_kubernetes_objects_with_the_services_flags():
     ws = by[("Deployment", "job1-weights")]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert ws[:3] == ["python", "-m", "weight_server"] and ws[ws.index("--token-file") + 1] == children.TOKEN_FILE
     assert "ranks: 2" in by[("ConfigMap", "job1-config")]["data"]["job.yaml"]
+
+
+def test_colocated_reserved_workers_go_one_per_trainer_node():
+    spec = parse_job_spec({"trainer": {"ranks": 2, "gpusPerRank": 1, "colocateReserved": True},
+                           "rollout": {"reserved": {"replicas": 2, "gpusPerWorker": 1}}})  # fmt: skip
+    objs = children.build_children("job1", "ns1", spec, OperatorSettings(), spot_replicas=0)
+    reserved = next(o for o in objs if o["metadata"]["name"] == "job1-workers-reserved")
+    kubernetes_validate.validate(reserved, K8S_VERSION, strict=True)
+    affinity = reserved["spec"]["template"]["spec"]["affinity"]
+    [near] = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    [apart] = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert near["labelSelector"]["matchLabels"] == children.selector("job1", "trainer")
+    assert apart["labelSelector"]["matchLabels"] == reserved["spec"]["selector"]["matchLabels"]
+    assert near["topologyKey"] == apart["topologyKey"] == "kubernetes.io/hostname"
+    assert reserved["spec"]["replicas"] == 2 and "nodeAffinity" in affinity  # still off spot nodes
+    plain = children.build_children("job1", "ns1", gpu_spec(), OperatorSettings(), spot_replicas=0)
+    assert "podAffinity" not in next(o for o in plain if o["metadata"]["name"] == "job1-workers-reserved")[
+        "spec"]["template"]["spec"]["affinity"]  # fmt: skip
+
+
+def test_colocation_needs_one_reserved_worker_per_rank():
+    with pytest.raises(JobSpecError, match=r"rollout.reserved.replicas \(1\) must equal trainer.ranks \(2\)"):
+        parse_job_spec({"trainer": {"ranks": 2, "colocateReserved": True}})
 
 
 def test_entry_point_help_runs_without_heavy_imports():
