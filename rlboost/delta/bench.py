@@ -7,7 +7,9 @@ of the published tensors divided by the wall time), the best of `--repeat` runs.
 splits the elements over N equal tensors (a model is many tensors; the codec works on two at a
 time). `--profile` prints the time of each codec stage (wall and thread CPU time, which a loaded
 machine inflates less) next to a plain copy and an xxh3 pass over the same bytes, with the load
-average: on a shared machine compare figures to the copy measured at the same time.
+average: on a shared machine compare figures to the copy measured at the same time. Each stage's
+label says whether it runs on one thread (the helpers the codec's jobs are made of) or on the
+codec's two; the totals are the codec itself (apply on a warm target, reset by a numpy copy).
 
     rlboost delta bench [--json] [--elements N] [--tensors 1] [--lr 1e-6] [--profile]
     python bench/delta_bench.py [same flags]            (same thing)
@@ -167,18 +169,21 @@ def profile(elements: int = 50_000_000, lr: float = 1e-6, repeat: int = 3) -> li
     stages = {
         "reference: numpy copy": (lambda: np.copyto(dst, o), None),
         "reference: xxh3 of one tensor": (lambda: xxhash.xxh3_64_intdigest(o), None),
-        "encode: scan + xxh3 of base and new (one pass)": (lambda: _scan.scan_pair(o, n, o.size // 4), None),
-        "encode: byte planes (gaps, zigzag)": (lambda: _scan.byte_planes(scan.idx, scan.diff), None),
+        "encode: scan + xxh3 of base and new (one pass, one thread)": (
+            lambda: _scan.scan_pair(o, n, o.size // 4),
+            None,
+        ),
+        "encode: byte planes (gaps, zigzag; one thread)": (lambda: _scan.byte_planes(scan.idx, scan.diff), None),
         "encode: zstd of the planes (2 threads)": (lambda: codec._pmap(codec._compress, list(planes)), None),
-        "encode: total": (lambda: rd.encode({"w": old}, {"w": new}, base_version=0, version=1), None),
-        "apply: parse + payload checksum": (lambda: format.checksum(format.parse(blob).payload), None),
-        "apply: decode (zstd 2 threads, planes, bounds)": (
+        "encode: total (2 threads)": (lambda: rd.encode({"w": old}, {"w": new}, base_version=0, version=1), None),
+        "apply: parse + payload checksum (one thread)": (lambda: format.checksum(format.parse(blob).payload), None),
+        "apply: decode alone (zstd, planes, bounds; segments on 2 threads)": (
             lambda: codec.decode_sparse(entry, delta.payload_of(entry)),
             None,
         ),
-        "apply: write + xxh3 of target (one pass)": (lambda: _scan.write_and_hash(work, idx, diff), reset),
-        "apply: write only (verify_target=False)": (lambda: _scan.write(work, idx, diff), reset),
-        "apply: total": (lambda: rd.apply_({"w": wt}, blob), reset),
+        "apply: write + xxh3 of target (one pass, one thread)": (lambda: _scan.write_and_hash(work, idx, diff), reset),
+        "apply: write only (no hash, one thread)": (lambda: _scan.write(work, idx, diff), reset),
+        "apply: total (2 threads: each segment decoded, written, hashed)": (lambda: rd.apply_({"w": wt}, blob), reset),
     }
     rows = []
     for name, (fn, rst) in stages.items():

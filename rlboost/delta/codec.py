@@ -13,18 +13,21 @@ compress to about a third of a byte per changed element and the gap planes near 
 bound of the positions. Modular differences compose by addition, so deltas compose without the
 weights (see compact.py).
 
-Speed (see _scan.py): every tensor is cut into runs of whole hash blocks (segments; checksums are
-block-wise, see format.tensor_checksum), and each stage hands the segments or streams of all
-tensors to a persistent pool of two threads (this machine's cores; the kernels, xxhash and zstd
-release the GIL), so one large tensor uses both cores. Encode reads each base/new pair once,
-scanning and hashing it chunk by chunk in cache, then builds and compresses the byte planes.
-Apply checks every payload checksum and decodes every payload (positions in range, no empty
-change) before the first write, the gap planes and the value planes of a tensor on different
-threads, then writes each tensor segment by segment and hashes it as it goes: one pass over memory.
+Speed (see _scan.py): every tensor is cut into segments, runs of whole hash blocks of about
+_SEGMENT_BYTES (checksums are block-wise, see format.tensor_checksum), and each stage hands the
+segments of all tensors to a persistent pool of two threads as one queue, biggest first (this
+machine's cores; the kernels, xxhash and zstd release the GIL), so one large tensor uses both cores
+and many tensors keep both busy. Encode reads each base/new pair once, scanning and hashing it chunk
+by chunk in cache, then builds and compresses each segment's byte planes as that segment's own
+streams (format 3). Apply checks the structure and every payload checksum before the first write;
+then each job decodes one segment (positions inside it, no empty change) and right away writes it
+and hashes it block by block on the same thread, while the other thread does the same with another
+segment: no serial decode before the first write, and one pass over memory.
 The target checksum also proves the base: the delta maps a base to its target bijectively
 (fixed positions, fixed modular differences), so the result matches the target's checksum only
-if the base was the delta's base. On a mismatch every written element is restored exactly
-before DeltaError is raised, so a bad delta or a wrong base never leaves half-applied weights.
+if the base was the delta's base. On a mismatch, or on a segment that passed its payload checksum
+yet fails to decode (a forged delta) after other segments were written, every written element is
+restored exactly before DeltaError is raised, so a bad delta or a wrong base never leaves half-applied weights.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from rlboost.delta.format import (
     DTYPE_ITEMSIZE,
     Delta,
     DeltaError,
+    SegmentEntry,
+    Span,
     TensorEntry,
     block_digests,
     check_block_bytes,
@@ -61,7 +66,7 @@ _T = TypeVar("_T")
 _R = TypeVar("_R")
 _POOL: tuple[int, ThreadPoolExecutor] | None = None
 _LOCAL = threading.local()
-_AHEAD = 2  # tensors decoded ahead of the one being written (1 left threads idle between tensors: measured)
+_SEGMENT_BYTES = 4 << 20  # target segment size (whole hash blocks): see plan() and docs/benchmarks.md
 
 
 class BitArray(NamedTuple):
@@ -111,7 +116,16 @@ def _pmap(fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
     return list(_pool().map(fn, items))
 
 
-# ---------------------------------------------------------------- sparse streams
+# ---------------------------------------------------------------- segments and sparse streams
+
+
+def plan(size: int, itemsize: int, block_bytes: int) -> list[Segment]:
+    """A tensor's segments: runs of whole hash blocks of about _SEGMENT_BYTES each, and at least two when it has
+    two blocks (so one tensor alone keeps both threads busy). The unit of every stage's work."""
+    per = _scan.block_elems(itemsize, block_bytes)
+    blocks = -(-size // per)
+    per_segment = max(1, _SEGMENT_BYTES // (per * itemsize))
+    return segments(size, itemsize, max(min(_THREADS, blocks), -(-blocks // per_segment)), block_bytes)
 
 
 def _zstd() -> threading.local:
@@ -128,14 +142,8 @@ def _compress(plane: np.ndarray) -> bytes:
     return _zstd().cctx.compress(plane)
 
 
-def encode_sparse(idx: np.ndarray, diff: np.ndarray) -> tuple[list[bytes], int]:
-    """Compressed streams (gap planes, then value planes) for sorted positions and modular differences."""
-    planes, gap_planes = _scan.byte_planes(idx, diff)
-    return [_compress(p) for p in planes], gap_planes
-
-
-def _decompress_into(frame: bytes | memoryview, out: np.ndarray, what: str) -> None:
-    size = out.size
+def _decompress(frame: bytes | memoryview, size: int, what: str) -> np.ndarray:
+    """A plane of `size` bytes (read-only, no copy) from one zstd frame that must declare exactly that size."""
     try:
         declared = zstandard.frame_content_size(frame)
         if declared != size:
@@ -145,45 +153,60 @@ def _decompress_into(frame: bytes | memoryview, out: np.ndarray, what: str) -> N
         raise DeltaError(f"{what}: corrupt compressed stream ({e})") from None
     if len(data) != size:
         raise DeltaError(f"{what}: stream decompressed to {len(data)} bytes, expected {size}")
-    out[:] = np.frombuffer(data, dtype=np.uint8)
+    return np.frombuffer(data, dtype=np.uint8)
 
 
-class _Sparse(NamedTuple):
-    """A sparse entry being decoded: its planes, filled by two jobs (gap planes, value planes)."""
+def encode_segment(idx: np.ndarray, diff: np.ndarray, seg: Segment) -> tuple[SegmentEntry, bytes]:
+    """The table entry and payload of one segment's changes (positions absolute, inside `seg`, sorted)."""
+    if not idx.size:
+        return SegmentEntry(stop=seg.stop, changed=0), b""
+    gap_planes = gap_planes_for(max_gap(idx, seg.start - 1))  # positions count from the segment's start
+    planes = np.empty((gap_planes + diff.itemsize, idx.size), dtype=np.uint8)
+    fill_planes(idx, diff, seg.start - 1, gap_planes, planes, 0)
+    streams = [_compress(p) for p in planes]
+    entry = SegmentEntry(stop=seg.stop, changed=int(idx.size), gap_planes=gap_planes, streams=[len(s) for s in streams])
+    return entry, b"".join(streams)
 
-    entry: TensorEntry
-    payload: memoryview
-    planes: np.ndarray
+
+def encode_sparse(
+    idx: np.ndarray, diff: np.ndarray, numel: int, itemsize: int, block_bytes: int
+) -> tuple[list[SegmentEntry], bytes]:
+    """The segments and payload of a sparse tensor from all its sorted positions and modular differences."""
+    segs = plan(numel, itemsize, block_bytes)
+    cuts = np.searchsorted(idx, [s.start for s in segs] + [numel]).tolist()
+    parts = _pmap(
+        lambda i: encode_segment(idx[cuts[i] : cuts[i + 1]], diff[cuts[i] : cuts[i + 1]], segs[i]), range(len(segs))
+    )
+    return [e for e, _ in parts], b"".join(p for _, p in parts)
 
 
-def _sparse_start(entry: TensorEntry, payload: memoryview) -> _Sparse:
-    return _Sparse(entry, payload, np.empty((len(entry.streams), entry.changed), dtype=np.uint8))
-
-
-def _decode_half(job: tuple[_Sparse, bool]) -> np.ndarray:
-    """Decompress and read the gap planes (positions) or the value planes (differences) of a sparse entry."""
-    sp, gaps = job
-    e = sp.entry
-    where = f"tensor {e.name!r}"
-    ends = np.cumsum(e.streams).tolist()
-    planes = range(e.gap_planes) if gaps else range(e.gap_planes, len(e.streams))
-    for i in planes:
-        _decompress_into(sp.payload[ends[i] - e.streams[i] : ends[i]], sp.planes[i], f"{where} stream {i}")
-    if gaps:
-        idx, ok = _scan.read_positions(sp.planes, e.gap_planes, e.numel)
-        if not ok:
-            raise DeltaError(f"{where}: positions run past the end of the tensor ({e.numel} elements)")
-        return idx
-    diff, ok = _scan.read_values(sp.planes, e.gap_planes, _UINT[e.itemsize])
+def decode_span(entry: TensorEntry, span: Span, payload: memoryview) -> tuple[np.ndarray, np.ndarray]:
+    """One segment's positions (relative to its start: strictly increasing, inside it) and its modular differences
+    (none zero), from the tensor's (checksummed) payload. Raises DeltaError."""
+    seg, where = span.seg, f"tensor {entry.name!r}"
+    if not seg.changed:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=_UINT[entry.itemsize])
+    planes, offset = [], span.offset
+    for i, n in enumerate(seg.streams):
+        planes.append(
+            _decompress(payload[offset : offset + n], seg.changed, f"{where} (segment at {span.start}) stream {i}")
+        )
+        offset += n
+    idx, ok = _scan.read_positions(planes, seg.gap_planes, span.stop - span.start)
     if not ok:
-        raise DeltaError(f"{where}: a listed change leaves its element unchanged")
-    return diff
+        raise DeltaError(f"{where}: positions run past the end of the segment [{span.start}, {span.stop})")
+    diff, ok = _scan.read_values(planes, seg.gap_planes, _UINT[entry.itemsize])
+    if not ok:
+        raise DeltaError(f"{where}: a listed change leaves its element unchanged (segment at {span.start})")
+    return idx, diff
 
 
 def decode_sparse(entry: TensorEntry, payload: memoryview) -> tuple[np.ndarray, np.ndarray]:
-    """Positions (int64, strictly increasing, in range) and modular differences of a sparse entry."""
-    sp = _sparse_start(entry, payload)
-    idx, diff = _pmap(_decode_half, [(sp, True), (sp, False)])
+    """Positions (int64, absolute, strictly increasing, in range) and modular differences of a sparse entry."""
+    spans = [s for s in entry.spans() if s.seg.changed]
+    parts = _pmap(lambda s: decode_span(entry, s, payload), spans)
+    idx = np.concatenate([p[0] + s.start for s, p in zip(spans, parts, strict=True)] or [np.empty(0, np.int64)])
+    diff = np.concatenate([p[1] for p in parts] or [np.empty(0, dtype=_UINT[entry.itemsize])])
     return idx, diff
 
 
@@ -221,18 +244,17 @@ def _joined(pair: _Pair, parts: list[SegScan], block_bytes: int) -> tuple[_scan.
 
 
 def _finish_tensor(
-    name: str, new: BitArray, scan: _scan.Scan, streams: list[bytes] | None, gap_planes: int, b: int
+    name: str, new: BitArray, scan: _scan.Scan, sparse: list[tuple[SegmentEntry, bytes]] | None, b: int
 ) -> tuple[TensorEntry, bytes]:
     """The table entry and payload of one tensor: unchanged, sparse, or dense when sparse is not smaller."""
     if scan.changed == 0:
         return _entry(name, new, scan, encoding="unchanged", length=0, payload_xxh3=tensor_checksum(b"", b)), b""
-    if streams is not None:
-        payload = b"".join(streams)
+    if sparse is not None:
+        payload = b"".join(p for _, p in sparse)
         if len(payload) < new.bits.nbytes:
-            fields = dict(streams=[len(s) for s in streams], gap_planes=gap_planes)
             checksum = tensor_checksum(payload, b)
             entry = _entry(name, new, scan, encoding="sparse", length=len(payload), payload_xxh3=checksum)
-            return entry.model_copy(update=fields), payload
+            return entry.model_copy(update={"segments": [s for s, _ in sparse]}), payload
     payload = new.bits.tobytes()
     # The dense payload is the target itself: its checksum is already known.
     return _entry(name, new, scan, encoding="dense", length=len(payload), payload_xxh3=scan.target_xxh3), payload
@@ -268,17 +290,6 @@ def _scan_job(pair: _Pair, seg: Segment, block_bytes: int) -> SegScan:
     return _scan.scan_segment(pair.old.bits, pair.new.bits, seg, limit, block_bytes)
 
 
-def _planes_of(pair: _Pair, parts: list[SegScan]) -> tuple[np.ndarray, int, list[tuple[SegScan, int, int]]]:
-    """The (unfilled) planes array of a sparse tensor, its gap planes, and per segment (scan, prev, column)."""
-    fills, prev, col = [], -1, 0
-    for p in parts:
-        if p.changed:
-            fills.append((p, prev, col))
-            prev, col = int(p.idx[-1]), col + p.changed
-    gap_planes = gap_planes_for(max(max_gap(p.idx, prev) for p, prev, _ in fills))  # ~0.3 ms per 1M changes
-    return np.empty((gap_planes + pair.new.bits.itemsize, col), dtype=np.uint8), gap_planes, fills
-
-
 def encode_arrays(
     base: Mapping[str, BitArray],
     new: Mapping[str, BitArray],
@@ -293,30 +304,29 @@ def encode_arrays(
     names = list(new)
     for name in names:
         _check_pair(name, base[name], new[name])
-    pairs = {
-        n: _Pair(n, base[n], new[n], segments(new[n].bits.size, new[n].bits.itemsize, _THREADS, block_bytes))
-        for n in names
-    }
+    pairs = {n: _Pair(n, base[n], new[n], plan(new[n].bits.size, new[n].bits.itemsize, block_bytes)) for n in names}
     # Every segment of every tensor is one scan job, biggest first so the two threads finish together.
     jobs = sorted(((p, s) for p in pairs.values() for s in p.segs), key=lambda j: j[1].start - j[1].stop)
     scans = _pmap(lambda j: _scan_job(j[0], j[1], block_bytes), jobs)
     by_seg = {(j[0].name, j[1].start): s for j, s in zip(jobs, scans, strict=True)}
     joined = {n: _joined(p, [by_seg[(n, s.start)] for s in p.segs], block_bytes) for n, p in pairs.items()}
-    sparse = [n for n in names if joined[n][1] is not None]
-    layouts = {n: _planes_of(pairs[n], joined[n][1]) for n in sparse}
-    fills = [(layouts[n][0], layouts[n][1], f) for n in sparse for f in layouts[n][2]]
-    _pmap(lambda f: fill_planes(f[2][0].idx, f[2][0].diff, f[2][1], f[1], f[0], f[2][2]), fills)
-    # Every plane of every tensor is one compression job: a single large tensor uses both threads too.
-    zjobs = [(n, plane) for n in sparse for plane in layouts[n][0]]
-    compressed = _pmap(lambda job: _compress(job[1]), zjobs)
-    streams: dict[str, list[bytes]] = {}
-    for (name, _), frame in zip(zjobs, compressed, strict=True):
-        streams.setdefault(name, []).append(frame)
+    # Every segment of a sparse tensor is one job (byte planes, then zstd of each): its own stream group.
+    sparse = [
+        (n, seg, sc)
+        for n in names
+        if joined[n][1] is not None
+        for seg, sc in zip(pairs[n].segs, joined[n][1], strict=True)
+    ]
+    sparse.sort(key=lambda j: -j[2].changed)
+    encoded = _pmap(lambda j: encode_segment(j[2].idx, j[2].diff, j[1]), sparse)
+    groups: dict[str, dict[int, tuple[SegmentEntry, bytes]]] = {}
+    for (name, seg, _), part in zip(sparse, encoded, strict=True):
+        groups.setdefault(name, {})[seg.start] = part
     entries, parts, offset = [], [], 0
     for name in names:
-        gap_planes = layouts[name][1] if name in layouts else 0
-        scan = joined[name][0]
-        entry, payload = _finish_tensor(name, new[name], scan, streams.get(name), gap_planes, block_bytes)
+        got = groups.get(name)
+        ordered = [got[s.start] for s in pairs[name].segs] if got is not None else None
+        entry, payload = _finish_tensor(name, new[name], joined[name][0], ordered, block_bytes)
         entries.append(entry.model_copy(update={"offset": offset}))
         parts.append(payload)
         offset += len(payload)
@@ -331,18 +341,13 @@ def decode_entry(delta: Delta, entry: TensorEntry) -> Staged:
     payload = delta.payload_of(entry)
     if tensor_checksum(payload, delta.block_bytes) != entry.payload_xxh3:
         raise DeltaError(f"tensor {entry.name!r}: payload checksum mismatch (corrupted delta)")
-    return _decoded(entry, payload, None)
-
-
-def _decoded(entry: TensorEntry, payload: memoryview, sparse: tuple[np.ndarray, np.ndarray] | None) -> Staged:
-    """A Staged from a checked payload (sparse: its decoded positions and differences, decoded here if None)."""
     if entry.encoding == "unchanged":
         return Staged(entry, None, None)
     if entry.encoding == "dense":
         if entry.payload_xxh3 != entry.target_xxh3:  # a dense payload is the target itself
             raise DeltaError(f"tensor {entry.name!r}: dense payload does not match the target checksum")
         return Staged(entry, None, np.frombuffer(payload, dtype=_UINT[entry.itemsize]))
-    idx, diff = sparse if sparse is not None else decode_sparse(entry, payload)
+    idx, diff = decode_sparse(entry, payload)
     return Staged(entry, idx, diff)
 
 
@@ -379,78 +384,79 @@ def _validate(delta: bytes | Delta, base: Mapping[str, BitArray]) -> Delta:
     return d
 
 
-def _decode_jobs(d: Delta, entries: list[TensorEntry]) -> list[tuple[_Sparse, bool]]:
-    """Two jobs per sparse entry: gap planes -> positions, value planes -> differences."""
-    return [(_sparse_start(e, d.payload_of(e)), g) for e in entries if e.encoding == "sparse" for g in (True, False)]
-
-
-def stage(delta: bytes | Delta, base: Mapping[str, BitArray]) -> tuple[Delta, list[Staged]]:
-    """Validate a whole delta against `base`'s names, dtypes and shapes, check every payload checksum and decode
-    every payload, touching nothing. Raises DeltaError."""
-    d = _validate(delta, base)
-    jobs = sorted(_decode_jobs(d, d.tensors), key=lambda j: -j[0].entry.changed)
-    halves = dict(zip(((j[0].entry.name, j[1]) for j in jobs), _pmap(_decode_half, jobs), strict=True))
-    return d, [_staged(d, e, halves) for e in d.tensors]
-
-
-def _staged(d: Delta, e: TensorEntry, halves: Mapping[tuple[str, bool], np.ndarray]) -> Staged:
-    pair = (halves[(e.name, True)], halves[(e.name, False)]) if e.encoding == "sparse" else None
-    return _decoded(e, d.payload_of(e), pair)
-
-
 class _Job(NamedTuple):
-    """One segment of one tensor to write (and hash)."""
+    """One segment of one tensor: decode its changes (if any), then write and hash it, on one thread."""
 
-    staged: Staged
-    old: np.ndarray  # the overwritten bits of the tensor's changes, to roll back (shared by its segments)
-    seg: Segment
+    entry: TensorEntry
+    span: Span  # an unchanged tensor's segments get spans without changes
+
+
+class _Done(NamedTuple):
+    """A written segment: its changes' positions (relative to its start) and overwritten bits, block digests."""
+
+    idx: np.ndarray
+    old: np.ndarray
+    digests: list[int]
+
+
+def _jobs(d: Delta, verify: bool, copy: bool) -> list[_Job]:
+    """Every segment that needs work (changes to write, blocks to hash or copy), biggest first."""
+    jobs = []
+    for e in d.tensors:
+        if e.encoding == "sparse":
+            jobs += [_Job(e, s) for s in e.spans() if s.seg.changed or verify or copy]
+        elif e.encoding == "unchanged" and (verify or copy):
+            none = SegmentEntry(stop=0, changed=0)
+            jobs += [_Job(e, Span(s.start, s.stop, 0, none)) for s in plan(e.numel, e.itemsize, d.block_bytes)]
+    jobs.sort(key=lambda j: j.span.start - j.span.stop)
+    return jobs
+
+
+def _run_job(
+    job: _Job, d: Delta, dst: Mapping[str, BitArray], src: Mapping[str, BitArray] | None, verify: bool
+) -> _Done:
+    """Decode one segment (validating every position and difference) and only then write it, hashing each block
+    as it is written (in cache); a segment that fails to decode writes nothing."""
+    e, sp = job
+    idx, diff = decode_span(e, sp, d.payload_of(e))
+    bits = dst[e.name].bits[sp.start : sp.stop]
+    old = np.empty(diff.size, dtype=bits.dtype)
+    copy = None if src is None else src[e.name].bits[sp.start : sp.stop]
+    digests = _scan.write_segment(bits, idx, diff, old, Segment(0, bits.size), d.block_bytes, copy, verify)
+    return _Done(idx, old, digests)
 
 
 def _apply(
     delta: bytes | Delta, base: Mapping[str, BitArray], dst: Mapping[str, BitArray], src: bool, verify: bool
 ) -> Delta:
-    """Validate, then decode and write tensor by tensor, biggest first, pipelined on the pool: while the segments
-    of one tensor are written (memory-bound), the next tensor is decoded (compute-bound). Sparse and unchanged
-    tensors are checked against their targets as they are written; dense ones were checked by their payload
-    checksum. On any DeltaError after the first write (a wrong base, or a payload that passed its checksum and
-    still fails to decode: a forged delta), every written element is restored exactly before it is raised."""
+    """Validate (structure, payload checksums), then run every segment of every tensor as one job on the pool,
+    biggest first: each job decodes its segment and then writes and hashes it, so decoding overlaps writing on
+    both cores and nothing waits for a serial decode. Sparse and unchanged tensors are checked against their
+    targets from the jobs' block digests; dense ones were checked by their payload checksum. On any error after
+    the first write (a wrong base, or a payload that passed its checksum and still fails to decode: a forged
+    delta), every written element is restored exactly before it is raised."""
     d = _validate(delta, base)
-    b = d.block_bytes
-    todo = [e for e in d.tensors if e.encoding != "dense" and (verify or src or e.encoding == "sparse")]
-    todo.sort(key=lambda e: -e.nbytes)
-    pool, writes = _pool(), []
-    error: Exception | None = None
-    # Decoding runs _AHEAD tensors ahead of writing, so a thread never waits on the loop below to queue work.
-    pending = {i: [pool.submit(_decode_half, j) for j in _decode_jobs(d, [e])] for i, e in enumerate(todo[:_AHEAD])}
-    try:
-        for i, e in enumerate(todo):
-            halves = [f.result() for f in pending.pop(i)]
-            s = _decoded(e, d.payload_of(e), (halves[0], halves[1]) if halves else None)
-            bits = dst[e.name].bits
-            old = np.empty(0 if s.values is None else s.values.size, dtype=bits.dtype)  # shared by the segments
-            segs = [_Job(s, old, seg) for seg in _segs(bits, b)]
-            nxt = _decode_jobs(d, todo[i + _AHEAD : i + _AHEAD + 1])
-            # This tensor's segments and a later tensor's decoding, interleaved: one thread of each at a time.
-            later = []
-            for k in range(max(len(segs), len(nxt))):
-                if k < len(segs):
-                    writes.append((segs[k], pool.submit(_write_job, segs[k], dst, base if src else None, verify, b)))
-                if k < len(nxt):
-                    later.append(pool.submit(_decode_half, nxt[k]))
-            if i + _AHEAD < len(todo):
-                pending[i + _AHEAD] = later
-    except Exception as err:  # a DeltaError, or anything else: either way nothing may stay half-applied
-        error = err
-    done = [(j, f.result()) for j, f in writes]
+    jobs = _jobs(d, verify, src)
+    pool = _pool()
+    futures = [pool.submit(_run_job, j, d, dst, base if src else None, verify) for j in jobs]
+    done: list[tuple[_Job, _Done]] = []
+    error: BaseException | None = None
+    for j, f in zip(jobs, futures, strict=True):
+        try:
+            done.append((j, f.result()))
+        except BaseException as err:  # a DeltaError, or anything else: either way nothing may stay half-applied
+            if error is None:
+                error = err
+                for g in futures:
+                    g.cancel()  # jobs not started yet need not run
     if error is None and verify:
         error = _check_targets(d, done)
     if error is not None:
         if not src:  # in place: undo every write exactly (a copy is simply dropped)
-            written = {j.staged.entry.name: j for j, _ in done if j.staged.idx is not None}
-            for name, j in written.items():
-                _scan.restore(dst[name].bits, j.staged.idx, j.old)
+            for j, r in done:
+                _scan.restore(dst[j.entry.name].bits[j.span.start : j.span.stop], r.idx, r.old)
         raise error
-    dense = [(e, seg) for e in d.tensors if e.encoding == "dense" for seg in _segs(dst[e.name].bits, b)]
+    dense = [(e, seg) for e in d.tensors if e.encoding == "dense" for seg in plan(e.numel, e.itemsize, d.block_bytes)]
     _pmap(lambda j: _copy(dst[j[0].name].bits, _dense_bits(d, j[0]), j[1]), dense)
     return d
 
@@ -459,12 +465,12 @@ def _dense_bits(d: Delta, e: TensorEntry) -> np.ndarray:
     return np.frombuffer(d.payload_of(e), dtype=_UINT[e.itemsize])
 
 
-def _check_targets(d: Delta, done: list[tuple[_Job, list[int]]]) -> Exception | None:
+def _check_targets(d: Delta, done: list[tuple[_Job, _Done]]) -> Exception | None:
     per: dict[str, list[tuple[int, list[int]]]] = {}
     entries = {}
-    for j, ds in done:
-        per.setdefault(j.staged.entry.name, []).append((j.seg.start, ds))
-        entries[j.staged.entry.name] = j.staged.entry
+    for j, r in done:
+        per.setdefault(j.entry.name, []).append((j.span.start, r.digests))
+        entries[j.entry.name] = j.entry
     bad = [n for n, e in entries.items() if _digest(per[n], e, d.block_bytes) != e.target_xxh3]
     if not bad:
         return None
@@ -474,24 +480,8 @@ def _check_targets(d: Delta, done: list[tuple[_Job, list[int]]]) -> Exception | 
     )
 
 
-def _segs(bits: np.ndarray, block_bytes: int) -> list[Segment]:
-    return segments(bits.size, bits.itemsize, _THREADS, block_bytes)
-
-
 def _copy(dst: np.ndarray, src: np.ndarray, seg: Segment) -> None:
     np.copyto(dst[seg.start : seg.stop], src[seg.start : seg.stop])
-
-
-def _write_job(
-    j: _Job, dst: Mapping[str, BitArray], src: Mapping[str, BitArray] | None, verify: bool, b: int
-) -> list[int]:
-    s = j.staged
-    bits = dst[s.entry.name].bits
-    idx = s.idx if s.idx is not None else np.empty(0, dtype=np.int64)
-    diff = s.values if s.values is not None else np.empty(0, dtype=bits.dtype)
-    return _scan.write_segment(
-        bits, idx, diff, j.old, j.seg, b, None if src is None else src[s.entry.name].bits, verify
-    )
 
 
 def _digest(parts: list[tuple[int, list[int]]], entry: TensorEntry, block_bytes: int) -> int:
@@ -499,9 +489,10 @@ def _digest(parts: list[tuple[int, list[int]]], entry: TensorEntry, block_bytes:
 
 
 def apply_arrays_(base: Mapping[str, BitArray], delta: bytes | Delta, *, verify_target: bool = True) -> Delta:
-    """Apply a delta in place. Structure, payload checksums and decoded positions are validated before the first
-    write; with `verify_target` every tensor is hashed as it is written and, on a mismatch (a wrong base or a
-    forged delta), every written element is restored exactly before DeltaError is raised. Without it nothing
+    """Apply a delta in place. Structure and payload checksums are validated before the first write, and each
+    segment's positions and differences before that segment is written; with `verify_target` every tensor is
+    hashed as it is written and, on a mismatch (a wrong base or a forged delta), or on a later segment that fails
+    to decode, every written element is restored exactly before DeltaError is raised. Without it nothing
     full-size is read: the caller vouches for the base (e.g. by a whole-state checksum)."""
     return _apply(delta, base, base, False, verify_target)
 

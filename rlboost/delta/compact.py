@@ -88,8 +88,7 @@ def _dense(
             "encoding": "dense",
             "changed": min(like.numel, changed_bound),
             "payload_xxh3": tensor_checksum(payload, block_bytes),
-            "streams": [],
-            "gap_planes": 0,
+            "segments": [],
         }
     )
     return entry, payload
@@ -108,16 +107,14 @@ def _sparse_sum(
     uniq, summed = uniq[keep], summed[keep]
     if uniq.size == 0:
         empty = tensor_checksum(b"", block_bytes)
-        base = {"encoding": "unchanged", "changed": 0, "payload_xxh3": empty, "streams": [], "gap_planes": 0}
+        base = {"encoding": "unchanged", "changed": 0, "payload_xxh3": empty, "segments": []}
         return like.model_copy(update={**ends, **base, "target_xxh3": ends["base_xxh3"]}), b""
-    streams, gap_planes = encode_sparse(uniq, summed)
-    payload = b"".join(streams)
+    segments, payload = encode_sparse(uniq, summed, like.numel, like.itemsize, block_bytes)
     update = {
         **ends,
         "encoding": "sparse",
         "changed": int(uniq.size),
         "payload_xxh3": tensor_checksum(payload, block_bytes),
-        "streams": [len(s) for s in streams],
-        "gap_planes": gap_planes,
+        "segments": segments,
     }
     return like.model_copy(update=update), payload

@@ -15,19 +15,25 @@ Torch-free (the weight-server reads and composes deltas without torch). Layout, 
     56  table: UTF-8 JSON {"tensors": [TensorEntry, ...]}
     56+table_len  payload region; entries point into it with (offset, length)
 
-Each tensor is `unchanged` (no payload), `dense` (the new raw bytes) or `sparse`: zstd-compressed
-byte planes of the position gaps, then zstd-compressed byte planes of the zigzagged modular
+Each tensor is `unchanged` (no payload), `dense` (the new raw bytes) or `sparse`. A sparse tensor is
+cut into segments, runs of whole hash blocks that tile it (`segments`: each names where it stops; the
+first starts at 0, every other where the one before stops; every stop but the last is a multiple of
+the block's element count). A segment's payload is zstd-compressed byte planes of the position gaps,
+positions counted from the segment's start, then zstd-compressed byte planes of the zigzagged modular
 difference `new_bits - old_bits` (integer arithmetic on raw bit patterns, wrapping at the dtype's
-width, so it is exact for every value including NaN payloads, ±0, inf and subnormals).
+width, so it is exact for every value including NaN payloads, ±0, inf and subnormals); a segment
+without changes has no streams. The tensor's payload is its segments' payloads in order. Segments
+decode independently, so apply decodes, writes and hashes each on its own (on any free core).
 Every entry carries checksums of the base tensor, the target tensor and its own payload, all
 computed by `tensor_checksum` with the header's block size: the xxh3-64 of the bytes when they fit
 in one block, else the xxh3-64 of the little-endian u64 xxh3-64 digests of every block (the last
 one may be short). Blocks let several threads hash one large tensor at once.
 
 Format history: version 1 hashed every tensor as one xxh3-64 stream (one thread per tensor);
-version 2 (this one) hashes block-wise and adds hash_block_bytes to the header. Version 1 deltas
-are rejected with an error saying to re-encode them (deltas are short-lived: a weight-server
-keeps a few versions and re-encodes nothing, so a mixed-version chain cannot arise in one job).
+version 2 hashes block-wise and adds hash_block_bytes to the header; version 3 (this one) splits a
+sparse tensor's streams at segment boundaries. Older deltas are rejected with an error saying to
+re-encode them (deltas are short-lived: a weight-server keeps a few versions and re-encodes nothing,
+so a mixed-version chain cannot arise in one job).
 """
 
 from __future__ import annotations
@@ -35,13 +41,13 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MAGIC = b"RLBDELTA"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 HEADER = struct.Struct("<8sHHIqqQIIQ")
 HEADER_SIZE = HEADER.size  # 56
 _HEADER_PREFIX = 48  # bytes of the header covered by the checksum (all but the checksum itself)
@@ -113,6 +119,34 @@ def tensor_checksum(data: object, block_bytes: int = DEFAULT_BLOCK_BYTES) -> int
     return combine_digests(block_digests(buf, block_bytes), len(buf), block_bytes)
 
 
+class SegmentEntry(BaseModel):
+    """One segment of a sparse tensor: where it stops, its changes, and its streams' compressed lengths."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    stop: int = Field(ge=0, description="End element (exclusive); the segment starts where the previous one stops.")
+    changed: int = Field(ge=0, description="Changed elements inside the segment.")
+    gap_planes: int = Field(0, ge=0, le=8, description="How many of `streams` are gap planes (0 without changes).")
+    streams: list[int] = Field(
+        default_factory=list,
+        description="Compressed lengths of the gap planes then the value planes (none if no change).",
+    )
+
+    @property
+    def length(self) -> int:
+        return sum(self.streams)
+
+
+class Span(NamedTuple):
+    """A segment of a sparse tensor located: elements [start, stop), payload bytes [offset, offset + length)
+    relative to the tensor's payload."""
+
+    start: int
+    stop: int
+    offset: int
+    seg: SegmentEntry
+
+
 class TensorEntry(BaseModel):
     """One tensor of a delta: what it is, how it is encoded, where its payload lies."""
 
@@ -128,10 +162,9 @@ class TensorEntry(BaseModel):
     offset: int = Field(ge=0, description="Payload offset, relative to the payload region.")
     length: int = Field(ge=0, description="Payload length in bytes.")
     payload_xxh3: int = Field(ge=0, description="tensor_checksum of the payload bytes.")
-    streams: list[int] = Field(
-        default_factory=list, description="Sparse only: compressed lengths of the gap planes then the value planes."
+    segments: list[SegmentEntry] = Field(
+        default_factory=list, description="Sparse only: the segments tiling the tensor, in order (see the module)."
     )
-    gap_planes: int = Field(0, ge=0, le=8, description="Sparse only: how many of `streams` are gap planes.")
 
     @property
     def numel(self) -> int:
@@ -147,6 +180,14 @@ class TensorEntry(BaseModel):
     @property
     def nbytes(self) -> int:
         return self.numel * self.itemsize
+
+    def spans(self) -> list[Span]:
+        """The segments with their element ranges and payload offsets (relative to this tensor's payload)."""
+        out, start, offset = [], 0, 0
+        for seg in self.segments:
+            out.append(Span(start, seg.stop, offset, seg))
+            start, offset = seg.stop, offset + seg.length
+        return out
 
 
 class Header(BaseModel):
@@ -212,7 +253,7 @@ def parse(data: bytes | bytearray | memoryview) -> Delta:
     if xxhash.xxh3_64_intdigest(bytes(buf[:_HEADER_PREFIX]) + bytes(table_bytes)) != digest:
         raise DeltaError("delta header/table checksum mismatch: the delta is corrupted")
     check_block_bytes(block)
-    tensors = _parse_table(bytes(table_bytes), payload_len)
+    tensors = _parse_table(bytes(table_bytes), payload_len, block)
     header = Header(
         format_version=fmt,
         base_version=base_version,
@@ -224,22 +265,25 @@ def parse(data: bytes | bytearray | memoryview) -> Delta:
     return Delta(header=header, tensors=tensors, payload=buf[HEADER_SIZE + table_len :])
 
 
+_OLD_FORMATS = {1: "whole-tensor checksums", 2: "one stream group per sparse tensor"}
+
+
 def _check_magic_and_version(buf: memoryview) -> None:
     if len(buf) < 10:
         raise DeltaError(f"delta is truncated: {len(buf)} bytes, shorter than the {HEADER_SIZE}-byte header")
     magic, fmt = struct.unpack_from("<8sH", buf, 0)
     if magic != MAGIC:
         raise DeltaError(f"not an rlboost delta: magic is {bytes(magic)!r}, expected {MAGIC!r}")
-    if fmt == 1:
+    if fmt in _OLD_FORMATS:
         raise DeltaError(
-            "delta format version 1 (whole-tensor checksums) is no longer read; this rlboost reads version "
+            f"delta format version {fmt} ({_OLD_FORMATS[fmt]}) is no longer read; this rlboost reads version "
             f"{FORMAT_VERSION}: re-encode the delta (rlboost delta encode) with this rlboost"
         )
     if fmt != FORMAT_VERSION:
         raise DeltaError(f"unsupported delta format version {fmt}; this rlboost reads version {FORMAT_VERSION}")
 
 
-def _parse_table(table: bytes, payload_len: int) -> list[TensorEntry]:
+def _parse_table(table: bytes, payload_len: int, block_bytes: int) -> list[TensorEntry]:
     try:
         raw = json.loads(table)
         items = raw["tensors"]
@@ -250,14 +294,14 @@ def _parse_table(table: bytes, payload_len: int) -> list[TensorEntry]:
         raise DeltaError(f"delta tensor table is malformed: {_short(e)}") from None
     seen: set[str] = set()
     for e in entries:
-        _check_entry(e, payload_len)
+        _check_entry(e, payload_len, block_bytes)
         if e.name in seen:
             raise DeltaError(f"delta tensor table lists {e.name!r} twice")
         seen.add(e.name)
     return entries
 
 
-def _check_entry(e: TensorEntry, payload_len: int) -> None:
+def _check_entry(e: TensorEntry, payload_len: int, block_bytes: int) -> None:
     where = f"tensor {e.name!r}"
     if e.dtype not in DTYPE_ITEMSIZE:
         raise DeltaError(f"{where}: unsupported dtype {e.dtype!r}")
@@ -271,13 +315,35 @@ def _check_entry(e: TensorEntry, payload_len: int) -> None:
         raise DeltaError(f"{where}: 'unchanged' entry with a payload or a change")
     if e.encoding == "dense" and e.length != e.nbytes:
         raise DeltaError(f"{where}: dense payload is {e.length} bytes, tensor is {e.nbytes}")
+    if e.encoding != "sparse" and e.segments:
+        raise DeltaError(f"{where}: {e.encoding!r} entry with segments (only sparse entries have them)")
     if e.encoding == "sparse":
-        if not 1 <= e.gap_planes <= 8 or len(e.streams) != e.gap_planes + e.itemsize:
-            raise DeltaError(f"{where}: sparse entry with {len(e.streams)} streams and {e.gap_planes} gap planes")
-        if any(s < 0 for s in e.streams) or sum(e.streams) != e.length:
-            raise DeltaError(f"{where}: sparse stream lengths do not add up to the payload length")
-        if e.changed == 0:
-            raise DeltaError(f"{where}: sparse entry with no changed elements")
+        _check_segments(e, block_bytes)
+
+
+def _check_segments(e: TensorEntry, block_bytes: int) -> None:
+    """A sparse entry's segments tile the tensor on block boundaries and account for its changes and payload."""
+    where = f"tensor {e.name!r}"
+    if e.changed == 0:
+        raise DeltaError(f"{where}: sparse entry with no changed elements")
+    if not e.segments or e.segments[-1].stop != e.numel:
+        raise DeltaError(f"{where}: sparse segments must end at the tensor's {e.numel} elements")
+    per = max(1, block_bytes // e.itemsize)
+    for i, sp in enumerate(e.spans()):
+        s = sp.seg
+        if sp.stop <= sp.start or (s.stop != e.numel and s.stop % per):
+            raise DeltaError(f"{where} segment {i}: stops at {s.stop}, not a block boundary after {sp.start}")
+        if s.changed > sp.stop - sp.start:
+            raise DeltaError(f"{where} segment {i}: {s.changed} changed elements in {sp.stop - sp.start}")
+        planes = s.gap_planes + e.itemsize if s.changed else 0
+        if (s.changed and not 1 <= s.gap_planes <= 8) or (not s.changed and s.gap_planes) or len(s.streams) != planes:
+            raise DeltaError(f"{where} segment {i}: {len(s.streams)} streams and {s.gap_planes} gap planes")
+        if any(n < 0 for n in s.streams):
+            raise DeltaError(f"{where} segment {i}: negative stream length")
+    if sum(s.changed for s in e.segments) != e.changed:
+        raise DeltaError(f"{where}: the segments' changed counts do not add up to {e.changed}")
+    if sum(s.length for s in e.segments) != e.length:
+        raise DeltaError(f"{where}: sparse stream lengths do not add up to the payload length")
 
 
 def _short(e: Exception) -> str:

@@ -322,8 +322,11 @@ def test_scanner_grows_its_buffers_and_counts_past_the_limit() -> None:
 
 
 def _reference_streams(old: np.ndarray, new: np.ndarray) -> tuple[list[bytes], int]:
-    """The format's sparse streams computed the slow, obvious way with numpy (the layout in format.py)."""
+    """One segment's streams computed the slow, obvious way with numpy (the layout in format.py): positions
+    counted from the segment's start (old and new are the segment's slices)."""
     idx = np.flatnonzero(old != new)
+    if not idx.size:
+        return [], 0
     gaps = np.diff(idx, prepend=-1).astype(np.uint64) - np.uint64(1)
     planes = max(1, (int(gaps.max()).bit_length() + 7) // 8)
     diff = new[idx] - old[idx]
@@ -336,17 +339,24 @@ def _reference_streams(old: np.ndarray, new: np.ndarray) -> tuple[list[bytes], i
 
 
 def test_encoder_output_is_the_documented_layout_byte_for_byte() -> None:
+    """Segment by segment (one segment with 1 MiB blocks, several with 4 KiB ones), the payload is the reference
+    streams, the segments tile the tensor on block boundaries, and the counts and lengths add up."""
     base, new = rl_state(n=400_000)
-    blob = rd.encode(base, new, base_version=0, version=1)
-    d = fmt.parse(blob)
-    entry = next(e for e in d.tensors if e.name == "bfloat16.w")
     old_bits = bits(base["bfloat16.w"]).numpy().view(np.uint16)
     new_bits = bits(new["bfloat16.w"]).numpy().view(np.uint16)
-    streams, planes = _reference_streams(old_bits, new_bits)
-    assert entry.encoding == "sparse" and entry.gap_planes == planes
-    assert bytes(d.payload_of(entry)) == b"".join(streams)
-    assert entry.base_xxh3 == ref_checksum(old_bits)
-    assert entry.target_xxh3 == ref_checksum(new_bits)
+    for block, segments in ((fmt.DEFAULT_BLOCK_BYTES, 1), (SMALL, 2)):
+        d = fmt.parse(rd.encode(base, new, base_version=0, version=1, block_bytes=block))
+        entry = next(e for e in d.tensors if e.name == "bfloat16.w")
+        assert entry.encoding == "sparse" and len(entry.segments) >= segments
+        payload = d.payload_of(entry)
+        for sp in entry.spans():
+            assert sp.start % (block // 2) == 0
+            streams, planes = _reference_streams(old_bits[sp.start : sp.stop], new_bits[sp.start : sp.stop])
+            assert (sp.seg.gap_planes, sp.seg.streams) == (planes, [len(x) for x in streams])
+            assert bytes(payload[sp.offset : sp.offset + sp.seg.length]) == b"".join(streams)
+        assert entry.segments[-1].stop == old_bits.size and sum(x.length for x in entry.segments) == entry.length
+        assert entry.base_xxh3 == ref_checksum(old_bits, block)
+        assert entry.target_xxh3 == ref_checksum(new_bits, block)
 
 
 def test_apply_without_target_verification_is_still_exact() -> None:
@@ -364,7 +374,8 @@ def test_bench_profile_and_many_tensors_run_in_process() -> None:
     assert result["bit_exact"] is True and 0.001 < result["changed_fraction"] < 0.05
     rows = bench.profile(elements=300_000, repeat=1)
     stages = {r["stage"] for r in rows}
-    assert {"encode: total", "apply: total", "reference: numpy copy"} <= stages
+    assert {s.split(" (")[0] for s in stages} >= {"encode: total", "apply: total", "reference: numpy copy"}
+    assert all("thread" in s for s in stages if not s.startswith("reference")), "every stage says its threads"
     assert all(r["wall_ms"] >= 0 and r["gb_per_s_wall"] > 0 for r in rows)
 
 
@@ -411,7 +422,8 @@ def test_multi_block_tensors_round_trip_with_block_wise_checksums() -> None:
 
 
 def test_changes_in_only_one_segment_and_long_gaps_across_segments() -> None:
-    """Segments without changes are skipped and the gap into the next segment spans them (two gap planes)."""
+    """A segment without changes has no streams; the first gap of the next counts from its start (two gap planes
+    here: the change lies more than 255 elements into its segment)."""
     g = torch.Generator().manual_seed(12)
     base = {"late": torch.randn(40_000, generator=g).bfloat16(), "early": torch.randn(40_000, generator=g).bfloat16()}
     new = {k: v.clone() for k, v in base.items()}
@@ -419,7 +431,9 @@ def test_changes_in_only_one_segment_and_long_gaps_across_segments() -> None:
     bits(new["early"])[[0, 7, 300]] -= 1  # only the first segment
     blob = rd.encode(base, new, base_version=0, version=1, block_bytes=SMALL)
     entries = {e.name: e for e in fmt.parse(blob).tensors}
-    assert entries["late"].encoding == "sparse" and entries["late"].gap_planes == 2
+    late = entries["late"].spans()
+    assert entries["late"].encoding == "sparse" and [s.seg.changed for s in late] == [0, 2]
+    assert late[1].seg.gap_planes == 2 and late[1].start < 39_000 - 256  # gaps count from the segment's start
     assert entries["early"].changed == 3
     assert_bit_identical(rd.apply(base, blob), new)
 
@@ -436,30 +450,94 @@ def test_wrong_base_in_the_last_block_is_rolled_back_in_every_segment() -> None:
     assert_bit_identical(target, wrong)
 
 
+ZERO_CHANGES = [bytes([0, 0]), bytes(2), bytes(2)]  # one gap plane and two value planes: two zero differences
+
+
+def _forged_segment(stop: int) -> tuple[fmt.SegmentEntry, bytes]:
+    """A bf16 segment whose streams pass every check but decode to two changes that change nothing."""
+    cctx = zstandard.ZstdCompressor(level=1)
+    streams = [cctx.compress(x) for x in ZERO_CHANGES]
+    return fmt.SegmentEntry(stop=stop, changed=2, gap_planes=1, streams=[len(x) for x in streams]), b"".join(streams)
+
+
+def _repack(d: fmt.Delta, name: str, segments: list[fmt.SegmentEntry], payload: bytes) -> bytes:
+    """`d` with tensor `name` made sparse with these segments and payload, every offset and checksum fixed."""
+    entries, parts, offset = [], [], 0
+    for e in d.tensors:
+        p = payload if e.name == name else bytes(d.payload_of(e))
+        if e.name == name:
+            changed = sum(s.changed for s in segments)
+            e = e.model_copy(update={"encoding": "sparse", "changed": changed, "segments": segments})
+        e = e.model_copy(update={"offset": offset, "length": len(p)})
+        entries.append(e.model_copy(update={"payload_xxh3": fmt.tensor_checksum(p, d.block_bytes)}))
+        parts.append(p)
+        offset += len(p)
+    return fmt.pack(0, 1, entries, parts, d.block_bytes)
+
+
 def test_forged_payload_of_a_later_tensor_rolls_back_the_tensors_already_written() -> None:
-    """Apply writes the biggest tensor while it decodes the next: a payload that passes its checksum but fails to
-    decode (a forged delta) is found after the first write, and that write must be undone exactly."""
+    """Apply writes the biggest tensor's segments while it decodes the others: a payload that passes its checksum
+    but fails to decode (a forged delta) is found after the first write, and that write must be undone exactly."""
     base, new = multi_block_pair()
     base["s"], new["s"] = torch.zeros(8, dtype=torch.bfloat16), torch.ones(8, dtype=torch.bfloat16)
     d = fmt.parse(rd.encode(base, new, base_version=0, version=1, block_bytes=SMALL))
-    cctx = zstandard.ZstdCompressor(level=1)
-    streams = [cctx.compress(bytes([0, 0])), cctx.compress(bytes(2)), cctx.compress(bytes(2))]  # zero differences
-    forged = b"".join(streams)
-    entries, parts, offset = [], [], 0
-    for e in d.tensors:
-        payload = forged if e.name == "s" else bytes(d.payload_of(e))
-        if e.name == "s":
-            e = e.model_copy(update={"encoding": "sparse", "changed": 2, "gap_planes": 1})
-            e = e.model_copy(update={"streams": [len(x) for x in streams]})
-        e = e.model_copy(update={"offset": offset, "length": len(payload)})
-        entries.append(e.model_copy(update={"payload_xxh3": fmt.tensor_checksum(payload, SMALL)}))
-        parts.append(payload)
-        offset += len(payload)
-    blob = fmt.pack(0, 1, entries, parts, SMALL)
+    seg, payload = _forged_segment(8)
+    blob = _repack(d, "s", [seg], payload)
     target = {k: v.clone() for k, v in base.items()}
     with pytest.raises(rd.DeltaError, match="'s': a listed change leaves its element unchanged"):
         rd.apply_(target, blob)
     assert_bit_identical(target, base)
+
+
+def test_forged_later_segment_of_the_same_tensor_rolls_back_its_earlier_segments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Segments are decoded and written independently, biggest first, two at a time: a forged shortest segment is
+    queued behind the tensor's other segments, so it fails after at least four of them were written, and those
+    writes are undone exactly (restore is spied on, not replaced, to prove there were writes to undo)."""
+    from rlboost.delta import _scan, codec
+
+    monkeypatch.setattr(codec, "_SEGMENT_BYTES", 4 * SMALL)  # ~7 segments of the 100 KB tensor
+    base, new = multi_block_pair()
+    d = fmt.parse(rd.encode(base, new, base_version=0, version=1, block_bytes=SMALL))
+    entry = next(e for e in d.tensors if e.name == "bf16")
+    spans = entry.spans()
+    k = max(range(len(spans)), key=lambda i: (spans[i].start - spans[i].stop, i))  # shortest, last of equals
+    assert len(spans) >= 6 and k > 0
+    forged, forged_payload = _forged_segment(spans[k].stop)
+    payload = bytes(d.payload_of(entry))
+    payload = payload[: spans[k].offset] + forged_payload + payload[spans[k].offset + spans[k].seg.length :]
+    blob = _repack(d, "bf16", [s.seg for s in spans[:k]] + [forged] + [s.seg for s in spans[k + 1 :]], payload)
+    restored: list[int] = []
+    real_restore = _scan.restore
+
+    def spy(bits_: np.ndarray, idx: np.ndarray, old: np.ndarray) -> None:
+        restored.append(idx.size)
+        real_restore(bits_, idx, old)
+
+    monkeypatch.setattr(_scan, "restore", spy)
+    target = {k: v.clone() for k, v in base.items()}
+    with pytest.raises(rd.DeltaError, match="'bf16': a listed change leaves its element unchanged"):
+        rd.apply_(target, blob)
+    assert sum(restored) > 0  # earlier segments had been written
+    assert_bit_identical(target, base)
+
+
+def test_segments_off_block_boundaries_or_not_adding_up_are_rejected() -> None:
+    base, new = multi_block_pair()
+    d = fmt.parse(rd.encode(base, new, base_version=0, version=1, block_bytes=SMALL))
+    entry = next(e for e in d.tensors if e.name == "bf16")
+    segs = entry.segments
+    moved = [segs[0].model_copy(update={"stop": segs[0].stop + 1}), *segs[1:]]
+    cases = {
+        "not a block boundary": moved,
+        "must end at the tensor": segs[:-1],
+        "lengths do not add up": [segs[0].model_copy(update={"streams": [n + 1 for n in segs[0].streams]}), *segs[1:]],
+        "changed elements in": [segs[0].model_copy(update={"changed": segs[0].stop + 1}), *segs[1:]],
+    }
+    for msg, bad in cases.items():
+        with pytest.raises(rd.DeltaError, match=msg):
+            rd.inspect(_repack(d, "bf16", bad, bytes(d.payload_of(entry))))
 
 
 def _apply_in_child(blob: bytes, base: np.ndarray, new: np.ndarray) -> None:
@@ -487,11 +565,12 @@ def test_a_forked_child_builds_its_own_thread_pool() -> None:
     assert child.exitcode == 0
 
 
-def test_format_1_deltas_are_rejected_with_a_re_encode_hint() -> None:
-    v1 = fmt.MAGIC + struct.pack("<H", 1) + bytes(80)
-    for fn in (rd.inspect, lambda b: rd.apply_({}, b)):
-        with pytest.raises(rd.DeltaError, match="version 1 .*re-encode"):
-            fn(v1)
+def test_format_1_and_2_deltas_are_rejected_with_a_re_encode_hint() -> None:
+    for version in (1, 2):
+        old = fmt.MAGIC + struct.pack("<H", version) + bytes(80)
+        for fn in (rd.inspect, lambda b: rd.apply_({}, b)):
+            with pytest.raises(rd.DeltaError, match=f"version {version} .*re-encode"):
+                fn(old)
 
 
 def test_bad_hash_block_size_is_rejected_in_encode_and_in_the_header() -> None:
@@ -514,6 +593,13 @@ def test_compose_rejects_deltas_hashed_in_different_blocks() -> None:
         rd.compose(d_ab, d_ba)
     back = rd.compose(d_ab, rd.encode(new, base, base_version=1, version=2, block_bytes=SMALL))
     assert rd.inspect(back).changed <= 5000  # only the dense tensor's bound remains
+    assert_bit_identical(rd.apply(base, back), base)
+    third = {k: v.clone() for k, v in new.items()}
+    bits(third["bf16"])[::1000] += 2  # a->b->c with multi-segment sparse tensors: composed per segment again
+    d_bc = rd.encode(new, third, base_version=1, version=2, block_bytes=SMALL)
+    d_ac = rd.compose(d_ab, d_bc)
+    assert len(next(e for e in fmt.parse(d_ac).tensors if e.name == "bf16").segments) >= 2
+    assert_bit_identical(rd.apply(base, d_ac), third)
 
 
 def test_position_decoder_rejects_out_of_range_and_wrapping_gaps() -> None:

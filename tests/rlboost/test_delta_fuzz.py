@@ -3,8 +3,8 @@
 Two layers: raw byte mutations (caught by lengths and checksums), and mutations re-signed with
 valid checksums, so the table validation and the sparse stream decoder themselves are exercised.
 Example counts are bounded so the suite stays fast. The delta hashes in the smallest blocks (4 KiB),
-so the large tensor is several blocks and two segments: the threaded write, hash and rollback are
-attacked too.
+so the large tensor is several blocks and two segments, each with its own streams: the per-segment
+decode, the threaded write, hash and rollback are attacked too.
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ def test_resigned_payload_mutations_only_raise_delta_error(data: st.DataObject) 
     must_reject_or_apply_exactly(resign(json.dumps(table).encode(), bytes(payload)))
 
 
-FIELDS = ["dtype", "shape", "encoding", "changed", "offset", "length", "streams", "gap_planes", "name", "base_xxh3"]
+FIELDS = ["dtype", "shape", "encoding", "changed", "offset", "length", "segments", "name", "base_xxh3"]
+SEGMENT_FIELDS = ["stop", "changed", "gap_planes", "streams"]
 VALUES = st.one_of(
     st.integers(-(2**65), 2**65),
     st.text(max_size=12),
@@ -107,7 +108,13 @@ def test_resigned_table_mutations_only_raise_delta_error(data: st.DataObject) ->
     table = json.loads(bytes(BLOB[fmt.HEADER_SIZE : PAYLOAD_START]))
     for _ in range(data.draw(st.integers(1, 3))):
         entry = data.draw(st.sampled_from(table["tensors"]))
-        entry[data.draw(st.sampled_from(FIELDS))] = data.draw(VALUES)
+        # A sparse entry's segments (format 3), unless an earlier draw replaced them with something else.
+        segments = [s for s in entry["segments"] if isinstance(s, dict)] if isinstance(entry["segments"], list) else []
+        if segments and data.draw(st.booleans()):
+            segment = data.draw(st.sampled_from(segments))
+            segment[data.draw(st.sampled_from(SEGMENT_FIELDS))] = data.draw(VALUES)
+        else:
+            entry[data.draw(st.sampled_from(FIELDS))] = data.draw(VALUES)
     payload = bytes(PARSED.payload)
     must_reject_or_apply_exactly(resign(json.dumps(table).encode(), payload))
     try:
