@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import torch
 from transformers import AutoModelForCausalLM
 
 from rlboost.wire.rollout_io import Assignment, SamplingParams
+from rollout_worker.engine import make_engine
 from rollout_worker.engine.base import Engine
+
+
+@contextlib.asynccontextmanager
+async def started_engine(backend: str, model_dir, capacity: int) -> AsyncIterator[Engine]:
+    """A started engine of `backend` on the model, closed on exit."""
+    eng = make_engine(backend, capacity=capacity)
+    if backend == "sglang":
+        # Small KV pool: the tiny model needs a few thousand token slots, not a share of the host's RAM.
+        eng.extra_args.update({"max_total_tokens": 8192, "context_length": 1024})
+    await eng.start(str(model_dir))
+    try:
+        yield eng
+    finally:
+        await eng.close()
 
 
 def assignment(rid: str, input_ids: list[int], prompt_len: int, n: int = 12, temp: float = 0.0, seed: int = 7, stop=()):

@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 
-from rollout_worker.engine import make_engine
 from rollout_worker.engine.base import EngineError
-from tests.rollout_worker.engine_helpers import assignment, collect
+from tests.rollout_worker.engine_helpers import assignment, collect, started_engine
 from tests.rollout_worker.test_engine_contract import BACKENDS, PROMPT
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -17,12 +16,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=BACKENDS)
 async def engine(request, tiny_model_dir):
-    eng = make_engine(request.param, capacity=4)
-    if request.param == "sglang":
-        eng.extra_args.update({"max_total_tokens": 8192, "context_length": 1024})
-    await eng.start(str(tiny_model_dir))
-    yield eng
-    await eng.close()
+    async with started_engine(request.param, tiny_model_dir, capacity=4) as eng:
+        yield eng
 
 
 async def test_release_refuses_work_and_resume_generates_the_same(engine):

@@ -21,9 +21,8 @@ import pytest_asyncio
 import torch
 
 from rlboost.weights.checksum import state_checksum
-from rollout_worker.engine import make_engine
 from rollout_worker.engine.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, read_model_state
-from tests.rollout_worker.engine_helpers import assignment, collect, hf_greedy
+from tests.rollout_worker.engine_helpers import assignment, collect, hf_greedy, started_engine
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -57,13 +56,8 @@ BACKENDS = [
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=BACKENDS)
 async def engine(request, tiny_model_dir):
-    eng = make_engine(request.param, capacity=8)
-    if request.param == "sglang":
-        # Small KV pool: the tiny model needs a few thousand token slots, not a share of the host's RAM.
-        eng.extra_args.update({"max_total_tokens": 8192, "context_length": 1024})
-    await eng.start(str(tiny_model_dir))
-    yield eng
-    await eng.close()
+    async with started_engine(request.param, tiny_model_dir, capacity=8) as eng:
+        yield eng
 
 
 async def test_streams_greedy_tokens_equal_to_transformers(engine, tiny_model_dir):
