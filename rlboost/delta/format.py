@@ -12,17 +12,20 @@ Torch-free (the weight-server reads and composes deltas without torch). Layout, 
     40  u32 hash block size in bytes (hash_block_bytes; a power of two, 4 KiB .. 1 GiB)
     44  u32 reserved (0)
     48  u64 xxh3-64 of bytes 0..48 followed by the table
-    56  table: UTF-8 JSON {"tensors": [TensorEntry, ...]}
+    56  table: one zstd frame (declaring its size) of UTF-8 JSON {"tensors": [TensorEntry, ...]}
     56+table_len  payload region; entries point into it with (offset, length)
 
 Each tensor is `unchanged` (no payload), `dense` (the new raw bytes) or `sparse`. A sparse tensor is
 cut into segments, runs of whole hash blocks that tile it (`segments`: each names where it stops; the
 first starts at 0, every other where the one before stops; every stop but the last is a multiple of
-the block's element count). A segment's payload is zstd-compressed byte planes of the position gaps,
-positions counted from the segment's start, then zstd-compressed byte planes of the zigzagged modular
+the block's element count). A segment's payload is the byte planes of the position gaps, positions
+counted from the segment's start, then the byte planes of the zigzagged modular
 difference `new_bits - old_bits` (integer arithmetic on raw bit patterns, wrapping at the dtype's
 width, so it is exact for every value including NaN payloads, ±0, inf and subnormals); a segment
-without changes has no streams. The tensor's payload is its segments' payloads in order. Segments
+without changes has no streams. Each plane is one stream: a zstd frame declaring the plane's size, or,
+when its length equals the segment's change count, the plane's raw bytes (the encoder stores a plane
+raw whenever zstd would not make it smaller: a tiny tensor's planes, where a frame's header costs more
+than it saves). The tensor's payload is its segments' payloads in order. Segments
 decode independently, so apply decodes, writes and hashes each on its own (on any free core).
 Every entry carries checksums of the base tensor, the target tensor and its own payload, all
 computed by `tensor_checksum` with the header's block size: the xxh3-64 of the bytes when they fit
@@ -30,8 +33,10 @@ in one block, else the xxh3-64 of the little-endian u64 xxh3-64 digests of every
 one may be short). Blocks let several threads hash one large tensor at once.
 
 Format history: version 1 hashed every tensor as one xxh3-64 stream (one thread per tensor);
-version 2 hashes block-wise and adds hash_block_bytes to the header; version 3 (this one) splits a
-sparse tensor's streams at segment boundaries. Older deltas are rejected with an error saying to
+version 2 hashes block-wise and adds hash_block_bytes to the header; version 3 splits a sparse
+tensor's streams at segment boundaries; version 4 (this one) zstd-compresses the table (a model's
+many tensors made the JSON table ~2-5% of a step's delta) and stores incompressible planes raw.
+Older deltas are rejected with an error saying to
 re-encode them (deltas are short-lived: a weight-server keeps a few versions and re-encodes nothing,
 so a mixed-version chain cannot arise in one job).
 """
@@ -44,15 +49,18 @@ from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 import xxhash
+import zstandard
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MAGIC = b"RLBDELTA"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 HEADER = struct.Struct("<8sHHIqqQIIQ")
 HEADER_SIZE = HEADER.size  # 56
 _HEADER_PREFIX = 48  # bytes of the header covered by the checksum (all but the checksum itself)
 DEFAULT_BLOCK_BYTES = 1 << 20  # hash block: small enough to split a tensor over threads, large enough to be cheap
 MIN_BLOCK_BYTES, MAX_BLOCK_BYTES = 1 << 12, 1 << 30
+MAX_TABLE_BYTES = 1 << 28  # decompressed table limit (~1M tensors): a forged size cannot exhaust memory
+_TABLE_LEVEL = 3  # the table is small: a slower level costs nothing measurable
 
 # Element size of every dtype the codec carries; the codec works on unsigned views of this width.
 DTYPE_ITEMSIZE: dict[str, int] = {
@@ -227,7 +235,8 @@ def pack(
 ) -> bytes:
     """Assemble a delta from its table and the payload parts (in the order of the entries' offsets); the entries'
     checksums must have been computed with `block_bytes`."""
-    table = json.dumps({"tensors": [e.model_dump() for e in entries]}, separators=(",", ":")).encode()
+    text = json.dumps({"tensors": [e.model_dump() for e in entries]}, separators=(",", ":")).encode()
+    table = zstandard.ZstdCompressor(level=_TABLE_LEVEL).compress(text)
     payload_len = sum(len(p) for p in payload_parts)
     fields = (MAGIC, FORMAT_VERSION, 0, len(table), base_version, version, payload_len, block_bytes, 0, 0)
     prefix = HEADER.pack(*fields)[:_HEADER_PREFIX]
@@ -253,7 +262,7 @@ def parse(data: bytes | bytearray | memoryview) -> Delta:
     if xxhash.xxh3_64_intdigest(bytes(buf[:_HEADER_PREFIX]) + bytes(table_bytes)) != digest:
         raise DeltaError("delta header/table checksum mismatch: the delta is corrupted")
     check_block_bytes(block)
-    tensors = _parse_table(bytes(table_bytes), payload_len, block)
+    tensors = _parse_table(_table_text(table_bytes), payload_len, block)
     header = Header(
         format_version=fmt,
         base_version=base_version,
@@ -265,7 +274,23 @@ def parse(data: bytes | bytearray | memoryview) -> Delta:
     return Delta(header=header, tensors=tensors, payload=buf[HEADER_SIZE + table_len :])
 
 
-_OLD_FORMATS = {1: "whole-tensor checksums", 2: "one stream group per sparse tensor"}
+_OLD_FORMATS = {1: "whole-tensor checksums", 2: "one stream group per sparse tensor", 3: "uncompressed table"}
+
+
+def _table_text(table: memoryview) -> bytes:
+    """The table's JSON from its zstd frame, which must declare a size within MAX_TABLE_BYTES."""
+    try:
+        size = zstandard.frame_content_size(table)
+        if size < 0:
+            raise DeltaError("delta tensor table's zstd frame does not declare its size (the encoder always does)")
+        if size > MAX_TABLE_BYTES:
+            raise DeltaError(f"delta tensor table declares {size} bytes; at most {MAX_TABLE_BYTES} are read")
+        text = zstandard.ZstdDecompressor().decompress(table, max_output_size=size)
+    except zstandard.ZstdError as e:
+        raise DeltaError(f"delta tensor table is not a valid zstd frame ({e})") from None
+    if len(text) != size:
+        raise DeltaError(f"delta tensor table decompressed to {len(text)} bytes, its frame declares {size}")
+    return text
 
 
 def _check_magic_and_version(buf: memoryview) -> None:

@@ -335,12 +335,20 @@ def _reference_streams(old: np.ndarray, new: np.ndarray) -> tuple[list[bytes], i
     raw = [gaps.view(np.uint8).reshape(-1, 8)[:, j] for j in range(planes)]
     raw += [zz.view(np.uint8).reshape(-1, 2)[:, j] for j in range(2)]
     cctx = zstandard.ZstdCompressor(level=1)
-    return [cctx.compress(np.ascontiguousarray(r).tobytes()) for r in raw], planes
+    frames = [cctx.compress(np.ascontiguousarray(r).tobytes()) for r in raw]
+    # Format 4: a plane zstd does not make smaller is stored raw (its stream is exactly the plane's length).
+    return [
+        f if len(f) < r.size else np.ascontiguousarray(r).tobytes() for f, r in zip(frames, raw, strict=True)
+    ], planes
 
 
-def test_encoder_output_is_the_documented_layout_byte_for_byte() -> None:
-    """Segment by segment (one segment with 1 MiB blocks, several with 4 KiB ones), the payload is the reference
+def test_encoder_output_is_the_documented_layout_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Segment by segment (one segment with 1 MiB blocks, several with 4 KiB ones and 64 KiB segments: no tensor
+    here is a large enough share of the state to be split for the threads), the payload is the reference
     streams, the segments tile the tensor on block boundaries, and the counts and lengths add up."""
+    from rlboost.delta import codec
+
+    monkeypatch.setattr(codec, "_SEGMENT_BYTES", 16 * SMALL)
     base, new = rl_state(n=400_000)
     old_bits = bits(base["bfloat16.w"]).numpy().view(np.uint16)
     new_bits = bits(new["bfloat16.w"]).numpy().view(np.uint16)
@@ -565,8 +573,8 @@ def test_a_forked_child_builds_its_own_thread_pool() -> None:
     assert child.exitcode == 0
 
 
-def test_format_1_and_2_deltas_are_rejected_with_a_re_encode_hint() -> None:
-    for version in (1, 2):
+def test_format_1_2_and_3_deltas_are_rejected_with_a_re_encode_hint() -> None:
+    for version in (1, 2, 3):
         old = fmt.MAGIC + struct.pack("<H", version) + bytes(80)
         for fn in (rd.inspect, lambda b: rd.apply_({}, b)):
             with pytest.raises(rd.DeltaError, match=f"version {version} .*re-encode"):
@@ -691,3 +699,62 @@ def test_cli_bench_json_prints_exactly_the_figures() -> None:
     }
     assert result["bit_exact"] is True and 0.001 < result["changed_fraction"] < 0.05
     assert result["bytes_per_changed_element"] < 1.5
+
+
+# ---------------------------------------------------------------- many small tensors (format 4)
+
+
+def test_tiny_planes_are_stored_raw_and_round_trip() -> None:
+    """A tensor with three changes: zstd would add a frame header to 3-byte planes, so every plane is stored raw
+    (its stream is exactly the change count long) and still decodes to the exact target."""
+    base = {"norm": torch.zeros(768, dtype=torch.bfloat16), "w": torch.randn(50_000, dtype=torch.float32)}
+    new = {k: v.clone() for k, v in base.items()}
+    bits(new["norm"])[[5, 300, 700]] += torch.tensor([1, -1, 3], dtype=torch.int16)
+    bits(new["w"])[::50] += 1
+    blob = rd.encode(base, new, base_version=0, version=1)
+    entry = next(e for e in fmt.parse(blob).tensors if e.name == "norm")
+    assert entry.encoding == "sparse" and [s.streams for s in entry.segments] == [[3, 3, 3, 3]]
+    assert_bit_identical(rd.apply(base, blob), new)
+
+
+def test_many_small_tensors_are_not_split_but_a_dominant_one_is() -> None:
+    """A model-like state of many multi-block tensors keeps one segment (one job, one set of streams) per tensor;
+    a tensor that is most of the state is split so both threads share it."""
+    g = torch.Generator().manual_seed(3)
+    base = {f"t{i}": torch.randn(600_000, generator=g).to(torch.bfloat16) for i in range(12)}  # 1.2 MB: 2 blocks
+    new = {k: v.clone() for k, v in base.items()}
+    for v in new.values():
+        bits(v)[::97] += 1
+    entries = fmt.parse(rd.encode(base, new, base_version=0, version=1)).tensors
+    assert all(e.encoding == "sparse" and len(e.segments) == 1 for e in entries)
+    alone = fmt.parse(rd.encode({"t0": base["t0"]}, {"t0": new["t0"]}, base_version=0, version=1)).tensors[0]
+    assert len(alone.segments) == 2
+    assert_bit_identical(rd.apply(base, rd.encode(base, new, base_version=0, version=1)), new)
+
+
+def _with_table(blob: bytes, table: bytes) -> bytes:
+    """`blob` with its table bytes replaced by `table`, the header's length and checksum fixed."""
+    d = fmt.parse(blob)
+    start = fmt.HEADER_SIZE + d.header.table_len
+    head = bytearray(blob[: fmt.HEADER_SIZE])
+    head[12:16] = struct.pack("<I", len(table))
+    head[48:56] = struct.pack("<Q", xxhash.xxh3_64_intdigest(bytes(head[:48]) + table))
+    return bytes(head) + table + blob[start:]
+
+
+def test_a_table_that_is_not_a_sized_zstd_frame_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Format 4 stores the JSON table as one zstd frame declaring its size: plain JSON, a frame without a size,
+    or one declaring more than MAX_TABLE_BYTES are rejected (re-signed, so only the table is wrong)."""
+    base, new = rl_state()
+    blob = rd.encode(base, new, base_version=0, version=1)
+    stored = blob[fmt.HEADER_SIZE : fmt.HEADER_SIZE + fmt.parse(blob).header.table_len]
+    text = zstandard.ZstdDecompressor().decompress(stored)
+    unsized = zstandard.ZstdCompressor(write_content_size=False).compressobj()
+    frame = unsized.compress(text) + unsized.flush()
+    monkeypatch.setattr(fmt, "MAX_TABLE_BYTES", len(text))  # the limit is read at parse time
+    huge = zstandard.ZstdCompressor().compress(text + b" ")
+    cases = {"not a valid zstd frame": text, "does not declare its size": frame, "at most": huge}
+    for message, table in cases.items():
+        with pytest.raises(rd.DeltaError, match=f"table.*{message}"):
+            rd.inspect(_with_table(blob, table))
+    assert_bit_identical(rd.apply(base, _with_table(blob, zstandard.ZstdCompressor().compress(text))), new)
