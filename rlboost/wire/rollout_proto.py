@@ -202,6 +202,7 @@ def status_to_pb(s: ManagerStatus) -> pb.StatusReply:
             capacity=w.capacity,
             tokens_generated=w.tokens_generated,
             draining=w.draining,
+            paused=w.paused,
         )
         for w in s.workers
     ]
@@ -226,6 +227,7 @@ def status_from_pb(m: pb.StatusReply) -> ManagerStatus:
             capacity=w.capacity,
             tokens_generated=w.tokens_generated,
             draining=w.draining,
+            paused=w.paused,
         )
         for w in m.workers
     ]

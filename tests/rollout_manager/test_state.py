@@ -157,3 +157,22 @@ def test_paused_reserved_pool_gets_no_work():
     st.set_pool_paused(Pool.RESERVED, False)
     assert st.schedule(0.0) == 1
     assert st.revoke_pool(Pool.RESERVED, MigrationReason.OFFLOAD, 0.1) == 1
+
+
+def test_a_paused_worker_gets_no_work_until_its_heartbeat_says_resumed():
+    """Colocation: a reserved worker whose memory is released for training keeps its lease (heartbeats) but is
+    assigned nothing; the work goes to the others, and it takes work again as soon as it is unpaused."""
+    st = _state(("reserved", 2), ("spot", 1))
+    st.on_heartbeat("reserved", 0, 0.1, paused=True)
+    _step(st, group=3)
+    st.schedule(0.2)
+    boxes = st.take_outbox()
+    assert "reserved" not in boxes and len(boxes["spot"].assign) == 1 and st.pending == 2
+    assert [w.paused for w in st.status().workers] == [True, False]
+    st.on_heartbeat("reserved", 0, 0.5, paused=True)  # still paused: still nothing, lease kept
+    st.schedule(0.6)
+    assert "reserved" not in st.take_outbox() and "reserved" in st.workers
+    st.on_heartbeat("reserved", 0, 0.7, paused=False)
+    assert st.dirty
+    st.schedule(0.8)
+    assert len(st.take_outbox()["reserved"].assign) == 2 and st.pending == 0

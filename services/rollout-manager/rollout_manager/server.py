@@ -209,7 +209,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         if kind == "chunks":
             st.on_chunks(wid, [wire.chunk_from_pb(c) for c in msg.chunks.chunks], now)
         elif kind == "heartbeat":
-            st.on_heartbeat(wid, msg.heartbeat.weight_version, now)
+            st.on_heartbeat(wid, msg.heartbeat.weight_version, now, msg.heartbeat.paused)
         elif kind == "weight_version":
             st.on_weight_version(wid, msg.weight_version.weight_version, now)
         elif kind == "drain":

@@ -86,6 +86,7 @@ class Worker:
     last_seen: float
     running: set[str] = field(default_factory=set)  # RUNNING and REVOKING requests it holds
     draining: bool = False
+    paused: bool = False  # memory released for training (colocation, from its heartbeat): kept, assigned nothing
     expired: bool = False  # lease expired; eligible again once it speaks
     tokens_generated: int = 0
     requested_version: int = -1  # last SetWeightVersion sent
@@ -96,7 +97,7 @@ class Worker:
 
     @property
     def eligible(self) -> bool:
-        return not (self.draining or self.expired)
+        return not (self.draining or self.expired or self.paused)
 
 
 @dataclass
@@ -172,10 +173,13 @@ class ManagerState:
         self.dirty = True
         return len(held)
 
-    def on_heartbeat(self, worker_id: str, weight_version: int, now: float) -> None:
+    def on_heartbeat(self, worker_id: str, weight_version: int, now: float, paused: bool = False) -> None:
         w = self._alive(worker_id, now)
         if w is not None:
             self._set_version(w, weight_version)
+            if w.paused != paused:
+                w.paused = paused
+                self.dirty = self.dirty or not paused  # a resumed worker's capacity is free again
 
     def on_weight_version(self, worker_id: str, weight_version: int, now: float) -> None:
         w = self._alive(worker_id, now)
@@ -549,6 +553,7 @@ class ManagerState:
                 capacity=w.reg.capacity,
                 tokens_generated=w.tokens_generated,
                 draining=w.draining,
+                paused=w.paused,
             )
             for w in self.workers.values()
         ]

@@ -97,6 +97,7 @@ class WorkerSession:
         self._tokens_total = 0
         self._paused: list[Assignment] = []  # assignments that arrived while the engine memory was released
         self._deferred_version = 0  # newest version announced while released: synced on resume
+        self.paused = False  # released for training (colocation), as told to the manager in every heartbeat
         self._memory_lock = asyncio.Lock()
 
     # ---- public ------------------------------------------------------------------------------
@@ -139,11 +140,18 @@ class WorkerSession:
         """Colocation: stop taking work and free the engine's memory while the trainer trains step `step`."""
         async with self._memory_lock:
             link = self.link
-            if link is not None and link.tasks:
-                log.warning("release with requests running: they go back to the manager", extra={"step": step})
-                await self._abort_all(link, "release")
-            async with self._update_lock:  # a weight update in flight finishes first
-                report = await self.engine.release_memory()
+            self.paused = True  # announced before the aborts, so their requests do not come straight back here
+            self._send_heartbeat(link)
+            try:
+                if link is not None and link.tasks:
+                    log.warning("release with requests running: they go back to the manager", extra={"step": step})
+                    await self._abort_all(link, "release")
+                async with self._update_lock:  # a weight update in flight finishes first
+                    report = await self.engine.release_memory()
+            except BaseException:
+                self.paused = self.engine.memory_released
+                self._send_heartbeat(self.link)
+                raise
             _record(report)
             log.info("engine memory released for training", extra={"step": step, **_fields(report)})
             return report
@@ -152,6 +160,8 @@ class WorkerSession:
         """Colocation: take the memory back, sync to the newest announced version, start held assignments."""
         async with self._memory_lock:
             report = await self.engine.resume_memory()
+            self.paused = False
+            self._send_heartbeat(self.link)  # capacity again, without waiting a heartbeat period
             _record(report)
             log.info("engine memory resumed after training", extra={"step": step, **_fields(report)})
             version, self._deferred_version = self._deferred_version, 0
@@ -342,15 +352,18 @@ class WorkerSession:
         period = max(0.01, (link.registered.heartbeat_interval_ms or 500) / 1000)
         last_t, last_tokens = time.monotonic(), self._tokens_total
         while True:
-            link.outbox.put_nowait(
-                pb.WorkerMessage(
-                    heartbeat=pb.Heartbeat(weight_version=self.engine.weight_version, running=self.engine.running)
-                )
-            )
+            self._send_heartbeat(link)
             await asyncio.sleep(period)  # the heartbeat period itself, not synchronisation
             now = time.monotonic()
             metrics.TOKENS_PER_S.set((self._tokens_total - last_tokens) / max(now - last_t, 1e-9))
             last_t, last_tokens = now, self._tokens_total
+
+    def _send_heartbeat(self, link: _Link | None) -> None:
+        """Version, load and whether the memory is released: the manager assigns a paused worker nothing."""
+        if link is not None:
+            e = self.engine
+            beat = pb.Heartbeat(weight_version=e.weight_version, running=e.running, paused=self.paused)
+            link.outbox.put_nowait(pb.WorkerMessage(heartbeat=beat))
 
     # ---- drain and weights -------------------------------------------------------------------
 
