@@ -25,6 +25,7 @@ Compiled code is cached on disk (numba `cache=True`), so only the first process 
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -321,13 +322,15 @@ def block_elems(itemsize: int, block_bytes: int) -> int:
     return max(1, block_bytes // itemsize)
 
 
-def segments(size: int, itemsize: int, parts: int, block_bytes: int = DEFAULT_BLOCK_BYTES) -> list[Segment]:
-    """Split `size` elements into at most `parts` runs of whole blocks, as even as blocks allow."""
+@functools.lru_cache(maxsize=4096)
+def segments(size: int, itemsize: int, parts: int, block_bytes: int = DEFAULT_BLOCK_BYTES) -> tuple[Segment, ...]:
+    """Split `size` elements into at most `parts` runs of whole blocks, as even as blocks allow. Cached: a model's
+    tensors share a few shapes, and apply plans every tensor's segments per delta (hence a tuple)."""
     per = block_elems(itemsize, block_bytes)
     blocks = -(-size // per)
     parts = max(1, min(parts, blocks))
     cuts = [min(size, (blocks * i // parts) * per) for i in range(parts + 1)]
-    return [Segment(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a] or [Segment(0, size)]
+    return tuple(Segment(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a) or (Segment(0, size),)
 
 
 def _chunk(itemsize: int, block: int) -> int:

@@ -43,6 +43,7 @@ so a mixed-version chain cannot arise in one job).
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from collections.abc import Sequence
@@ -189,13 +190,18 @@ class TensorEntry(BaseModel):
     def nbytes(self) -> int:
         return self.numel * self.itemsize
 
-    def spans(self) -> list[Span]:
-        """The segments with their element ranges and payload offsets (relative to this tensor's payload)."""
+    @functools.cached_property
+    def _spans(self) -> list[Span]:
+        # Computed once: parse checks them, apply plans its jobs from them (a model's table has ~100 entries).
         out, start, offset = [], 0, 0
         for seg in self.segments:
             out.append(Span(start, seg.stop, offset, seg))
             start, offset = seg.stop, offset + seg.length
         return out
+
+    def spans(self) -> list[Span]:
+        """The segments with their element ranges and payload offsets (relative to this tensor's payload)."""
+        return self._spans
 
 
 class Header(BaseModel):
@@ -308,14 +314,18 @@ def _check_magic_and_version(buf: memoryview) -> None:
         raise DeltaError(f"unsupported delta format version {fmt}; this rlboost reads version {FORMAT_VERSION}")
 
 
+class _Table(BaseModel):
+    """The table's JSON document."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    tensors: list[TensorEntry] = Field(description="Tensor table, in encoding order.")
+
+
 def _parse_table(table: bytes, payload_len: int, block_bytes: int) -> list[TensorEntry]:
-    try:
-        raw = json.loads(table)
-        items = raw["tensors"]
-        if not isinstance(items, list):
-            raise TypeError("'tensors' is not a list")
-        entries = [TensorEntry.model_validate(item) for item in items]
-    except (ValueError, KeyError, TypeError, ValidationError) as e:  # JSONDecodeError is a ValueError
+    try:  # one pass of pydantic-core over the JSON: ~2x faster than json.loads and an entry-by-entry validation
+        entries = _Table.model_validate_json(table).tensors
+    except ValidationError as e:  # malformed JSON is reported as a ValidationError too
         raise DeltaError(f"delta tensor table is malformed: {_short(e)}") from None
     seen: set[str] = set()
     for e in entries:

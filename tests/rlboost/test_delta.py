@@ -334,7 +334,8 @@ def _reference_streams(old: np.ndarray, new: np.ndarray) -> tuple[list[bytes], i
     zz = (diff << np.uint16(1)) ^ sign
     raw = [gaps.view(np.uint8).reshape(-1, 8)[:, j] for j in range(planes)]
     raw += [zz.view(np.uint8).reshape(-1, 2)[:, j] for j in range(2)]
-    cctx = zstandard.ZstdCompressor(level=1)
+    params = zstandard.ZstdCompressionParameters(compression_level=1, min_match=7, strategy=zstandard.STRATEGY_FAST)
+    cctx = zstandard.ZstdCompressor(compression_params=params)  # the documented encoder settings
     frames = [cctx.compress(np.ascontiguousarray(r).tobytes()) for r in raw]
     # Format 4: a plane zstd does not make smaller is stored raw (its stream is exactly the plane's length).
     return [
