@@ -109,6 +109,27 @@ async def test_update_weights_in_place_matches_fresh_model(engine, tiny_model_di
     assert after != before
 
 
+async def test_a_verified_checksum_passed_in_is_reported_without_hashing_the_state_again(
+    engine, tiny_model_dir, monkeypatch
+):
+    """The weight puller has verified the state's checksum already: the engine takes it as given. The engine's
+    own state_checksum is replaced by one that fails (a spy, not a stand-in) to show the state is not re-read."""
+    import rollout_worker.engine.torch_engine as te
+
+    new = {k: (v.float() * 0.5).to(torch.bfloat16) for k, v in read_model_state(str(tiny_model_dir)).items()}
+    verified = state_checksum(new)
+
+    def _no_rehash(state):
+        raise AssertionError("the engine hashed a state whose checksum it was given")
+
+    monkeypatch.setattr(te, "state_checksum", _no_rehash)
+    await engine.update_weights(new, 4, checksum=verified)
+    assert engine.weight_version == 4 and engine.weights_checksum == verified
+    monkeypatch.undo()
+    await engine.update_weights(read_model_state(str(tiny_model_dir)), 0)  # without one: computed by the engine
+    assert engine.weights_checksum == state_checksum(read_model_state(str(tiny_model_dir)))
+
+
 async def test_update_waits_for_requests_of_the_old_version(engine, tiny_model_dir):
     """A request decoding when the update arrives finishes on the old weights; the update follows it."""
     old = read_model_state(str(tiny_model_dir))

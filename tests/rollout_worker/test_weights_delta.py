@@ -8,11 +8,14 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
+import rlboost.delta as rd
+from rlboost.delta.format import parse
+from rlboost.weights.checksum import delta_state_checksum
 from rlboost.weights.client import WeightClient
 from rlboost.weights.safetensors_io import state_to_bytes
 from rollout_worker.weights import WeightPuller, WeightsError
 from tests.weight_server.servers import TOKEN, ThreadServer
-from tests.weight_server.states import chain, checksum, delta
+from tests.weight_server.states import chain, checksum, delta, step
 
 
 @pytest.fixture
@@ -120,3 +123,25 @@ async def test_checksum_mismatch_after_a_clean_apply_refetches_then_fails(server
             await puller.pull(1)
         assert _sample("rlboost_worker_weight_checksum_mismatches_total") == mismatches + 2
         assert puller.held is None  # the next pull starts from a full snapshot
+
+
+async def test_clean_delta_whose_table_disagrees_with_the_manifest_falls_back_to_the_snapshot(server) -> None:
+    """The delta is self-consistent (it applies and verifies: every tensor hashes to its table's target) but
+    produces another state than the version's manifest checksum names: the checksum taken from its table is
+    compared with the manifest, the delta's result is refused, and the full snapshot (the version's companion,
+    same checksum) is fetched and verified instead."""
+    states = chain(2)
+    other = step(states[0], 77)  # a valid target, just not version 1
+    async with WeightClient(server.url, token=TOKEN) as wc:
+        await _upload(wc, states, 0, "full")
+        wrong = rd.encode(states[0], other, base_version=0, version=1)
+        assert delta_state_checksum(parse(wrong)) == checksum(other) != checksum(states[1])
+        await _upload(wc, states, 1, payload=wrong)  # manifest checksum: version 1's
+        await _upload(wc, states, 1, "full")  # the companion snapshot
+        puller = WeightPuller(wc)
+        await puller.pull(0)
+        mismatches = _sample("rlboost_worker_weight_checksum_mismatches_total")
+        pulled = await puller.pull(1)
+        assert pulled.fallback and "full" in pulled.paths and pulled.checksum == checksum(states[1])
+        assert _same(_bits(pulled.state), _bits(states[1]))
+        assert _sample("rlboost_worker_weight_checksum_mismatches_total") == mismatches + 1

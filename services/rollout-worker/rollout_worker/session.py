@@ -395,7 +395,7 @@ class WorkerSession:
                 return
             try:
                 pulled = await self.pull(version)
-                await self.engine.update_weights(pulled.state, version)
+                await self.engine.update_weights(pulled.state, version, checksum=pulled.checksum)  # verified
             except Exception as err:
                 log.error("weight update failed", extra={"weight_version": version, "error": str(err)})
                 return

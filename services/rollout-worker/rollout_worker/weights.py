@@ -10,7 +10,9 @@ the previous one is applied, and applies it:
   the base, names, shapes, dtypes and per-tensor checksums, before the first write, and the targets are
   re-hashed after it, so a corrupt or wrong-base delta never leaves half-applied weights).
 
-Then the whole-state checksum must equal the manifest's. On a DeltaError, a bad payload or a checksum
+Then the whole-state checksum (rlboost.weights.checksum) must equal the manifest's. After a delta it comes from
+the delta's table (`delta_state_checksum`: the verified apply already hashed every tensor, so the state is not
+read again); after a full snapshot `state_checksum` hashes the tensors. On a DeltaError, a bad payload or a checksum
 mismatch the puller refetches the full snapshot (+ deltas) once; if that fails too it raises WeightsError.
 The state it returns may be updated in place by later pulls: engines copy it into their own parameters.
 """
@@ -88,8 +90,8 @@ class WeightPuller:
         paths: dict[str, int] = {}
         fallback = False
         try:
-            state = await self._follow(plan, paths, self.held.state if self.held is not None else None)
-            checksum = await asyncio.to_thread(_checksum, state)
+            state, verified = await self._follow(plan, paths, self.held.state if self.held is not None else None)
+            checksum = verified or await asyncio.to_thread(_checksum, state)
             if checksum != plan[-1].checksum:
                 metrics.CHECKSUM_MISMATCHES.inc()
                 raise _BadPayloadError(f"checksum {checksum[:12]} != manifest {plan[-1].checksum[:12]}")
@@ -112,10 +114,10 @@ class WeightPuller:
         """The snapshot path (no compaction), from nothing held; WeightsError when even that does not verify."""
         plan = await self.client.sync_plan(None, version, compact=False)
         try:
-            state = await self._follow(plan, paths, None)
+            state, verified = await self._follow(plan, paths, None)
         except _BadPayloadError as err:
             raise WeightsError(f"weight version {version}: the full snapshot does not apply either ({err})") from None
-        checksum = await asyncio.to_thread(_checksum, state)
+        checksum = verified or await asyncio.to_thread(_checksum, state)
         if checksum != plan[-1].checksum:
             metrics.CHECKSUM_MISMATCHES.inc()
             raise WeightsError(
@@ -126,9 +128,11 @@ class WeightPuller:
 
     async def _follow(
         self, plan: list, paths: dict[str, int], state: dict[str, torch.Tensor] | None
-    ) -> dict[str, torch.Tensor]:
+    ) -> tuple[dict[str, torch.Tensor], str | None]:
         """Apply a sync plan (manifests in order: a full snapshot and/or deltas) to `state`; the next payload
-        downloads while the current one is applied."""
+        downloads while the current one is applied. Returns the state and, when the last step was a verified
+        delta, the state checksum its table vouches for (None: compute it from the state)."""
+        verified: str | None = None
         fetch = asyncio.ensure_future(self.client.pull(plan[0]))
         try:
             for i, m in enumerate(plan):
@@ -138,15 +142,18 @@ class WeightPuller:
                 path = m.sync_path
                 paths[path] = paths.get(path, 0) + len(payload)
                 metrics.PULL_BYTES.labels(path).inc(len(payload))
-                state = await self._apply(m, state, payload)
+                state, verified = await self._apply(m, state, payload)
         finally:
             if not fetch.done():
                 fetch.cancel()
         assert state is not None
-        return state
+        return state, verified
 
-    async def _apply(self, m: Any, state: dict[str, torch.Tensor] | None, payload: bytes) -> dict[str, torch.Tensor]:
+    async def _apply(
+        self, m: Any, state: dict[str, torch.Tensor] | None, payload: bytes
+    ) -> tuple[dict[str, torch.Tensor], str | None]:
         t0 = time.monotonic()
+        verified: str | None = None
         if m.kind == "full":
             try:
                 out = await asyncio.to_thread(_state_from_bytes, payload)
@@ -155,10 +162,10 @@ class WeightPuller:
         elif state is None:
             raise _BadPayloadError(f"version {m.version}: a delta from {m.base_version} but no state is held")
         else:
-            await asyncio.to_thread(_apply_delta, state, payload)
+            verified = await asyncio.to_thread(_apply_delta, state, payload)
             out = state
         metrics.APPLY_SECONDS.labels(m.sync_path).observe(time.monotonic() - t0)
-        return out
+        return out, verified
 
     def _record(self, pulled: PulledWeights, plan: list) -> None:
         metrics.PULL_SECONDS.observe(pulled.seconds)
@@ -185,13 +192,17 @@ def _state_from_bytes(payload: bytes) -> dict[str, torch.Tensor]:
     return state_from_bytes(payload)
 
 
-def _apply_delta(state: Mapping[str, torch.Tensor], payload: bytes) -> None:
+def _apply_delta(state: Mapping[str, torch.Tensor], payload: bytes) -> str | None:
     """Apply a sparse bit-exact delta in place; validated before the first write, so a DeltaError leaves
-    `state` exactly as it was."""
+    `state` exactly as it was. Returns the state checksum of the result from the delta's table (None when its
+    hash block differs from the state checksum's): apply_ verified every tensor against its table entry."""
     import rlboost.delta as rd
+    from rlboost.delta.format import parse
+    from rlboost.weights.checksum import delta_state_checksum
 
     try:
-        rd.apply_(state, payload)
+        rd.apply_(state, payload, verify_target=True)  # the table-derived checksum relies on this verification
     except rd.DeltaError as err:
         metrics.DELTA_REJECTED.inc()
         raise _BadPayloadError(f"delta refused: {err}") from None
+    return delta_state_checksum(parse(payload))  # the table only (the delta parsed fine just above)

@@ -235,11 +235,10 @@ class Trainer:
         from rlboost.weights.checksum import state_checksum
         from rlboost.weights.safetensors_io import to_publish_dtype
 
-        ours = await asyncio.to_thread(lambda: state_checksum(to_publish_dtype(state)))
+        bf16 = await asyncio.to_thread(to_publish_dtype, state)
+        ours = await asyncio.to_thread(state_checksum, bf16)
         if self.checksum and ours != self.checksum:
-            raise RuntimeError(
-                f"restored weights have checksum {ours[:16]}, the checkpoint recorded {self.checksum[:16]}"
-            )
+            raise await asyncio.to_thread(_checksum_mismatch, bf16, ours, self.checksum)
         held = await publisher.held_versions()
         version = self.version
         if held:
@@ -548,3 +547,23 @@ def _with_colocation(record: StepRecord, released: Any, resumed: Any) -> StepRec
 def _one_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def _checksum_mismatch(bf16: dict[str, Any], ours: str, recorded: str) -> Exception:
+    """The resume error when the restored weights' checksum is not the checkpoint's: it says whether the
+    checkpoint was written by an older rlboost (checksum of the former definition, which these weights match)."""
+    from rlboost.weights.checksum import legacy_state_checksum
+    from trainer.checkpoint import CheckpointError
+
+    head = f"restored weights have checksum {ours[:16]}, the checkpoint recorded {recorded[:16]}"
+    if legacy_state_checksum(bf16) == recorded:
+        return CheckpointError(
+            f"{head}: the checkpoint was written by an older rlboost, whose weights checksum had another definition "
+            "(sha256 of every byte; now sha256 over per-tensor xxh3-64 digests, see rlboost.weights.checksum). "
+            "Start fresh (without --resume, or with an empty --checkpoint-dir) or resume it with the rlboost version that wrote it"
+        )
+    return CheckpointError(
+        f"{head}: the weights were not restored exactly, or the checkpoint comes from another rlboost version whose "
+        "weights checksum had another definition. Start fresh (without --resume, or with an empty --checkpoint-dir) "
+        "or resume it with the rlboost version that wrote it"
+    )

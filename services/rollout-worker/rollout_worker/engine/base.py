@@ -61,8 +61,13 @@ class Engine(ABC):
         """Stop a request now; its stream ends with a FINISH_ABORT step. False if it was not running."""
 
     @abstractmethod
-    async def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        """Swap weights in place between decode iterations; requests submitted before finish on the old weights."""
+    async def update_weights(
+        self, state: Mapping[str, torch.Tensor], version: int, checksum: str | None = None
+    ) -> None:
+        """Swap weights in place between decode iterations; requests submitted before finish on the old weights.
+
+        `checksum`: the state_checksum of `state` when the caller already verified it (the weight puller does),
+        so the engine does not read the whole state again; computed here when None."""
 
     @property
     @abstractmethod

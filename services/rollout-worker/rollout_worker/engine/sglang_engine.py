@@ -299,9 +299,12 @@ class SglangEngine(Engine):
         self._tm.abort_request(rid=request_id)
         return True
 
-    async def update_weights(self, state: Mapping[str, torch.Tensor], version: int, resend_all: bool = False) -> None:
+    async def update_weights(
+        self, state: Mapping[str, torch.Tensor], version: int, checksum: str | None = None, resend_all: bool = False
+    ) -> None:
         """Send the tensors of `state` that differ from the state held (all of them with `resend_all`, after a
-        memory resume), in one begin/end weight-update session."""
+        memory resume), in one begin/end weight-update session. `checksum`: state_checksum(state), when the
+        caller verified it already (used only for a whole state; a partial one is merged and hashed here)."""
         tm = self._tm
         from sglang.srt.managers.io_struct import (
             BeginWeightUpdateReqInput,
@@ -331,7 +334,7 @@ class SglangEngine(Engine):
                 whole = set(self._state) - set(self._tied) <= set(state)
                 merged = dict(state) if whole else {**self._state, **state}
                 self._state = merged
-                self._checksum = state_checksum(merged)
+                self._checksum = (checksum if whole and checksum else None) or state_checksum(merged)
                 self._version = version
                 self.last_update = {"tensors": len(names), "seconds": time.perf_counter() - t0}
                 log.info("weights updated in place", extra={"weight_version": version, **self.last_update})
@@ -394,7 +397,7 @@ class SglangEngine(Engine):
         t0, before = time.perf_counter(), rss_bytes()
         effective = await self.resume_memory_occupation()
         if effective:  # the weights' pages came back empty: send the exact held state again
-            await self.update_weights(dict(self._state), self._version, resend_all=True)
+            await self.update_weights(dict(self._state), self._version, self._checksum, resend_all=True)
         self._memory_released = False
         nbytes = sum(t.numel() * t.element_size() for t in self._state.values()) if effective else 0
         return MemoryReport("resume", nbytes, before, rss_bytes(), time.perf_counter() - t0, effective)

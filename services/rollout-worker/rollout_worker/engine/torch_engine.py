@@ -112,6 +112,7 @@ class _Update:
     state: Mapping[str, torch.Tensor]
     version: int
     done: asyncio.Future
+    checksum: str | None = None  # state_checksum(state) when the caller verified it already
 
 
 class TorchEngine(Engine):
@@ -164,8 +165,9 @@ class TorchEngine(Engine):
             raise EngineError(f"cannot load a model from {model_dir}: {first_line}") from None
         return model.to(self.device).eval()
 
-    def _apply_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Copy every tensor of `state` into the model (cast to the compute dtype); keep `state` for checksums."""
+    def _apply_state(self, state: Mapping[str, torch.Tensor], checksum: str | None = None) -> None:
+        """Copy every tensor of `state` into the model (cast to the compute dtype); keep `state` for checksums.
+        `checksum`: state_checksum(state) if the caller has it (then the state is not hashed again)."""
         targets = self.model.state_dict()
         unknown = sorted(set(state) - set(targets))
         if unknown:
@@ -182,7 +184,7 @@ class TorchEngine(Engine):
             for name, tensor in state.items():
                 targets[name].copy_(tensor.to(device=self.device, dtype=targets[name].dtype))
         self._state = state
-        self._checksum = state_checksum(state)
+        self._checksum = checksum or state_checksum(state)
 
     async def close(self) -> None:
         self._closed = True
@@ -244,9 +246,11 @@ class TorchEngine(Engine):
         self._wake.set()
         return True
 
-    async def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+    async def update_weights(
+        self, state: Mapping[str, torch.Tensor], version: int, checksum: str | None = None
+    ) -> None:
         self._check_usable("update_weights")
-        upd = _Update(state, version, asyncio.get_running_loop().create_future())
+        upd = _Update(state, version, asyncio.get_running_loop().create_future(), checksum)
         self._updates.append(upd)
         self._epoch_requested += 1
         self._wake.set()
@@ -309,7 +313,7 @@ class TorchEngine(Engine):
             shape, dtype = self._shapes[name]
             p.data = torch.empty(shape, dtype=dtype, device=self.device)
             nbytes += p.numel() * p.element_size()
-        self._apply_state(self._state)
+        self._apply_state(self._state, self._checksum)  # the held state, unchanged since it was hashed
         got = self._params_checksum()
         if got != self._params_sum:
             raise EngineError(f"resume_memory: parameters checksum {got[:16]} != {self._params_sum[:16]} at release")
@@ -361,7 +365,7 @@ class TorchEngine(Engine):
         upd = self._updates.pop(0)
         try:
             async with self._compute:
-                await asyncio.to_thread(self._apply_state, upd.state)
+                await asyncio.to_thread(self._apply_state, upd.state, upd.checksum)
         except Exception as err:  # a bad state leaves the old weights in place
             upd.done.set_exception(err)
             self._epoch_applied += 1
