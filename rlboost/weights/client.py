@@ -2,7 +2,7 @@
 
     async with WeightClient("http://127.0.0.1:8600", token=tok, streams=4) as wc:
         await wc.upload(0, payload, kind="full", checksum=digest)
-        data = await wc.pull(0)            # every chunk's and the whole sha256 verified
+        data = await wc.pull(0)            # every chunk's sha256 verified (chunks tile the payload)
 
 A pull fetches the manifest's chunks over `streams` concurrent `Range` requests. A chunk whose
 connection drops is retried with exponential backoff (bounded), resuming from the bytes of that
@@ -166,8 +166,10 @@ class WeightClient:
                 await self._fetch_chunk(m, chunk, buf, stats)
 
         await asyncio.gather(*(one(c) for c in m.chunks))
-        if hashlib.sha256(buf).hexdigest() != m.sha256:
-            raise WeightServerError(0, f"version {m.version}: payload sha256 does not match its manifest")
+        if not _chunks_tile(m):  # then every byte was checked by its chunk's sha256; else check the whole
+            whole = await asyncio.to_thread(lambda: hashlib.sha256(buf).hexdigest())
+            if whole != m.sha256:
+                raise WeightServerError(0, f"version {m.version}: payload sha256 does not match its manifest")
         stats.bytes, stats.seconds = len(buf), time.monotonic() - started
         return bytes(buf)
 
@@ -188,7 +190,8 @@ class WeightClient:
                             stats.resumed_offsets.append(chunk.offset + held[0])
                     await self._fetch_from(m, chunk, buf, held, stats)
                     view = memoryview(buf)[chunk.offset : chunk.offset + chunk.length]
-                    if hashlib.sha256(view).hexdigest() != chunk.sha256:
+                    # Off the event loop (hashlib releases the GIL): the other streams keep reading meanwhile.
+                    if await asyncio.to_thread(lambda v=view: hashlib.sha256(v).hexdigest()) != chunk.sha256:
                         held[0] = 0
                         raise _RetryableError(f"chunk {chunk.index} sha256 mismatch")
         except _RetryableError as err:
@@ -262,3 +265,15 @@ async def _file_blocks(path: Path) -> AsyncIterator[bytes]:
             yield block
     finally:
         f.close()
+
+
+def _chunks_tile(m: Manifest) -> bool:
+    """Whether the manifest's chunks cover its payload exactly, in order, without gaps or overlaps: then a payload
+    whose every chunk matches its sha256 is the manifest's payload, and a second pass over the whole (~1 GB/s,
+    15 s for a 16 GB snapshot) adds nothing."""
+    offset = 0
+    for c in m.chunks:
+        if c.offset != offset or c.length <= 0:
+            return False
+        offset += c.length
+    return offset == m.total_bytes and offset > 0

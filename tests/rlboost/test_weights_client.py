@@ -12,7 +12,7 @@ import torch
 
 from rlboost.nats_server import free_port
 from rlboost.weights.checksum import state_checksum
-from rlboost.weights.client import WeightClient, WeightServerError
+from rlboost.weights.client import WeightClient, WeightServerError, _chunks_tile
 from rlboost.weights.safetensors_io import state_from_bytes, state_to_bytes, to_publish_dtype
 from tests.weight_server.servers import TOKEN, CuttingProxy, ThreadServer
 
@@ -110,3 +110,16 @@ def test_to_publish_dtype_casts_floats_and_keeps_bf16_bits() -> None:
     assert {k: v.dtype for k, v in out.items()} == {"bf": torch.bfloat16, "f32": torch.bfloat16, "i": torch.int64}
     assert torch.equal(out["bf"].view(torch.int16), bf.view(torch.int16))
     assert to_publish_dtype(state, torch.float16)["f32"].dtype == torch.float16
+
+
+async def test_a_manifest_whose_chunks_do_not_tile_the_payload_is_checked_whole(server) -> None:
+    """Normally every byte is checked once, by its chunk's sha256 (no second pass over the payload); a manifest
+    whose chunks leave a gap or overlap falls back to the whole payload's sha256, and a mismatch is refused."""
+    full = os.urandom(CHUNK * 3)
+    async with WeightClient(server.url, token=TOKEN) as wc:
+        m = await wc.upload(0, full, kind="full", checksum="c0")
+        assert _chunks_tile(m) and await wc.pull(m) == full
+        gap = m.model_copy(update={"chunks": m.chunks[:1] + m.chunks[2:]})  # the middle chunk's bytes unchecked
+        assert not _chunks_tile(gap)
+        with pytest.raises(WeightServerError, match="payload sha256 does not match its manifest"):
+            await wc.pull(gap)  # the middle chunk was never fetched: only the whole payload's sha256 can tell
