@@ -7,17 +7,24 @@
 A pull fetches the manifest's chunks over `streams` concurrent `Range` requests. A chunk whose
 connection drops is retried with exponential backoff (bounded), resuming from the bytes of that
 chunk already received; a chunk whose sha256 does not match is fetched again from its start.
+
+Two HTTP clients, on purpose: httpx for the small JSON calls and uploads, aiohttp for payload bytes.
+httpx's pure-Python HTTP/1.1 path reads 64 KiB at a time through four layers and cost ~6 ms of CPU per
+MB here (a single stream capped at ~160 MB/s, whatever the link); aiohttp's C parser reading 1 MiB
+pieces pulled ~950 MB/s on one stream at ~0.7 ms per MB (bench: docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
@@ -33,6 +40,7 @@ from rlboost.wire.weights_io import (
 )
 
 UPLOAD_BLOCK = 1 << 20
+READ_PIECE = 1 << 20  # payload bytes per read from the response stream
 
 
 class WeightServerError(Exception):
@@ -59,14 +67,19 @@ class PullStats:
 
 
 def _raise_for(resp: httpx.Response) -> None:
-    if resp.status_code < 400:
+    _raise_status(resp.status_code, resp.content, resp.reason_phrase)
+
+
+def _raise_status(status: int, body: bytes, reason: str | None) -> None:
+    """WeightServerError with the server's own message (its JSON `error` and `field`) for a status >= 400."""
+    if status < 400:
         return
     try:
-        body = resp.json()
-        message, fld = str(body.get("error", body)), body.get("field")
+        doc = json.loads(body)
+        message, fld = (str(doc.get("error", doc)), doc.get("field")) if isinstance(doc, dict) else (str(doc), None)
     except ValueError:
-        message, fld = resp.text.strip() or resp.reason_phrase, None
-    raise WeightServerError(resp.status_code, message, fld)
+        message, fld = body.decode(errors="replace").strip() or (reason or ""), None
+    raise WeightServerError(status, message, fld)
 
 
 class WeightClient:
@@ -85,6 +98,8 @@ class WeightClient:
             raise ValueError(f"streams must be >= 1, got {streams}")
         self.streams, self.retries, self.backoff_max = streams, retries, backoff_max
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._base_url, self._headers, self._timeout = base_url.rstrip("/"), headers, timeout
+        self._payloads: aiohttp.ClientSession | None = None  # made on the first pull, inside the event loop
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=headers,
@@ -101,6 +116,18 @@ class WeightClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        if self._payloads is not None:
+            await self._payloads.close()
+
+    def _payload_session(self) -> aiohttp.ClientSession:
+        if self._payloads is None:
+            self._payloads = aiohttp.ClientSession(
+                headers=self._headers,
+                connector=aiohttp.TCPConnector(limit=self.streams + 2),
+                timeout=aiohttp.ClientTimeout(connect=min(self._timeout, 10.0), sock_read=self._timeout),
+                auto_decompress=False,  # payload bytes are hashed as sent
+            )
+        return self._payloads
 
     async def _get(self, path: str, **kwargs: object) -> httpx.Response:
         try:
@@ -153,27 +180,28 @@ class WeightClient:
                 raise TimeoutError(f"weight version {version} did not appear within {timeout:.0f}s")
             await asyncio.sleep(interval)  # polling interval of a client loop, not test synchronisation
 
-    async def pull(self, version: int | Manifest) -> bytes:
-        """The payload of a version, fetched in chunks over `streams` connections and verified."""
+    async def pull(self, version: int | Manifest) -> bytearray:
+        """The payload of a version, fetched in chunks over `streams` connections and verified. A bytearray, not
+        a copy of it as bytes: a snapshot is the size of the model (delta apply and safetensors take either)."""
         m = version if isinstance(version, Manifest) else await self.manifest(version)
         started = time.monotonic()
         self.last_pull = stats = PullStats()
         buf = bytearray(m.total_bytes)
         gate = asyncio.Semaphore(self.streams)
 
-        async def one(chunk: ChunkInfo) -> None:
-            async with gate:
-                await self._fetch_chunk(m, chunk, buf, stats)
-
-        await asyncio.gather(*(one(c) for c in m.chunks))
+        await asyncio.gather(*(self._fetch_chunk(m, c, buf, stats, gate) for c in m.chunks))
         if not _chunks_tile(m):  # then every byte was checked by its chunk's sha256; else check the whole
             whole = await asyncio.to_thread(lambda: hashlib.sha256(buf).hexdigest())
             if whole != m.sha256:
                 raise WeightServerError(0, f"version {m.version}: payload sha256 does not match its manifest")
         stats.bytes, stats.seconds = len(buf), time.monotonic() - started
-        return bytes(buf)
+        return buf
 
-    async def _fetch_chunk(self, m: Manifest, chunk: ChunkInfo, buf: bytearray, stats: PullStats) -> None:
+    async def _fetch_chunk(
+        self, m: Manifest, chunk: ChunkInfo, buf: bytearray, stats: PullStats, gate: asyncio.Semaphore
+    ) -> None:
+        """Fetch one chunk (holding one of the `streams` slots) and verify it (slot released: the next chunk's
+        bytes flow while this one is hashed), retrying with backoff and resuming after the bytes received."""
         held = [0]  # bytes of this chunk already in buf, updated as they arrive; a retry resumes after them
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.retries),
@@ -188,9 +216,10 @@ class WeightClient:
                         stats.retries += 1
                         if held[0]:
                             stats.resumed_offsets.append(chunk.offset + held[0])
-                    await self._fetch_from(m, chunk, buf, held, stats)
+                    async with gate:
+                        await self._fetch_from(m, chunk, buf, held, stats)
                     view = memoryview(buf)[chunk.offset : chunk.offset + chunk.length]
-                    # Off the event loop (hashlib releases the GIL): the other streams keep reading meanwhile.
+                    # Off the event loop (hashlib releases the GIL): the streams keep reading meanwhile.
                     if await asyncio.to_thread(lambda v=view: hashlib.sha256(v).hexdigest()) != chunk.sha256:
                         held[0] = 0
                         raise _RetryableError(f"chunk {chunk.index} sha256 mismatch")
@@ -208,21 +237,20 @@ class WeightClient:
         if start > end:
             return
         stats.requests += 1
-        path = API_PREFIX + m.payload_path
+        url = self._base_url + API_PREFIX + m.payload_path  # as httpx joins base_url and path
         try:
-            async with self._http.stream("GET", path, headers={"Range": f"bytes={start}-{end}"}) as resp:
-                if resp.status_code >= 500:
-                    raise _RetryableError(f"HTTP {resp.status_code}")
-                if resp.status_code != 206:
-                    await resp.aread()
-                    _raise_for(resp)
-                    raise WeightServerError(resp.status_code, f"expected 206 for a ranged read, got {resp.status_code}")
-                async for piece in resp.aiter_raw():
+            async with self._payload_session().get(url, headers={"Range": f"bytes={start}-{end}"}) as resp:
+                if resp.status >= 500:
+                    raise _RetryableError(f"HTTP {resp.status}")
+                if resp.status != 206:
+                    _raise_status(resp.status, await resp.read(), resp.reason)
+                    raise WeightServerError(resp.status, f"expected 206 for a ranged read, got {resp.status}")
+                async for piece in resp.content.iter_chunked(READ_PIECE):
                     n = min(len(piece), chunk.length - held[0])
                     pos = chunk.offset + held[0]
-                    buf[pos : pos + n] = piece[:n]
+                    buf[pos : pos + n] = piece[:n] if n < len(piece) else piece
                     held[0] += n
-        except httpx.TransportError as err:  # dropped connection, timeout, protocol error
+        except (aiohttp.ClientError, TimeoutError) as err:  # dropped connection, timeout, truncated body
             raise _RetryableError(f"{type(err).__name__}: {err}") from None
         if held[0] < chunk.length:
             raise _RetryableError(f"short read: {held[0]} of {chunk.length} bytes")

@@ -48,7 +48,7 @@ async def test_pull_resumes_a_chunk_after_the_connection_is_cut(server) -> None:
     payload = os.urandom(CHUNK * 16)
     async with WeightClient(server.url, token=TOKEN) as wc:
         await wc.upload(0, payload, checksum="c")
-    # the proxy aborts its first connection after 100 kB: inside the second chunk served on it
+    # the proxy aborts the first connection to carry 100 kB: inside the second chunk served on it
     proxy = CuttingProxy(server.port, cut_after=100_000)
     async with proxy, WeightClient(f"http://127.0.0.1:{proxy.port}", streams=4) as wc:
         assert await wc.pull(0) == payload

@@ -83,7 +83,8 @@ def spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
 
 
 class CuttingProxy:
-    """Forwards loopback TCP to a server; the first connection is aborted after `cut_after` response bytes."""
+    """Forwards loopback TCP to a server; the first connection to carry `cut_after` response bytes is aborted there
+    (one cut in all: the payload streams and the JSON calls use separate connections, in any order)."""
 
     def __init__(self, upstream_port: int, cut_after: int) -> None:
         self.upstream_port, self.cut_after = upstream_port, cut_after
@@ -104,30 +105,29 @@ class CuttingProxy:
 
     async def _handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
         self.connections += 1
-        limit = self.cut_after if self.connections == 1 else None
         ureader, uwriter = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         up = asyncio.create_task(self._pipe(creader, uwriter, None))
-        await self._pipe(ureader, cwriter, limit)
-        if limit is not None:
-            self.cuts += 1
+        if await self._pipe(ureader, cwriter, self.cut_after):
             cwriter.transport.abort()  # RST to the client mid-response
             uwriter.transport.abort()
         up.cancel()
         for w in (cwriter, uwriter):
             w.close()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limit: int | None) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limit: int | None) -> bool:
+        """Forward until EOF; True when it stopped at `limit` to cut the connection (the first to get there)."""
         sent = 0
         try:
             while data := await reader.read(16384):
-                if limit is not None and sent + len(data) >= limit:
+                if limit is not None and not self.cuts and sent + len(data) >= limit:
+                    self.cuts += 1  # checked and counted with no await between: one cut in all
                     writer.write(data[: limit - sent])
                     await writer.drain()
-                    return
+                    return True
                 writer.write(data)
                 await writer.drain()
                 sent += len(data)
         except (ConnectionError, asyncio.CancelledError):
-            return
-        if limit is None:
-            writer.close()
+            return False
+        writer.close()
+        return False
