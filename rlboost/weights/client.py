@@ -8,7 +8,7 @@ A pull fetches the manifest's chunks over `streams` concurrent `Range` requests.
 connection drops is retried with exponential backoff (bounded), resuming from the bytes of that
 chunk already received; a chunk whose sha256 does not match is fetched again from its start.
 
-Two HTTP clients, on purpose: httpx for the small JSON calls and uploads, aiohttp for payload bytes.
+Two HTTP clients, on purpose: httpx for the small JSON calls, aiohttp for payload bytes (pulls, uploads).
 httpx's pure-Python HTTP/1.1 path reads 64 KiB at a time through four layers and cost ~6 ms of CPU per
 MB here (a single stream capped at ~160 MB/s, whatever the link); aiohttp's C parser reading 1 MiB
 pieces pulled ~950 MB/s on one stream at ~0.7 ms per MB (bench: docs/benchmarks.md).
@@ -99,7 +99,7 @@ class WeightClient:
         self.streams, self.retries, self.backoff_max = streams, retries, backoff_max
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._base_url, self._headers, self._timeout = base_url.rstrip("/"), headers, timeout
-        self._payloads: aiohttp.ClientSession | None = None  # made on the first pull, inside the event loop
+        self._bulk_http: aiohttp.ClientSession | None = None  # payload bytes; made on first use, in the event loop
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=headers,
@@ -116,18 +116,18 @@ class WeightClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
-        if self._payloads is not None:
-            await self._payloads.close()
+        if self._bulk_http is not None:
+            await self._bulk_http.close()
 
-    def _payload_session(self) -> aiohttp.ClientSession:
-        if self._payloads is None:
-            self._payloads = aiohttp.ClientSession(
+    def _bulk(self) -> aiohttp.ClientSession:
+        if self._bulk_http is None:
+            self._bulk_http = aiohttp.ClientSession(
                 headers=self._headers,
                 connector=aiohttp.TCPConnector(limit=self.streams + 2),
                 timeout=aiohttp.ClientTimeout(connect=min(self._timeout, 10.0), sock_read=self._timeout),
                 auto_decompress=False,  # payload bytes are hashed as sent
             )
-        return self._payloads
+        return self._bulk_http
 
     async def _get(self, path: str, **kwargs: object) -> httpx.Response:
         try:
@@ -239,7 +239,7 @@ class WeightClient:
         stats.requests += 1
         url = self._base_url + API_PREFIX + m.payload_path  # as httpx joins base_url and path
         try:
-            async with self._payload_session().get(url, headers={"Range": f"bytes={start}-{end}"}) as resp:
+            async with self._bulk().get(url, headers={"Range": f"bytes={start}-{end}"}) as resp:
                 if resp.status >= 500:
                     raise _RetryableError(f"HTTP {resp.status}")
                 if resp.status != 206:
@@ -274,15 +274,23 @@ class WeightClient:
         if isinstance(payload, str | Path):
             path = Path(payload)
             headers["Content-Length"] = str(path.stat().st_size)
-            content: bytes | AsyncIterator[bytes] = _file_blocks(path)
-        else:
-            content = bytes(payload)
+            content: AsyncIterator[bytes] | AsyncIterator[memoryview] = _file_blocks(path)
+        else:  # in blocks: handed over whole, a snapshot was copied twice on its way to the socket
+            headers["Content-Length"] = str(memoryview(payload).nbytes)
+            content = _memory_blocks(memoryview(payload).cast("B"))
+        url = f"{self._base_url}{API_PREFIX}/versions/{version}"
         try:
-            resp = await self._http.put(f"{API_PREFIX}/versions/{version}", content=content, headers=headers)
-        except httpx.TransportError as err:
+            async with self._bulk().put(url, data=content, headers=headers) as resp:
+                body = await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as err:
             raise WeightServerError(0, f"upload of version {version} failed: {err!r}") from None
-        _raise_for(resp)
-        return Manifest.model_validate_json(resp.content)
+        _raise_status(resp.status, body, resp.reason)
+        return Manifest.model_validate_json(body)
+
+
+async def _memory_blocks(view: memoryview) -> AsyncIterator[memoryview]:
+    for i in range(0, len(view), UPLOAD_BLOCK):
+        yield view[i : i + UPLOAD_BLOCK]
 
 
 async def _file_blocks(path: Path) -> AsyncIterator[bytes]:

@@ -87,6 +87,9 @@ async def test_refusals_raise_weight_server_error(server) -> None:
         with pytest.raises(WeightServerError, match="cannot reach") as err:
             await nobody.versions()
         assert err.value.status == 0
+        with pytest.raises(WeightServerError, match="upload of version 0 failed") as err:
+            await nobody.upload(0, b"x" * 3_000_000, checksum="c")
+        assert err.value.status == 0
 
 
 def test_safetensors_round_trip_keeps_every_bit() -> None:

@@ -217,3 +217,24 @@ async def test_snapshot_version_with_its_delta_over_http_counts_bytes_and_announ
                 await sub.next_msg(timeout=0.3)
     finally:
         await nc.close()
+
+
+def test_an_upload_cut_mid_body_leaves_no_version_and_can_be_redone(client, server) -> None:
+    """The client dies after 10 MB of a 20 MB snapshot (a disk write is in flight: bodies are written in 4 MB
+    blocks while the next is received): nothing is installed, and the full upload that follows succeeds."""
+    import socket
+
+    from tests.helpers import wait_until
+
+    body = os.urandom(20 << 20)
+    head = (
+        f"PUT /v1/versions/0 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n{HEADER_KIND}: full\r\n"
+        f"{HEADER_CHECKSUM}: sum0\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(head.encode() + body[: 10 << 20])
+    wait_until(lambda: not server.store.uploading(), timeout=10, what="the cut upload to be released")
+    assert client.get("/v1/versions/0/manifest").status_code == 404
+    r = put(client, 0, body)
+    assert r.status_code == 200, r.text
+    assert client.get("/v1/versions/0/payload", headers={"Range": "bytes=0-9"}).content == body[:10]

@@ -10,6 +10,7 @@ GET /healthz, GET /metrics. Errors are JSON: {"error": "...", "field": "..."}.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import re
@@ -227,13 +228,22 @@ def create_app(
 
 
 async def _receive(request: Request, up: Upload) -> Manifest:
-    """Stream the request body to disk in large blocks, then commit; never holds the whole payload."""
-    buf = bytearray()
-    async for piece in request.stream():
-        buf += piece
-        if len(buf) >= WRITE_BUFFER:
-            data, buf = bytes(buf), bytearray()
-            await anyio.to_thread.run_sync(up.write, data)
+    """Stream the request body to disk in large blocks, then commit; never holds the whole payload. One block is
+    written and hashed (in a worker thread) while the next one is received, so the body keeps flowing."""
+    buf, writing = bytearray(), None
+    try:
+        async for piece in request.stream():
+            buf += piece
+            if len(buf) >= WRITE_BUFFER:
+                data, buf = bytes(buf), bytearray()
+                if writing is not None:
+                    await writing
+                writing = asyncio.ensure_future(anyio.to_thread.run_sync(up.write, data))
+        if writing is not None:
+            await writing
+    finally:
+        if writing is not None and not writing.done():  # the client went away: let the write finish, then fail
+            await asyncio.wait([writing])
     if buf:
         await anyio.to_thread.run_sync(up.write, bytes(buf))
     return await anyio.to_thread.run_sync(up.commit)
