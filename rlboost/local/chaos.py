@@ -2,8 +2,11 @@
 
 The runner sends the signal (SIGKILL, or SIGTERM with `--chaos-signal TERM`). A kill that lands while a
 worker holds no request tests nothing, so once a period has elapsed the monkey stays *armed* and picks
-its victim among the spot workers the manager's status shows running requests. Only when registered spot
-workers stay idle for `patience_periods` periods does it kill an idle one (a real preemption does not wait).
+its victim among the spot workers the manager's status shows running requests whose tokens are flowing
+(its token count grew since the previous status): a worker that holds requests but has streamed nothing
+of them yet (just assigned, in prefill, or pulling the weights they need) would lose nothing worth keeping.
+Only when no worker qualifies for `patience_periods` periods does it settle for less: a busy worker, then
+an idle one (a real preemption does not wait).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ class ChaosMonkey:
     seed: int = 0
     patience_periods: float = 4.0
     _next_at: float | None = None
-    _idle_since: float | None = None  # armed, registered spot workers seen, none busy since then
+    _idle_since: float | None = None  # armed, registered spot workers seen, none streaming since then
+    _tokens_seen: dict[str, int] = field(default_factory=dict)  # each worker's token count at the last status
     _rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
@@ -41,6 +45,7 @@ class ChaosMonkey:
         """A kill happened: the next one is a full period away (missed periods are not replayed)."""
         self._next_at = now + self.period_s
         self._idle_since = None
+        self._tokens_seen = {}  # growth is judged between statuses of the same armed window, not across periods
 
     def due(self, now: float) -> bool:
         """True once per period (armed, then fired at once): for callers that need no busy victim."""
@@ -52,23 +57,32 @@ class ChaosMonkey:
     def pick(self, workers: list[str]) -> str | None:
         return self._rng.choice(sorted(workers)) if workers else None
 
-    def choose(self, now: float, live: list[str], busy: dict[str, int] | None) -> str | None:
+    def choose(
+        self, now: float, live: list[str], busy: dict[str, int] | None, tokens: dict[str, int] | None = None
+    ) -> str | None:
         """The victim to kill now, or None to wait. Call only while armed.
 
         `live`: spot workers alive; `busy`: running requests per worker from the manager's status
-        (None when the status is unavailable: then any live worker will do).
+        (None when the status is unavailable: then any live worker will do); `tokens`: tokens the manager
+        has received from each worker so far (None: a busy worker is taken as streaming).
         """
         if busy is None:
             return self.pick(live)
         known = [w for w in live if w in busy]
         working = [w for w in known if busy[w] > 0]
-        if working:
-            return self.pick(working)
+        streaming = working if tokens is None else [w for w in working if self._grew(w, tokens)]
+        if tokens is not None:
+            self._tokens_seen = {**self._tokens_seen, **tokens}
+        if streaming:
+            return self.pick(streaming)
         if not known:  # none registered yet (still loading, or waiting for weights): wait for one
             self._idle_since = None
             return None
         if self._idle_since is None:
             self._idle_since = now
         if now - self._idle_since >= self.patience_periods * self.period_s:
-            return self.pick(known)
+            return self.pick(working or known)
         return None
+
+    def _grew(self, worker: str, tokens: dict[str, int]) -> bool:
+        return worker in tokens and tokens[worker] > self._tokens_seen.get(worker, tokens[worker])

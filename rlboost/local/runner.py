@@ -107,7 +107,8 @@ class SpotController:
         if self.chaos is not None and self.chaos.armed(now):
             live = [c.name for c in self.sup.running(pool="spot")]
             busy = {w.worker_id: w.running for w in status.workers} if status is not None else None
-            victim = self.chaos.choose(now, live, busy)
+            tokens = {w.worker_id: w.tokens_generated for w in status.workers} if status is not None else None
+            victim = self.chaos.choose(now, live, busy, tokens)
             if victim:
                 self.chaos.fire(now)
                 self._preempt(victim, "chaos", self.chaos_signal, busy.get(victim, 0) if busy else None)

@@ -138,3 +138,19 @@ def test_chaos_waits_for_a_busy_victim_then_loses_patience() -> None:
     assert monkey.choose(1.0, ["spot-0"], None) == "spot-0"  # no status: any live worker
     monkey.fire(5.0)
     assert not monkey.armed(5.9) and monkey.armed(6.0)
+
+
+def test_chaos_prefers_a_victim_whose_tokens_are_flowing() -> None:
+    """With token counts from the manager's status, a busy worker is a victim only once its count grew between two
+    statuses (tokens streamed, so a kill has some to keep); a busy but silent one only after the patience."""
+    from rlboost.local.chaos import ChaosMonkey
+
+    monkey = ChaosMonkey(period_s=1.0, seed=0, patience_periods=3)
+    monkey.start(0.0)
+    busy = {"spot-0": 2, "spot-1": 2}
+    assert monkey.choose(1.0, ["spot-0", "spot-1"], busy, {"spot-0": 10, "spot-1": 5}) is None  # first look
+    assert monkey.choose(1.1, ["spot-0", "spot-1"], busy, {"spot-0": 10, "spot-1": 9}) == "spot-1"
+    monkey.fire(1.1)
+    assert monkey.choose(2.1, ["spot-0"], {"spot-0": 2}, {"spot-0": 10}) is None  # fresh window: first look
+    assert monkey.choose(2.2, ["spot-0"], {"spot-0": 2}, {"spot-0": 10}) is None  # busy but silent: wait
+    assert monkey.choose(5.2, ["spot-0"], {"spot-0": 2}, {"spot-0": 10}) == "spot-0"  # patience spent
