@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import REGISTRY
 
 from rlboost.policies.migration import MigrationReason
 from rlboost.wire.rollout_io import (
@@ -159,6 +160,10 @@ def test_paused_reserved_pool_gets_no_work():
     assert st.revoke_pool(Pool.RESERVED, MigrationReason.OFFLOAD, 0.1) == 1
 
 
+def paused_gauge() -> float | None:
+    return REGISTRY.get_sample_value("rlboost_manager_workers_paused", {"pool": "spot"})
+
+
 def test_a_paused_worker_gets_no_work_until_its_heartbeat_says_resumed():
     """Colocation: a reserved worker whose memory is released for training keeps its lease (heartbeats) but is
     assigned nothing; the work goes to the others, and it takes work again as soon as it is unpaused."""
@@ -169,10 +174,14 @@ def test_a_paused_worker_gets_no_work_until_its_heartbeat_says_resumed():
     boxes = st.take_outbox()
     assert "reserved" not in boxes and len(boxes["spot"].assign) == 1 and st.pending == 2
     assert [w.paused for w in st.status().workers] == [True, False]
+    st.tick(0.3)
+    assert paused_gauge() == 1  # on /metrics too (_state registers spot workers)
     st.on_heartbeat("reserved", 0, 0.5, paused=True)  # still paused: still nothing, lease kept
     st.schedule(0.6)
     assert "reserved" not in st.take_outbox() and "reserved" in st.workers
     st.on_heartbeat("reserved", 0, 0.7, paused=False)
     assert st.dirty
+    st.tick(0.7)
+    assert paused_gauge() == 0
     st.schedule(0.8)
     assert len(st.take_outbox()["reserved"].assign) == 2 and st.pending == 0

@@ -575,7 +575,9 @@ class ManagerState:
                     metrics.TOKENS_PER_S.labels(pool.value).set(rate)
             self._rate_mark = (now, Counter(self._pool_tokens))
         pools = Counter(w.reg.pool.value for w in self.workers.values())
+        paused = Counter(w.reg.pool.value for w in self.workers.values() if w.paused)
         for pool in Pool:
             metrics.WORKERS.labels(pool.value).set(pools.get(pool.value, 0))
+            metrics.WORKERS_PAUSED.labels(pool.value).set(paused.get(pool.value, 0))
         metrics.QUEUE_DEPTH.labels("pending").set(self.pending)
         metrics.QUEUE_DEPTH.labels("running").set(self.running)
