@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from rlboost.delta.codec import BitArray, apply_arrays, apply_arrays_, encode_arrays, uint_dtype
-from rlboost.delta.format import DEFAULT_BLOCK_BYTES, DTYPE_ITEMSIZE, DeltaError
+from rlboost.delta.format import DEFAULT_BLOCK_BYTES, DTYPE_ITEMSIZE, Delta, DeltaError
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -68,16 +68,18 @@ def _tensor_of(a: BitArray, like: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(a.bits.view(_np_int(like))).view(like.dtype).reshape(like.shape)
 
 
-def apply_(base: Mapping[str, torch.Tensor], delta: bytes, *, verify_target: bool = True) -> None:
+def apply_(base: Mapping[str, torch.Tensor], delta: bytes, *, verify_target: bool = True) -> Delta:
     """Apply a delta in place into `base`'s tensors. The whole delta is decoded and validated before the first
     write and every tensor hashed as it is written (`verify_target`; a mismatch means a wrong base or a forged
-    delta and is rolled back exactly): on any DeltaError the tensors hold exactly their old bits."""
+    delta and is rolled back exactly): on any DeltaError the tensors hold exactly their old bits. Returns the
+    parsed delta (its table: e.g. the targets' checksums, without parsing it again)."""
     bits = _bits_of(base)
-    apply_arrays_(bits, delta, verify_target=verify_target)
+    parsed = apply_arrays_(bits, delta, verify_target=verify_target)
     with torch.no_grad():
         for name, t in base.items():
             if not _shares_memory(t, bits[name]):
                 t.copy_(_tensor_of(bits[name], t))
+    return parsed
 
 
 def _shares_memory(t: torch.Tensor, a: BitArray) -> bool:

@@ -74,6 +74,8 @@ def _header(buf: bytearray) -> tuple[dict[str, tuple[str, list[int], tuple[int, 
     import math
     import struct
 
+    import torch
+
     bad = "not a valid safetensors payload"
     if len(buf) < 8:
         raise ValueError(f"{bad}: {len(buf)} bytes, shorter than the 8-byte header length")
@@ -98,14 +100,10 @@ def _header(buf: bytearray) -> tuple[dict[str, tuple[str, list[int], tuple[int, 
             ok = False
         if not ok or not 0 <= b <= e:
             raise ValueError(f"{bad}: tensor {name!r} has a malformed entry {info!r}")
-        if e - b != math.prod(shape) * _ITEMSIZE[dtype]:
+        if e - b != math.prod(shape) * getattr(torch, _DTYPES[dtype]).itemsize:
             raise ValueError(f"{bad}: tensor {name!r}: {e - b} bytes for shape {shape} of {dtype}")
         entries[name] = (dtype, shape, (b, e))
     return entries, 8 + n
-
-
-_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-             "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}  # fmt: skip
 
 
 def to_publish_dtype(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:

@@ -95,7 +95,7 @@ class WorkerSession:
         self._update_lock = asyncio.Lock()
         self._bg: set[asyncio.Task] = set()
         self._tokens_total = 0
-        self._paused: list[Assignment] = []  # assignments that arrived while the engine memory was released
+        self._held_while_released: list[Assignment] = []  # assignments that arrived while the memory was released
         self._deferred_version = 0  # newest version announced while released: synced on resume
         self.paused = False  # released for training (colocation), as told to the manager in every heartbeat
         self._memory_lock = asyncio.Lock()
@@ -166,7 +166,7 @@ class WorkerSession:
             log.info("engine memory resumed after training", extra={"step": step, **_fields(report)})
             version, self._deferred_version = self._deferred_version, 0
             self.schedule_update(version)
-            paused, self._paused = self._paused, []
+            paused, self._held_while_released = self._held_while_released, []
             link = self.link
             if link is not None:
                 for a in paused:
@@ -196,7 +196,7 @@ class WorkerSession:
             finally:
                 self.link = None
                 self._held.clear()  # the manager requeues what this stream held
-                self._paused.clear()
+                self._held_while_released.clear()
                 await self._abort_all(link, "disconnect")
                 for t in workers:
                     t.cancel()
@@ -262,7 +262,9 @@ class WorkerSession:
         if self.draining:
             self._reject(link, a)
         elif self.engine.memory_released:
-            self._paused.append(a)  # started after resume (the manager gives a released worker none normally)
+            self._held_while_released.append(
+                a
+            )  # started after resume (the manager gives a released worker none normally)
         elif a.weight_version > self.engine.weight_version and self.pull is not None:
             self._held.append(a)  # starts once the engine holds that version
             self.schedule_update(a.weight_version)
@@ -375,10 +377,10 @@ class WorkerSession:
             link.outbox.put_nowait(
                 pb.WorkerMessage(drain=pb.DrainNotice(reason=reason, deadline_ms=self.cfg.drain_deadline_ms))
             )
-        for a in self._held + self._paused:
+        for a in self._held + self._held_while_released:
             self._reject(link, a)
         self._held.clear()
-        self._paused.clear()
+        self._held_while_released.clear()
         await self._abort_all(link, "drain")
         self._send_due(link, flush_all=True)
         link.outbox.put_nowait(_CLOSE)

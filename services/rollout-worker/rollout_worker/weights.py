@@ -197,12 +197,11 @@ def _apply_delta(state: Mapping[str, torch.Tensor], payload: bytes) -> str | Non
     `state` exactly as it was. Returns the state checksum of the result from the delta's table (None when its
     hash block differs from the state checksum's): apply_ verified every tensor against its table entry."""
     import rlboost.delta as rd
-    from rlboost.delta.format import parse
     from rlboost.weights.checksum import delta_state_checksum
 
     try:
-        rd.apply_(state, payload, verify_target=True)  # the table-derived checksum relies on this verification
+        delta = rd.apply_(state, payload, verify_target=True)  # the table-derived checksum relies on this check
     except rd.DeltaError as err:
         metrics.DELTA_REJECTED.inc()
         raise _BadPayloadError(f"delta refused: {err}") from None
-    return delta_state_checksum(parse(payload))  # the table only (the delta parsed fine just above)
+    return delta_state_checksum(delta)
