@@ -44,7 +44,7 @@ from rlboost.delta.format import DEFAULT_BLOCK_BYTES, combine_digests
 CHUNK_BYTES = 1 << 20  # per tensor and chunk: a written chunk is hashed from L2 (2 MiB per core); 1 MiB measured best
 _LANES = 64  # elements per vector compare: one 64-bit mask
 _PREFETCH = 32  # changes ahead to prefetch in _write (measured: 16 and 64 are slower)
-_SAFE_SUM = 1 << 62  # changes * numel below this: a sum of gaps (each < numel) cannot overflow int64
+SAFE_SUM = 1 << 62  # changes * numel below this: a sum of gaps (each < numel) cannot overflow int64
 
 
 @intrinsic
@@ -491,7 +491,7 @@ def read_positions(planes: Sequence[np.ndarray], gap_planes: int, numel: int) ->
     if not idx.size:
         return idx, True
     rows = _eight(list(planes[:gap_planes]))
-    if idx.size > _SAFE_SUM // max(numel, 1):  # a running sum of gaps < numel could pass 2**63: check each step
+    if idx.size > SAFE_SUM // max(numel, 1):  # a running sum of gaps < numel could pass 2**63: check each step
         _read_gaps(gap_planes, *rows, idx, False)
         return idx, _positions_checked(idx, numel) == 0
     top = int(_read_gaps(gap_planes, *rows, idx, True))

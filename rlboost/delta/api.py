@@ -16,6 +16,9 @@ from rlboost.delta.codec import BitArray, apply_arrays, apply_arrays_, encode_ar
 from rlboost.delta.format import DEFAULT_BLOCK_BYTES, DTYPE_ITEMSIZE, Delta, DeltaError
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# torch dtype -> the codec's name, for the dtypes the codec carries (a dict lookup: str(dtype) costs more per tensor).
+_DTYPE_NAME = {d: str(d).removeprefix("torch.") for d in vars(torch).values() if isinstance(d, torch.dtype)}
+_DTYPE_NAME = {d: n for d, n in _DTYPE_NAME.items() if n in DTYPE_ITEMSIZE}
 
 
 def dtype_name(t: torch.Tensor) -> str:
@@ -26,17 +29,21 @@ def dtype_name(t: torch.Tensor) -> str:
 def _cpu_flat(name: str, t: torch.Tensor) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise DeltaError(f"tensor {name!r}: expected a torch.Tensor, got {type(t).__name__}")
-    dtype = dtype_name(t)
-    if dtype not in DTYPE_ITEMSIZE:
-        raise DeltaError(f"tensor {name!r}: unsupported dtype {dtype}")
+    if t.dtype not in _DTYPE_NAME:
+        raise DeltaError(f"tensor {name!r}: unsupported dtype {dtype_name(t)}")
     return t.detach().cpu().contiguous().reshape(-1)
+
+
+def _in_place(t: object) -> bool:
+    """Whether the codec can read and write `t`'s memory directly (a CPU-contiguous tensor of a codec dtype)."""
+    return isinstance(t, torch.Tensor) and t.is_cpu and t.dtype in _DTYPE_NAME and t.is_contiguous()
 
 
 def to_bits(name: str, t: torch.Tensor) -> BitArray:
     """A BitArray sharing memory with `t` when it is CPU-contiguous (else with a CPU copy)."""
-    flat = _cpu_flat(name, t)
-    dtype = dtype_name(t)
-    ints = flat.view(_INT_VIEW[DTYPE_ITEMSIZE[dtype]]).numpy().view(uint_dtype(dtype))
+    flat = t.detach() if _in_place(t) else _cpu_flat(name, t)
+    dtype = _DTYPE_NAME[t.dtype]
+    ints = flat.view(_INT_VIEW[DTYPE_ITEMSIZE[dtype]]).numpy().view(uint_dtype(dtype)).reshape(-1)
     return BitArray(dtype, tuple(t.shape), ints)
 
 
@@ -77,13 +84,9 @@ def apply_(base: Mapping[str, torch.Tensor], delta: bytes, *, verify_target: boo
     parsed = apply_arrays_(bits, delta, verify_target=verify_target)
     with torch.no_grad():
         for name, t in base.items():
-            if not _shares_memory(t, bits[name]):
+            if not _in_place(t):  # changed in a CPU copy: write it back
                 t.copy_(_tensor_of(bits[name], t))
     return parsed
-
-
-def _shares_memory(t: torch.Tensor, a: BitArray) -> bool:
-    return t.device.type == "cpu" and t.is_contiguous() and t.numel() > 0 and t.data_ptr() == a.bits.ctypes.data
 
 
 def _np_int(t: torch.Tensor) -> type[np.integer]:

@@ -24,7 +24,9 @@ by chunk in cache, then builds and compresses each segment's byte planes as that
 streams (format 3). Apply checks the structure and every payload checksum before the first write;
 then each job decodes one segment (positions inside it, no empty change) and right away writes it
 and hashes it block by block on the same thread, while the other thread does the same with another
-segment: no serial decode before the first write, and one pass over memory.
+segment: no serial decode before the first write, and one pass over memory. A job is one compiled call
+that never takes the GIL (_apply_kernel: libzstd called from compiled code), with the Python path
+(decode_span, then _scan.write_segment) as the fallback and the source of every error message.
 The target checksum also proves the base: the delta maps a base to its target bijectively
 (fixed positions, fixed modular differences), so the result matches the target's checksum only
 if the base was the delta's base. On a mismatch, or on a segment that passed its payload checksum
@@ -44,7 +46,7 @@ from typing import NamedTuple, TypeVar
 import numpy as np
 import zstandard
 
-from rlboost.delta import _scan
+from rlboost.delta import _apply_kernel, _scan
 from rlboost.delta._scan import Segment, SegScan, fill_planes, gap_planes_for, max_gap, segments
 from rlboost.delta.format import (
     DEFAULT_BLOCK_BYTES,
@@ -449,6 +451,9 @@ def _validate(delta: bytes | Delta, base: Mapping[str, BitArray]) -> Delta:
     return d
 
 
+_NO_CHANGE = SegmentEntry(stop=0, changed=0)  # the segments of an unchanged tensor: hashed or copied, not written
+
+
 class _Job(NamedTuple):
     """One segment of one tensor: decode its changes (if any), then write and hash it, on one thread."""
 
@@ -471,9 +476,10 @@ def _jobs(d: Delta, verify: bool, copy: bool) -> list[_Job]:
         if e.encoding == "sparse":
             jobs += [_Job(e, s) for s in e.spans() if s.seg.changed or verify or copy]
         elif e.encoding == "unchanged" and (verify or copy):
-            none = SegmentEntry(stop=0, changed=0)
             split = must_split(e.nbytes, total)
-            jobs += [_Job(e, Span(s.start, s.stop, 0, none)) for s in plan(e.numel, e.itemsize, d.block_bytes, split)]
+            jobs += [
+                _Job(e, Span(s.start, s.stop, 0, _NO_CHANGE)) for s in plan(e.numel, e.itemsize, d.block_bytes, split)
+            ]
     jobs.sort(key=lambda j: j.span.start - j.span.stop)
     return jobs
 
@@ -484,12 +490,38 @@ def _run_job(
     """Decode one segment (validating every position and difference) and only then write it, hashing each block
     as it is written (in cache); a segment that fails to decode writes nothing."""
     e, sp = job
-    idx, diff = decode_span(e, sp, d.payload_of(e))
     bits = dst[e.name].bits[sp.start : sp.stop]
-    old = np.empty(diff.size, dtype=bits.dtype)
     copy = None if src is None else src[e.name].bits[sp.start : sp.stop]
+    if _apply_kernel.AVAILABLE:
+        return _run_compiled(e, sp, d, bits, copy, verify)
+    idx, diff = decode_span(e, sp, d.payload_of(e))
+    old = np.empty(diff.size, dtype=bits.dtype)
     digests = _scan.write_segment(bits, idx, diff, old, Segment(0, bits.size), d.block_bytes, copy, verify)
     return _Done(idx, old, digests)
+
+
+def _run_compiled(e: TensorEntry, sp: Span, d: Delta, bits: np.ndarray, copy: np.ndarray | None, verify: bool) -> _Done:
+    """_run_job as one compiled call without the GIL (see _apply_kernel); a segment it cannot decode is decoded
+    again on the Python path, which raises the DeltaError that names the fault."""
+    seg, payload = sp.seg, d.payload_of(e)
+    status, idx, old, digests = _apply_kernel.apply_segment(
+        _apply_kernel.dctx(),
+        np.frombuffer(payload, dtype=np.uint8),
+        sp.offset,
+        np.array(seg.streams, dtype=np.int64),
+        seg.changed,
+        seg.gap_planes,
+        bits,
+        bits if copy is None else copy,
+        copy is not None,
+        _scan.block_elems(bits.itemsize, d.block_bytes),
+        verify,
+        seg.changed > _scan.SAFE_SUM // max(bits.size, 1),
+    )
+    if status != _apply_kernel.OK:
+        decode_span(e, sp, payload)
+        raise DeltaError(f"tensor {e.name!r}: segment at {sp.start} does not decode (status {status})")
+    return _Done(idx, old, digests.tolist())
 
 
 def _apply(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import struct
 
+import pytest
 import torch
 import xxhash
 import zstandard
@@ -19,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rlboost.delta as rd
+from rlboost.delta import _apply_kernel
 from rlboost.delta import format as fmt
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -99,6 +101,40 @@ def test_resigned_payload_mutations_only_raise_delta_error(data: st.DataObject) 
     for e in table["tensors"]:
         e["payload_xxh3"] = fmt.tensor_checksum(bytes(payload[e["offset"] : e["offset"] + e["length"]]), BLOCK)
     must_reject_or_apply_exactly(resign(packed(table), bytes(payload)))
+
+
+def _outcome(blob: bytes, compiled: bool) -> str | list[bytes]:
+    """What applying `blob` gives on one path: the DeltaError's message, or the resulting bits."""
+    target = {k: v.clone() for k, v in BASE.items()}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_apply_kernel, "AVAILABLE", compiled)
+        try:
+            rd.apply_(target, blob)
+        except rd.DeltaError as e:
+            return str(e)
+    return [target[k].view(torch.uint8).numpy().tobytes() for k in sorted(target)]
+
+
+@FUZZ
+@given(st.data())
+def test_compiled_segment_jobs_match_the_python_path_on_mutated_payloads(data: st.DataObject) -> None:
+    """The compiled segment job (zstd from compiled code) and the Python path reject the same forged streams, and
+    apply the rest identically. A segment the kernel rejects is decoded again in Python for the message, so the
+    message must name the fault. (Which of two forged segments is reported first depends on the two threads.)"""
+    assert _apply_kernel.AVAILABLE, "the zstandard build lacks the exported libzstd API the compiled path needs"
+    payload = bytearray(PARSED.payload)
+    for _ in range(data.draw(st.integers(1, 6))):
+        payload[data.draw(st.integers(0, len(payload) - 1))] = data.draw(st.integers(0, 255))
+    table = json.loads(TABLE_JSON)
+    for e in table["tensors"]:
+        e["payload_xxh3"] = fmt.tensor_checksum(bytes(payload[e["offset"] : e["offset"] + e["length"]]), BLOCK)
+    blob = resign(packed(table), bytes(payload))
+    compiled, python = _outcome(blob, True), _outcome(blob, False)
+    if isinstance(compiled, str) or isinstance(python, str):
+        assert isinstance(compiled, str) and isinstance(python, str), (compiled, python)
+        assert "does not decode" not in compiled, compiled
+    else:
+        assert compiled == python
 
 
 FIELDS = ["dtype", "shape", "encoding", "changed", "offset", "length", "segments", "name", "base_xxh3"]
