@@ -221,10 +221,11 @@ def encode_segment(idx: np.ndarray, diff: np.ndarray, seg: Segment) -> tuple[Seg
 
 
 def encode_sparse(
-    idx: np.ndarray, diff: np.ndarray, numel: int, itemsize: int, block_bytes: int
+    idx: np.ndarray, diff: np.ndarray, numel: int, itemsize: int, block_bytes: int, split: bool = True
 ) -> tuple[list[SegmentEntry], bytes]:
-    """The segments and payload of a sparse tensor from all its sorted positions and modular differences."""
-    segs = plan(numel, itemsize, block_bytes)
+    """The segments and payload of a sparse tensor from all its sorted positions and modular differences (`split`:
+    see plan and must_split)."""
+    segs = plan(numel, itemsize, block_bytes, split)
     cuts = np.searchsorted(idx, [*(s.start for s in segs), numel]).tolist()
     parts = _pmap(
         lambda i: encode_segment(idx[cuts[i] : cuts[i + 1]], diff[cuts[i] : cuts[i + 1]], segs[i]), range(len(segs))

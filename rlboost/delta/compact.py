@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rlboost.delta.codec import Staged, decode_entry, encode_sparse
+from rlboost.delta.codec import Staged, decode_entry, encode_sparse, must_split
 from rlboost.delta.format import Delta, DeltaError, TensorEntry, pack, parse, tensor_checksum
 
 
@@ -40,8 +40,9 @@ def compose(d_ab: bytes | memoryview, d_bc: bytes | memoryview) -> bytes:
     if set(first) != {e.name for e in bc.tensors}:
         raise DeltaError("cannot compose: the two deltas cover different tensor names")
     entries, parts, offset = [], [], 0
+    total = sum(e.nbytes for e in bc.tensors)
     for eb in bc.tensors:
-        entry, payload = _compose_tensor(ab, first[eb.name], bc, eb)
+        entry, payload = _compose_tensor(ab, first[eb.name], bc, eb, must_split(eb.nbytes, total))
         entries.append(entry.model_copy(update={"offset": offset, "length": len(payload)}))
         parts.append(payload)
         offset += len(payload)
@@ -58,7 +59,9 @@ def compose_chain(deltas: Sequence[bytes | memoryview]) -> bytes:
     return out
 
 
-def _compose_tensor(ab: Delta, ea: TensorEntry, bc: Delta, eb: TensorEntry) -> tuple[TensorEntry, bytes]:
+def _compose_tensor(ab: Delta, ea: TensorEntry, bc: Delta, eb: TensorEntry, split: bool) -> tuple[TensorEntry, bytes]:
+    """One tensor of a->c; `split`: whether its sparse form is cut in two segments or more for the apply's threads
+    (only a tensor that is a large share of the state is, as in encode)."""
     where = f"tensor {eb.name!r}"
     if (ea.dtype, ea.shape) != (eb.dtype, eb.shape):
         raise DeltaError(f"cannot compose {where}: {ea.dtype}{ea.shape} then {eb.dtype}{eb.shape}")
@@ -76,7 +79,7 @@ def _compose_tensor(ab: Delta, ea: TensorEntry, bc: Delta, eb: TensorEntry) -> t
         values = sa.values.copy()
         values[sb.idx] += sb.values  # modular add on the bit patterns
         return _dense(eb, ends, ea.changed + eb.changed, values.tobytes(), bc.block_bytes)
-    return _sparse_sum(eb, ends, sa, sb, bc.block_bytes)
+    return _sparse_sum(eb, ends, sa, sb, bc.block_bytes, split)
 
 
 def _dense(
@@ -95,7 +98,7 @@ def _dense(
 
 
 def _sparse_sum(
-    like: TensorEntry, ends: dict[str, int], sa: Staged, sb: Staged, block_bytes: int
+    like: TensorEntry, ends: dict[str, int], sa: Staged, sb: Staged, block_bytes: int, split: bool
 ) -> tuple[TensorEntry, bytes]:
     idx = np.concatenate([sa.idx, sb.idx])
     diff = np.concatenate([sa.values, sb.values])
@@ -109,7 +112,7 @@ def _sparse_sum(
         empty = tensor_checksum(b"", block_bytes)
         base = {"encoding": "unchanged", "changed": 0, "payload_xxh3": empty, "segments": []}
         return like.model_copy(update={**ends, **base, "target_xxh3": ends["base_xxh3"]}), b""
-    segments, payload = encode_sparse(uniq, summed, like.numel, like.itemsize, block_bytes)
+    segments, payload = encode_sparse(uniq, summed, like.numel, like.itemsize, block_bytes, split)
     update = {
         **ends,
         "encoding": "sparse",

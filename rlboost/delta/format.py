@@ -191,14 +191,15 @@ class TensorEntry(BaseModel):
         """The segments with their element ranges and payload offsets (relative to this tensor's payload)."""
         # Computed once and kept in the instance (parse checks them, apply plans its jobs from them); not a
         # functools.cached_property, whose lock measured ~1 us a call on a model's hundreds of calls per delta.
-        cached = self.__dict__.get("_spans")
-        if cached is None:
-            cached, start, offset = [], 0, 0
-            for seg in self.segments:
-                cached.append(Span(start, seg.stop, offset, seg))
+        # Keyed by the segments list itself: model_copy(update={"segments": ...}) copies the instance dict, cache too.
+        segments, spans = self.__dict__.get("_spans", (None, []))
+        if segments is not self.segments:
+            segments, spans, start, offset = self.segments, [], 0, 0
+            for seg in segments:
+                spans.append(Span(start, seg.stop, offset, seg))
                 start, offset = seg.stop, offset + seg.length
-            self.__dict__["_spans"] = cached
-        return cached
+            self.__dict__["_spans"] = (segments, spans)
+        return spans
 
 
 class Header(BaseModel):

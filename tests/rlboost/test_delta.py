@@ -731,6 +731,14 @@ def test_many_small_tensors_are_not_split_but_a_dominant_one_is() -> None:
     alone = fmt.parse(rd.encode({"t0": base["t0"]}, {"t0": new["t0"]}, base_version=0, version=1)).tensors[0]
     assert len(alone.segments) == 2
     assert_bit_identical(rd.apply(base, rd.encode(base, new, base_version=0, version=1)), new)
+    third = {k: v.clone() for k, v in new.items()}
+    for v in third.values():
+        bits(v)[5::89] += 1
+    composed = rd.compose(
+        rd.encode(base, new, base_version=0, version=1), rd.encode(new, third, base_version=1, version=2)
+    )
+    assert all(len(e.segments) == 1 for e in fmt.parse(composed).tensors), "a composed delta is cut as encode cuts"
+    assert_bit_identical(rd.apply(base, composed), third)
 
 
 def _with_table(blob: bytes, table: bytes) -> bytes:
@@ -759,3 +767,17 @@ def test_a_table_that_is_not_a_sized_zstd_frame_is_rejected(monkeypatch: pytest.
         with pytest.raises(rd.DeltaError, match=f"table.*{message}"):
             rd.inspect(_with_table(blob, table))
     assert_bit_identical(rd.apply(base, _with_table(blob, zstandard.ZstdCompressor().compress(text))), new)
+
+
+def test_an_entry_copied_with_other_segments_plans_its_own_spans() -> None:
+    """Spans are kept in the entry's instance dict, which model_copy copies: the copy must not reuse them."""
+    entry = fmt.TensorEntry(
+        name="w", dtype="bfloat16", shape=[8], encoding="sparse", changed=2, base_xxh3=0, target_xxh3=0,
+        offset=0, length=6, payload_xxh3=0,
+        segments=[fmt.SegmentEntry(stop=8, changed=2, gap_planes=1, streams=[2, 2, 2])],
+    )  # fmt: skip
+    assert [(s.start, s.stop) for s in entry.spans()] == [(0, 8)]
+    halves = [fmt.SegmentEntry(stop=4, changed=1, gap_planes=1, streams=[1, 1, 1])] * 2
+    copy = entry.model_copy(update={"segments": [halves[0], halves[1].model_copy(update={"stop": 8})]})
+    assert [(s.start, s.stop, s.offset) for s in copy.spans()] == [(0, 4, 0), (4, 8, 3)]
+    assert [(s.start, s.stop) for s in entry.spans()] == [(0, 8)]
