@@ -7,8 +7,9 @@
     rd.inspect(blob).changed_fraction                        # DeltaInfo, per tensor too
     rd.compose(blob_ab, blob_bc)                             # a->c without the weights
     rd.tensor_checksum(raw_bytes)                            # the format's (block-wise xxh3) tensor checksum
+    rd.warm_up_in_background()                               # compile the kernels now, beside start-up
 
-`encode`, `apply` and `apply_` need torch and are loaded on first use (PEP 562), so
+`encode`, `apply`, `apply_` and the warm-ups need torch and are loaded on first use (PEP 562), so
 `import rlboost.delta` stays torch-free for the weight-server. Torch-free code that wants
 import-linter to see no path to torch imports `rlboost.delta.compact` / `.format` / `.codec`.
 """
@@ -22,7 +23,7 @@ from rlboost.delta.compact import compose, compose_chain
 from rlboost.delta.format import FORMAT_VERSION, DeltaError, DeltaInfo, TensorInfo, inspect, tensor_checksum
 
 if TYPE_CHECKING:
-    from rlboost.delta.api import apply, apply_, encode
+    from rlboost.delta.api import apply, apply_, encode, warm_up, warm_up_in_background
 
 __all__ = [
     "FORMAT_VERSION",
@@ -36,9 +37,11 @@ __all__ = [
     "encode",
     "inspect",
     "tensor_checksum",
+    "warm_up",
+    "warm_up_in_background",
 ]
 
-_TORCH_API = {"encode", "apply", "apply_"}
+_TORCH_API = {"encode", "apply", "apply_", "warm_up", "warm_up_in_background"}
 
 
 def __getattr__(name: str) -> Any:

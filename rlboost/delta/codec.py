@@ -505,9 +505,11 @@ def _run_compiled(e: TensorEntry, sp: Span, d: Delta, bits: np.ndarray, copy: np
     """_run_job as one compiled call without the GIL (see _apply_kernel); a segment it cannot decode is decoded
     again on the Python path, which raises the DeltaError that names the fault."""
     seg, payload = sp.seg, d.payload_of(e)
+    data = np.frombuffer(payload, dtype=np.uint8)
+    data.flags.writeable = False  # bytes and bytearray payloads alike: one compiled variant, not two
     status, idx, old, digests = _apply_kernel.apply_segment(
         _apply_kernel.dctx(),
-        np.frombuffer(payload, dtype=np.uint8),
+        data,
         sp.offset,
         np.array(seg.streams, dtype=np.int64),
         seg.changed,

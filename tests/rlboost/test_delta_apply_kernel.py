@@ -109,3 +109,23 @@ def test_compiled_and_python_paths_apply_and_roll_back_alike(compiled: bool, mon
     with pytest.raises(rd.DeltaError, match="target checksum mismatch"):
         rd.apply_(wrong, blob)
     assert all(torch.equal(wrong[k].view(torch.uint8), before[k].view(torch.uint8)) for k in before)
+
+
+def test_warm_up_compiles_the_kernels_of_both_element_widths(caplog: pytest.LogCaptureFixture) -> None:
+    """What a worker and a trainer run at start-up: afterwards the apply kernel (bytes and bytearray payloads
+    alike: one read-only variant) and the scan kernel exist for 2- and 4-byte elements, so no first sync compiles."""
+    from rlboost.delta import _scan
+
+    caplog.set_level("INFO", logger="rlboost.delta")
+    rd.warm_up_in_background((torch.bfloat16, torch.float32)).join(timeout=300)
+    assert "delta codec kernels ready" in caplog.text
+    widths = {sig[6].dtype.bitwidth for sig in kernel.apply_segment.signatures}  # arg 6: the segment's bits
+    assert widths >= {16, 32}
+    assert not any(sig[1].mutable for sig in kernel.apply_segment.signatures), "payloads are passed read-only"
+    assert {sig[0].dtype.bitwidth for sig in _scan._scan.signatures} >= {16, 32}
+    built = len(kernel.apply_segment.signatures)
+    base = {"w": torch.zeros(8192, dtype=torch.float16)}  # fp16: the 2-byte variant bf16 already built
+    new = {"w": base["w"].clone()}
+    new["w"][::7] = 1  # sparse: through the segment kernel
+    rd.apply_(base, bytearray(rd.encode(base, new, base_version=0, version=1)))
+    assert len(kernel.apply_segment.signatures) == built

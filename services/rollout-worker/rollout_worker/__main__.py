@@ -81,6 +81,10 @@ async def _amain(args: argparse.Namespace) -> int:
         if args.weight_server:
             from rlboost.weights.client import WeightClient
 
+            if args.spec.weight_sync.mode == "delta":  # the codec's JIT beside the first pull, not after it
+                import rlboost.delta
+
+                rlboost.delta.warm_up_in_background()
             client = WeightClient(args.weight_server, streams=args.spec.weight_sync.streams)
             puller = WeightPuller(client)
             pulled = await puller.pull(await puller.wait_latest(args.startup_timeout))
@@ -97,6 +101,8 @@ async def _amain(args: argparse.Namespace) -> int:
             nats = await _subscribe_weights(args, session)
             if args.pool == "reserved" and args.spec.trainer.colocate_reserved:
                 await _subscribe_colocation(nats, args, session)
+        if puller is not None:  # versions announced while the engine loaded (before the subscription) are missed
+            session.schedule_update(await puller.wait_latest(args.startup_timeout))
         from rollout_worker import metrics
 
         metrics.WEIGHT_VERSION.set(engine.weight_version)

@@ -254,6 +254,10 @@ class Trainer:
         from rlboost.weights.client import WeightClient
 
         ckpt = self._resume_point()
+        if self.spec.weight_sync.mode == "delta":  # the codec's JIT beside the first step, not in the first publish
+            import rlboost.delta
+
+            rlboost.delta.warm_up_in_background()
         await asyncio.to_thread(ranks.broadcast, {"op": "resume", "ckpt": str(ckpt) if ckpt else None})
         state = await asyncio.to_thread(self._restore, ckpt)
         streams = self.spec.weight_sync.streams
