@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -19,8 +20,7 @@ from rlboost.delta.format import DEFAULT_BLOCK_BYTES, DTYPE_ITEMSIZE, Delta, Del
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # torch dtype -> the codec's name, for the dtypes the codec carries (a dict lookup: str(dtype) costs more per tensor).
-_DTYPE_NAME = {d: str(d).removeprefix("torch.") for d in vars(torch).values() if isinstance(d, torch.dtype)}
-_DTYPE_NAME = {d: n for d, n in _DTYPE_NAME.items() if n in DTYPE_ITEMSIZE}
+_DTYPE_NAME = {getattr(torch, n): n for n in DTYPE_ITEMSIZE if isinstance(getattr(torch, n, None), torch.dtype)}
 
 
 def dtype_name(t: torch.Tensor) -> str:
@@ -101,8 +101,6 @@ def warm_up(dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,)) -> float:
     first call of each kernel in a process compiles it, ~10 s per width on a 2-core VM when numba's disk cache is
     empty (a new container), ~0.3 s from the cache: called in a background thread at start-up, the JIT runs beside
     loading instead of in a worker's first sync or a trainer's first publish. Thread-safe."""
-    import time
-
     start = time.monotonic()
     for dtype in dtypes:
         base = {"w": torch.zeros(8192, dtype=dtype)}

@@ -261,10 +261,8 @@ class WorkerSession:
         metrics.ASSIGNED.inc()
         if self.draining:
             self._reject(link, a)
-        elif self.engine.memory_released:
-            self._held_while_released.append(
-                a
-            )  # started after resume (the manager gives a released worker none normally)
+        elif self.engine.memory_released:  # started after resume (the manager gives a released worker none normally)
+            self._held_while_released.append(a)
         elif a.weight_version > self.engine.weight_version and self.pull is not None:
             self._held.append(a)  # starts once the engine holds that version
             self.schedule_update(a.weight_version)
