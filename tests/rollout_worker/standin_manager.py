@@ -27,6 +27,8 @@ class StandInManager(RolloutManagerServicer):
         self.outbox: asyncio.Queue = asyncio.Queue()
         self.streams_ended = 0
         self.server: grpc.aio.Server | None = None
+        self.answering = asyncio.Event()  # cleared: hold every Register unanswered (a slow manager)
+        self.answering.set()
 
     async def start(self, port: int) -> StandInManager:
         self.server = grpc.aio.server()
@@ -57,6 +59,7 @@ class StandInManager(RolloutManagerServicer):
     async def Connect(self, request_iterator, context):  # noqa: N802 (generated servicer's naming)
         first = await context.read()
         self.registrations.append(first.register)
+        await self.answering.wait()
         await context.write(pb.ManagerMessage(registered=self.registered))
 
         async def pump() -> None:

@@ -49,11 +49,13 @@ async def rig(tiny_model_dir):
     session = WorkerSession(cfg, engine)
     task = asyncio.create_task(session.run())
     await eventually(lambda: manager.registrations, what="registration")
-    yield manager, engine, session, task, port
-    session.request_drain("test over", notice=False)
-    await asyncio.wait_for(task, 10)
-    await engine.close()
-    await manager.stop()
+    try:
+        yield manager, engine, session, task, port
+        session.request_drain("test over", notice=False)
+        await asyncio.wait_for(task, 10)
+    finally:  # a server left running is finalised in some later test, which then fails on its warning
+        await engine.close()
+        await manager.stop()
 
 
 def assert_contiguous(manager: StandInManager, rid: str, start: int = 0) -> None:
@@ -122,10 +124,25 @@ async def test_reconnects_when_the_manager_restarts(rig):
     await eventually(lambda: manager.tokens("long"), what="first tokens")
     await manager.stop()
     await manager.start(port)  # same port: a restarted manager
-    await eventually(lambda: len(manager.registrations) == 2, what="re-registration")
-    assert session.registrations == 2
+    # The manager records a Register before answering it: wait for the worker's side of the handshake too.
+    await eventually(lambda: session.registrations == 2 and len(manager.registrations) == 2, what="re-registration")
     manager.assign(pb_assignment("after", PROMPT, 5))
     await eventually(lambda: manager.last_chunk("after") and manager.last_chunk("after").finished, what="end")
+
+
+async def test_drain_asked_while_registering_closes_the_new_stream(rig):
+    """SIGTERM while the worker reconnects: the stream that comes up is drained at once, not served forever."""
+    manager, _, session, task, port = rig
+    await manager.stop()
+    manager.answering.clear()
+    await manager.start(port)
+    await eventually(lambda: len(manager.registrations) == 2, what="second Register")
+    session.request_drain("SIGTERM", notice=True)
+    manager.answering.set()
+    await asyncio.wait_for(task, 10)
+    assert session.registrations == 2
+    await eventually(lambda: manager.streams_ended == 2, what="the new stream closed by the worker")
+    assert [m.drain.reason for m in manager.of_kind("drain")] == ["SIGTERM"]
 
 
 async def test_unreachable_manager_is_reported(tiny_model_dir):

@@ -77,6 +77,7 @@ class _Link:
         self.chunker = Chunker(max(1, registered.chunk_max_tokens or 16), max(1, registered.chunk_max_ms or 50))
         self.flush = asyncio.Event()
         self.tasks: dict[str, asyncio.Task] = {}
+        self.drained = False  # this stream was drained: flushed and half-closed
 
 
 class WorkerSession:
@@ -89,6 +90,7 @@ class WorkerSession:
         self.pull = pull
         self.link: _Link | None = None
         self.draining = False
+        self._drain_request: tuple[str, bool] = ("", False)  # (reason, notice) of the drain asked for
         self.drained = asyncio.Event()
         self.registrations = 0
         self._held: list[Assignment] = []  # assignments waiting for a newer weight version
@@ -122,6 +124,7 @@ class WorkerSession:
         if self.draining:
             return
         self.draining = True
+        self._drain_request = (reason, notice)
         log.info("draining", extra={"reason": reason})
         self._spawn(self._drain(reason, notice))
 
@@ -191,6 +194,8 @@ class WorkerSession:
                 asyncio.create_task(self._flusher(link)),
                 asyncio.create_task(self._heartbeat(link)),
             ]
+            if self.draining:  # asked while this stream was registering: _drain saw no link then
+                self._spawn(self._drain(*self._drain_request))
             try:
                 await self._reader(link)
             finally:
@@ -369,8 +374,9 @@ class WorkerSession:
 
     async def _drain(self, reason: str, notice: bool) -> None:
         link = self.link
-        if link is None:
-            return  # not connected: nothing to flush; run() stops at the next attempt
+        if link is None or link.drained:
+            return  # not connected: nothing to flush (a stream still registering drains when it is up)
+        link.drained = True
         if notice:
             link.outbox.put_nowait(
                 pb.WorkerMessage(drain=pb.DrainNotice(reason=reason, deadline_ms=self.cfg.drain_deadline_ms))
