@@ -1,6 +1,7 @@
 """The DeepSpeed engine on CPU (gloo, ZeRO-1, one rank): a real optimizer step on a tiny Qwen3 model.
 
-DeepSpeed JIT-compiles its shm comm op on first use (~35 s, cached in ~/.cache/torch_extensions).
+DeepSpeed would JIT-compile its shm all-reduce op at init_distributed (60-90 s in a new environment); the
+engine turns that inference-only op off, and the first test checks it stayed unbuilt.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def test_one_step_changes_weights_and_lowers_the_loss(tiny_model_dir, zero_stage
     spec = tiny_spec(learning_rate=5e-3, micro_batch_size=2)
     spec.trainer.zero_stage = zero_stage
     engine = PolicyEngine(tiny_model_dir, spec)
+    from deepspeed.comm import comm
+
+    assert comm.cdb.shm_comm_op is None, "DeepSpeed's inference-only shm all-reduce must not be compiled"
     before = engine.full_state()
     batch, n = _batch(engine)
     loss0 = engine.evaluate_loss(batch, n)
