@@ -123,12 +123,41 @@ def test_ensure_model_is_idempotent(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["m"]  # no temporary directory left behind
 
 
-def test_ensure_model_is_deterministic(tmp_path: Path) -> None:
+def test_ensure_model_is_deterministic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLBOOST_CACHE_DIR", "off")  # every model below is really created
     a = _checksum(ensure_model(SMALL, SMALL_TASK, tmp_path / "a"))
     b = _checksum(ensure_model(SMALL, SMALL_TASK, tmp_path / "b"))
     c = _checksum(ensure_model(SMALL.model_copy(update={"seed": 1}), SMALL_TASK, tmp_path / "c"))
     assert a == b
     assert a != c
+
+
+def test_a_created_model_is_cached_and_the_next_run_copies_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLBOOST_CACHE_DIR", str(tmp_path / "cache"))
+    a = ensure_model(SMALL, SMALL_TASK, tmp_path / "a")
+    [entry] = (tmp_path / "cache" / "models").iterdir()
+
+    def not_again(*_: object) -> None:
+        raise AssertionError("created again")
+
+    monkeypatch.setattr("rlboost.models.tiny.create_tiny_model", not_again)
+    b = ensure_model(SMALL.model_copy(update={"path": "elsewhere"}), SMALL_TASK, tmp_path / "b")
+    assert _checksum(a) == _checksum(b) == _checksum(entry)
+    assert sorted(f.name for f in a.iterdir()) == sorted(f.name for f in b.iterdir())
+    with pytest.raises(AssertionError, match="created again"):  # another seed is another key
+        ensure_model(SMALL.model_copy(update={"seed": 1}), SMALL_TASK, tmp_path / "c")
+    with pytest.raises(AssertionError, match="created again"):  # so is another task
+        ensure_model(SMALL, SMALL_TASK.model_copy(update={"max_operand": 6}), tmp_path / "d")
+    assert [p.name for p in (tmp_path / "cache" / "models").iterdir()] == [entry.name]  # nothing half-written
+
+
+def test_cache_off_or_unusable_still_creates_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLBOOST_CACHE_DIR", "off")
+    assert (ensure_model(SMALL, SMALL_TASK, tmp_path / "a") / "config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+    (tmp_path / "not-a-dir").write_text("")
+    monkeypatch.setenv("RLBOOST_CACHE_DIR", str(tmp_path / "not-a-dir"))
+    assert (ensure_model(SMALL, SMALL_TASK, tmp_path / "b") / "config.json").is_file()
 
 
 def test_ensure_model_accepts_an_empty_directory(tmp_path: Path) -> None:
