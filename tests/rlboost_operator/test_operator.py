@@ -97,9 +97,9 @@ def test_spot_nodes_appearing_and_vanishing_scale_the_spot_workers(operator):
     api.delete("Node", None, "spot-b")
     api.delete("Node", None, "spot-a")
     wait_until(lambda: spot_replicas(api, "scaler") == 1, timeout=20, what="spot workers back to min")
-    assert status_of(api, "scaler")["workers"]["spotDesired"] == 1
-    reasons = {e.get("reason") for e in api.list("Event", NS)}
-    assert "SpotScaled" in reasons
+    # The status and the event are written after the Deployment: wait for them, do not race them.
+    wait_until(lambda: status_of(api, "scaler")["workers"]["spotDesired"] == 1, timeout=20, what="status at min")
+    wait_until(lambda: "SpotScaled" in {e.get("reason") for e in api.list("Event", NS)}, timeout=20, what="event")
 
 
 def _collect(url: str, subj: str, received: list[bytes], ready: threading.Event, stop: threading.Event) -> None:

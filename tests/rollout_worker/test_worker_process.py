@@ -137,6 +137,12 @@ def test_model_dir_that_cannot_load_is_one_line(tmp_path):
     out = subprocess.run(worker_argv(tmp_path, free_port(), 0), capture_output=True, text=True, env=ENV, timeout=60)
     assert out.returncode == 1
     assert out.stderr.strip().splitlines()[-1].startswith("rollout-worker: cannot load a model from")
+    # The engine loads while the first weights are awaited: its failure ends the start-up at once, not after
+    # --startup-timeout (here a weight-server that never comes up, waited for up to 10 minutes).
+    argv = worker_argv(tmp_path, free_port(), 0, weight_server=f"http://127.0.0.1:{free_port()}", startup_timeout="600")
+    out = subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1].startswith("rollout-worker: cannot load a model from")
 
 
 def test_missing_model_dir_names_the_flag(tmp_path):

@@ -77,7 +77,7 @@ async def _amain(args: argparse.Namespace) -> int:
     client = puller = nats = None
     _stop_early_on_sigterm()
     try:
-        state, version = None, 0
+        version = 0
         if args.weight_server:
             from rlboost.weights.client import WeightClient
 
@@ -87,9 +87,9 @@ async def _amain(args: argparse.Namespace) -> int:
                 rlboost.delta.warm_up_in_background()
             client = WeightClient(args.weight_server, streams=args.spec.weight_sync.streams)
             puller = WeightPuller(client)
-            pulled = await puller.pull(await puller.wait_latest(args.startup_timeout))
-            state, version = pulled.state, pulled.version
-        await engine.start(args.model_dir, state, version)
+            version = await _start_beside_first_pull(engine, args.model_dir, puller, args.startup_timeout)
+        else:
+            await engine.start(args.model_dir)
         cfg = SessionConfig(
             worker_id=args.worker_id, pool=Pool(args.pool), node=args.node, capacity=engine.capacity,
             manager=args.manager, engine=engine.name, reconnect_timeout_s=args.reconnect_timeout,
@@ -126,6 +126,27 @@ async def _amain(args: argparse.Namespace) -> int:
                 await nats.close()
         if client is not None:
             await client.aclose()
+
+
+async def _start_beside_first_pull(engine, model_dir: str, puller, timeout: float) -> int:
+    """Load the engine from the model directory while the newest version is awaited and pulled, then apply it;
+    returns that version. A new spot worker's model load and first download overlap instead of adding up (an
+    engine whose start blocks the loop, as SGLang's does, simply runs them one after the other)."""
+
+    async def pull_latest():
+        return await puller.pull(await puller.wait_latest(timeout))
+
+    loading, pulling = asyncio.create_task(engine.start(model_dir)), asyncio.create_task(pull_latest())
+    try:
+        await asyncio.gather(loading, pulling)  # the first failure, of either, ends the wait at once
+    except BaseException:
+        for task in (loading, pulling):
+            task.cancel()
+        await asyncio.gather(loading, pulling, return_exceptions=True)
+        raise
+    pulled = pulling.result()
+    await engine.update_weights(pulled.state, pulled.version, checksum=pulled.checksum)  # verified, as every update
+    return pulled.version
 
 
 def _make_engine(name: str, capacity: int, args: argparse.Namespace):
