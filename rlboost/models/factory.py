@@ -87,9 +87,16 @@ def model_key(model_spec: ModelSpec, task_spec: TaskSpec) -> str:
         "model": model_spec.model_dump(exclude={"path", "source"}),
         "task": task_spec.model_dump(),
         "code": [hashlib.sha256(f.read_bytes()).hexdigest() for f in sources],
-        "versions": [metadata.version(d) for d in ("torch", "transformers", "tokenizers")],
+        "versions": [_version(d) for d in ("torch", "transformers", "tokenizers")],
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:  # a build without distribution metadata (e.g. torch from source)
+        return "unknown"
 
 
 def _copy_atomically(source: Path, path: Path) -> None:
