@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -14,13 +13,9 @@ from rlboost.nats_server import NatsServer, free_port
 def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """One tiny-model cache for the session (every `rlboost local` the tests start inherits it): each
     distinct model is created once, and nothing is read from or written to the user's ~/.cache."""
-    before = os.environ.get("RLBOOST_CACHE_DIR")
-    os.environ["RLBOOST_CACHE_DIR"] = str(tmp_path_factory.mktemp("rlboost-cache"))
-    yield
-    if before is None:
-        os.environ.pop("RLBOOST_CACHE_DIR")
-    else:
-        os.environ["RLBOOST_CACHE_DIR"] = before
+    with pytest.MonkeyPatch.context() as session_env:
+        session_env.setenv("RLBOOST_CACHE_DIR", str(tmp_path_factory.mktemp("rlboost-cache")))
+        yield
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
@@ -100,30 +101,27 @@ def _version(distribution: str) -> str:
 
 
 def _copy_atomically(source: Path, path: Path) -> None:
-    """Copy a model directory to `path` through a temporary sibling, as creation does."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
-        shutil.copytree(source, tmp, dirs_exist_ok=True)
-        _rename_into_place(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    _fill_atomically(path, lambda tmp: shutil.copytree(source, tmp, dirs_exist_ok=True))
 
 
 def _create_atomically(model_spec: ModelSpec, task_spec: TaskSpec, path: Path) -> Path:
     from rlboost.models.tiny import create_tiny_model
 
+    _fill_atomically(path, lambda tmp: create_tiny_model(model_spec, task_spec, tmp))
+    log.info("created tiny model at %s", path)
+    return path
+
+
+def _fill_atomically(path: Path, fill: Callable[[Path], object]) -> None:
+    """`fill` a temporary sibling of `path`, then rename it into place: no reader sees a half-written model."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
-        create_tiny_model(model_spec, task_spec, tmp)
+        fill(tmp)
         _rename_into_place(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    log.info("created tiny model at %s", path)
-    return path
 
 
 def _rename_into_place(tmp: Path, path: Path) -> None:
