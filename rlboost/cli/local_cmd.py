@@ -1,7 +1,7 @@
 """`rlboost local`: the whole job on this machine, every service a separate process on 127.0.0.1.
 
     rlboost local [--config FILE] [--steps N] [--json-report PATH] [--run-dir DIR] [--temperature T]
-                  [--spot-trace FILE] [--trace-time-scale X] [--chaos-kill-every S] [--chaos-signal KILL|TERM]
+                  [--spot-trace FILE] [--trace-time-scale X | --trace-step-seconds X] [--chaos-kill-every S] [--chaos-signal KILL|TERM]
                   [--dump-rollouts PATH]
                   [--workers-reserved N] [--workers-spot N] [--seed S]
                   [--trainer-ranks N] [--checkpoint-dir DIR] [--resume]
@@ -43,9 +43,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dump-rollouts", type=Path, metavar="PATH", help="trainer writes every sample as a JSON line")
     p.add_argument("--spot-trace", type=Path, metavar="FILE", help="spot pool size follows this Bamboo-format trace")
     p.add_argument("--trace-time-scale", type=float, default=1.0, metavar="X",
-                   help="trace seconds per wall second (default 1)")  # fmt: skip
+                   help="replay the trace in wall time: trace seconds per wall second (default 1)")  # fmt: skip
+    p.add_argument("--trace-step-seconds", type=float, metavar="X",
+                   help="replay the trace by the job's progress instead: each step's samples advance it X trace "
+                        "seconds, so its events land at the same point of the job on any machine")  # fmt: skip
     p.add_argument("--chaos-kill-every", type=float, metavar="S",
-                   help="every S seconds preempt a spot worker, one caught mid-response when there is one")  # fmt: skip
+                   help="preempt a spot worker caught streaming an unfinished response: the first as soon as one "
+                        "streams, then at most once every S seconds")  # fmt: skip
     p.add_argument("--chaos-signal", choices=["KILL", "TERM"], default="KILL",
                    help="chaos preemption without notice (KILL, default) or with notice (TERM: the worker drains)")  # fmt: skip
     p.set_defaults(func=run)
@@ -119,6 +123,10 @@ def _override_error(err: ValueError) -> str:
 def _check_inputs(args: argparse.Namespace) -> None:
     if args.trace_time_scale <= 0:
         raise JobSpecError(f"--trace-time-scale: must be > 0, got {args.trace_time_scale}")
+    if args.trace_step_seconds is not None and args.trace_step_seconds <= 0:
+        raise JobSpecError(f"--trace-step-seconds: must be > 0 trace seconds per step, got {args.trace_step_seconds}")
+    if args.trace_step_seconds is not None and args.spot_trace is None:
+        raise JobSpecError("--trace-step-seconds replays a trace: give the trace with --spot-trace FILE")
     if args.chaos_kill_every is not None and args.chaos_kill_every <= 0:
         raise JobSpecError(f"--chaos-kill-every: must be > 0 seconds, got {args.chaos_kill_every}")
     if args.spot_trace is not None:
@@ -149,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
         dump_rollouts=args.dump_rollouts.resolve() if args.dump_rollouts else None,
         spot_trace=args.spot_trace,
         trace_time_scale=args.trace_time_scale,
+        trace_step_seconds=args.trace_step_seconds,
         chaos_kill_every=args.chaos_kill_every,
         chaos_signal=args.chaos_signal,
         seed=spec.algorithm.seed,

@@ -1,12 +1,11 @@
-"""Chaos: preempt a spot worker every `period_s` seconds, preferably one caught mid-response (pure).
+"""Chaos: preempt a spot worker caught streaming an unfinished response, at most once per period (pure).
 
-The runner sends the signal (SIGKILL, or SIGTERM with `--chaos-signal TERM`). A kill that lands while a
-worker holds no request tests nothing, so once a period has elapsed the monkey stays *armed* and picks
-its victim among the spot workers the manager's status shows running requests whose tokens are flowing
-(its token count grew since the previous status): a worker that holds requests but has streamed nothing
-of them yet (just assigned, in prefill, or pulling the weights they need) would lose nothing worth keeping.
-Only when no worker qualifies for `patience_periods` periods does it settle for less: a busy worker, then
-an idle one (a real preemption does not wait).
+The runner sends the signal (SIGKILL, or SIGTERM with `--chaos-signal TERM`). A kill is triggered by an
+event, not by the clock alone: the monkey is *armed* from the start and again `period_s` after each kill,
+and while armed it kills only a spot worker that the manager's status shows holding tokens of a response
+still running on it (`WorkerStatus.inflight_tokens > 0`). A kill that lands between responses tests
+nothing, so the monkey never settles for an idle worker; and because the first kill waits for the first
+streamed token rather than for a wall-clock time, a fast machine cannot finish the run before it.
 """
 
 from __future__ import annotations
@@ -17,14 +16,11 @@ from dataclasses import dataclass, field
 
 @dataclass
 class ChaosMonkey:
-    """Decides when to kill and whom. `armed(now)` says a kill is due; `choose` picks a victim or waits."""
+    """Decides when to kill and whom. `armed(now)` says a kill is wanted; `choose` picks a victim or waits."""
 
     period_s: float
     seed: int = 0
-    patience_periods: float = 4.0
-    _next_at: float | None = None
-    _idle_since: float | None = None  # armed, registered spot workers seen, none streaming since then
-    _tokens_seen: dict[str, int] = field(default_factory=dict)  # each worker's token count at the last status
+    _next_at: float | None = None  # None: armed (the first kill waits only for a victim)
     _rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
@@ -32,57 +28,19 @@ class ChaosMonkey:
             raise ValueError(f"--chaos-kill-every: must be > 0 seconds, got {self.period_s}")
         self._rng = random.Random(self.seed)
 
-    def start(self, now: float) -> None:
-        self._next_at = now + self.period_s
-
     def armed(self, now: float) -> bool:
-        """True from the end of a period until the next kill (`fire`)."""
-        if self._next_at is None:
-            self.start(now)
-        return now >= self._next_at
+        """True until the first kill, then from `period_s` after each kill until the next."""
+        return self._next_at is None or now >= self._next_at
 
     def fire(self, now: float) -> None:
         """A kill happened: the next one is a full period away (missed periods are not replayed)."""
         self._next_at = now + self.period_s
-        self._idle_since = None
-        self._tokens_seen = {}  # growth is judged between statuses of the same armed window, not across periods
 
-    def due(self, now: float) -> bool:
-        """True once per period (armed, then fired at once): for callers that need no busy victim."""
-        if not self.armed(now):
-            return False
-        self.fire(now)
-        return True
-
-    def pick(self, workers: list[str]) -> str | None:
-        return self._rng.choice(sorted(workers)) if workers else None
-
-    def choose(
-        self, now: float, live: list[str], busy: dict[str, int] | None, tokens: dict[str, int] | None = None
-    ) -> str | None:
+    def choose(self, live: list[str], inflight: dict[str, int] | None) -> str | None:
         """The victim to kill now, or None to wait. Call only while armed.
 
-        `live`: spot workers alive; `busy`: running requests per worker from the manager's status
-        (None when the status is unavailable: then any live worker will do); `tokens`: tokens the manager
-        has received from each worker so far (None: a busy worker is taken as streaming).
+        `live`: spot workers alive; `inflight`: per worker, tokens it streamed of responses still running on
+        it, from the manager's status (None when no status could be had: wait, never a blind kill).
         """
-        if busy is None:
-            return self.pick(live)
-        known = [w for w in live if w in busy]
-        working = [w for w in known if busy[w] > 0]
-        streaming = working if tokens is None else [w for w in working if self._grew(w, tokens)]
-        if tokens is not None:
-            self._tokens_seen = {**self._tokens_seen, **tokens}
-        if streaming:
-            return self.pick(streaming)
-        if not known:  # none registered yet (still loading, or waiting for weights): wait for one
-            self._idle_since = None
-            return None
-        if self._idle_since is None:
-            self._idle_since = now
-        if now - self._idle_since >= self.patience_periods * self.period_s:
-            return self.pick(working or known)
-        return None
-
-    def _grew(self, worker: str, tokens: dict[str, int]) -> bool:
-        return worker in tokens and tokens[worker] > self._tokens_seen.get(worker, tokens[worker])
+        streaming = sorted(w for w in live if inflight and inflight.get(w, 0) > 0)
+        return self._rng.choice(streaming) if streaming else None

@@ -28,8 +28,15 @@ class LocalOptions(BaseModel):
     job: str = Field("local", description="Job name passed to every service (NATS subjects, metrics labels).")
     dump_rollouts: Path | None = Field(None, description="Trainer writes every finished sample here as JSON lines.")
     spot_trace: Path | None = Field(None, description="Bamboo-format trace the spot pool's size follows.")
-    trace_time_scale: float = Field(1.0, gt=0, description="Trace seconds per wall second.")
-    chaos_kill_every: float | None = Field(None, gt=0, description="SIGKILL a random spot worker at this period (s).")
+    trace_time_scale: float = Field(1.0, gt=0, description="Trace seconds per wall second (the wall clock).")
+    trace_step_seconds: float | None = Field(
+        None, gt=0, description="Replay the trace by the job's progress: trace seconds per step of finished samples."
+    )
+    chaos_kill_every: float | None = Field(
+        None,
+        gt=0,
+        description="Preempt a spot worker caught streaming an unfinished response, at most once a period (s).",
+    )
     chaos_signal: Literal["KILL", "TERM"] = Field(
         "KILL", description="Signal of chaos kills: KILL (no notice) or TERM (the worker drains and flushes first)."
     )

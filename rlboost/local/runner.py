@@ -89,30 +89,33 @@ class SpotController:
     preemptions: int = 0
     events: list[str] = field(default_factory=list)
     chaos_signal: int = signal.SIGKILL  # SIGTERM: a preemption with notice (the worker drains)
+    samples_finished: int = 0  # the manager's count at the last status: the trace's progress clock
 
     @property
     def active(self) -> bool:
         return self.schedule is not None or self.chaos is not None
 
-    def wants_status(self, now: float) -> bool:
-        """Chaos is armed: the caller should fetch a fresh manager status to find a busy victim."""
+    def hunting(self, now: float) -> bool:
+        """Chaos is armed: it waits for a worker caught streaming, so it needs a fresh status every short tick."""
         return self.chaos is not None and self.chaos.armed(now)
 
+    def wants_status(self, now: float) -> bool:
+        """A fresh manager status is needed this tick: chaos hunts, or the trace advances by the job's progress."""
+        return self.hunting(now) or (self.schedule is not None and self.schedule.by_progress)
+
     def tick(self, now: float, status: ManagerStatus | None = None) -> None:
-        """Chaos (a busy victim from `status` when given) and the trace's target size."""
+        """Chaos (a victim streaming an unfinished response, from `status`) and the trace's target size."""
         if not self.active:
             return
         if self.started_at is None:
             self.started_at = now
+        if status is not None:
+            self.samples_finished = status.finished
         if self.chaos is not None and self.chaos.armed(now):
-            live = [c.name for c in self.sup.running(pool="spot")]
-            busy = {w.worker_id: w.running for w in status.workers} if status is not None else None
-            tokens = {w.worker_id: w.tokens_generated for w in status.workers} if status is not None else None
-            victim = self.chaos.choose(now, live, busy, tokens)
-            if victim:
-                self.chaos.fire(now)
-                self._preempt(victim, "chaos", self.chaos_signal, busy.get(victim, 0) if busy else None)
-        target = self.schedule.target(now - self.started_at) if self.schedule else self.desired
+            self._chaos_kill(now, status)
+        target = self.desired
+        if self.schedule is not None:
+            target = self.schedule.target(self.schedule.trace_seconds(now - self.started_at, self.samples_finished))
         names = [c.name for c in self.sup.running(pool="spot")]
         to_kill, to_start = reconcile(names, target, self.next_index)
         for name in to_kill:
@@ -123,13 +126,23 @@ class SpotController:
             self.sup.start(child.name, child.argv, child.env, role=child.role, pool=child.pool)
             self.events.append(f"started {name}")
 
-    def _preempt(self, name: str, why: str, sig: int, running: int | None = None) -> None:
+    def _chaos_kill(self, now: float, status: ManagerStatus | None) -> None:
+        assert self.chaos is not None
+        live = [c.name for c in self.sup.running(pool="spot")]
+        workers = {w.worker_id: w for w in status.workers} if status is not None else {}
+        victim = self.chaos.choose(live, {w: s.inflight_tokens for w, s in workers.items()} if status else None)
+        if victim:
+            self.chaos.fire(now)
+            caught = workers[victim]
+            held = f"{caught.running} running, {caught.inflight_tokens} tokens in flight"
+            self._preempt(victim, "chaos", self.chaos_signal, held)
+
+    def _preempt(self, name: str, why: str, sig: int, held: str = "") -> None:
         self.sup.kill(name, sig)
         self.preemptions += 1
-        held = "" if running is None else f", {running} running"
-        self.events.append(f"{signal.Signals(sig).name} {name} ({why}{held})")
+        self.events.append(f"{signal.Signals(sig).name} {name} ({why}{', ' + held if held else ''})")
         log.info("spot worker preempted", extra={"worker": name, "reason": why, "signal": signal.Signals(sig).name,
-                                                 "running": running})  # fmt: skip
+                                                 "held": held})  # fmt: skip
 
 
 @dataclass
@@ -294,7 +307,9 @@ class Run:
             self._check_children()
             now = time.monotonic()
             status = None
-            # Once a second for the display; every tick while chaos waits for a worker caught mid-response.
+            # Once a second for the display; every tick while chaos waits for a worker caught mid-response
+            # (ticks are short then, so a response is seen streaming however fast the machine runs it).
+            hunting = self.spot.hunting(now)
             if self.stub is not None and (now - last_poll >= 1.0 or self.spot.wants_status(now)):
                 last_poll = now
                 status = await _get_status(self.stub)
@@ -304,7 +319,7 @@ class Run:
             self.state.progress.preemptions = self.spot.preemptions
             self._refresh()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.state.wake.wait(), timeout=0.25)
+                await asyncio.wait_for(self.state.wake.wait(), timeout=0.02 if hunting else 0.25)
             self.state.wake.clear()
 
     async def settle(self) -> ManagerStatus | None:
@@ -375,8 +390,10 @@ def _make_spot_controller(
     if options.spot_trace is not None:
         pool = spec.rollout.spot
         schedule = TraceSchedule(
-            load_trace(options.spot_trace), options.trace_time_scale, pool.min_replicas, pool.max_replicas
-        )
+            load_trace(options.spot_trace), options.trace_time_scale, pool.min_replicas, pool.max_replicas,
+            step_seconds=options.trace_step_seconds,
+            samples_per_step=spec.algorithm.prompts_per_step * spec.algorithm.group_size,
+        )  # fmt: skip
     chaos = ChaosMonkey(options.chaos_kill_every, seed=options.seed) if options.chaos_kill_every else None
     sig = signal.SIGTERM if options.chaos_signal == "TERM" else signal.SIGKILL
     return SpotController(sup, plan, desired=n, schedule=schedule, chaos=chaos, next_index=n, chaos_signal=sig)

@@ -77,20 +77,39 @@ def load_trace(path: str | Path) -> SpotTrace:
 
 @dataclass(frozen=True)
 class TraceSchedule:
-    """A trace replayed in wall time: trace seconds / `time_scale` = wall seconds, clamped to the pool's bounds."""
+    """A trace replayed against a clock of trace seconds, clamped to the pool's bounds.
+
+    Two clocks: wall time (`trace seconds = wall seconds x time_scale`), or the job's progress
+    (`step_seconds` set: each step's worth of finished samples advances the trace by `step_seconds`, so
+    where the trace's events land in the job does not depend on how fast the machine runs it).
+    """
 
     trace: SpotTrace
     time_scale: float = 1.0
     min_replicas: int = 0
     max_replicas: int = 16
+    step_seconds: float | None = None  # progress clock: trace seconds per step of finished samples
+    samples_per_step: int = 1
 
     def __post_init__(self) -> None:
         if self.time_scale <= 0:
             raise TraceError(f"--trace-time-scale: must be > 0, got {self.time_scale}")
+        if self.step_seconds is not None and self.step_seconds <= 0:
+            raise TraceError(f"--trace-step-seconds: must be > 0, got {self.step_seconds}")
 
-    def target(self, wall_elapsed_s: float) -> int:
-        """Spot workers wanted `wall_elapsed_s` after the replay started."""
-        count = self.trace.count_at(wall_elapsed_s * self.time_scale)
+    @property
+    def by_progress(self) -> bool:
+        return self.step_seconds is not None
+
+    def trace_seconds(self, wall_elapsed_s: float, samples_finished: int) -> float:
+        """Where the replay is: from the wall clock, or from the samples the manager has finished so far."""
+        if self.step_seconds is None:
+            return wall_elapsed_s * self.time_scale
+        return samples_finished / max(self.samples_per_step, 1) * self.step_seconds
+
+    def target(self, trace_s: float) -> int:
+        """Spot workers wanted at `trace_s` seconds into the trace."""
+        count = self.trace.count_at(trace_s)
         return max(self.min_replicas, min(self.max_replicas, count))
 
 

@@ -201,6 +201,7 @@ def status_to_pb(s: ManagerStatus) -> pb.StatusReply:
             running=w.running,
             capacity=w.capacity,
             tokens_generated=w.tokens_generated,
+            inflight_tokens=w.inflight_tokens,
             draining=w.draining,
             paused=w.paused,
         )
@@ -226,6 +227,7 @@ def status_from_pb(m: pb.StatusReply) -> ManagerStatus:
             running=w.running,
             capacity=w.capacity,
             tokens_generated=w.tokens_generated,
+            inflight_tokens=w.inflight_tokens,
             draining=w.draining,
             paused=w.paused,
         )

@@ -47,7 +47,14 @@ def serve_manager(port: int) -> object:
         def GetStatus(self, request, context):  # noqa: N802
             workers = [
                 pb.WorkerStatus(worker_id="reserved-0", pool=pb.POOL_RESERVED, weight_version=2, tokens_generated=40),
-                pb.WorkerStatus(worker_id="spot-0", pool=pb.POOL_SPOT, weight_version=2, tokens_generated=60),
+                pb.WorkerStatus(
+                    worker_id="spot-0",
+                    pool=pb.POOL_SPOT,
+                    weight_version=2,
+                    tokens_generated=60,
+                    running=1,
+                    inflight_tokens=5,
+                ),  # always mid-response: a chaos target
             ]
             return pb.StatusReply(workers=workers, migrations=1)
 

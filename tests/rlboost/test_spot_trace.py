@@ -46,11 +46,22 @@ def test_every_shared_bamboo_trace_parses() -> None:
 def test_schedule_scales_time_and_clamps_to_pool_bounds() -> None:
     trace = parse_trace("0,1\n100,9\n200,0\n")
     sched = TraceSchedule(trace, time_scale=100.0, min_replicas=1, max_replicas=3)
-    assert sched.target(0.0) == 1
-    assert sched.target(1.0) == 3  # 9 clamped to max
-    assert sched.target(2.5) == 1  # 0 clamped to min
+    assert not sched.by_progress
+    assert [sched.target(sched.trace_seconds(wall, samples_finished=999)) for wall in (0.0, 1.0, 2.5)] == [1, 3, 1]
     with pytest.raises(TraceError, match="--trace-time-scale"):
         TraceSchedule(trace, time_scale=0)
+
+
+def test_schedule_by_progress_ignores_the_wall_clock() -> None:
+    """With step_seconds the trace advances by finished samples: a fast or slow machine hits the same events."""
+    trace = parse_trace("0,0\n108,2\n299,0\n")
+    sched = TraceSchedule(trace, step_seconds=100.0, samples_per_step=16, max_replicas=2)
+    assert sched.by_progress
+    assert sched.trace_seconds(wall_elapsed_s=1e6, samples_finished=0) == 0.0
+    # 16 samples a step: step 1 done -> 100 s (still 0), 1.125 steps -> 112.5 s (2), 3 steps -> 300 s (0)
+    assert [sched.target(sched.trace_seconds(0.0, n)) for n in (0, 16, 18, 47, 48)] == [0, 0, 2, 2, 0]
+    with pytest.raises(TraceError, match="--trace-step-seconds"):
+        TraceSchedule(trace, step_seconds=0)
 
 
 def test_reconcile_kills_newest_first_and_never_reuses_ids() -> None:
@@ -59,11 +70,16 @@ def test_reconcile_kills_newest_first_and_never_reuses_ids() -> None:
     assert reconcile(["spot-0"], 1, 5) == ([], [])
 
 
-def test_chaos_fires_once_per_period_and_picks_a_live_worker() -> None:
+def test_chaos_kills_only_a_worker_streaming_an_unfinished_response() -> None:
+    """Armed from the start; a victim only among live workers with tokens in flight (never an idle one, never
+    one the status does not show, never blind without a status); then disarmed for a full period."""
     monkey = ChaosMonkey(period_s=2.0, seed=3)
-    monkey.start(100.0)
-    assert [monkey.due(t) for t in (100.0, 101.9, 102.0, 102.5, 104.0)] == [False, False, True, False, True]
-    assert monkey.pick(["spot-1", "spot-2"]) in {"spot-1", "spot-2"}
-    assert monkey.pick([]) is None
+    assert monkey.armed(0.0)
+    live = ["spot-1", "spot-2", "spot-3"]
+    assert monkey.choose(live, None) is None  # no status: wait
+    assert monkey.choose(live, {"spot-1": 0, "spot-2": 0}) is None  # idle (or running but silent): wait
+    assert monkey.choose(live, {"spot-1": 0, "spot-2": 5, "spot-9": 7}) == "spot-2"  # spot-9 is not live
+    monkey.fire(100.0)
+    assert [monkey.armed(t) for t in (100.0, 101.9, 102.0)] == [False, False, True]
     with pytest.raises(ValueError, match="--chaos-kill-every"):
         ChaosMonkey(period_s=0)

@@ -185,3 +185,25 @@ def test_a_paused_worker_gets_no_work_until_its_heartbeat_says_resumed():
     assert paused_gauge() == 0
     st.schedule(0.8)
     assert len(st.take_outbox()["reserved"].assign) == 2 and st.pending == 0
+
+
+def test_status_counts_only_the_tokens_a_worker_streamed_of_responses_it_still_runs():
+    """`inflight_tokens` (what chaos waits for): tokens the current worker streamed, not those it inherited with a
+    migrated request, and nothing once the response finished."""
+    st = _state(("a", 1))
+    _step(st, budget=8)
+    st.schedule(0.0)
+    (a,) = st.take_outbox()["a"].assign
+    inflight = lambda: {w.worker_id: w.inflight_tokens for w in st.status().workers}  # noqa: E731
+    assert inflight() == {"a": 0}  # assigned, nothing streamed yet
+    st.on_chunks("a", [_chunk(a.request_id, a.lease_epoch, 0, [1, 2, 3])], 0.1)
+    assert inflight() == {"a": 3}
+    st.remove_worker("a", MigrationReason.STREAM_BROKEN, 0.2)  # killed: 3 tokens kept, request pending again
+    st.register(WorkerRegistration("b", Pool.SPOT, node="node-b", capacity=1, weight_version=0), now=0.3)
+    st.schedule(0.3)
+    (b,) = st.take_outbox()["b"].assign
+    assert inflight() == {"b": 0}  # inherited 3 tokens, streamed none of its own yet
+    st.on_chunks("b", [_chunk(b.request_id, b.lease_epoch, 3, [4])], 0.4)
+    assert inflight() == {"b": 1}
+    st.on_chunks("b", [_chunk(b.request_id, b.lease_epoch, 4, [0], finished=True, reason="stop")], 0.5)
+    assert inflight() == {"b": 0}

@@ -237,7 +237,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "pool", "node", "weight_version", "running", "capacity", "tokens_generated", "draining", "paused")
+    __slots__ = ("worker_id", "pool", "node", "weight_version", "running", "capacity", "tokens_generated", "draining", "paused", "inflight_tokens")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -247,6 +247,7 @@ class WorkerStatus(_message.Message):
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     pool: Pool
     node: str
@@ -256,7 +257,8 @@ class WorkerStatus(_message.Message):
     tokens_generated: int
     draining: bool
     paused: bool
-    def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., node: _Optional[str] = ..., weight_version: _Optional[int] = ..., running: _Optional[int] = ..., capacity: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., draining: _Optional[bool] = ..., paused: _Optional[bool] = ...) -> None: ...
+    inflight_tokens: int
+    def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., node: _Optional[str] = ..., weight_version: _Optional[int] = ..., running: _Optional[int] = ..., capacity: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., draining: _Optional[bool] = ..., paused: _Optional[bool] = ..., inflight_tokens: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("workers", "pending", "running", "finished", "migrations", "tokens_received")

@@ -75,6 +75,7 @@ class Request:
     lease_epoch: int = 0
     workers: list[str] = field(default_factory=list)  # contributors, in order
     assigned_at: float = 0.0
+    tokens_at_assign: int = 0  # len(tokens) when its current worker got it: the rest that worker streamed
     revoke_deadline: float = 0.0
     revoke_reason: MigrationReason = MigrationReason.REVOKED
 
@@ -323,7 +324,7 @@ class ManagerState:
 
     def _assign(self, req: Request, w: Worker, now: float) -> None:
         req.lease_epoch += 1
-        req.phase, req.worker, req.assigned_at = Phase.RUNNING, w.id, now
+        req.phase, req.worker, req.assigned_at, req.tokens_at_assign = Phase.RUNNING, w.id, now, len(req.tokens)
         w.running.add(req.id)
         self._pending_count[req.weight_version] -= 1
         self._held_count[req.weight_version] += 1
@@ -552,6 +553,7 @@ class ManagerState:
                 running=len(w.running),
                 capacity=w.reg.capacity,
                 tokens_generated=w.tokens_generated,
+                inflight_tokens=self._inflight_tokens(w),
                 draining=w.draining,
                 paused=w.paused,
             )
@@ -565,6 +567,11 @@ class ManagerState:
             migrations=self.migrations,
             tokens_received=self.tokens_received,
         )
+
+    def _inflight_tokens(self, w: Worker) -> int:
+        """Tokens `w` streamed of responses it is still generating: what its death now would hand over."""
+        held = (self.requests[rid] for rid in w.running)
+        return sum(len(r.tokens) - r.tokens_at_assign for r in held if r.phase is Phase.RUNNING)
 
     def _update_gauges(self, now: float) -> None:
         mark = self._rate_mark
