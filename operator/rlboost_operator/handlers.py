@@ -25,7 +25,7 @@ from rlboost_operator import children, spot, status
 from rlboost_operator.checks import SpecProblemError, check_job
 from rlboost_operator.config import load_settings
 from rlboost_operator.kube import Kube
-from rlboost_operator.metrics import DESIRED_SPOT, ERRORS, NOTICES, RECONCILIATIONS, SPOT_NODES
+from rlboost_operator.metrics import DESIRED_SPOT, ERRORS, NOTICES, READY_WORKERS, RECONCILIATIONS, SPOT_NODES
 from rlboost_operator.notices import NatsLink
 from rlboost_operator.state import JobRef, State
 
@@ -146,6 +146,9 @@ async def rljob_deleted(namespace: str, name: str, **_: Any) -> None:
     """Children go by garbage collection (ownerReferences); only forget the job here."""
     if STATE.jobs.pop((namespace, name), None) is not None:
         DESIRED_SPOT.remove(namespace, name)
+        for pool in ("reserved", "spot"):
+            with contextlib.suppress(KeyError):
+                READY_WORKERS.remove(namespace, name, pool)
 
 
 # --- Spot pools and preemption --------------------------------------------------------------
@@ -262,6 +265,7 @@ async def _ready_workers(namespace: str, job: str) -> dict[str, int]:
     for pool in ("reserved", "spot"):
         dep = await _kube().get("Deployment", namespace, children.names(job)[pool])
         out[pool] = int(((dep or {}).get("status") or {}).get("readyReplicas") or 0)
+        READY_WORKERS.labels(namespace, job, pool).set(out[pool])
     return out
 
 

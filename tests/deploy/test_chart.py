@@ -52,10 +52,13 @@ def validate(doc: dict[str, Any], crds: dict[str, dict[str, Any]]) -> None:
     if kind in crds:
         schema = crds[kind]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
         jsonschema.Draft4Validator(schema).validate(doc)
-    elif kind == "ServiceMonitor":
-        # The Prometheus Operator's schema is not available offline: check the fields it requires.
+    elif kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):
+        # The Prometheus Operator's schemas are not available offline: check the fields it requires (the rules
+        # themselves go through promtool in test_alerts.py).
         assert doc["apiVersion"] == "monitoring.coreos.com/v1"
-        assert doc["spec"]["endpoints"][0]["port"] == "metrics" and doc["spec"]["selector"]["matchLabels"]
+        endpoints = doc["spec"].get("endpoints") or doc["spec"].get("podMetricsEndpoints") or [{"port": "metrics"}]
+        assert endpoints[0]["port"] == "metrics"
+        assert kind == "PrometheusRule" or doc["spec"]["selector"]["matchLabels"]
     else:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
@@ -79,7 +82,8 @@ def test_chart_renders_and_every_manifest_validates(values_file):
     if values_file:
         registry = yaml.safe_load((CHART / values_file).read_text())["images"]["registry"]
         assert env["RLBOOST_OPERATOR_IMAGE_REGISTRY"] == registry
-    assert ("ServiceMonitor" in kinds) == (values_file in ("values-eks.yaml", "values-karpenter.yaml"))
+    monitored = values_file in ("values-eks.yaml", "values-karpenter.yaml")
+    assert ("ServiceMonitor" in kinds) == ("PodMonitor" in kinds) == monitored
 
 
 def test_toggles_and_dashboard():
