@@ -22,9 +22,9 @@ engine's `tokenizer_manager`, whose coroutines we await directly on the worker's
   the weights' contents on release (unless `enable_weights_cpu_backup`), so resume pushes the whole held
   state back through `update_weights_from_tensor` and the engine generates with exactly the weights it had.
 
-CPU recipe (DESIGN.md): env SGLANG_USE_CPU_ENGINE=1 and `Engine(device="cpu", attention_backend="torch_native",
-sampling_backend="pytorch", grammar_backend="none", disable_cuda_graph=True, disable_overlap_schedule=True)`;
-`scripts/setup_sglang_env.sh` builds an environment where that imports.
+CPU recipe (docs/sglang.md, "Running it on CPU"): env SGLANG_USE_CPU_ENGINE=1 and `Engine(device="cpu",
+attention_backend="torch_native", sampling_backend="pytorch", grammar_backend="none", disable_cuda_graph=True,
+disable_overlap_schedule=True)`; `scripts/setup_sglang_env.sh` builds an environment where that imports.
 """
 
 from __future__ import annotations
