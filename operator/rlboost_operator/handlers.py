@@ -117,15 +117,24 @@ async def reconcile(body: kopf.Body, spec_data: Any) -> None:
         "workers": {**dict(previous.get("workers") or {}), "spotDesired": replicas},
         "conditions": status.set_condition(
             previous.get("conditions"),
-            status.condition("Valid", True, "SpecAccepted", "spec is valid; children reconciled"),
+            status.condition(
+                "Valid", True, "SpecAccepted", "spec is valid; children reconciled", generation=_generation(body)
+            ),
         ),
         "updatedAt": status.now_iso(),
+        "observedGeneration": _generation(body),
     }
     if previous.get("phase") in (None, status.FAILED):
         patch["phase"] = status.PENDING
     patch.setdefault("startedAt", previous.get("startedAt") or status.now_iso())
     await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
     RECONCILIATIONS.labels("ok").inc()
+
+
+def _generation(obj: Any) -> int | None:
+    """metadata.generation of an RLJob (a kopf Body or a plain dict); None where the API server sets none."""
+    generation = (obj.get("metadata") or {}).get("generation")
+    return int(generation) if generation is not None else None
 
 
 @kopf.on.create(*RLJOB)
@@ -286,7 +295,8 @@ async def _write_step(namespace: str, job: str, spec: JobSpec, data: bytes) -> N
     kube = _kube()
     current = await kube.get("RLJob", namespace, job) or {}
     workers = await _ready_workers(namespace, job)
-    patch = status.step_status(report, spec, workers, current.get("status") or {}, datetime.now(UTC))
+    previous, generation = current.get("status") or {}, _generation(current)
+    patch = status.step_status(report, spec, workers, previous, datetime.now(UTC), generation)
     await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
 
 
@@ -299,9 +309,8 @@ async def _write_done(namespace: str, job: str, data: bytes) -> None:
     done = JobDone.model_validate_json(data)
     kube = _kube()
     current = await kube.get("RLJob", namespace, job) or {}
-    await kube.patch(
-        "RLJob", namespace, job, {"status": status.done_status(done, current.get("status") or {})}, sub="status"
-    )
+    patch = status.done_status(done, current.get("status") or {}, generation=_generation(current))
+    await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
     ref = STATE.jobs.get((namespace, job))
     if ref is not None:
         reason = "JobSucceeded" if done.ok else "JobFailed"
