@@ -202,7 +202,7 @@ def status_to_pb(s: ManagerStatus) -> pb.StatusReply:
             capacity=w.capacity,
             tokens_generated=w.tokens_generated,
             draining=w.draining,
-            paused=w.paused,
+            memory_released=w.memory_released,
         )
         for w in s.workers
     ]
@@ -227,7 +227,7 @@ def status_from_pb(m: pb.StatusReply) -> ManagerStatus:
             capacity=w.capacity,
             tokens_generated=w.tokens_generated,
             draining=w.draining,
-            paused=w.paused,
+            memory_released=w.memory_released,
         )
         for w in m.workers
     ]

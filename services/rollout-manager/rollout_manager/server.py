@@ -209,7 +209,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         if kind == "chunks":
             st.on_chunks(wid, [wire.chunk_from_pb(c) for c in msg.chunks.chunks], now)
         elif kind == "heartbeat":
-            st.on_heartbeat(wid, msg.heartbeat.weight_version, now, msg.heartbeat.paused)
+            st.on_heartbeat(wid, msg.heartbeat.weight_version, now, msg.heartbeat.memory_released)
         elif kind == "weight_version":
             st.on_weight_version(wid, msg.weight_version.weight_version, now)
         elif kind == "drain":
@@ -271,7 +271,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
             return
         cap = self.state.capacity_by_pool()
         self.offload.start_step(self.clock(), cap[Pool.SPOT], cap[Pool.RESERVED])
-        self.state.set_pool_paused(Pool.RESERVED, False)
+        self.state.set_pool_offloaded(Pool.RESERVED, False)
         self._offloaded_at = None
         self._spot_idle_s = 0.0
 
@@ -279,15 +279,15 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         if self.offload is None:
             return
         spot_capacity = self.state.capacity_by_pool()[Pool.SPOT]
-        if Pool.RESERVED in self.state.paused_pools and spot_capacity == 0:
-            self.state.set_pool_paused(Pool.RESERVED, False)  # spot vanished: never strand work
+        if Pool.RESERVED in self.state.offloaded_pools and spot_capacity == 0:
+            self.state.set_pool_offloaded(Pool.RESERVED, False)  # spot vanished: never strand work
         if not self.offload.active:
             return
         if spot_capacity and self.state.pending == 0:  # spot slots free while nothing waits: offload could be sooner
             self._spot_idle_s += period * self.state.idle_slots(Pool.SPOT) / spot_capacity
         if self.offload.should_offload(now):
             self._offloaded_at = now
-            self.state.set_pool_paused(Pool.RESERVED, True)
+            self.state.set_pool_offloaded(Pool.RESERVED, True)
             n = self.state.revoke_pool(Pool.RESERVED, MigrationReason.OFFLOAD, now)
             log.info("offload window elapsed", extra={"window_s": self.offload.window_s, "revoked": n})
 
@@ -298,7 +298,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         wait = self.clock() - self._offloaded_at if self._offloaded_at is not None else 0.0
         window = self.offload.end_step(StepMeasurements(trainer_wait_s=wait, spot_idle_s=self._spot_idle_s))
         metrics.OFFLOAD_WINDOW.set(window)
-        self.state.set_pool_paused(Pool.RESERVED, False)
+        self.state.set_pool_offloaded(Pool.RESERVED, False)
         self.kick()
 
     async def GetStatus(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:  # noqa: N802
