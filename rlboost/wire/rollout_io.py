@@ -110,7 +110,7 @@ class WorkerStatus:
     capacity: int
     tokens_generated: int
     draining: bool
-    paused: bool = False  # engine memory released for training (colocation): no new work until resumed
+    memory_released: bool = False  # engine memory released for training (colocation): no new work until resumed
     inflight_tokens: int = 0  # tokens it streamed of responses still running on it (a kill now hands them over)
 
 

@@ -203,7 +203,7 @@ def status_to_pb(s: ManagerStatus) -> pb.StatusReply:
             tokens_generated=w.tokens_generated,
             inflight_tokens=w.inflight_tokens,
             draining=w.draining,
-            paused=w.paused,
+            memory_released=w.memory_released,
         )
         for w in s.workers
     ]
@@ -229,7 +229,7 @@ def status_from_pb(m: pb.StatusReply) -> ManagerStatus:
             tokens_generated=w.tokens_generated,
             inflight_tokens=w.inflight_tokens,
             draining=w.draining,
-            paused=w.paused,
+            memory_released=w.memory_released,
         )
         for w in m.workers
     ]

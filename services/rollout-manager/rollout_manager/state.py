@@ -87,7 +87,7 @@ class Worker:
     last_seen: float
     running: set[str] = field(default_factory=set)  # RUNNING and REVOKING requests it holds
     draining: bool = False
-    paused: bool = False  # memory released for training (colocation, from its heartbeat): kept, assigned nothing
+    memory_released: bool = False  # engine memory released for training (its heartbeat says): kept, assigned nothing
     expired: bool = False  # lease expired; eligible again once it speaks
     tokens_generated: int = 0
     requested_version: int = -1  # last SetWeightVersion sent
@@ -98,7 +98,7 @@ class Worker:
 
     @property
     def eligible(self) -> bool:
-        return not (self.draining or self.expired or self.paused)
+        return not (self.draining or self.expired or self.memory_released)
 
 
 @dataclass
@@ -127,7 +127,7 @@ class ManagerState:
         self._steps: dict[int, set[str]] = {}  # step -> ids not yet delivered
         self._outbox: dict[str, Outbox] = {}
         self._delivered: list[Trajectory] = []
-        self.paused_pools: set[Pool] = set()  # pools released for training (offload): no new work
+        self.offloaded_pools: set[Pool] = set()  # pools the offload window stopped (their GPUs train): no new work
         self.dirty = False
         self.finished = 0
         self.migrations = 0
@@ -174,13 +174,13 @@ class ManagerState:
         self.dirty = True
         return len(held)
 
-    def on_heartbeat(self, worker_id: str, weight_version: int, now: float, paused: bool = False) -> None:
+    def on_heartbeat(self, worker_id: str, weight_version: int, now: float, memory_released: bool = False) -> None:
         w = self._alive(worker_id, now)
         if w is not None:
             self._set_version(w, weight_version)
-            if w.paused != paused:
-                w.paused = paused
-                self.dirty = self.dirty or not paused  # a resumed worker's capacity is free again
+            if w.memory_released != memory_released:
+                w.memory_released = memory_released
+                self.dirty = self.dirty or not memory_released  # a resumed worker's capacity is free again
 
     def on_weight_version(self, worker_id: str, weight_version: int, now: float) -> None:
         w = self._alive(worker_id, now)
@@ -492,14 +492,14 @@ class ManagerState:
         return made
 
     def _schedulable(self, w: Worker) -> bool:
-        return w.eligible and w.reg.pool not in self.paused_pools
+        return w.eligible and w.reg.pool not in self.offloaded_pools
 
-    def set_pool_paused(self, pool: Pool, paused: bool) -> None:
-        """Stop (or resume) giving a pool new work, e.g. reserved workers after the offload window."""
-        if paused:
-            self.paused_pools.add(pool)
+    def set_pool_offloaded(self, pool: Pool, offloaded: bool) -> None:
+        """Stop (or resume) giving a pool new work: reserved workers once the offload window elapsed."""
+        if offloaded:
+            self.offloaded_pools.add(pool)
         else:
-            self.paused_pools.discard(pool)
+            self.offloaded_pools.discard(pool)
         self.dirty = True
 
     def idle_slots(self, pool: Pool) -> int:
@@ -555,7 +555,7 @@ class ManagerState:
                 tokens_generated=w.tokens_generated,
                 inflight_tokens=self._inflight_tokens(w),
                 draining=w.draining,
-                paused=w.paused,
+                memory_released=w.memory_released,
             )
             for w in self.workers.values()
         ]
@@ -582,9 +582,9 @@ class ManagerState:
                     metrics.TOKENS_PER_S.labels(pool.value).set(rate)
             self._rate_mark = (now, Counter(self._pool_tokens))
         pools = Counter(w.reg.pool.value for w in self.workers.values())
-        paused = Counter(w.reg.pool.value for w in self.workers.values() if w.paused)
+        released = Counter(w.reg.pool.value for w in self.workers.values() if w.memory_released)
         for pool in Pool:
             metrics.WORKERS.labels(pool.value).set(pools.get(pool.value, 0))
-            metrics.WORKERS_PAUSED.labels(pool.value).set(paused.get(pool.value, 0))
+            metrics.WORKERS_MEMORY_RELEASED.labels(pool.value).set(released.get(pool.value, 0))
         metrics.QUEUE_DEPTH.labels("pending").set(self.pending)
         metrics.QUEUE_DEPTH.labels("running").set(self.running)
