@@ -83,10 +83,6 @@ class LocalPlan:
     def weight_server_url(self) -> str:
         return f"http://{HOST}:{self.weight_server_port}"
 
-    @property
-    def manager_metrics_url(self) -> str:
-        return f"http://{HOST}:{self.manager_metrics_port}/metrics"
-
     def common_flags(self) -> list[str]:
         o = self.options
         return ["--config", str(self.job_file), "--nats-url", self.nats_url, "--namespace", o.namespace,
