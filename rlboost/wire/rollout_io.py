@@ -121,4 +121,7 @@ class ManagerStatus:
     running: int
     finished: int
     migrations: int
-    tokens_received: int
+    tokens_received: int  # response tokens received and kept, all workers
+    tokens_lost: int = 0  # tokens received but not kept (offset gaps)
+    tokens_regenerated: int = 0  # tokens received again for response positions already held
+    migrations_by_reason: dict[str, int] = field(default_factory=dict)  # MigrationReason value -> migrations

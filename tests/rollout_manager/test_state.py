@@ -207,3 +207,25 @@ def test_status_counts_only_the_tokens_a_worker_streamed_of_responses_it_still_r
     assert inflight() == {"b": 1}
     st.on_chunks("b", [_chunk(b.request_id, b.lease_epoch, 4, [0], finished=True, reason="stop")], 0.5)
     assert inflight() == {"b": 0}
+
+
+def _manager_counter(name: str, labels: dict[str, str] | None = None) -> float:
+    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+
+def test_status_counts_lost_and_regenerated_tokens_and_migrations_by_reason_like_the_metrics():
+    st = _state(("a", 1))
+    _step(st, budget=8)
+    st.schedule(0.0)
+    a = st.take_outbox()["a"].assign[0]
+    before = [_manager_counter(f"rlboost_manager_tokens_{n}_total") for n in ("lost", "regenerated")]
+    revoked_before = _manager_counter("rlboost_manager_migrations_total", {"reason": "revoked"})
+    st.on_chunks("a", [_chunk(a.request_id, a.lease_epoch, 0, [1, 2])], 0.1)
+    st.on_chunks("a", [_chunk(a.request_id, a.lease_epoch, 1, [7, 8, 9])], 0.2)  # position 1 made again: 1 regenerated
+    st.on_chunks("a", [_chunk(a.request_id, a.lease_epoch, 5, [3], finished=True, reason="stop")], 0.3)  # a gap
+    status = st.status()
+    assert (status.tokens_received, status.tokens_lost, status.tokens_regenerated) == (2, 4, 1)
+    assert status.migrations == 1 and status.migrations_by_reason == {"revoked": 1}
+    after = [_manager_counter(f"rlboost_manager_tokens_{n}_total") for n in ("lost", "regenerated")]
+    assert [x - y for x, y in zip(after, before, strict=True)] == [4, 1]
+    assert _manager_counter("rlboost_manager_migrations_total", {"reason": "revoked"}) - revoked_before == 1

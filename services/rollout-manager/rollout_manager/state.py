@@ -131,7 +131,10 @@ class ManagerState:
         self.dirty = False
         self.finished = 0
         self.migrations = 0
+        self.migrations_by_reason: Counter[str] = Counter()
         self.tokens_received = 0
+        self.tokens_lost = 0  # received but not kept (offset gaps)
+        self.tokens_regenerated = 0  # received again for positions already held
         self._pool_tokens: Counter[str] = Counter()  # tokens received per pool (for the tokens/s gauge)
         self._rate_mark: tuple[float, Counter[str]] | None = None
 
@@ -290,8 +293,11 @@ class ManagerState:
         aborted = c.finish_reason == "abort"
         if c.offset != len(req.tokens):
             if c.offset < len(req.tokens):  # positions we already hold were generated a second time
-                metrics.TOKENS_REGENERATED.inc(min(len(c.token_ids), len(req.tokens) - c.offset))
+                regenerated = min(len(c.token_ids), len(req.tokens) - c.offset)
+                self.tokens_regenerated += regenerated
+                metrics.TOKENS_REGENERATED.inc(regenerated)
             metrics.REJECTED_CHUNKS.labels("offset").inc()
+            self.tokens_lost += len(c.token_ids)
             metrics.TOKENS_LOST.inc(len(c.token_ids))
             log.warning("chunk offset gap", extra={"request_id": req.id, "offset": c.offset, "held": len(req.tokens)})
             if c.finished or aborted:
@@ -350,6 +356,7 @@ class ManagerState:
         if req.worker is not None:
             self._release(req)
         self.migrations += 1
+        self.migrations_by_reason[reason.value] += 1
         metrics.MIGRATIONS.labels(reason.value).inc()
         done = finish_reason_if_done(req.tokens, req.sampling)
         if done is not None:
@@ -566,6 +573,9 @@ class ManagerState:
             finished=self.finished,
             migrations=self.migrations,
             tokens_received=self.tokens_received,
+            tokens_lost=self.tokens_lost,
+            tokens_regenerated=self.tokens_regenerated,
+            migrations_by_reason=dict(self.migrations_by_reason),
         )
 
     def _inflight_tokens(self, w: Worker) -> int:
