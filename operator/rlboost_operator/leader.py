@@ -271,9 +271,12 @@ class LeaderElector:
     async def release(self) -> None:
         """Hand the Lease over at a clean shutdown: clear the holder so a standby need not wait for expiry."""
         LEADER.set(0)
-        if not self.leading or self.observed is None:
-            return
+        cfg = self.config
         try:
+            # Read it again: a renewal cancelled in flight may have moved the resourceVersion on.
+            self._store(await self.kube.get("Lease", cfg.lease_namespace, cfg.lease_name), 0.0)
+            if not self.leading or self.observed is None:
+                return  # another replica holds it already: nothing of ours to release
             await self.kube.replace(self._lease(released(self.observed.record, datetime.now(UTC))))
             log.info("leader election: released the lease", extra=self._where)
         except Exception as err:  # the standby takes over at expiry instead
