@@ -19,3 +19,4 @@ READY_WORKERS = Gauge(
     "rlboost_operator_ready_workers", "Ready rollout workers per job and pool (the Deployment's status).",
     [*JOB_LABELS, "pool"],
 )  # fmt: skip
+LEADER = Gauge("rlboost_operator_leader", "1 while this replica holds the leader Lease and runs the controllers.")
