@@ -7,6 +7,7 @@ promtool comes from Debian's `prometheus` package (`make tools` installs it); wi
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import shutil
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client import REGISTRY
 
 from tests.deploy.test_chart import CHART, render
 
@@ -51,12 +53,21 @@ def test_the_chart_embeds_the_rules_file_when_enabled() -> None:
     assert not any(d["kind"] == "PrometheusRule" for d in render(None))  # off by default: needs the CRDs
 
 
+METRICS_MODULES = ["rlboost_operator.metrics", "rollout_manager.metrics", "weight_server.metrics", "trainer.metrics",
+                   "rollout_worker.metrics"]  # fmt: skip
+
+
 def _exported_metrics() -> set[str]:
-    """Every rlboost_* name that appears as a string literal in the components' code."""
+    """Every rlboost_* name that appears as a string literal in the components' code, and every series the
+    components' metrics modules register when imported (the trainer's step gauges are made from StepReport's
+    fields, so their names are built, not written)."""
     names: set[str] = set()
     for src in SOURCES:
         for path in (ROOT / src).rglob("*.py"):
             names |= set(re.findall(r"[\"'](rlboost_[a-z_]+)[\"']", path.read_text()))
+    for module in METRICS_MODULES:
+        importlib.import_module(module)
+    names |= {s.name for family in REGISTRY.collect() for s in family.samples}
     return names
 
 
