@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlboost.fsio import fsync_dir
+
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
@@ -71,14 +73,6 @@ def _sha256(path: Path) -> str:
 
 def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def rng_state() -> dict[str, Any]:
@@ -182,7 +176,7 @@ def save(engine: Any, root: Path, state: TrainerState, keep: int) -> Path:
         if final.exists():
             shutil.rmtree(final)  # an older copy of the same step (a re-run after resume)
         (incoming / tag).rename(final)
-        _fsync_dir(root)
+        fsync_dir(root)
         prune(root, keep)
         log.info("checkpoint written", extra={"checkpoint": str(final), "steps_done": state.steps_done})
     _barrier()

@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlboost.fsio import fsync_dir
 from rlboost.wire.weights_io import ChunkInfo, Manifest
 
 from . import planning
@@ -40,14 +41,6 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 PAYLOAD = "payload"
 READ_BLOCK = 1 << 20
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _removed_meanwhile(base: int, version: int) -> StoreError:
@@ -143,7 +136,7 @@ class Upload:
             f.write(manifest.model_dump_json(indent=1))
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(self.tmp_dir)
+        fsync_dir(self.tmp_dir)
         return manifest
 
     def abort(self) -> None:
@@ -311,11 +304,11 @@ class VersionStore:
             if upload.companion:
                 parent = self.versions_dir / str(upload.version)
                 os.rename(upload.tmp_dir, parent / upload.kind)
-                _fsync_dir(parent)
+                fsync_dir(parent)
                 self._companions[upload.version] = manifest
             else:
                 os.rename(upload.tmp_dir, self.versions_dir / str(upload.version))
-                _fsync_dir(self.versions_dir)
+                fsync_dir(self.versions_dir)
                 self._manifests[upload.version] = manifest
             dropped = planning.retention(self._held(), self._compacted, self.retain_versions)
             for v in dropped.versions:

@@ -57,6 +57,8 @@ class Engine(ABC):
     """One generation backend. All methods are called from the worker's asyncio event loop."""
 
     name: str = "base"
+    _version: int = 0  # set by start / update_weights: the version generated with now
+    _checksum: str = ""  # state_checksum of the state held, set with _version
 
     @abstractmethod
     async def start(self, model_dir: str, state: Mapping[str, torch.Tensor] | None = None, version: int = 0) -> None:
@@ -84,14 +86,14 @@ class Engine(ABC):
         so the engine does not read the whole state again; computed here when None."""
 
     @property
-    @abstractmethod
     def weight_version(self) -> int:
         """The weight version the engine generates with now."""
+        return self._version
 
     @property
-    @abstractmethod
     def weights_checksum(self) -> str:
         """rlboost.weights.checksum.state_checksum of the exact state held (as pulled, bf16)."""
+        return self._checksum
 
     @property
     @abstractmethod

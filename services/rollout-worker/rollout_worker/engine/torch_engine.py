@@ -196,14 +196,6 @@ class TorchEngine(Engine):
     # ---- the interface ---------------------------------------------------------------------
 
     @property
-    def weight_version(self) -> int:
-        return self._version
-
-    @property
-    def weights_checksum(self) -> str:
-        return self._checksum
-
-    @property
     def running(self) -> int:
         return len(self._reqs)
 
