@@ -139,6 +139,12 @@ class TrainerSpec(SpecModel):
         False,
         description="Reserved rollout workers share the trainer's accelerators: they release engine memory (weights, KV cache) while the trainer trains and resume after each step.",
     )
+    backoff_limit: int = Field(
+        3,
+        ge=0,
+        le=1000,
+        description="Trainer restarts tolerated on Kubernetes (the most any rank's container restarted after a failure); each restart resumes from the newest checkpoint. One more and the RLJob is Failed (reason BackoffLimitExceeded) and scaled to zero.",
+    )
 
 
 class PoolSpec(SpecModel):
@@ -205,6 +211,15 @@ class PricesSpec(SpecModel):
     spot_per_gpu_hour: float = Field(2.66, ge=0, description="USD per spot GPU-hour.")
 
 
+class RetentionSpec(SpecModel):
+    """What outlives the RLJob on Kubernetes."""
+
+    pvcs: Literal["Retain", "Delete"] = Field(
+        "Retain",
+        description="The trainer's checkpoint PVCs and the weight-server's PVC when the RLJob is deleted. 'Retain' (default, like a StatefulSet's): a deleted job's checkpoints survive an accidental delete, and an RLJob created again under the same name resumes from them (delete the PVCs, label rlboost.io/job=NAME, to start over). 'Delete': they go with the RLJob.",
+    )
+
+
 class JobSpec(SpecModel):
     """An RL post-training job: the RLJob custom resource's spec."""
 
@@ -217,6 +232,9 @@ class JobSpec(SpecModel):
         default_factory=WeightSyncSpec, description="Weight sync from trainer to workers."
     )
     prices: PricesSpec = Field(default_factory=PricesSpec, description="Accelerator prices.")
+    retention: RetentionSpec = Field(
+        default_factory=RetentionSpec, description="What outlives the RLJob when it is deleted (Kubernetes)."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:

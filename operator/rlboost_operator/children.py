@@ -10,6 +10,9 @@ upload token in a Secret.
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
+from pathlib import Path
 from typing import Any
 
 from rlboost.options import (
@@ -27,6 +30,11 @@ from rlboost_operator.config import OperatorSettings
 MANAGER_PORT, WEIGHTS_PORT, METRICS_PORT, RENDEZVOUS_PORT = 50051, 8000, 9090, 29500
 CONFIG_PATH, TOKEN_DIR = "/etc/rlboost/job.yaml", "/etc/rlboost/token"
 TOKEN_FILE = f"{TOKEN_DIR}/token"
+CHECKPOINT_DIR = "/data/checkpoints"  # on the trainer rank's PVC: a restarted trainer resumes from it
+CONFIG_HASH = "rlboost.io/config-hash"  # pod template annotation: what the pods run; a change rolls them
+# Spec fields only the operator reads: an edit of them must not roll the pods (it would cost the trainer the
+# steps since its last checkpoint for nothing).
+OPERATOR_ONLY_FIELDS = ("prices", "retention", "trainer.backoffLimit")
 
 IMAGES = {
     "manager": "rollout-manager",
@@ -253,7 +261,13 @@ def weight_server(job: str, namespace: str, settings: OperatorSettings) -> list[
 def trainer(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings) -> list[dict[str, Any]]:
     """The trainer StatefulSet (one pod per rank) and its headless Service for rendezvous."""
     n, lbl, sel = names(job)["trainer"], labels(job, "trainer"), selector(job, "trainer")
-    cmd = trainer_options(site(job, namespace, settings), "/data/model", "/data/run", METRICS_PORT).command()
+    # Always --resume from the rank's PVC: a restarted trainer continues from its newest checkpoint, and one
+    # whose job finished (a checkpoint at the last step) trains no step and re-publishes `done`.
+    where = site(job, namespace, settings)
+    checkpoints = Path(CHECKPOINT_DIR)
+    cmd = trainer_options(
+        where, "/data/model", "/data/run", METRICS_PORT, checkpoint_dir=checkpoints, resume=True
+    ).command()
     env = [
         # The rank is the pod's ordinal (label set by the StatefulSet controller, Kubernetes >= 1.28).
         _field_env("RANK", "metadata.labels['apps.kubernetes.io/pod-index']"),
@@ -299,6 +313,8 @@ def trainer(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings)
             "selector": {"matchLabels": sel},
             "template": {"metadata": {"labels": lbl}, "spec": _pod_spec([container], _volumes(job, True), extra)},
             "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": pvc_spec}],
+            # Checkpoints survive scaling to zero always, the RLJob's deletion per spec.retention.pvcs.
+            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": spec.retention.pvcs, "whenScaled": "Retain"},
         },
     }
     return [
@@ -354,11 +370,70 @@ def initial_reserved(spec: JobSpec) -> int:
     return max(pool.min_replicas, min(pool.max_replicas, pool.replicas))
 
 
+def workloads(job: str) -> list[tuple[str, str]]:
+    """(kind, name) of every child that runs pods: what scaling a job to zero patches."""
+    n = names(job)
+    return [("StatefulSet", n["trainer"]), *(("Deployment", n[k]) for k in ("manager", "weights", "reserved", "spot"))]
+
+
+def _service_view(spec: JobSpec) -> dict[str, Any]:
+    """The job file as the services read it: without the fields only the operator reads."""
+    data = spec.model_dump(by_alias=True, mode="json")
+    for path in OPERATOR_ONLY_FIELDS:
+        *parents, leaf = path.split(".")
+        node = data
+        for key in parents:
+            node = node[key]
+        node.pop(leaf, None)
+    return data
+
+
+def config_hash(spec: JobSpec, pod: dict[str, Any]) -> str:
+    """A digest of what a pod runs that its template does not show: the job file it mounts (less the operator's
+    own fields) and its containers' rendered commands, args, env and images."""
+    run = [
+        {key: c.get(key) for key in ("name", "image", "command", "args", "env")}
+        for c in [*pod.get("initContainers", []), *pod["containers"]]
+    ]
+    text = json.dumps({"job": _service_view(spec), "containers": run}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _annotate_config_hash(objs: list[dict[str, Any]], spec: JobSpec) -> None:
+    for obj in objs:
+        if obj["kind"] in ("Deployment", "StatefulSet"):
+            template = obj["spec"]["template"]
+            annotations = template["metadata"].setdefault("annotations", {})
+            annotations[CONFIG_HASH] = config_hash(spec, template["spec"])
+
+
+def _apply_retention(objs: list[dict[str, Any]], spec: JobSpec) -> None:
+    """spec.retention.pvcs 'Retain': the PVCs the operator creates get no owner (an empty list, so that a patch also
+    drops an earlier owner), and outlive the RLJob; the trainer's follow its StatefulSet's retention policy."""
+    if spec.retention.pvcs == "Retain":
+        for obj in objs:
+            if obj["kind"] == "PersistentVolumeClaim":
+                obj["metadata"]["ownerReferences"] = []
+
+
+def adopted(obj: dict[str, Any]) -> bool:
+    """Whether the RLJob owns this child (deleted with it); False for a retained PVC."""
+    return obj["metadata"].get("ownerReferences") != []
+
+
+def scaled_to_zero(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The children of a finished job: every Deployment and the StatefulSet at zero replicas, the rest as is."""
+    for obj in objs:
+        if obj["kind"] in ("Deployment", "StatefulSet"):
+            obj["spec"]["replicas"] = 0
+    return objs
+
+
 def build_children(
-    job: str, namespace: str, spec: JobSpec, settings: OperatorSettings, spot_replicas: int
+    job: str, namespace: str, spec: JobSpec, settings: OperatorSettings, spot_replicas: int, finished: bool = False
 ) -> list[dict[str, Any]]:
-    """Every child of an RLJob but the token Secret, in creation order."""
-    return [
+    """Every child of an RLJob but the token Secret, in creation order; `finished`: scaled to zero."""
+    objs = [
         config_map(job, namespace, spec),
         *weight_server(job, namespace, settings),
         *manager(job, namespace, settings),
@@ -374,3 +449,6 @@ def build_children(
         ),  # fmt: skip
         worker(job, namespace, "spot", spec.rollout.spot, spot_replicas, settings),
     ]
+    _annotate_config_hash(objs, spec)
+    _apply_retention(objs, spec)
+    return scaled_to_zero(objs) if finished else objs

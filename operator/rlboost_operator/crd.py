@@ -4,6 +4,8 @@ Pydantic's JSON schema is turned into a Kubernetes *structural* schema: `$ref`s 
 keys the API server rejects dropped (title, const, additionalProperties: false), JSON-Schema
 2020 `exclusiveMinimum: x` rewritten to OpenAPI v3.0's `minimum: x, exclusiveMinimum: true`.
 Descriptions, bounds, enums and defaults are kept, so `kubectl explain rljob.spec.rollout` helps.
+CEL rules (cel_rules.py) make the API server refuse, at `kubectl apply`, edits of fields a running job cannot
+change and the specs that JobSpec's cross-field validators refuse.
 `scripts/gen_crd.py` writes it into the Helm chart.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlboost.spec import JobSpec
+from rlboost_operator import cel_rules
 
 GROUP = "rlboost.io"
 VERSION = "v1alpha1"
@@ -53,7 +56,11 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
 def spec_schema() -> dict[str, Any]:
     """The structural OpenAPI v3 schema of RLJob.spec."""
     raw = JobSpec.model_json_schema(by_alias=True)
-    return _resolve(raw, raw.get("$defs", {}))
+    schema = _resolve(raw, raw.get("$defs", {}))
+    schema["x-kubernetes-validations"] = [rule.manifest() for rule in cel_rules.spec_rules()]
+    model = schema["properties"]["model"]
+    model["x-kubernetes-validations"] = [rule.manifest("model") for rule in cel_rules.model_rules()]
+    return schema
 
 
 def _num(description: str, kind: str = "number") -> dict[str, Any]:

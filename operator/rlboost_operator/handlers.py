@@ -2,10 +2,14 @@
 
 Run: `kopf run -A -m rlboost_operator.handlers` (or `python -m rlboost_operator`).
 - RLJob create/update/resume: validate (rlboost_operator.checks), build children (children.py),
-  adopt them (ownerReferences: deletion is garbage collection), create or patch.
+  adopt them (ownerReferences: deletion is garbage collection), create or patch, and subscribe to the job's
+  `steps` and `done` subjects (once per job; the subscriptions live in STATE) to write .status.
+- The end of a job (`done`, or trainer.backoffLimit exceeded by the trainer pods' restarts): its workloads are
+  scaled to zero and stay there on every later reconcile; PVCs, Secret, ConfigMap and status are kept.
 - Nodes: spot nodes are counted per job's pool (spot.py) and the spot Deployment scaled;
   preemption signals become NATS notices naming the node and the job's pods on it.
-- A daemon per RLJob subscribes to the job's `steps` and `done` subjects and writes .status.
+- No RLJob carries a finalizer: nothing here is per-object kopf machinery (daemons, timers, mandatory delete
+  handlers would each add one), so an RLJob deletes even when no operator runs.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from rlboost.wire.events import JobDone, PreemptionNotice, StepReport
 from rlboost_operator import children, spot, status
 from rlboost_operator.checks import SpecProblemError, check_job
 from rlboost_operator.config import load_settings
-from rlboost_operator.kube import Kube
+from rlboost_operator.kube import Kube, KubeError
 from rlboost_operator.metrics import DESIRED_SPOT, ERRORS, NOTICES, READY_WORKERS, RECONCILIATIONS, SPOT_NODES
 from rlboost_operator.notices import NatsLink
 from rlboost_operator.state import JobRef, State
@@ -53,16 +57,22 @@ async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # No handler needs a finalizer; naming the one older operators added makes kopf remove it from their RLJobs.
     settings.persistence.finalizer = "rlboost.io/operator"
     settings.posting.level = logging.INFO  # scaling and preemption Events are Normal events
     # A fresh view each run: kopf re-lists every watched object at start.
     STATE.settings = load_settings()
-    STATE.nodes.clear(), STATE.pods.clear(), STATE.jobs.clear(), STATE.notified.clear(), STATE.status_locks.clear()
+    STATE.reset()
     STATE.nats = NatsLink(STATE.settings.nats_url)
+    STATE.background = asyncio.create_task(rescale_loop(), name="rescale-loop")
 
 
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
+    if STATE.background is not None:
+        STATE.background.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await STATE.background
     if STATE.nats is not None:
         await STATE.nats.close()
     if STATE.kube is not None:
@@ -73,13 +83,16 @@ async def cleanup(**_: Any) -> None:
 
 
 async def _fail(body: kopf.Body, problem: SpecProblemError) -> None:
-    """Phase Failed, a condition and a Warning Event naming the field; then stop retrying."""
+    """Phase Failed (unless the job already ended), a condition and a Warning Event naming the field; then stop
+    retrying."""
     RECONCILIATIONS.labels("invalid").inc()
     namespace, name = body.metadata.namespace or "default", body.metadata.name or ""
     STATE.jobs.pop((namespace, name), None)
-    await _kube().patch(
-        "RLJob", namespace, name, {"status": status.invalid_status(problem.field, str(problem))}, sub="status"
-    )
+    kube = _kube()
+    async with _status_lock(namespace, name):
+        previous = ((await kube.get("RLJob", namespace, name)) or {}).get("status") or {}
+        patch = status.invalid_status(problem.field, str(problem), previous)
+        await kube.patch("RLJob", namespace, name, {"status": patch}, sub="status")
     kopf.warn(body, reason="InvalidSpec", message=f"spec.{problem.field}: {problem}")
     raise kopf.PermanentError(f"spec.{problem.field}: {problem}")
 
@@ -98,37 +111,40 @@ def _spot_replicas(spec: JobSpec) -> int:
 
 
 async def reconcile(body: kopf.Body, spec_data: Any) -> None:
-    """Validate, then create or patch every child of the RLJob."""
+    """Validate, then create or patch every child of the RLJob (at zero replicas once the job ended), and follow
+    a running job's status subjects."""
     namespace, job = body.metadata.namespace or "default", body.metadata.name or ""
     try:
         spec = check_job(dict(spec_data or {}), STATE.settings)
     except SpecProblemError as problem:
         await _fail(body, problem)
-    kube = _kube()
-    replicas = _spot_replicas(spec)
-    await _ensure_token(namespace, job, body)
-    for child in children.build_children(job, namespace, spec, STATE.settings, replicas):
-        kopf.adopt(child, owner=body)
-        await kube.apply(child)
-    STATE.jobs[(namespace, job)] = JobRef(namespace, job, body.metadata.uid or "", spec, replicas)
-    DESIRED_SPOT.labels(namespace, job).set(replicas)
-    previous = dict(body.get("status") or {})
-    patch: dict[str, Any] = {
-        "workers": {**dict(previous.get("workers") or {}), "spotDesired": replicas},
-        "conditions": status.set_condition(
-            previous.get("conditions"),
-            status.condition(
-                "Valid", True, "SpecAccepted", "spec is valid; children reconciled", generation=_generation(body)
-            ),
-        ),
-        "updatedAt": status.now_iso(),
-        "observedGeneration": _generation(body),
-    }
-    if previous.get("phase") in (None, status.FAILED):
-        patch["phase"] = status.PENDING
-    patch.setdefault("startedAt", previous.get("startedAt") or status.now_iso())
-    await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
+    async with _status_lock(namespace, job):  # judged on the status as it is now, not as the event saw it
+        ended = await _apply_children(body, spec)
+    if not ended:
+        await _follow_status(namespace, job, spec, status.parse_iso(body.metadata.get("creationTimestamp")))
     RECONCILIATIONS.labels("ok").inc()
+
+
+async def _apply_children(body: kopf.Body, spec: JobSpec) -> bool:
+    """Create or patch the children and write the status; True when the job already ended (kept at zero)."""
+    namespace, job = body.metadata.namespace or "default", body.metadata.name or ""
+    kube = _kube()
+    previous = ((await kube.get("RLJob", namespace, job)) or {}).get("status") or {}
+    ended = status.finished(previous)
+    replicas = 0 if ended else _spot_replicas(spec)
+    await _ensure_token(namespace, job, body)
+    for child in children.build_children(job, namespace, spec, STATE.settings, replicas, finished=ended):
+        if children.adopted(child):
+            kopf.adopt(child, owner=body)
+        await kube.apply(child)
+    if ended:
+        _drop_job(namespace, job)
+    else:
+        STATE.jobs[(namespace, job)] = JobRef(namespace, job, body.metadata.uid or "", spec, replicas)
+        DESIRED_SPOT.labels(namespace, job).set(replicas)
+    patch = status.reconcile_status(previous, replicas, _generation(body))
+    await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
+    return ended
 
 
 def _generation(obj: Any) -> int | None:
@@ -150,14 +166,27 @@ async def rljob_reconcile(body: kopf.Body, spec: kopf.Spec, **_: Any) -> None:
         raise kopf.TemporaryError(f"reconcile failed: {err}", delay=5) from err
 
 
-@kopf.on.delete(*RLJOB, optional=True)
-async def rljob_deleted(namespace: str, name: str, **_: Any) -> None:
-    """Children go by garbage collection (ownerReferences); only forget the job here."""
+def _drop_job(namespace: str, name: str) -> None:
+    """Stop scaling a job (it ended or went away) and drop its gauges."""
     if STATE.jobs.pop((namespace, name), None) is not None:
         DESIRED_SPOT.remove(namespace, name)
-        for pool in ("reserved", "spot"):
-            with contextlib.suppress(KeyError):
-                READY_WORKERS.remove(namespace, name, pool)
+    for pool in ("reserved", "spot"):
+        with contextlib.suppress(KeyError):
+            READY_WORKERS.remove(namespace, name, pool)
+
+
+@kopf.on.event(*RLJOB)
+async def rljob_event(event: dict[str, Any], namespace: str, name: str, **_: Any) -> None:
+    """A deleted RLJob: children go by garbage collection (ownerReferences); forget the job here. A watch event,
+    not a delete handler: kopf calls those only for objects it holds with a finalizer, and RLJobs carry none."""
+    if event.get("type") != "DELETED":
+        return
+    _drop_job(namespace, name)
+    for sub in STATE.subscriptions.pop((namespace, name), []):
+        with contextlib.suppress(Exception):  # the connection may be gone
+            await sub.unsubscribe()
+    STATE.status_locks.pop((namespace, name), None)
+    STATE.trainer_failures = {k: v for k, v in STATE.trainer_failures.items() if (k[0], v[0]) != (namespace, name)}
 
 
 # --- Spot pools and preemption --------------------------------------------------------------
@@ -246,6 +275,7 @@ async def node_event(event: dict[str, Any], body: kopf.Body, name: str, **_: Any
 async def pod_event(
     event: dict[str, Any], body: kopf.Body, namespace: str, name: str, labels: kopf.Labels, **_: Any
 ) -> None:
+    await watch_trainer(event, body, namespace, name, labels)
     node = body.get("spec", {}).get("nodeName")
     if event.get("type") == "DELETED" or not node:
         STATE.pods.pop((namespace, name), None)
@@ -257,13 +287,14 @@ async def pod_event(
         await announce(signal)
 
 
-@kopf.timer(*RLJOB, interval=STATE.settings.rescale_interval_s, idle=STATE.settings.rescale_interval_s)
-async def rescale_timer(namespace: str, name: str, **_: Any) -> None:
-    """Safety net: rescale even if a node event was missed."""
-    ref = STATE.jobs.get((namespace, name))
-    if ref is not None:
-        ref.spot_replicas = None
-        await rescale(ref)
+async def rescale_loop() -> None:
+    """Safety net: rescale every job even if a node event was missed. One loop for all jobs, started with the
+    operator: a per-RLJob kopf timer would put a finalizer on every RLJob."""
+    while True:
+        await asyncio.sleep(STATE.settings.rescale_interval_s)
+        for ref in list(STATE.jobs.values()):
+            ref.spot_replicas = None  # write it even if unchanged: the Deployment may have been edited
+        await rescale_all()
 
 
 # --- Status from the job's services ---------------------------------------------------------
@@ -294,8 +325,10 @@ async def _write_step(namespace: str, job: str, spec: JobSpec, data: bytes) -> N
     spec = ref.spec if ref is not None else spec  # the latest spec: prices may have changed
     kube = _kube()
     current = await kube.get("RLJob", namespace, job) or {}
-    workers = await _ready_workers(namespace, job)
     previous, generation = current.get("status") or {}, _generation(current)
+    if status.finished(previous):  # an ended job's status stays as it ended (no workers, no cost)
+        return
+    workers = await _ready_workers(namespace, job)
     patch = status.step_status(report, spec, workers, previous, datetime.now(UTC), generation)
     await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
 
@@ -307,36 +340,84 @@ async def on_done(namespace: str, job: str, data: bytes) -> None:
 
 async def _write_done(namespace: str, job: str, data: bytes) -> None:
     done = JobDone.model_validate_json(data)
+    current = await _kube().get("RLJob", namespace, job)
+    if current is None:
+        return
+    previous = current.get("status") or {}
+    if status.finished(previous):  # a repeated `done` (a restarted trainer re-publishes it): keep the first end
+        await _scale_to_zero(namespace, job)
+        return
+    outcome = status.done_status(done, previous, generation=_generation(current))
+    event = ("JobSucceeded", f"{done.steps} steps") if done.ok else ("JobFailed", done.error or "trainer failed")
+    await _end(current, outcome, "JobFinished", event, ok=done.ok)
+
+
+async def _scale_to_zero(namespace: str, job: str) -> None:
+    """Every workload of the job at zero replicas (a child already gone is fine)."""
     kube = _kube()
-    current = await kube.get("RLJob", namespace, job) or {}
-    patch = status.done_status(done, current.get("status") or {}, generation=_generation(current))
-    await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
+    for kind, name in children.workloads(job):
+        try:
+            await kube.patch(kind, namespace, name, {"spec": {"replicas": 0}})
+        except KubeError as err:
+            if err.status != 404:
+                raise
+
+
+async def _end(current: dict[str, Any], outcome: dict[str, Any], reason: str, event: tuple[str, str], ok: bool) -> None:
+    """A job ended: scale its workloads to zero, then write how it ended and that it stopped, and post Events.
+    Called with the job's status lock held. Scaling first: if it fails, the status does not claim it happened
+    (and the trainer, restarted by its StatefulSet, re-publishes `done`, which tries again)."""
+    meta = current.get("metadata") or {}
+    namespace, job = meta.get("namespace") or "default", meta.get("name") or ""
+    _drop_job(namespace, job)  # no more spot rescaling
+    await _scale_to_zero(namespace, job)
+    previous, generation = current.get("status") or {}, _generation(current)
+    patch = {**outcome, **status.stopped_status({**previous, **outcome}, reason, generation=generation)}
+    await _kube().patch("RLJob", namespace, job, {"status": patch}, sub="status")
+    target = {"apiVersion": "rlboost.io/v1alpha1", "kind": "RLJob", "metadata": meta}
+    (kopf.info if ok else kopf.warn)(target, reason=event[0], message=event[1])
+    kopf.info(target, reason="ScaledToZero", message=patch["conditions"][-1]["message"])
+
+
+async def watch_trainer(event: dict[str, Any], pod: kopf.Body, namespace: str, name: str, labels: kopf.Labels) -> None:
+    """Count a trainer pod's failures; past the job's trainer.backoffLimit the job is Failed and scaled to zero."""
+    if labels.get("app.kubernetes.io/component") != "trainer":
+        return
+    if event.get("type") == "DELETED":
+        STATE.trainer_failures.pop((namespace, name), None)
+        return
+    job = labels["rlboost.io/job"]
+    STATE.trainer_failures[(namespace, name)] = (job, status.trainer_failures(pod))
     ref = STATE.jobs.get((namespace, job))
-    if ref is not None:
-        reason = "JobSucceeded" if done.ok else "JobFailed"
-        (kopf.info if done.ok else kopf.warn)(ref.body(), reason=reason, message=done.error or f"{done.steps} steps")
+    failures = STATE.most_trainer_failures(namespace, job)
+    if ref is None or not status.backoff_exceeded(failures, ref.spec.trainer.backoff_limit):
+        return
+    async with _status_lock(namespace, job):
+        current = await _kube().get("RLJob", namespace, job)
+        if current is None or status.finished(current.get("status") or {}):
+            return
+        limit = ref.spec.trainer.backoff_limit
+        outcome = status.backoff_status(failures, limit, current.get("status") or {}, generation=_generation(current))
+        message = outcome["conditions"][-1]["message"]
+        await _end(current, outcome, "BackoffLimitExceeded", ("BackoffLimitExceeded", message), ok=False)
 
 
-@kopf.daemon(*RLJOB, cancellation_timeout=2.0)
-async def status_reporter(namespace: str, name: str, spec: kopf.Spec, stopped: kopf.DaemonStopped, **_: Any) -> None:
-    """Subscribe to the job's `steps` and `done` subjects until the RLJob goes away."""
-    try:
-        job_spec = check_job(dict(spec or {}), STATE.settings)
-    except SpecProblemError:
-        return  # the reconcile handler reported it
+async def _follow_status(namespace: str, job: str, spec: JobSpec, since: datetime | None) -> None:
+    """Subscribe to the job's `steps` and `done` subjects, once per job (kept in STATE until the RLJob goes);
+    `since`: the RLJob's creation (older kept messages are an earlier RLJob's of the same name)."""
+    if (namespace, job) in STATE.subscriptions:
+        return
     if STATE.nats is None:
         raise kopf.TemporaryError("NATS link not ready", delay=1)
+    subs: list[Any] = []
     try:
-        subs = [
-            await STATE.nats.subscribe(namespace, name, "steps", lambda d: on_step(namespace, name, job_spec, d)),
-            await STATE.nats.subscribe(namespace, name, "done", lambda d: on_done(namespace, name, d)),
-        ]
+        link = STATE.nats
+        subs.append(await link.subscribe(namespace, job, "steps", lambda d: on_step(namespace, job, spec, d), since))
+        subs.append(await link.subscribe(namespace, job, "done", lambda d: on_done(namespace, job, d), since))
     except Exception as err:
         ERRORS.labels("nats").inc()
-        raise kopf.TemporaryError(f"cannot subscribe to NATS at {STATE.settings.nats_url}: {err}", delay=5) from err
-    try:
-        await stopped.wait()
-    finally:
         for sub in subs:
-            with contextlib.suppress(Exception):  # the connection may already be closed at shutdown
+            with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+        raise kopf.TemporaryError(f"cannot subscribe to NATS at {STATE.settings.nats_url}: {err}", delay=5) from err
+    STATE.subscriptions[(namespace, job)] = subs

@@ -7,7 +7,9 @@ Status survives the operator: step reports and `done` are kept by a JetStream st
 newest message per job and topic), and the operator reads them through a consumer that starts with that
 newest message. An operator that was down (restarted, upgraded, a new leader) while a step finished or the
 job ended still writes it to the RLJob when it comes back. Against a NATS without JetStream it falls back
-to plain subscriptions (live messages only) and says so in its log.
+to plain subscriptions (live messages only) and says so in its log. A kept message older than the RLJob
+(`since`: its creationTimestamp) is from an earlier RLJob of the same name and is skipped: a new job must not
+start out Succeeded.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 
 import nats
 from nats.aio.client import Client
@@ -80,13 +83,24 @@ class NatsLink:
             return False
         return True
 
-    async def subscribe(self, namespace: str, job: str, topic: str, handler: Callable[[bytes], Awaitable[None]]):
+    async def subscribe(
+        self,
+        namespace: str,
+        job: str,
+        topic: str,
+        handler: Callable[[bytes], Awaitable[None]],
+        since: datetime | None = None,
+    ):
         """Subscribe to the job's topic; returns the subscription (unsubscribe it when done).
 
-        A status topic replays its newest kept message first (then every new one), when the stream exists."""
+        A status topic replays its newest kept message first (then every new one), when the stream exists; one
+        published before `since` is skipped."""
         nc = await self.client()
 
         async def on_msg(msg: Msg) -> None:
+            if since is not None and _published_before(msg, since):
+                log.info("skipped a %s message older than the job", topic, extra={"job": job, "namespace": namespace})
+                return
             try:
                 await handler(msg.data)
             except Exception:  # one bad message must not end the subscription
@@ -107,3 +121,11 @@ class NatsLink:
         if self._nc is not None and not self._nc.is_closed:
             await self._nc.drain()
         self._nc = None
+
+
+def _published_before(msg: Msg, since: datetime) -> bool:
+    """Whether a JetStream message was stored before `since` (a plain NATS message carries no time: False)."""
+    try:
+        return msg.metadata.timestamp < since
+    except Exception:  # not a JetStream message
+        return False

@@ -1,7 +1,9 @@
-"""The operator's in-memory view: settings, API client, NATS link, nodes, job pods and known jobs.
+"""The operator's in-memory view: settings, API client, NATS link, nodes, job pods, known jobs, their status
+subscriptions and their trainers' failures.
 
 Filled by the kopf handlers from their watch streams; everything here is rebuilt on restart
-(kopf re-lists every watched object at start).
+(kopf re-lists every watched object at start). Nothing per job lives in kopf itself (no daemon, no timer):
+kopf would put a finalizer on every RLJob for them, and an RLJob would hang in Terminating without an operator.
 """
 
 from __future__ import annotations
@@ -42,6 +44,21 @@ class State:
     jobs: dict[tuple[str, str], JobRef] = field(default_factory=dict)
     notified: set[tuple[str, str]] = field(default_factory=set)  # (node, reason) already announced
     status_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    subscriptions: dict[tuple[str, str], list[Any]] = field(default_factory=dict)  # (ns, job) -> its NATS subs
+    trainer_failures: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)  # (ns, pod) -> (job, n)
+    background: asyncio.Task[None] | None = None  # the operator-wide rescale loop
+
+    def reset(self) -> None:
+        """Forget everything seen (a fresh start: kopf lists every object again)."""
+        for seen in (self.nodes, self.pods, self.jobs, self.notified, self.status_locks):
+            seen.clear()
+        self.subscriptions.clear(), self.trainer_failures.clear()
+
+    def most_trainer_failures(self, namespace: str, job: str) -> int:
+        """The most failures any of the job's trainer ranks had (ranks die together; a sum would count one
+        failure once per rank)."""
+        counts = [n for (ns, _), (j, n) in self.trainer_failures.items() if ns == namespace and j == job]
+        return max(counts, default=0)
 
     def pods_on(self, node: str) -> dict[tuple[str, str], list[str]]:
         """The job pods on a node, grouped by (namespace, job)."""

@@ -15,6 +15,9 @@ from rlboost.wire.events import JobDone, StepReport
 
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 TERMINAL = {SUCCEEDED, FAILED}
+ENDED = ("Complete", "Failed")  # condition types of a job that ran to its end
+STOPPED = "Stopped"  # condition type: the job's pods are scaled to zero
+KEPT = "checkpoints (PVCs), the token Secret, the ConfigMap and this status are kept"
 
 
 def now_iso(now: datetime | None = None) -> str:
@@ -140,10 +143,89 @@ def done_status(
     }
 
 
-def invalid_status(field: str, message: str, now: datetime | None = None) -> dict[str, Any]:
-    """The .status of an RLJob that cannot run: Failed, with a condition naming the field."""
-    return {
-        "phase": FAILED,
+def invalid_status(
+    field: str, message: str, previous: Mapping[str, Any] | None = None, now: datetime | None = None
+) -> dict[str, Any]:
+    """The .status of an RLJob that cannot run: Failed, with a condition naming the field. A job that already
+    ended keeps its phase and conditions (an edit after the end does not rewrite how it ended)."""
+    invalid = condition("Valid", False, "InvalidSpec", f"spec.{field}: {message}", now)
+    if previous is not None and finished(previous):
+        return {"updatedAt": now_iso(now), "conditions": set_condition(previous.get("conditions"), invalid)}
+    return {"phase": FAILED, "updatedAt": now_iso(now), "conditions": [invalid]}
+
+
+def finished(status: Mapping[str, Any]) -> bool:
+    """Whether the job ran to its end (the trainer's `done`, or its back-off exhausted): it stays scaled to zero
+    for good. Failed for an invalid spec is not an end: fixing the spec runs the job."""
+    if status.get("phase") not in TERMINAL:
+        return False
+    conditions = status.get("conditions") or []
+    return any(c.get("type") in ENDED and c.get("status") == "True" for c in conditions)
+
+
+def reconcile_status(
+    previous: Mapping[str, Any], spot_desired: int, generation: int | None = None, now: datetime | None = None
+) -> dict[str, Any]:
+    """The .status patch after the children were reconciled: Valid, the spot ask, the generation seen; Pending
+    for a new job or one whose spec was fixed; an ended job keeps its phase."""
+    patch: dict[str, Any] = {
+        "workers": {**dict(previous.get("workers") or {}), "spotDesired": spot_desired},
+        "conditions": set_condition(
+            previous.get("conditions"),
+            condition("Valid", True, "SpecAccepted", "spec is valid; children reconciled", now, generation),
+        ),
         "updatedAt": now_iso(now),
-        "conditions": [condition("Valid", False, "InvalidSpec", f"spec.{field}: {message}", now)],
+        "observedGeneration": generation,
+        "startedAt": previous.get("startedAt") or now_iso(now),
     }
+    if previous.get("phase") in (None, FAILED) and not finished(previous):
+        patch["phase"] = PENDING
+    return patch
+
+
+def stopped_status(
+    previous: Mapping[str, Any], reason: str, now: datetime | None = None, generation: int | None = None
+) -> dict[str, Any]:
+    """The .status patch once an ended job's pods are scaled to zero: no workers, no cost, a Stopped condition."""
+    workers = {**dict(previous.get("workers") or {}), "reserved": 0, "spot": 0, "spotDesired": 0}
+    message = f"trainer, rollout workers, manager and weight-server scaled to zero; {KEPT}"
+    return {
+        "workers": workers,
+        "costPerHour": 0.0,
+        "updatedAt": now_iso(now),
+        "conditions": set_condition(
+            previous.get("conditions"), condition(STOPPED, True, reason, message, now, generation)
+        ),
+    }
+
+
+def trainer_failures(pod: Mapping[str, Any]) -> int:
+    """How often a trainer pod's container restarted after dying: its restartCount, less one when the last exit
+    was clean (code 0: the trainer finished, which its `done` message reports; that is no failure)."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == "trainer":
+            count = int(cs.get("restartCount") or 0)
+            last = (cs.get("lastState") or {}).get("terminated") or {}
+            return max(0, count - 1) if last.get("exitCode") == 0 else count
+    return 0
+
+
+def backoff_exceeded(failures: int, limit: int) -> bool:
+    """trainer.backoffLimit: that many restarts are tolerated, one more fails the job."""
+    return failures > limit
+
+
+def backoff_status(
+    failures: int,
+    limit: int,
+    previous: Mapping[str, Any],
+    now: datetime | None = None,
+    generation: int | None = None,
+) -> dict[str, Any]:
+    """The .status patch of a job whose trainer kept dying: Failed, with the count and the limit."""
+    message = (
+        f"the trainer restarted {failures} times after failures, more than trainer.backoffLimit ({limit}); "
+        "see its pods' logs (kubectl logs --previous)"
+    )
+    cond = condition("Failed", True, "BackoffLimitExceeded", message, now, generation)
+    return {"phase": FAILED, "updatedAt": now_iso(now), "conditions": set_condition(previous.get("conditions"), cond)}

@@ -94,7 +94,9 @@ def _expected_pod_options(spec: JobSpec, settings: OperatorSettings) -> dict[typ
         ManagerOptions: manager_options(site, children.MANAGER_PORT, port),
         WeightServerOptions: weight_server_options(site, children.WEIGHTS_PORT, "/data"),
         WorkerOptions: worker_options(site, "$(POD_NAME)", "spot", "$(NODE_NAME)", "/models", port),
-        TrainerOptions: trainer_options(site, "/data/model", "/data/run", port),
+        TrainerOptions: trainer_options(
+            site, "/data/model", "/data/run", port, checkpoint_dir=Path(children.CHECKPOINT_DIR), resume=True
+        ),
     }
 
 
@@ -122,8 +124,10 @@ def test_pod_commands_parse_back_and_listen_where_probes_and_prometheus_reach(sp
 def test_pod_and_local_commands_differ_only_in_deployment_facts(tmp_path: Path) -> None:
     local = {type(c.options): c.options for c in _local_children(JobSpec(), tmp_path)}
     pods = {type(p): p for p in (_parsed(c["command"]) for c in _pod_containers(JobSpec()))}
+    # checkpoint_dir, resume: a pod's trainer always resumes from its PVC; `rlboost local` only when asked.
     facts = {"config", "nats_url", "namespace", "job", "host", "port", "metrics_port", "manager", "weight_server",
-             "token_file", "model_dir", "run_dir", "data_dir", "worker_id", "node", "pool"}  # fmt: skip
+             "token_file", "model_dir", "run_dir", "data_dir", "worker_id", "node", "pool",
+             "checkpoint_dir", "resume"}  # fmt: skip
     for options in SERVICES:
         differ = {f for f in options.model_fields if getattr(local[options], f) != getattr(pods[options], f)}
         assert differ <= facts, (options.__name__, differ - facts)

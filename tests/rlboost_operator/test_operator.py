@@ -64,12 +64,13 @@ def test_create_builds_adopted_children_and_update_patches_them(operator):
         ("Service", "demo-manager"),
         ("Deployment", "demo-weights"),
         ("Service", "demo-weights"),
-        ("PersistentVolumeClaim", "demo-weights"),
         ("Deployment", "demo-workers-reserved"),
     ]:
         child = wait_until(lambda k=kind, n=name: api.get(k, NS, n), timeout=10, what=f"{kind} {name}")
         owners = child["metadata"].get("ownerReferences") or []
         assert [(o["kind"], o["name"], o["uid"]) for o in owners] == [("RLJob", "demo", "uid-demo")], (kind, name)
+    # spec.retention.pvcs defaults to Retain: the weight-server's PVC outlives the RLJob.
+    assert api.get("PersistentVolumeClaim", NS, "demo-weights")["metadata"]["ownerReferences"] == []
     # No spot nodes yet: the spot pool sits at its minimum.
     assert spot_replicas(api, "demo") == 1
     assert wait_until(lambda: status_of(api, "demo").get("phase") == "Pending", what="phase Pending")
