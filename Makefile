@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test lint check-generated generate test-fast test-sglang run-sglang clean
+.PHONY: run test lint check-generated generate test-fast test-sglang run-sglang test-cluster clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,12 @@ test-sglang:
 run-sglang:
 	bash scripts/setup_sglang_env.sh
 	$(SGLANG_VENV)/bin/rlboost local --engine sglang
+
+# The cluster lane (issue 13): examples/rljob.yaml through kmock, the podlet (kubelet stand-in), the operator's
+# image and every pod as a podman container. Root and podman; installs what it needs (scripts/cluster/setup.sh).
+test-cluster: $(STAMP)
+	bash scripts/cluster/setup.sh
+	timeout 1800 $(PY) -m pytest -m cluster tests/cluster/test_cluster_e2e.py -p no:cacheprovider $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
