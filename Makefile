@@ -8,15 +8,17 @@ PIP    := $(PY) -m pip
 # CPU build from local disk on these machines; set TORCH_SPEC= (empty) where torch is already right.
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
+# Every install takes its versions from the one lock (scripts/lock.sh), as the images do.
+LOCK   := requirements/lock.txt
 PYTEST_ARGS ?=
 
-.PHONY: run test lint check-generated generate test-fast test-sglang run-sglang test-cluster clean
+.PHONY: run test lint check-generated generate test-fast test-sglang run-sglang images push-images lock test-cluster clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(if $(TORCH_SPEC),$(PIP) install -q "$(TORCH_SPEC)")
-	$(PIP) install -q -e '.[dev]'
+	$(if $(TORCH_SPEC),$(PIP) install -q -c $(LOCK) "$(TORCH_SPEC)")
+	$(PIP) install -q -c $(LOCK) -e '.[dev]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -50,6 +52,18 @@ test-sglang:
 run-sglang:
 	bash scripts/setup_sglang_env.sh
 	$(SGLANG_VENV)/bin/rlboost local --engine sglang
+
+# Container images (podman or docker), tagged with the chart's appVersion; see README "Images".
+images:
+	bash scripts/build_images.sh
+
+# REGISTRY=my.registry/rlboost make push-images: push what `make images` built, under that registry
+push-images:
+	bash scripts/build_images.sh --push
+
+# Re-resolve requirements/lock.txt after changing pyproject.toml's dependencies (needs uv)
+lock:
+	bash scripts/lock.sh
 
 # The cluster lane (issue 13): examples/rljob.yaml through kmock, the podlet (kubelet stand-in), the operator's
 # image and every pod as a podman container. Root and podman; installs what it needs (scripts/cluster/setup.sh).

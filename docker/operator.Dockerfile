@@ -1,15 +1,23 @@
-# rlboost operator (kopf). No torch: the core is installed without its heavy dependencies.
-# Build from the repository root: docker build -f docker/operator.Dockerfile -t ghcr.io/rlboost/operator:0.1.0 .
-FROM python:3.11.11-slim-bookworm
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+# rlboost operator (kopf): the `operator` extra of pyproject.toml at requirements/lock.txt's versions; no torch.
+# From the repository root (`make images` builds every image):
+#   docker build -f docker/operator.Dockerfile -t ghcr.io/rlboost/operator:0.1.0 .
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PATH=/opt/rlboost/bin:$PATH
+RUN python3 -m venv /opt/rlboost
 WORKDIR /app
+# Dependencies first, from pyproject and the lock only: this layer survives code edits.
 COPY pyproject.toml README.md ./
+COPY requirements/lock.txt requirements/
+RUN pip install -c requirements/lock.txt '.[operator]'
 COPY rlboost ./rlboost
 COPY operator ./operator
 COPY services ./services
-RUN pip install --no-deps . \
- && pip install "pydantic>=2.8,<3" "pyyaml>=6" "prometheus-client>=0.20" "nats-py>=2.9" "kopf>=1.37" "aiohttp>=3.9" "rich>=13"
-RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin rlboost
+RUN pip install --no-deps --force-reinstall . && rm -rf build
+RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin rlboost
 USER 10001:10001
+# Smoke test: a module the service imports that the image lacks fails the build, not the pod.
+COPY scripts/service_imports.py scripts/
+RUN python scripts/service_imports.py --check rlboost_operator
 EXPOSE 9090 8080
 ENTRYPOINT ["python", "-m", "rlboost_operator"]

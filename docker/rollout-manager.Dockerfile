@@ -1,16 +1,23 @@
-# rlboost rollout-manager (gRPC). No torch on its import path.
-# docker build -f docker/rollout-manager.Dockerfile -t ghcr.io/rlboost/rollout-manager:0.1.0 .
-FROM python:3.11.11-slim-bookworm
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+# rlboost rollout-manager (gRPC): the `manager` extra of pyproject.toml at requirements/lock.txt's versions; no torch.
+# From the repository root (`make images` builds every image):
+#   docker build -f docker/rollout-manager.Dockerfile -t ghcr.io/rlboost/rollout-manager:0.1.0 .
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PATH=/opt/rlboost/bin:$PATH
+RUN python3 -m venv /opt/rlboost
 WORKDIR /app
+# Dependencies first, from pyproject and the lock only: this layer survives code edits.
 COPY pyproject.toml README.md ./
+COPY requirements/lock.txt requirements/
+RUN pip install -c requirements/lock.txt '.[manager]'
 COPY rlboost ./rlboost
 COPY operator ./operator
 COPY services ./services
-RUN pip install --no-deps . \
- && pip install "pydantic>=2.8,<3" "pyyaml>=6" "rich>=13" "prometheus-client>=0.20" "numpy>=1.26" "grpcio==1.85.1" \
-    "protobuf>=6" "nats-py>=2.9" "tenacity>=8"
-RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin rlboost
+RUN pip install --no-deps --force-reinstall . && rm -rf build
+RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin rlboost
 USER 10001:10001
+# Smoke test: a module the service imports that the image lacks fails the build, not the pod.
+COPY scripts/service_imports.py scripts/
+RUN python scripts/service_imports.py --check rollout_manager
 EXPOSE 50051 9090
 ENTRYPOINT ["python", "-m", "rollout_manager"]

@@ -1,19 +1,31 @@
-# rlboost rollout-worker, CPU build (torch engine): tests, laptops and CPU clusters.
-# docker build -f docker/rollout-worker.Dockerfile -t ghcr.io/rlboost/rollout-worker:0.1.0 .
-FROM python:3.11.11-slim-bookworm
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 HOME=/home/rlboost
+# rlboost rollout-worker, CPU build (torch engine): the `worker` extra of pyproject.toml at requirements/lock.txt's
+# versions, with torch's CPU build. GPU clusters run rollout-worker-sglang.Dockerfile.
+# From the repository root (`make images` builds every image):
+#   docker build -f docker/rollout-worker.Dockerfile -t ghcr.io/rlboost/rollout-worker:0.1.0 .
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
+# numba caches the codec's compiled kernels; site-packages is not writable by the service's user.
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PATH=/opt/rlboost/bin:$PATH \
+    NUMBA_CACHE_DIR=/tmp/numba-cache
+RUN python3 -m venv /opt/rlboost
 WORKDIR /app
+# torch alone first, its CPU build (the index's 2.13.0+cpu satisfies the lock's torch==2.13.0 and wins over
+# PyPI's CUDA build): the same layer as in trainer.Dockerfile, so the two images share it.
+# An empty TORCH_INDEX_URL takes torch from pip's own configuration.
+COPY requirements/lock.txt requirements/
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+RUN pip install -c requirements/lock.txt ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} torch
+# The service's dependencies, from pyproject and the lock only: this layer survives code edits.
 COPY pyproject.toml README.md ./
+RUN pip install -c requirements/lock.txt '.[worker]'
 COPY rlboost ./rlboost
 COPY operator ./operator
 COPY services ./services
-# The CPU wheel of torch first, so pip does not pull a CUDA build for it.
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.9.1 \
- && pip install --no-deps . \
- && pip install "pydantic>=2.8,<3" "pyyaml>=6" "rich>=13" "prometheus-client>=0.20" "numpy>=1.26" "safetensors>=0.4" \
-    "zstandard>=0.22" "tenacity>=8" "grpcio==1.85.1" "protobuf>=6" "nats-py>=2.9" "httpx>=0.27" \
-    "transformers>=4.56" "tokenizers>=0.21"
+RUN pip install --no-deps --force-reinstall . && rm -rf build
 RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin rlboost
 USER 10001:10001
+# Smoke test: a module the service imports that the image lacks fails the build, not the pod (sglang: GPU image).
+COPY scripts/service_imports.py scripts/
+RUN python scripts/service_imports.py --check rollout_worker --without sglang
 EXPOSE 9090
 ENTRYPOINT ["python", "-m", "rollout_worker"]

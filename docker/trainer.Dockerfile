@@ -1,16 +1,35 @@
-# rlboost trainer (DeepSpeed, NCCL) on the official PyTorch CUDA runtime image.
-# docker build -f docker/trainer.Dockerfile -t ghcr.io/rlboost/trainer:0.1.0 .
-FROM pytorch/pytorch:2.9.1-cuda12.8-cudnn9-devel
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 HOME=/home/rlboost
+# rlboost trainer, CPU build (DeepSpeed on gloo): the `trainer` extra of pyproject.toml at requirements/lock.txt's
+# versions, with torch's CPU build. GPU clusters run trainer-cuda.Dockerfile (the release publishes that one).
+# From the repository root (`make images` builds every image):
+#   docker build -f docker/trainer.Dockerfile -t ghcr.io/rlboost/trainer:0.1.0 .
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
+# numba caches the codec's compiled kernels; site-packages is not writable by the service's user.
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PATH=/opt/rlboost/bin:$PATH \
+    NUMBA_CACHE_DIR=/tmp/numba-cache
+RUN python3 -m venv /opt/rlboost
 WORKDIR /app
+# torch alone first, its CPU build (the index's 2.13.0+cpu satisfies the lock's torch==2.13.0 and wins over
+# PyPI's CUDA build): the same layer as in rollout-worker.Dockerfile, so the two images share it.
+# An empty TORCH_INDEX_URL takes torch from pip's own configuration.
+COPY requirements/lock.txt requirements/
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+RUN pip install -c requirements/lock.txt ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} torch
+# The service's dependencies, from pyproject and the lock only: this layer survives code edits.
+# No compiler: the trainer keeps DeepSpeed from building its shm all-reduce op (trainer.engine), and
+# training uses torch's AdamW, not DeepSpeed's fused one.
 COPY pyproject.toml README.md ./
+RUN pip install -c requirements/lock.txt '.[trainer]'
 COPY rlboost ./rlboost
 COPY operator ./operator
 COPY services ./services
-# torch comes from the base image; everything else from pyproject (deepspeed JIT-builds its ops on first use).
-RUN pip install .
-RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin rlboost && mkdir /data && chown 10001:10001 /data
+RUN pip install --no-deps --force-reinstall . && rm -rf build
+RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin rlboost \
+ && mkdir /data && chown 10001:10001 /data
 USER 10001:10001
+# Smoke test: a module the service imports that the image lacks fails the build, not the pod.
+COPY scripts/service_imports.py scripts/
+RUN python scripts/service_imports.py --check trainer
 VOLUME /data
 EXPOSE 29500 9090
 ENTRYPOINT ["python", "-m", "trainer"]
