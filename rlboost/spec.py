@@ -7,12 +7,22 @@ CRD's OpenAPI schema. Load a file with `load_job_spec(path)`; errors name the fi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
+
+
+class SpecFieldError(ValueError):
+    """A cross-field rule that one field must change to satisfy; `path` names it (camelCase, dotted, relative
+    to the model whose validator raised it), so the error's field path is data, not prose."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class SpecModel(BaseModel):
@@ -151,7 +161,9 @@ class PoolSpec(SpecModel):
     @model_validator(mode="after")
     def _bounds(self) -> PoolSpec:
         if self.min_replicas > self.max_replicas:
-            raise ValueError(f"minReplicas ({self.min_replicas}) must be <= maxReplicas ({self.max_replicas})")
+            raise SpecFieldError(
+                "minReplicas", f"minReplicas ({self.min_replicas}) must be <= maxReplicas ({self.max_replicas})"
+            )
         return self
 
 
@@ -211,23 +223,29 @@ class JobSpec(SpecModel):
         alg, tr = self.algorithm, self.trainer
         batch = alg.prompts_per_step * alg.group_size
         if batch % tr.ranks:
-            raise ValueError(
-                f"algorithm.promptsPerStep x algorithm.groupSize ({batch}) must be divisible by trainer.ranks ({tr.ranks})"
+            raise SpecFieldError(
+                "trainer.ranks",
+                f"algorithm.promptsPerStep x algorithm.groupSize ({batch}) must be divisible by trainer.ranks ({tr.ranks})",
             )
         per_rank = batch // tr.ranks
         if per_rank % effective_micro_batch(self):
-            raise ValueError(
+            raise SpecFieldError(
+                "algorithm.microBatchSize",
                 f"algorithm.microBatchSize ({alg.micro_batch_size}) must divide the per-rank batch "
                 f"(promptsPerStep x groupSize / trainer.ranks = {per_rank}) so every rank trains the same number "
-                f"of micro-batches; pick a divisor of {per_rank}"
+                f"of micro-batches; pick a divisor of {per_rank}",
             )
         if tr.colocate_reserved and self.rollout.reserved.replicas != tr.ranks:
-            raise ValueError(
+            raise SpecFieldError(
+                "rollout.reserved.replicas",
                 f"trainer.colocateReserved: one reserved rollout worker shares each trainer rank's accelerators, so "
-                f"rollout.reserved.replicas ({self.rollout.reserved.replicas}) must equal trainer.ranks ({tr.ranks})"
+                f"rollout.reserved.replicas ({self.rollout.reserved.replicas}) must equal trainer.ranks ({tr.ranks})",
             )
         if tr.backend == "nccl" and tr.gpus_per_rank == 0:
-            raise ValueError("trainer.backend 'nccl' needs GPUs: set trainer.gpusPerRank >= 1 or use 'gloo'/'auto'")
+            raise SpecFieldError(
+                "trainer.backend",
+                "trainer.backend 'nccl' needs GPUs: set trainer.gpusPerRank >= 1 or use 'gloo'/'auto'",
+            )
         return self
 
 
@@ -237,16 +255,38 @@ def effective_micro_batch(spec: JobSpec) -> int:
     return max(1, min(spec.algorithm.micro_batch_size, per_rank))
 
 
+class SpecProblem(NamedTuple):
+    """One thing wrong with a job spec: where (a dotted camelCase path, '' for the spec as a whole) and why."""
+
+    path: str
+    message: str
+
+
 class JobSpecError(ValueError):
-    """A job spec that cannot be used; the message names the field and the fix."""
+    """A job spec that cannot be used; the message names the field and the fix, `problems` lists them as data."""
+
+    def __init__(self, message: str, problems: Sequence[SpecProblem] = ()) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
-    lines = [f"invalid job spec in {source}:"]
+def spec_problems(err: ValidationError) -> list[SpecProblem]:
+    """Each validation error as (field path, message); a SpecFieldError adds the field it names to the path."""
+    problems = []
     for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(root)"
-        lines.append(f"  {where}: {e['msg']}")
-    return "\n".join(lines)
+        path = [str(p) for p in e["loc"]]
+        cause = (e.get("ctx") or {}).get("error")
+        if isinstance(cause, SpecFieldError):
+            problems.append(SpecProblem(".".join([*path, cause.path]), str(cause)))
+        else:
+            problems.append(SpecProblem(".".join(path), e["msg"]))
+    return problems
+
+
+def _spec_error(err: ValidationError, source: str) -> JobSpecError:
+    problems = spec_problems(err)
+    lines = [f"invalid job spec in {source}:", *(f"  {p.path or '(root)'}: {p.message}" for p in problems)]
+    return JobSpecError("\n".join(lines), problems)
 
 
 def parse_job_spec(data: object, source: str = "<dict>") -> JobSpec:
@@ -260,7 +300,7 @@ def parse_job_spec(data: object, source: str = "<dict>") -> JobSpec:
     try:
         return JobSpec.model_validate(data)
     except ValidationError as err:
-        raise JobSpecError(_format_errors(err, source)) from None
+        raise _spec_error(err, source) from None
 
 
 def load_job_spec(path: str | Path) -> JobSpec:

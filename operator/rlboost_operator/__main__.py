@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from rlboost.service_args import env_default
+from rlboost.options.base import env_default
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -23,15 +23,6 @@ class SpecProblemError(ValueError):
         self.field = field
 
 
-def _field_of(message: str) -> str:
-    """The first field path named in a parse_job_spec message ('  rollout.spot: ...')."""
-    for line in message.splitlines()[1:]:
-        head = line.strip().split(":", 1)[0]
-        if head:
-            return head
-    return "spec"
-
-
 def _module_origin(module: str) -> str | None:
     """Where a dotted module's source lives, found on sys.path without executing any package."""
     parts = module.split(".")
@@ -79,7 +70,8 @@ def check_job(data: object, settings: OperatorSettings) -> JobSpec:
     try:
         spec = parse_job_spec(data, "RLJob.spec")
     except JobSpecError as err:
-        raise SpecProblemError(_field_of(str(err)), str(err)) from None
+        field = next((p.path for p in err.problems if p.path), "spec")  # the first field named, else the whole spec
+        raise SpecProblemError(field, str(err)) from None
     ranks = spec.trainer.ranks
     if ranks > settings.max_trainer_ranks:
         raise SpecProblemError(

@@ -1,9 +1,10 @@
 """Pure builders of an RLJob's children: plain Kubernetes manifests (dicts), no API calls.
 
 `build_children(job, namespace, spec, settings, spot_replicas)` returns every child except the
-token Secret (`token_secret`, created once and never rewritten). Each container runs
-`python -m <service package>` with the flags that service accepts; the job spec travels in a
-ConfigMap mounted at /etc/rlboost/job.yaml, the upload token in a Secret.
+token Secret (`token_secret`, created once and never rewritten). Each container's command is rendered
+from its service's options model in `rlboost.options`, for a `Site` whose sockets bind 0.0.0.0 (probes and
+Prometheus reach the pod's IP); the job spec travels in a ConfigMap mounted at /etc/rlboost/job.yaml, the
+upload token in a Secret.
 """
 
 from __future__ import annotations
@@ -11,6 +12,14 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from rlboost.options import (
+    ANY_ADDRESS,
+    Site,
+    manager_options,
+    trainer_options,
+    weight_server_options,
+    worker_options,
+)
 from rlboost.spec import JobSpec, PoolSpec, dump_job_spec
 from rlboost_operator import spot
 from rlboost_operator.config import OperatorSettings
@@ -78,8 +87,19 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def _common_flags(job: str, namespace: str, settings: OperatorSettings) -> list[str]:
-    return ["--config", CONFIG_PATH, "--nats-url", settings.nats_url, "--namespace", namespace, "--job", job]
+def site(job: str, namespace: str, settings: OperatorSettings) -> Site:
+    """What every container is told: the mounted job file, NATS, the others' Service addresses; binding 0.0.0.0."""
+    n = names(job)
+    return Site(
+        config=CONFIG_PATH,
+        nats_url=settings.nats_url,
+        namespace=namespace,
+        job=job,
+        bind_host=ANY_ADDRESS,
+        manager_address=f"{n['manager']}.{namespace}.svc:{MANAGER_PORT}",
+        weight_server_url=f"http://{n['weights']}.{namespace}.svc:{WEIGHTS_PORT}",
+        token_file=TOKEN_FILE,
+    )
 
 
 def _security() -> dict[str, Any]:
@@ -184,8 +204,7 @@ def _deployment(
 def manager(job: str, namespace: str, settings: OperatorSettings) -> list[dict[str, Any]]:
     """The rollout-manager Deployment and its Service (gRPC + metrics)."""
     n, lbl, sel = names(job)["manager"], labels(job, "rollout-manager"), selector(job, "rollout-manager")
-    cmd = ["python", "-m", "rollout_manager", *_common_flags(job, namespace, settings)]
-    cmd += ["--host", "0.0.0.0", "--port", str(MANAGER_PORT), "--metrics-port", str(METRICS_PORT)]
+    cmd = manager_options(site(job, namespace, settings), MANAGER_PORT, METRICS_PORT).command()
     container = {
         "name": "rollout-manager",
         "image": image(settings, "manager"),
@@ -206,8 +225,7 @@ def manager(job: str, namespace: str, settings: OperatorSettings) -> list[dict[s
 def weight_server(job: str, namespace: str, settings: OperatorSettings) -> list[dict[str, Any]]:
     """The weight-server Deployment, its Service and its PVC."""
     n, lbl, sel = names(job)["weights"], labels(job, "weight-server"), selector(job, "weight-server")
-    cmd = ["python", "-m", "weight_server", *_common_flags(job, namespace, settings)]
-    cmd += ["--host", "0.0.0.0", "--port", str(WEIGHTS_PORT), "--data-dir", "/data", "--token-file", TOKEN_FILE]
+    cmd = weight_server_options(site(job, namespace, settings), WEIGHTS_PORT, "/data").command()
     container = {
         "name": "weight-server",
         "image": image(settings, "weights"),
@@ -232,21 +250,10 @@ def weight_server(job: str, namespace: str, settings: OperatorSettings) -> list[
     return [pvc, dep, _service(n, namespace, lbl, sel, {"http": WEIGHTS_PORT})]
 
 
-def _urls(job: str, namespace: str) -> tuple[str, str]:
-    n = names(job)
-    return (
-        f"{n['manager']}.{namespace}.svc:{MANAGER_PORT}",
-        f"http://{n['weights']}.{namespace}.svc:{WEIGHTS_PORT}",
-    )
-
-
 def trainer(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings) -> list[dict[str, Any]]:
     """The trainer StatefulSet (one pod per rank) and its headless Service for rendezvous."""
     n, lbl, sel = names(job)["trainer"], labels(job, "trainer"), selector(job, "trainer")
-    mgr, ws = _urls(job, namespace)
-    cmd = ["python", "-m", "trainer", *_common_flags(job, namespace, settings)]
-    cmd += ["--manager", mgr, "--weight-server", ws, "--token-file", TOKEN_FILE, "--model-dir", "/data/model"]
-    cmd += ["--run-dir", "/data/run", "--metrics-port", str(METRICS_PORT)]
+    cmd = trainer_options(site(job, namespace, settings), "/data/model", "/data/run", METRICS_PORT).command()
     env = [
         # The rank is the pod's ordinal (label set by the StatefulSet controller, Kubernetes >= 1.28).
         _field_env("RANK", "metadata.labels['apps.kubernetes.io/pod-index']"),
@@ -315,10 +322,8 @@ def worker(
         labels(job, "rollout-worker", pool_name),
         selector(job, "rollout-worker", pool_name),
     )
-    mgr, ws = _urls(job, namespace)
-    cmd = ["python", "-m", "rollout_worker", *_common_flags(job, namespace, settings)]
-    cmd += ["--worker-id", "$(POD_NAME)", "--pool", pool_name, "--node", "$(NODE_NAME)", "--manager", mgr]
-    cmd += ["--weight-server", ws, "--model-dir", "/models", "--metrics-port", str(METRICS_PORT)]
+    where = site(job, namespace, settings)
+    cmd = worker_options(where, "$(POD_NAME)", pool_name, "$(NODE_NAME)", "/models", METRICS_PORT).command()
     container = {
         "name": "rollout-worker",
         "image": image(settings, pool.engine),

@@ -2,7 +2,8 @@
 
 `build_plan(spec, options, port_fn)` decides everything `rlboost local` starts, in start order:
 nats-server, weight-server, rollout-manager, the reserved and spot rollout-workers, the trainer.
-Every service gets `--config <run-dir>/job.yaml` plus its own flags (the contract with the services).
+Every service's command line is rendered from its options model in `rlboost.options` (the contract with
+the services), for a `Site` that binds every socket to loopback.
 """
 
 from __future__ import annotations
@@ -15,9 +16,18 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from rlboost.options import (
+    LOOPBACK,
+    ServiceOptions,
+    Site,
+    manager_options,
+    trainer_options,
+    weight_server_options,
+    worker_options,
+)
 from rlboost.spec import JobSpec
 
-HOST = "127.0.0.1"
+HOST = LOOPBACK
 
 
 class LocalOptions(BaseModel):
@@ -58,6 +68,7 @@ class ChildPlan:
     health_url: str = ""  # GET must answer 200 before the next child starts (empty: the port is enough)
     pool: str = ""  # workers only
     env: dict[str, str] = field(default_factory=dict)
+    options: ServiceOptions | None = None  # what argv renders (an rlboost service; None for nats-server)
 
 
 @dataclass
@@ -94,23 +105,22 @@ class LocalPlan:
     def manager_metrics_url(self) -> str:
         return f"http://{HOST}:{self.manager_metrics_port}/metrics"
 
-    def common_flags(self) -> list[str]:
+    @property
+    def site(self) -> Site:
+        """What every service is told: the job file, NATS, where the others are; all of it on loopback."""
         o = self.options
-        return ["--config", str(self.job_file), "--nats-url", self.nats_url, "--namespace", o.namespace,
-                "--job", o.job, "--host", HOST, "--log-level", o.log_level]  # fmt: skip
+        return Site(config=str(self.job_file), nats_url=self.nats_url, namespace=o.namespace, job=o.job,
+                    bind_host=HOST, manager_address=self.manager_address, weight_server_url=self.weight_server_url,
+                    token_file=str(self.token_file), log_level=o.log_level)  # fmt: skip
 
     def worker(self, worker_id: str, pool: str) -> ChildPlan:
         """A rollout-worker child (also used to start spot workers later, with a fresh metrics port)."""
         metrics_port = self.port_fn()
-        argv = [
-            self.options.python, "-m", "rollout_worker", *self.common_flags(),
-            "--worker-id", worker_id, "--pool", pool, "--node", f"local-{worker_id}",
-            "--manager", self.manager_address, "--weight-server", self.weight_server_url,
-            "--model-dir", str(self.model_dir), "--metrics-port", str(metrics_port),
-        ]  # fmt: skip
+        options = worker_options(self.site, worker_id, pool, f"local-{worker_id}", self.model_dir, metrics_port)
         # Several workers and the trainer share few cores: one thread each avoids oversubscription.
         env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        return ChildPlan(worker_id, argv, "rollout-worker", metrics_port, pool=pool, env=env)
+        return ChildPlan(worker_id, options.command(self.options.python), "rollout-worker", metrics_port, pool=pool,
+                         env=env, options=options)  # fmt: skip
 
     def child(self, name: str) -> ChildPlan:
         for c in self.children:
@@ -126,46 +136,36 @@ def _nats(plan: LocalPlan, nats_binary: str) -> ChildPlan:
 
 
 def _weight_server(plan: LocalPlan) -> ChildPlan:
-    argv = [
-        plan.options.python, "-m", "weight_server", *plan.common_flags(), "--port", str(plan.weight_server_port),
-        "--data-dir", str(plan.options.run_dir / "weights"), "--token-file", str(plan.token_file),
-    ]  # fmt: skip
-    return ChildPlan("weight-server", argv, "weight-server", plan.weight_server_port,
-                     health_url=f"{plan.weight_server_url}/healthz")  # fmt: skip
+    options = weight_server_options(plan.site, plan.weight_server_port, plan.options.run_dir / "weights")
+    return ChildPlan("weight-server", options.command(plan.options.python), "weight-server", plan.weight_server_port,
+                     health_url=f"{plan.weight_server_url}/healthz", options=options)  # fmt: skip
 
 
 def _manager(plan: LocalPlan) -> ChildPlan:
-    argv = [
-        plan.options.python, "-m", "rollout_manager", *plan.common_flags(),
-        "--port", str(plan.manager_port), "--metrics-port", str(plan.manager_metrics_port),
-    ]  # fmt: skip
+    options = manager_options(plan.site, plan.manager_port, plan.manager_metrics_port)
     health = f"http://{HOST}:{plan.manager_metrics_port}/healthz"
-    return ChildPlan("rollout-manager", argv, "rollout-manager", plan.manager_port, health_url=health)
+    return ChildPlan("rollout-manager", options.command(plan.options.python), "rollout-manager", plan.manager_port,
+                     health_url=health, options=options)  # fmt: skip
 
 
 def _trainers(plan: LocalPlan) -> list[ChildPlan]:
     """`trainer.ranks` trainer processes ("trainer" is rank 0) sharing one gloo/NCCL rendezvous on loopback."""
     o = plan.options
-    argv = [
-        o.python, "-m", "trainer", *plan.common_flags(),
-        "--manager", plan.manager_address, "--weight-server", plan.weight_server_url,
-        "--token-file", str(plan.token_file), "--model-dir", str(plan.model_dir), "--run-dir", str(o.run_dir),
-    ]  # fmt: skip
-    if o.dump_rollouts is not None:
-        argv += ["--dump-rollouts", str(o.dump_rollouts)]
-    if o.checkpoint_dir is not None:
-        argv += ["--checkpoint-dir", str(o.checkpoint_dir)] + (["--resume"] if o.resume else [])
+
+    def child(name: str, metrics_port: int, env: dict[str, str] | None = None) -> ChildPlan:
+        options = trainer_options(plan.site, plan.model_dir, o.run_dir, metrics_port, o.dump_rollouts,
+                                  o.checkpoint_dir, o.resume)  # fmt: skip
+        return ChildPlan(name, options.command(o.python), "trainer", metrics_port, env=env or {}, options=options)
+
     world = plan.spec.trainer.ranks
     if world == 1:
-        return [ChildPlan("trainer", [*argv, "--metrics-port", str(plan.trainer_metrics_port)], "trainer",
-                          plan.trainer_metrics_port)]  # fmt: skip
+        return [child("trainer", plan.trainer_metrics_port)]
     rendezvous = {"WORLD_SIZE": str(world), "MASTER_ADDR": HOST, "MASTER_PORT": str(plan.port_fn())}
     out = []
     for rank in range(world):
         port = plan.trainer_metrics_port if rank == 0 else plan.port_fn()
         env = {**rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"}
-        name = "trainer" if rank == 0 else f"trainer-{rank}"
-        out.append(ChildPlan(name, [*argv, "--metrics-port", str(port)], "trainer", port, env=env))
+        out.append(child("trainer" if rank == 0 else f"trainer-{rank}", port, env))
     return out
 
 

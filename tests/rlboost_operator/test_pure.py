@@ -165,7 +165,8 @@ def test_checks_name_the_field():
     cases = [
         ({"trainer": {"ranks": 8}}, "trainer.ranks"),
         ({"trainer": {"ranks": 4, "gpusPerRank": 2}}, "trainer.gpusPerRank"),
-        ({"rollout": {"spot": {"minReplicas": 3, "maxReplicas": 1}}}, "rollout.spot"),
+        ({"rollout": {"spot": {"minReplicas": 3, "maxReplicas": 1}}}, "rollout.spot.minReplicas"),
+        ({"trainer": {"ranks": 3}}, "trainer.ranks"),  # a cross-field rule names the field it is about
         ({"task": {"reward": "rlboost.tasks.rewards:no_such_function"}}, "task.reward"),
         ({"task": {"reward": "not-a-reference"}}, "task.reward"),
         ({"algorithm": {"groupSize": 1}}, "algorithm.groupSize"),

@@ -65,13 +65,14 @@ def test_unreachable_nats_exits_with_one_line():
 
 
 def test_offload_window_comes_from_the_spec_unless_the_flag_or_env_overrides(tmp_path, monkeypatch):
-    from rlboost.service_args import parse_service_args
-    from rollout_manager.__main__ import build_parser, offload_window_s
+    from rlboost.options.base import parse_service_args
+    from rlboost.options.manager import ManagerOptions
+    from rollout_manager.__main__ import offload_window_s
 
     config = tmp_path / "job.yaml"
     config.write_text("rollout:\n  offloadWindowS: 2.5\n")
     monkeypatch.delenv("RLBOOST_OFFLOAD_WINDOW", raising=False)
-    assert offload_window_s(parse_service_args(build_parser(), ["--config", str(config)])) == 2.5
-    assert offload_window_s(parse_service_args(build_parser(), ["--config", str(config), "--offload-window", "0"])) == 0
+    assert offload_window_s(parse_service_args(ManagerOptions, ["--config", str(config)])) == 2.5
+    assert offload_window_s(parse_service_args(ManagerOptions, ["--config", str(config), "--offload-window", "0"])) == 0
     monkeypatch.setenv("RLBOOST_OFFLOAD_WINDOW", "7")
-    assert offload_window_s(parse_service_args(build_parser(), ["--config", str(config)])) == 7.0
+    assert offload_window_s(parse_service_args(ManagerOptions, ["--config", str(config)])) == 7.0

@@ -5,7 +5,8 @@
 
 `--nats-url ''` runs without preemption notices. Adaptive partial-response offload starts from a
 window of `rollout.offloadWindowS` seconds in the job spec (0 = off); `--offload-window S` overrides it. A port in use or an
-unreachable NATS prints one line and exits with code 1.
+unreachable NATS prints one line and exits with code 1. The flags (each also RLBOOST_<FLAG>) are the fields of
+`rlboost.options.manager.ManagerOptions`.
 """
 
 from __future__ import annotations
@@ -16,42 +17,18 @@ import signal
 import sys
 
 from rlboost.observability import serve_http, setup_logging
-from rlboost.service_args import env_default, parse_service_args, service_parser
+from rlboost.options.base import parse_service_args
+from rlboost.options.manager import ManagerOptions
 
 log = logging.getLogger("rollout_manager")
 
 
-def build_parser():
-    parser = service_parser("rollout-manager", "The rollout-manager: the single scheduler of rollout work (gRPC).")
-    parser.add_argument("--port", type=int, default=int(env_default("port", 50051)), help="gRPC port")
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=int(env_default("metrics-port", 9101)),
-        help="/metrics and /healthz port (0 = off)",
-    )
-    parser.add_argument(
-        "--offload-window",
-        type=float,
-        default=env_default("offload-window", None),
-        help="initial adaptive offload window T in seconds; 0 = never offload reserved work "
-        "(default: the job spec's rollout.offloadWindowS)",
-    )
-    parser.add_argument(
-        "--balance-interval",
-        type=float,
-        default=float(env_default("balance-interval", 1.0)),
-        help="seconds between balancing passes",
-    )
-    return parser
-
-
-def offload_window_s(args) -> float:
+def offload_window_s(args: ManagerOptions) -> float:
     """The flag (or RLBOOST_OFFLOAD_WINDOW) wins over the job spec's rollout.offloadWindowS."""
     return args.spec.rollout.offload_window_s if args.offload_window is None else args.offload_window
 
 
-async def serve(args) -> int:
+async def serve(args: ManagerOptions) -> int:
     from .preemption import NatsUnavailableError, PreemptionSubscriber
     from .server import PortInUseError, RolloutManagerServer
 
@@ -89,7 +66,7 @@ async def serve(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_service_args(build_parser(), argv)
+    args = parse_service_args(ManagerOptions, argv)
     setup_logging("rollout-manager", args.log_level)
     if args.metrics_port:
         try:

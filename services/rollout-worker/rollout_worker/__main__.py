@@ -4,8 +4,9 @@
         --manager 127.0.0.1:50051 --weight-server http://127.0.0.1:8600 --model-dir run/model \\
         --metrics-port 9101 --nats-url nats://127.0.0.1:4222 --namespace default --job local
 
-Every flag is also an environment variable RLBOOST_<FLAG> (e.g. RLBOOST_WORKER_ID). `--weight-server ''`
-uses the model directory's own weights as version 0; `--nats-url ''` disables weight announcements.
+The flags are the fields of `rlboost.options.worker.WorkerOptions`; each is also an environment variable
+RLBOOST_<FLAG> (e.g. RLBOOST_WORKER_ID). `--weight-server ''` uses the model directory's own weights as
+version 0; `--nats-url ''` disables weight announcements.
 SIGTERM drains: DrainNotice, abort running requests, flush every token, close the stream, exit 0.
 Colocation (`trainer.colocateReserved: true`, reserved workers with NATS): the worker follows the trainer's
 release / resume commands on rlboost.<ns>.<job>.colocation and acks each on ...colocation-acks.
@@ -14,7 +15,6 @@ Start-up failures (model does not load, manager / weight-server / NATS unreachab
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -24,7 +24,8 @@ import socket
 import sys
 
 from rlboost.observability import serve_http, setup_logging
-from rlboost.service_args import env_default, parse_service_args, service_parser
+from rlboost.options.base import parse_service_args
+from rlboost.options.worker import WorkerOptions
 from rlboost.wire.rollout_io import Pool
 
 log = logging.getLogger("rollout_worker")
@@ -35,39 +36,7 @@ class StartupError(RuntimeError):
     """Something the worker needs is missing; the message is the one line printed."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = service_parser(PROG, "A rollout worker: generates token streams for the rollout-manager.")
-    p.add_argument("--worker-id", default=env_default("worker-id", ""), help="unique id (default: host-pid)")
-    p.add_argument("--pool", default=env_default("pool", "reserved"), choices=["reserved", "spot"], help="worker pool")
-    p.add_argument("--node", default=env_default("node", ""), help="node name for preemption notices (default: host)")
-    p.add_argument("--manager", default=env_default("manager", "127.0.0.1:50051"), help="rollout-manager HOST:PORT")
-    p.add_argument(
-        "--weight-server", default=env_default("weight-server", ""), help="weight-server URL ('' = model dir)"
-    )
-    p.add_argument("--model-dir", default=env_default("model-dir", ""), help="HF model directory (config + weights)")
-    p.add_argument(
-        "--metrics-port", type=int, default=int(env_default("metrics-port", 0)), help="/metrics port (0 = off)"
-    )
-    p.add_argument(
-        "--capacity", type=int, default=int(env_default("capacity", 0)), help="max concurrent requests (0 = spec)"
-    )
-    p.add_argument(
-        "--engine", default=env_default("engine", ""), choices=["", "torch", "sglang"], help="engine ('' = spec)"
-    )
-    p.add_argument(
-        "--dtype", default=env_default("dtype", "float32"), choices=["float32", "bfloat16"], help="compute dtype"
-    )
-    p.add_argument("--device", default=env_default("device", "cpu"), help="torch device")
-    p.add_argument("--startup-timeout", type=float, default=float(env_default("startup-timeout", 120)),
-                   help="seconds to wait for the weight-server's first version")  # fmt: skip
-    p.add_argument("--reconnect-timeout", type=float, default=float(env_default("reconnect-timeout", 60)),
-                   help="give up when the manager stays unreachable this long")  # fmt: skip
-    p.add_argument("--drain-deadline-ms", type=int, default=int(env_default("drain-deadline-ms", 10000)),
-                   help="deadline announced in the DrainNotice")  # fmt: skip
-    return p
-
-
-async def _amain(args: argparse.Namespace) -> int:
+async def _amain(args: WorkerOptions) -> int:
     from rollout_worker.engine.base import EngineError
     from rollout_worker.session import ManagerUnreachableError, SessionConfig, WorkerSession
     from rollout_worker.weights import WeightPuller, WeightsError
@@ -149,7 +118,7 @@ async def _start_beside_first_pull(engine, model_dir: str, puller, timeout: floa
     return pulled.version
 
 
-def _make_engine(name: str, capacity: int, args: argparse.Namespace):
+def _make_engine(name: str, capacity: int, args: WorkerOptions):
     from rollout_worker.engine import make_engine
 
     try:
@@ -171,7 +140,7 @@ def _install_signals(session) -> None:
         loop.add_signal_handler(sig, session.request_drain, sig.name, True)
 
 
-async def _subscribe_weights(args: argparse.Namespace, session):
+async def _subscribe_weights(args: WorkerOptions, session):
     """Pull and apply each version announced on rlboost.<ns>.<job>.weights."""
     import nats
 
@@ -193,7 +162,7 @@ async def _subscribe_weights(args: argparse.Namespace, session):
     return nc
 
 
-async def _subscribe_colocation(nc, args: argparse.Namespace, session) -> None:
+async def _subscribe_colocation(nc, args: WorkerOptions, session) -> None:
     """Follow the trainer's release / resume commands (colocation) and ack each one."""
     from rlboost.wire.events import COLOCATION_RELEASE, COLOCATION_RESUME, ColocationAck, ColocationCommand, subject
 
@@ -224,23 +193,24 @@ async def _subscribe_colocation(nc, args: argparse.Namespace, session) -> None:
     log.info("colocated with the trainer: following release / resume commands", extra={"subject_acks": acks})
 
 
-def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+def _fill_in(args: WorkerOptions) -> None:
+    """Check what the options model cannot (the model directory on disk) and name this process."""
     if not args.model_dir:
-        parser.error("--model-dir: required (a HF model directory with config.json and *.safetensors)")
+        _usage_error("--model-dir: required (a HF model directory with config.json and *.safetensors)")
     if not os.path.isfile(os.path.join(args.model_dir, "config.json")):
-        parser.error(f"--model-dir: {args.model_dir} has no config.json; point it at a HF model directory")
-    if args.capacity < 0:
-        parser.error(f"--capacity: must be > 0, got {args.capacity}")
-    if ":" not in args.manager:
-        parser.error(f"--manager: expected HOST:PORT, got {args.manager!r}")
+        _usage_error(f"--model-dir: {args.model_dir} has no config.json; point it at a HF model directory")
     args.node = args.node or socket.gethostname()
     args.worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
 
 
+def _usage_error(message: str) -> None:
+    print(f"{WorkerOptions.prog()}: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parse_service_args(parser, argv)
-    _validate(args, parser)
+    args = parse_service_args(WorkerOptions, argv)
+    _fill_in(args)
     setup_logging(PROG, args.log_level)
     if args.metrics_port:
         try:

@@ -35,6 +35,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 from rlboost.observability import monotonic_ms
 from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.rollout.v1.rollout_pb2_grpc import RolloutManagerStub
+from rlboost.spec import RolloutSpec
 from rlboost.wire.rollout_io import Assignment, Pool, TokenChunk, WorkerRegistration
 from rlboost.wire.rollout_proto import WireError, assignment_from_pb, chunk_to_pb, registration_to_pb
 from rollout_worker import metrics
@@ -44,6 +45,7 @@ from rollout_worker.engine.base import FINISH_ABORT, Engine, MemoryReport
 log = logging.getLogger(__name__)
 
 _CLOSE = object()  # outbox sentinel: half-close the stream
+_SPEC_DEFAULTS = RolloutSpec()  # a Registered timing left at 0 (unset) means the job spec's default
 
 
 class ManagerUnreachableError(RuntimeError):
@@ -74,7 +76,10 @@ class _Link:
         self.call = call
         self.registered = registered
         self.outbox: asyncio.Queue = asyncio.Queue()
-        self.chunker = Chunker(max(1, registered.chunk_max_tokens or 16), max(1, registered.chunk_max_ms or 50))
+        self.chunker = Chunker(
+            max(1, registered.chunk_max_tokens or _SPEC_DEFAULTS.chunk_max_tokens),
+            max(1, registered.chunk_max_ms or _SPEC_DEFAULTS.chunk_max_ms),
+        )
         self.flush = asyncio.Event()
         self.tasks: dict[str, asyncio.Task] = {}
         self.drained = False  # this stream was drained: flushed and half-closed
@@ -354,7 +359,7 @@ class WorkerSession:
             metrics.BATCHES.inc()
 
     async def _heartbeat(self, link: _Link) -> None:
-        period = max(0.01, (link.registered.heartbeat_interval_ms or 500) / 1000)
+        period = max(0.01, (link.registered.heartbeat_interval_ms or _SPEC_DEFAULTS.heartbeat_interval_ms) / 1000)
         last_t, last_tokens = time.monotonic(), self._tokens_total
         while True:
             self._send_heartbeat(link)

@@ -1,14 +1,14 @@
 """Run the weight-server: `python -m weight_server --port P --data-dir D --token-file T --nats-url U ...`.
 
-Flags (each also RLBOOST_<FLAG>): the shared service flags (--config, --namespace, --job, --nats-url,
---host, --log-level) plus --port, --data-dir, --token-file (or RLBOOST_TOKEN), --read-token-file,
---chunk-bytes (default: the job spec's weightSync.chunkBytes). One process, uvicorn run programmatically.
+Flags (each also RLBOOST_<FLAG>): the fields of `rlboost.options.weight_server.WeightServerOptions`, the
+shared service flags (--config, --namespace, --job, --nats-url, --host, --log-level) plus --port, --data-dir,
+--token-file (or RLBOOST_TOKEN), --read-token-file, --chunk-bytes (default: the job spec's
+weightSync.chunkBytes). One process, uvicorn run programmatically.
 A bad data dir, a port in use, a missing token or an unreachable NATS exits non-zero with one clear line.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -18,28 +18,14 @@ import sys
 from pathlib import Path
 
 from rlboost.observability import setup_logging
-from rlboost.service_args import env_default, parse_service_args, service_parser
+from rlboost.options.base import parse_service_args
+from rlboost.options.weight_server import WeightServerOptions
 
 log = logging.getLogger("weight_server")
 
 
 class StartupError(Exception):
     """A configuration problem reported as one line before exiting."""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = service_parser("weight-server", "Versions of the policy's weights over HTTP (FastAPI).")
-    parser.add_argument("--port", type=int, default=int(env_default("port", 8600)), help="HTTP port")
-    parser.add_argument("--data-dir", default=env_default("data-dir", "./weights-data"), help="where versions live")
-    parser.add_argument(
-        "--token-file", default=env_default("token-file", ""), help="upload token file (or RLBOOST_TOKEN)"
-    )
-    parser.add_argument(
-        "--read-token-file", default=env_default("read-token-file", ""), help="require this token for reads"
-    )
-    parser.add_argument("--chunk-bytes", type=int, default=env_default("chunk-bytes", None), help="payload chunk size")
-    parser.add_argument("--no-nats", action="store_true", help="do not announce versions on NATS (tests, debugging)")
-    return parser
 
 
 def read_token(path: str, flag: str) -> str:
@@ -52,7 +38,7 @@ def read_token(path: str, flag: str) -> str:
     return token
 
 
-def upload_token(args: argparse.Namespace) -> str:
+def upload_token(args: WeightServerOptions) -> str:
     if args.token_file:
         return read_token(args.token_file, "--token-file")
     token = os.environ.get("RLBOOST_TOKEN", "").strip()
@@ -89,7 +75,7 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def serve(args: WeightServerOptions) -> None:
     import uvicorn  # lazy: only the running server needs it
 
     from .announce import AnnounceError, Announcer
@@ -99,8 +85,6 @@ async def serve(args: argparse.Namespace) -> None:
     token = upload_token(args)
     reader = read_token(args.read_token_file, "--read-token-file") if args.read_token_file else None
     chunk = args.chunk_bytes or args.spec.weight_sync.chunk_bytes
-    if int(chunk) < 1:
-        raise StartupError(f"--chunk-bytes must be a positive byte count, got {chunk}")
     root = check_data_dir(args.data_dir)
     sock = bind(args.host, args.port)
     announcer = None
@@ -124,8 +108,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parse_service_args(parser, argv)
+    args = parse_service_args(WeightServerOptions, argv)
     setup_logging("weight-server", args.log_level)
     # uvicorn shuts down gracefully on SIGTERM, then re-raises it; this makes that a clean exit 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -1,0 +1,35 @@
+"""The weight-server's options, and the pure rendering of them for one deployment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import Field
+
+from rlboost.options.base import LOOPBACK, Port, ServiceOptions, Site
+
+WEIGHT_SERVER_PORT = 8600
+
+
+class WeightServerOptions(ServiceOptions):
+    """The weight-server: versions of the policy's weights over HTTP (FastAPI)."""
+
+    SERVICE: ClassVar[str] = "weight-server"
+    MODULE: ClassVar[str] = "weight_server"
+
+    port: Port = Field(WEIGHT_SERVER_PORT, description="HTTP port.")
+    data_dir: str = Field("./weights-data", min_length=1, description="Where the versions live.")
+    token_file: str = Field("", description="File holding the upload token ('' = the RLBOOST_TOKEN variable).")
+    read_token_file: str = Field("", description="File holding a token that reads must present ('' = open reads).")
+    chunk_bytes: int | None = Field(
+        None, ge=1, le=1 << 30, description="Payload chunk size in bytes (unset: the job spec's weightSync.chunkBytes)."
+    )
+    no_nats: bool = Field(False, description="Do not announce versions on NATS (tests, debugging).")
+
+
+DEFAULT_WEIGHT_SERVER_URL = f"http://{LOOPBACK}:{WEIGHT_SERVER_PORT}"  # what a trainer uses when told nothing
+
+
+def weight_server_options(site: Site, port: int, data_dir: Path | str) -> WeightServerOptions:
+    return WeightServerOptions(**site.common(), port=port, data_dir=str(data_dir), token_file=site.token_file)
