@@ -58,8 +58,9 @@ def run(*argv: str, check: bool = True, timeout: float = 300) -> subprocess.Comp
 
 
 def chart_tag() -> str:
+    """The images' tag: $TAG (as `make images` takes it), else the chart's appVersion."""
     chart = yaml.safe_load((ROOT / "deploy/helm/rlboost/Chart.yaml").read_text())
-    return str(chart["appVersion"])
+    return os.environ.get("TAG") or str(chart["appVersion"])
 
 
 class LaneError(RuntimeError):
