@@ -42,6 +42,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "scripts" / "cluster"
+sys.path.insert(0, str(CLUSTER))
+from prometheus_lane import SCRAPE_INTERVAL_S, Prometheus, targets_from_endpoints  # noqa: E402
+
 REGISTRY = "ghcr.io/rlboost"
 IMAGES = ("operator", "rollout-manager", "weight-server", "trainer", "rollout-worker")
 SPOT_LABEL = "cloud.google.com/gke-spot=true"
@@ -80,6 +83,9 @@ class Lane:
         self.subnet = self.gateway = self.api_url = self.nats_ip = ""
         self.tag = chart_tag()
         self.namespace = args.namespace
+        self.prometheus: Prometheus | None = None
+        self.notes: list[str] = []
+        self.chaos_log: list[str] = []
         self.nodes = ["lane-reserved-0", *(f"lane-spot-{i}={SPOT_LABEL}" for i in range(args.spot_nodes))]
 
     # --- set-up
@@ -261,18 +267,46 @@ class Lane:
     def pods(self) -> list[dict[str, Any]]:
         return self.http.get(f"/api/v1/namespaces/{self.namespace}/pods").json()["items"]
 
-    # --- Prometheus and chaos (filled in below)
-
-    chaos_log: list[str] = []
+    # --- Prometheus
 
     def start_prometheus(self) -> None:
-        pass
+        """A real Prometheus scraping what the chart's ServiceMonitor selects (and the operator, as the chart's)."""
+        if shutil.which("prometheus") is None:
+            self.notes.append("prometheus is not installed (scripts/cluster/setup.sh): dashboard not checked")
+            return
+        operator = {
+            "targets": [f"{self.operator_ip}:9090"],
+            "labels": {"job": "rlboost-operator", "namespace": self.namespace, "service": "rlboost-operator"},
+        }
+        self.prometheus = Prometheus(self.state, [operator])
+        self.prometheus.start()
+        say(f"Prometheus at {self.prometheus.url} (targets from the podlet's endpoints, per the ServiceMonitor)")
+
+    def refresh_targets(self) -> None:
+        endpoints = self.state / "podlet" / "endpoints.json"
+        if self.prometheus is not None and endpoints.exists():
+            self.prometheus.write_targets(targets_from_endpoints(json.loads(endpoints.read_text()), self.namespace))
 
     def stop_prometheus(self) -> None:
-        pass
+        if self.prometheus is not None:
+            self.prometheus.stop()
 
     def dashboard_panels_empty(self) -> list[str] | None:
-        return None
+        """Panels of the Grafana dashboard whose queries return nothing, after every target was scraped."""
+        if self.prometheus is None:
+            return None
+        self.refresh_targets()
+        expected = len(json.loads(self.prometheus.targets_file.read_text()))
+        with contextlib.suppress(LaneError):
+            self.wait(lambda: len(self.prometheus.query("up")) >= expected, 60, "Prometheus to scrape every target")
+        time.sleep(2 * SCRAPE_INTERVAL_S)  # rate() needs two samples of each new target
+        dashboard = json.loads((ROOT / "deploy/helm/rlboost/dashboards/rlboost.json").read_text())
+        down = [r["metric"].get("pod") or r["metric"].get("job") for r in self.prometheus.query("up == 0")]
+        if down:
+            self.notes.append(f"scrape targets down: {down}")
+        return self.prometheus.panels_without_data(dashboard)
+
+    # --- chaos (--chaos)
 
     def chaos_tick(self, status: dict[str, Any], pods: dict[str, dict[str, Any]]) -> None:
         pass
@@ -429,6 +463,7 @@ def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: 
             last_line = line
         if status.get("phase") in ("Succeeded", "Failed"):
             return status
+        lane.refresh_targets()
         lane.chaos_tick(status, pods)
         time.sleep(3)
     return {**status, "timedOut": True}
@@ -455,7 +490,7 @@ def summary(lane: Lane, progress: Progress, job: dict[str, Any], status: dict[st
         "final_weights_checksum": (progress.done or {}).get("final_weights_checksum"),
         "conditions": status.get("conditions"),
         "chaos": lane.chaos_log,
-        "notes": [n for n in (progress.error,) if n],
+        "notes": [n for n in (progress.error, *lane.notes) if n],
     }
 
 
