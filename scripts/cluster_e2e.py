@@ -86,6 +86,7 @@ class Lane:
         self.prometheus: Prometheus | None = None
         self.notes: list[str] = []
         self.chaos_log: list[str] = []
+        self.node_deadline = 0.0
         self.nodes = ["lane-reserved-0", *(f"lane-spot-{i}={SPOT_LABEL}" for i in range(args.spot_nodes))]
 
     # --- set-up
@@ -309,7 +310,36 @@ class Lane:
     # --- chaos (--chaos)
 
     def chaos_tick(self, status: dict[str, Any], pods: dict[str, dict[str, Any]]) -> None:
-        pass
+        """--chaos, one fault per finished step from step 1: delete a Ready spot pod (kubectl delete pod), SIGKILL
+        the trainer's container, taint a spot node with GKE's preemption taint and delete the Node 30 s later."""
+        if not self.args.chaos:
+            return
+        step = int(status.get("step") or 0)
+        stage = len(self.chaos_log)
+        spot = [n for n, p in pods.items() if "-workers-spot-" in n and p["ready"]]
+        if stage == 0 and step >= 1 and spot:
+            self.http.delete(f"/api/v1/namespaces/{self.namespace}/pods/{spot[0]}")
+            self.chaos_event(f"step {step}: deleted spot pod {spot[0]} (kubectl delete pod)")
+        elif stage == 1 and step >= 2:
+            trainer = f"{self.run_id}-{self.job}-trainer-0"
+            run("podman", "kill", "--signal", "KILL", trainer, check=False)
+            self.chaos_event(f"step {step}: SIGKILL to the trainer's container {trainer}")
+        elif stage == 2 and step >= 3 and self.args.spot_nodes:
+            node = "lane-spot-0"
+            taint = {"key": PREEMPTION_TAINT, "value": "true", "effect": "NoSchedule"}
+            self.http.patch(f"/api/v1/nodes/{node}", json={"spec": {"taints": [taint]}}, headers=MERGE)
+            self.chaos_event(f"step {step}: tainted {node} with {PREEMPTION_TAINT} (GKE: 30 s to shutdown)")
+            self.node_deadline = time.monotonic() + 30
+        elif stage == 3 and time.monotonic() >= self.node_deadline:
+            notices = counter(manager_metrics(self), "rlboost_manager_preemption_notices_total")
+            self.http.delete("/api/v1/nodes/lane-spot-0")
+            self.chaos_event(
+                f"step {step}: deleted Node lane-spot-0 (the VM went away); manager notices so far {notices}"
+            )
+
+    def chaos_event(self, text: str) -> None:
+        say("chaos: " + text)
+        self.chaos_log.append(text)
 
     # --- tear-down and reporting
 
@@ -463,6 +493,10 @@ def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: 
             last_line = line
         if status.get("phase") in ("Succeeded", "Failed"):
             return status
+        crashing = {n: p["restarts"] for n, p in pods.items() if p["restarts"] >= lane.args.max_restarts}
+        if crashing and not lane.args.chaos:
+            say(f"stopping: pods restarting in a loop {crashing} (--max-restarts {lane.args.max_restarts})")
+            return {**status, "stoppedBecause": f"pods restarting in a loop: {crashing}"}
         lane.refresh_targets()
         lane.chaos_tick(status, pods)
         time.sleep(3)
@@ -478,6 +512,7 @@ def summary(lane: Lane, progress: Progress, job: dict[str, Any], status: dict[st
     expected = len(steps) * int(algo.get("promptsPerStep", 0)) * int(algo.get("groupSize", 1))
     return {
         "phase": "Timeout" if status.get("timedOut") else status.get("phase"),
+        "stopped_because": status.get("stoppedBecause") or ("timeout" if status.get("timedOut") else None),
         "steps": status.get("step", steps[-1] if steps else 0),
         "reward_first": progress.steps[steps[0]]["reward_mean"] if steps else None,
         "reward_last": progress.steps[steps[-1]]["reward_mean"] if steps else status.get("rewardMean"),
@@ -503,6 +538,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spot-nodes", type=int, default=1, help="GKE spot nodes the podlet registers")
     p.add_argument("--timeout", type=float, default=1500, help="seconds for the job to finish")
     p.add_argument("--build-timeout", type=float, default=3600, help="seconds for `make images`")
+    p.add_argument("--max-restarts", type=int, default=4, help="stop early when a pod restarted this often")
     p.add_argument("--no-build", action="store_true", help="fail instead of building missing images")
     p.add_argument("--keep-state", action="store_true", help="keep the state directory (logs, volumes)")
     return p.parse_args(argv)
