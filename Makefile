@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 LOCK   := requirements/lock.txt
 PYTEST_ARGS ?=
 
-.PHONY: run test lint check-generated generate test-fast test-sglang run-sglang images push-images lock test-cluster clean
+.PHONY: run test tools lint check-generated generate test-fast test-sglang run-sglang images push-images lock test-cluster clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +37,14 @@ generate: $(STAMP)
 	$(PY) scripts/gen_protos.py
 	$(PY) scripts/gen_crd.py
 
-test: $(STAMP) lint check-generated
+# Tools from the OS: promtool (alert-rule unit tests). Installed with apt-get where we are root (CI, these
+# machines); elsewhere the tests that need them skip and say which package to install.
+tools:
+	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) \
+	  >/dev/null; } || echo "make tools: promtool unavailable (apt-get install prometheus): its tests will skip"
+
+test: $(STAMP) tools lint check-generated
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)

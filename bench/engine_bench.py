@@ -33,7 +33,7 @@ async def _run(args: argparse.Namespace) -> dict:
 
     from rlboost.wire.rollout_io import Assignment, SamplingParams
     from rollout_worker.engine import make_engine
-    from rollout_worker.engine.torch_engine import _read_safetensors
+    from rollout_worker.engine.base import read_model_state
 
     model_dir = args.model_dir or str(_tiny_model(Path(tempfile.mkdtemp(prefix="engine-bench-"))))
     eng = make_engine(args.engine, capacity=args.requests)
@@ -55,7 +55,7 @@ async def _run(args: argparse.Namespace) -> dict:
     total = sum(await asyncio.gather(*(one(i) for i in range(args.requests))))
     decode_s = time.perf_counter() - t0
 
-    old = _read_safetensors(model_dir)
+    old = read_model_state(model_dir)
     gen = torch.Generator().manual_seed(0)
     full = {k: (v.float() + 0.01 * torch.randn(v.shape, generator=gen)).to(v.dtype) for k, v in old.items()}
     t0 = time.perf_counter()

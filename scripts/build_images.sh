@@ -42,15 +42,17 @@ image_base() {
   [[ -n $links && -d $links ]] && echo lane || echo pull
 }
 
-human_size() { numfmt --to=iec --suffix=B "$1" 2>/dev/null || echo "${1}B"; }
+human_size() { numfmt --to=iec-i --suffix=B "$1" 2>/dev/null || echo "${1}B"; }
 
 build_one() {
   local name=$1 ref=$BUILT_REGISTRY/$1:$TAG log=$LOG_DIR/$1.log start rc=0
   start=$(date +%s)
   say "building $ref (docker/$name.Dockerfile; log $log)"
-  # The engine's own step lines show progress; the full output (pip's) goes to the log.
+  # The engine's own step lines show progress; the full output (pip's) goes to the log. The log exists
+  # before tail opens it.
+  : >"$log"
   timeout "$BUILD_TIMEOUT" "$ENGINE_BIN" build -f "docker/$name.Dockerfile" -t "$ref" \
-    "${LANE_BUILD_ARGS[@]}" ${BUILD_ARGS:-} . >"$log" 2>&1 &
+    "${LANE_BUILD_ARGS[@]}" ${BUILD_ARGS:-} . >>"$log" 2>&1 &
   local pid=$!
   tail -n +1 -f "$log" --pid "$pid" 2>/dev/null | grep --line-buffered -E '^(STEP [0-9]+/|#[0-9]+ \[|Step [0-9]+/|ok )' || true
   wait "$pid" || rc=$?

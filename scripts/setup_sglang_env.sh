@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build .venv-sglang from nothing: SGLang 0.5.23 on CPU, the "light" recipe (DESIGN.md, "What runs on
-# these machines"). Used by `make test-sglang`; idempotent (a stamp file skips a finished build).
+# Build .venv-sglang from nothing: SGLang 0.5.23 on CPU, the "light" recipe (docs/sglang.md, "Running it
+# on CPU"). Used by `make test-sglang`; idempotent (a stamp file skips a finished build).
 #
 #   scripts/setup_sglang_env.sh            # build (or reuse) .venv-sglang in the repository root
 #   VENV=/tmp/v scripts/setup_sglang_env.sh

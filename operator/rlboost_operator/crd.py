@@ -71,6 +71,7 @@ def status_schema() -> dict[str, Any]:
             "reason": {"type": "string", "description": "One-word reason in CamelCase."},
             "message": {"type": "string", "description": "Human-readable detail; names the offending field."},
             "lastTransitionTime": {"type": "string", "description": "When the status last changed (RFC 3339)."},
+            "observedGeneration": _num("The RLJob's metadata.generation this condition was judged on.", "integer"),
         },
     }
     workers = {
@@ -101,6 +102,7 @@ def status_schema() -> dict[str, Any]:
             "costPerHour": _num("USD per hour at the current accelerator counts and the job's prices."),
             "costSoFar": _num("USD spent since the job started running."),
             "costEfficiency": _num("Response tokens per USD at the last step."),
+            "observedGeneration": _num("The RLJob's metadata.generation the operator last reconciled.", "integer"),
             "startedAt": {"type": "string", "description": "When the job was first reconciled (RFC 3339)."},
             "updatedAt": {"type": "string", "description": "Last status update (RFC 3339)."},
         },

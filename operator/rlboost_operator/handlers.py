@@ -25,7 +25,7 @@ from rlboost_operator import children, spot, status
 from rlboost_operator.checks import SpecProblemError, check_job
 from rlboost_operator.config import load_settings
 from rlboost_operator.kube import Kube
-from rlboost_operator.metrics import DESIRED_SPOT, ERRORS, NOTICES, RECONCILIATIONS, SPOT_NODES
+from rlboost_operator.metrics import DESIRED_SPOT, ERRORS, NOTICES, READY_WORKERS, RECONCILIATIONS, SPOT_NODES
 from rlboost_operator.notices import NatsLink
 from rlboost_operator.state import JobRef, State
 
@@ -117,15 +117,24 @@ async def reconcile(body: kopf.Body, spec_data: Any) -> None:
         "workers": {**dict(previous.get("workers") or {}), "spotDesired": replicas},
         "conditions": status.set_condition(
             previous.get("conditions"),
-            status.condition("Valid", True, "SpecAccepted", "spec is valid; children reconciled"),
+            status.condition(
+                "Valid", True, "SpecAccepted", "spec is valid; children reconciled", generation=_generation(body)
+            ),
         ),
         "updatedAt": status.now_iso(),
+        "observedGeneration": _generation(body),
     }
     if previous.get("phase") in (None, status.FAILED):
         patch["phase"] = status.PENDING
     patch.setdefault("startedAt", previous.get("startedAt") or status.now_iso())
     await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
     RECONCILIATIONS.labels("ok").inc()
+
+
+def _generation(obj: Any) -> int | None:
+    """metadata.generation of an RLJob (a kopf Body or a plain dict); None where the API server sets none."""
+    generation = (obj.get("metadata") or {}).get("generation")
+    return int(generation) if generation is not None else None
 
 
 @kopf.on.create(*RLJOB)
@@ -146,6 +155,9 @@ async def rljob_deleted(namespace: str, name: str, **_: Any) -> None:
     """Children go by garbage collection (ownerReferences); only forget the job here."""
     if STATE.jobs.pop((namespace, name), None) is not None:
         DESIRED_SPOT.remove(namespace, name)
+        for pool in ("reserved", "spot"):
+            with contextlib.suppress(KeyError):
+                READY_WORKERS.remove(namespace, name, pool)
 
 
 # --- Spot pools and preemption --------------------------------------------------------------
@@ -262,6 +274,7 @@ async def _ready_workers(namespace: str, job: str) -> dict[str, int]:
     for pool in ("reserved", "spot"):
         dep = await _kube().get("Deployment", namespace, children.names(job)[pool])
         out[pool] = int(((dep or {}).get("status") or {}).get("readyReplicas") or 0)
+        READY_WORKERS.labels(namespace, job, pool).set(out[pool])
     return out
 
 
@@ -282,7 +295,8 @@ async def _write_step(namespace: str, job: str, spec: JobSpec, data: bytes) -> N
     kube = _kube()
     current = await kube.get("RLJob", namespace, job) or {}
     workers = await _ready_workers(namespace, job)
-    patch = status.step_status(report, spec, workers, current.get("status") or {}, datetime.now(UTC))
+    previous, generation = current.get("status") or {}, _generation(current)
+    patch = status.step_status(report, spec, workers, previous, datetime.now(UTC), generation)
     await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
 
 
@@ -295,9 +309,8 @@ async def _write_done(namespace: str, job: str, data: bytes) -> None:
     done = JobDone.model_validate_json(data)
     kube = _kube()
     current = await kube.get("RLJob", namespace, job) or {}
-    await kube.patch(
-        "RLJob", namespace, job, {"status": status.done_status(done, current.get("status") or {})}, sub="status"
-    )
+    patch = status.done_status(done, current.get("status") or {}, generation=_generation(current))
+    await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
     ref = STATE.jobs.get((namespace, job))
     if ref is not None:
         reason = "JobSucceeded" if done.ok else "JobFailed"

@@ -1,6 +1,7 @@
 """A small async Kubernetes client over aiohttp, authenticated with kopf's own login result.
 
-Just what the operator needs: get, create, merge-patch (object or /status) and create-or-patch.
+Just what the operator needs: get, create, replace (PUT, for the leader Lease), merge-patch (object or
+/status) and create-or-patch.
 The credentials come from `kopf.login_with_service_account` / `kopf.login_with_kubeconfig`
 (captured by the login handler), so kopf and this client always talk to the same API server.
 """
@@ -24,6 +25,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "Deployment": ("/apis/apps/v1", "deployments"),
     "StatefulSet": ("/apis/apps/v1", "statefulsets"),
     "RLJob": ("/apis/rlboost.io/v1alpha1", "rljobs"),
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
 }
 
 
@@ -54,6 +56,12 @@ def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
     if cert and key:
         ctx.load_cert_chain(str(cert), str(key))
     return ctx
+
+
+def discover_connection() -> kopf.ConnectionInfo | None:
+    """Credentials found as the login handler finds them (service account, else kubeconfig), before kopf runs."""
+    settings = kopf.OperatorSettings()
+    return kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
 
 
 class Kube:
@@ -98,6 +106,11 @@ class Kube:
     async def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         meta = obj["metadata"]
         return await self._call("POST", self.url(obj["kind"], meta["namespace"]), obj)
+
+    async def replace(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """PUT the whole object; with metadata.resourceVersion set, a stale write is answered 409."""
+        meta = obj["metadata"]
+        return await self._call("PUT", self.url(obj["kind"], meta["namespace"], meta["name"]), obj)
 
     async def patch(
         self, kind: str, namespace: str, name: str, body: dict[str, Any], sub: str | None = None

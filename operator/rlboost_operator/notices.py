@@ -2,6 +2,12 @@
 and subscriber of the job's step reports, for the operator.
 
 The connection is opened lazily and retried, so the operator runs (and reconciles) while NATS is down.
+
+Status survives the operator: step reports and `done` are kept by a JetStream stream (`STATUS_STREAM`, the
+newest message per job and topic), and the operator reads them through a consumer that starts with that
+newest message. An operator that was down (restarted, upgraded, a new leader) while a step finished or the
+job ended still writes it to the RLJob when it comes back. Against a NATS without JetStream it falls back
+to plain subscriptions (live messages only) and says so in its log.
 """
 
 from __future__ import annotations
@@ -13,10 +19,26 @@ from collections.abc import Awaitable, Callable
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy, StorageType, StreamConfig
+from nats.js.errors import BadRequestError, NotFoundError
 
 from rlboost.wire.events import PreemptionNotice, subject
 
 log = logging.getLogger(__name__)
+
+STATUS_STREAM = "RLBOOST_STATUS"
+STATUS_TOPICS = ("steps", "done")  # what the RLJob's status is made of: kept, newest per job
+
+
+def status_stream_config() -> StreamConfig:
+    """The newest step report and `done` of every job, on disk, for a week after the job's last message."""
+    return StreamConfig(
+        name=STATUS_STREAM,
+        subjects=[subject("*", "*", topic) for topic in STATUS_TOPICS],
+        max_msgs_per_subject=1,
+        max_age=7 * 24 * 3600,
+        storage=StorageType.FILE,
+    )
 
 
 class NatsLink:
@@ -42,8 +64,26 @@ class NatsLink:
         await nc.publish(subject(namespace, job, "nodes"), notice.model_dump_json().encode())
         await nc.flush(timeout=self.connect_timeout)
 
+    async def ensure_status_stream(self) -> bool:
+        """Create (or bring up to date) the stream that keeps job status; False when NATS has no JetStream."""
+        js = (await self.client()).jetstream(timeout=self.connect_timeout)
+        config = status_stream_config()
+        try:
+            try:
+                await js.update_stream(config)
+            except NotFoundError:
+                await js.add_stream(config)
+        except (NotFoundError, BadRequestError, nats.errors.NoRespondersError, TimeoutError) as err:
+            log.warning(
+                "NATS has no usable JetStream: RLJob status follows live messages only", extra={"error": str(err)}
+            )
+            return False
+        return True
+
     async def subscribe(self, namespace: str, job: str, topic: str, handler: Callable[[bytes], Awaitable[None]]):
-        """Subscribe to the job's topic; returns the subscription (unsubscribe it when done)."""
+        """Subscribe to the job's topic; returns the subscription (unsubscribe it when done).
+
+        A status topic replays its newest kept message first (then every new one), when the stream exists."""
         nc = await self.client()
 
         async def on_msg(msg: Msg) -> None:
@@ -52,7 +92,14 @@ class NatsLink:
             except Exception:  # one bad message must not end the subscription
                 log.exception("handling a %s message failed", topic, extra={"job": job, "namespace": namespace})
 
-        sub = await nc.subscribe(subject(namespace, job, topic), cb=on_msg)
+        subj = subject(namespace, job, topic)
+        if topic in STATUS_TOPICS and await self.ensure_status_stream():
+            js = nc.jetstream(timeout=self.connect_timeout)
+            sub = await js.subscribe(
+                subj, cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT
+            )
+        else:
+            sub = await nc.subscribe(subj, cb=on_msg)
         await nc.flush(timeout=self.connect_timeout)
         return sub
 

@@ -30,14 +30,21 @@ def parse_iso(text: str | None) -> datetime | None:
         return None
 
 
-def condition(kind: str, ok: bool, reason: str, message: str, now: datetime | None = None) -> dict[str, str]:
-    return {
+def condition(
+    kind: str, ok: bool, reason: str, message: str, now: datetime | None = None, generation: int | None = None
+) -> dict[str, Any]:
+    """A status condition as Kubernetes API conventions have it; `generation`: the RLJob's metadata.generation
+    the condition was judged on (written as observedGeneration, so a client can tell a stale one)."""
+    out: dict[str, Any] = {
         "type": kind,
         "status": "True" if ok else "False",
         "reason": reason,
         "message": message,
         "lastTransitionTime": now_iso(now),
     }
+    if generation is not None:
+        out["observedGeneration"] = generation
+    return out
 
 
 def set_condition(conditions: list[Mapping[str, Any]] | None, new: dict[str, str]) -> list[dict[str, Any]]:
@@ -86,6 +93,7 @@ def step_status(
     workers: Mapping[str, int],
     previous: Mapping[str, Any],
     now: datetime | None = None,
+    generation: int | None = None,
 ) -> dict[str, Any]:
     """The .status patch after a StepReport: step, reward, tokens/s, workers, cost; phase Running."""
     now = now or datetime.now(UTC)
@@ -111,16 +119,20 @@ def step_status(
         "costEfficiency": round(cost_efficiency(tps, rate), 3),
         "updatedAt": now_iso(now),
         "conditions": set_condition(
-            previous.get("conditions"), condition("Running", True, "StepReported", f"step {report.step} finished", now)
+            previous.get("conditions"),
+            condition("Running", True, "StepReported", f"step {report.step} finished", now, generation),
         ),
     }
 
 
-def done_status(done: JobDone, previous: Mapping[str, Any], now: datetime | None = None) -> dict[str, Any]:
+def done_status(
+    done: JobDone, previous: Mapping[str, Any], now: datetime | None = None, generation: int | None = None
+) -> dict[str, Any]:
     """The .status patch when the trainer reports the end: Succeeded or Failed with its error."""
     ok = done.ok
     msg = f"finished {done.steps} steps" if ok else f"trainer failed: {done.error or 'no error given'}"
-    cond = condition("Complete" if ok else "Failed", True, "TrainerDone" if ok else "TrainerFailed", msg, now)
+    reason = "TrainerDone" if ok else "TrainerFailed"
+    cond = condition("Complete" if ok else "Failed", True, reason, msg, now, generation)
     return {
         "phase": SUCCEEDED if ok else FAILED,
         "updatedAt": now_iso(now),

@@ -102,10 +102,6 @@ class LocalPlan:
         return f"http://{HOST}:{self.weight_server_port}"
 
     @property
-    def manager_metrics_url(self) -> str:
-        return f"http://{HOST}:{self.manager_metrics_port}/metrics"
-
-    @property
     def site(self) -> Site:
         """What every service is told: the job file, NATS, where the others are; all of it on loopback."""
         o = self.options

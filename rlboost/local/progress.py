@@ -9,7 +9,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from rlboost.local.report import StepRecord
+from rlboost.wire.events import StepReport
 from rlboost.wire.rollout_io import ManagerStatus
 
 _BARS = "▁▂▃▄▅▆▇█"
@@ -48,7 +48,7 @@ class PoolRate:
 class ProgressState:
     total_steps: int
     started: float = field(default_factory=time.monotonic)
-    steps: list[StepRecord] = field(default_factory=list)
+    steps: list[StepReport] = field(default_factory=list)
     status: ManagerStatus | None = None
     rates: PoolRate = field(default_factory=PoolRate)
     preemptions: int = 0
@@ -107,7 +107,7 @@ def render(state: ProgressState) -> Group:
     return Group(header, _steps_table(state), _workers_table(state))
 
 
-def step_line(rec: StepRecord, total: int) -> str:
+def step_line(rec: StepReport, total: int) -> str:
     """A plain one-line summary of a step (for non-terminal output)."""
     return (
         f"step {rec.step}/{total}  reward {rec.reward_mean:.3f}  tokens {rec.tokens}  "
@@ -116,7 +116,7 @@ def step_line(rec: StepRecord, total: int) -> str:
     )
 
 
-def summary_table(steps: list[StepRecord]) -> Table:
+def summary_table(steps: list[StepReport]) -> Table:
     t = Table(title="rlboost local: summary")
     for col in ("step", "reward", "tokens", "rollout s", "train s", "sync s", "tok/s", "version"):
         t.add_column(col, justify="right")

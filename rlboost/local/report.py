@@ -3,42 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from rlboost.wire.events import StepReport
 from rlboost.wire.rollout_io import ManagerStatus
-
-
-class StepRecord(BaseModel):
-    step: int = Field(description="Optimizer step (as the trainer numbers it).")
-    reward_mean: float = Field(description="Mean reward of the step's samples.")
-    tokens: int = Field(description="Response tokens generated for the step.")
-    rollout_seconds: float = Field(description="Time waiting for the step's rollouts.")
-    train_seconds: float = Field(description="Time in forward/backward/optimizer.")
-    sync_seconds: float = Field(description="Time uploading and announcing the weights.")
-    weight_version: int = Field(description="Weight version published after the step.")
-    weights_checksum: str = Field("", description="Checksum of the whole published state at weight_version.")
-    reward_std: float = Field(0.0, description="Spread (standard deviation) of the step's rewards.")
-    loss: float = Field(0.0, description="Policy loss of the step.")
-    kl: float = Field(0.0, description="Mean k3 KL to the reference policy per response token.")
-    entropy: float = Field(0.0, description="Mean policy entropy per response token.")
-    grad_norm: float = Field(0.0, description="Global gradient norm before clipping.")
-    learning_rate: float = Field(0.0, description="Learning rate of the step.")
-    train_compute_seconds: float = Field(0.0, description="Rank 0's forward/backward + optimizer time.")
-    trainer_idle_seconds: float = Field(
-        0.0, description="Rank 0's time without compute between the rollout request and the optimizer step."
-    )
-    ranks: int = Field(1, description="Trainer ranks that took the step.")
-    colocation_released: int = Field(
-        0, description="trainer.colocateReserved: reserved workers that released their memory for this step."
-    )
-    colocation_resumed: int = Field(0, description="...and that took it back once the step's weights were out.")
-    colocation_wait_seconds: float = Field(0.0, description="Trainer time waiting for the release acks.")
-
-    @classmethod
-    def from_event(cls, e: StepReport) -> StepRecord:
-        return cls.model_validate(e.model_dump(include=set(cls.model_fields)))
 
 
 class WorkerRecord(BaseModel):
@@ -51,7 +21,9 @@ class LocalReport(BaseModel):
     """What a run did; `workers` is the manager's final status."""
 
     ok: bool = Field(True, description="The job finished all its steps.")
-    steps: list[StepRecord] = Field(default_factory=list, description="One record per optimizer step.")
+    steps: list[StepReport] = Field(
+        default_factory=list, description="The trainer's record of each optimizer step, as published on NATS."
+    )
     final_weights_checksum: str = Field(
         "", description="Checksum of the trainer's published weights (canonical order)."
     )
@@ -88,12 +60,25 @@ def workers_from_status(status: ManagerStatus | None) -> list[WorkerRecord]:
     ]
 
 
+def counters_from_status(status: ManagerStatus | None) -> dict[str, Any]:
+    """The report's manager counters, read from its typed status (none without one: the report says 0)."""
+    if status is None:
+        return {}
+    return {
+        "migrations": status.migrations,
+        "migrations_by_reason": {reason: n for reason, n in sorted(status.migrations_by_reason.items()) if n},
+        "tokens_lost": status.tokens_lost,
+        "tokens_regenerated": status.tokens_regenerated,
+        "tokens_received": status.tokens_received,
+    }
+
+
 def write_report(report: LocalReport, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(report.model_dump_json(indent=2) + "\n")
 
 
-def plot_rewards(steps: list[StepRecord], path: Path) -> Path | None:
+def plot_rewards(steps: list[StepReport], path: Path) -> Path | None:
     """A PNG of mean reward per step (matplotlib, Agg backend); None when there is nothing to plot."""
     if not steps:
         return None

@@ -22,7 +22,13 @@ from rich.live import Live
 from rlboost.local.chaos import ChaosMonkey
 from rlboost.local.plan import ChildPlan, LocalOptions, LocalPlan, build_plan, initial_spot_workers
 from rlboost.local.progress import ProgressState, render, step_line, summary_table
-from rlboost.local.report import LocalReport, StepRecord, plot_rewards, workers_from_status, write_report
+from rlboost.local.report import (
+    LocalReport,
+    counters_from_status,
+    plot_rewards,
+    workers_from_status,
+    write_report,
+)
 from rlboost.local.spot_trace import TraceSchedule, load_trace, reconcile
 from rlboost.local.supervisor import ChildFailedError, Supervisor
 from rlboost.nats_server import free_port, nats_server_binary
@@ -165,33 +171,6 @@ async def _get_status(stub: object, timeout: float = 2.0) -> ManagerStatus | Non
     return status_from_pb(reply)
 
 
-async def _scrape_counters(url: str, names: tuple[str, ...]) -> dict[str, int]:
-    """Sum every Prometheus sample whose name contains one of `names` (e.g. the manager's tokens_lost).
-
-    Labelled samples also count under `<name>:<label value>` (e.g. `migrations:stream_broken`).
-    """
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out = dict.fromkeys(names, 0)
-    try:
-        async with httpx.AsyncClient(timeout=3.0) as client:
-            text = (await client.get(url)).text
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                for key in names:
-                    if key in sample.name and not sample.name.endswith("_created"):
-                        out[key] += int(sample.value)
-                        for value in sample.labels.values():
-                            out[f"{key}:{value}"] = out.get(f"{key}:{value}", 0) + int(sample.value)
-    except Exception:  # (metrics are best effort; the report then says 0)
-        log.warning("could not scrape manager metrics", extra={"url": url})
-    return out
-
-
-MANAGER_COUNTERS = ("tokens_lost", "tokens_regenerated", "tokens_received", "migrations_total")
-
-
 class Run:
     """One local run's asynchronous part: children, NATS, manager status, spot control, display."""
 
@@ -261,7 +240,7 @@ class Run:
 
     async def _on_step(self, msg: object) -> None:
         try:
-            rec = StepRecord.from_event(StepReport.model_validate_json(msg.data))
+            rec = StepReport.model_validate_json(msg.data)
         except ValueError as err:
             log.warning("ignoring a malformed step report", extra={"error": str(err)})
             return
@@ -352,17 +331,15 @@ class Run:
             await self.channel.close()
 
 
-async def _phases(run: Run) -> tuple[ManagerStatus | None, dict[str, int]]:
+async def _phases(run: Run) -> ManagerStatus | None:
     await run.start_all()
     await run.follow()
     if not (run.state.done and run.state.done.ok):
-        return None, {}
-    status = await run.settle()
-    counters = await _scrape_counters(run.plan.manager_metrics_url, MANAGER_COUNTERS)
-    return status, counters
+        return None
+    return await run.settle()
 
 
-async def _run_async(run: Run) -> tuple[ManagerStatus | None, dict[str, int]]:
+async def _run_async(run: Run) -> ManagerStatus | None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, run.interrupt, sig.name)
@@ -399,20 +376,14 @@ def _make_spot_controller(
     return SpotController(sup, plan, desired=n, schedule=schedule, chaos=chaos, next_index=n, chaos_signal=sig)
 
 
-def _by_label(counters: dict[str, int], name: str) -> dict[str, int]:
-    prefix = f"{name}:"
-    return {k.removeprefix(prefix): v for k, v in sorted(counters.items()) if k.startswith(prefix) and v}
-
-
-def build_report(run: Run, status: ManagerStatus | None, counters: dict[str, int], wall_s: float) -> LocalReport:
+def build_report(run: Run, status: ManagerStatus | None, wall_s: float) -> LocalReport:
+    """The run's report: the trainer's step records and the manager's final status (counters 0 without one)."""
     by_step = {s.step: s for s in run.state.progress.steps}  # a redelivered event counts once
     done = run.state.done
     return LocalReport(
         ok=bool(done and done.ok), steps=[by_step[k] for k in sorted(by_step)],
         final_weights_checksum=done.final_weights_checksum if done else "",
-        preemptions=run.spot.preemptions, migrations=status.migrations if status else 0,
-        tokens_lost=counters.get("tokens_lost", 0), tokens_regenerated=counters.get("tokens_regenerated", 0),
-        tokens_received=counters.get("tokens_received", 0), migrations_by_reason=_by_label(counters, "migrations_total"),
+        preemptions=run.spot.preemptions, **counters_from_status(status),
         spot_events=list(run.spot.events), workers=workers_from_status(status), wall_seconds=round(wall_s, 3),
     )  # fmt: skip
 
@@ -447,10 +418,10 @@ def run_local(spec: JobSpec, options: LocalOptions, console: Console, json_repor
     sup = Supervisor(plan.log_dir)
     run = Run(spec, plan, console, _make_spot_controller(spec, options, sup, plan, n_spot))
     started = time.monotonic()
-    status, counters, code, error = None, {}, 0, ""
+    status, code, error = None, 0, ""
     try:
         ensure_model(spec, plan, console)
-        status, counters = asyncio.run(_run_async(run))
+        status = asyncio.run(_run_async(run))
         done = run.state.done
         if done is None or not done.ok:
             code, error = 1, f"the trainer reported a failure: {done.error if done else 'no result'}"
@@ -469,7 +440,7 @@ def run_local(spec: JobSpec, options: LocalOptions, console: Console, json_repor
         sup.shutdown(SHUTDOWN_GRACE_S)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    report = build_report(run, status, counters, time.monotonic() - started)
+    report = build_report(run, status, time.monotonic() - started)
     report.error = error
     if json_report is not None:
         write_report(report, json_report)

@@ -4,5 +4,5 @@
 - `balancing`: move work off overloaded workers to idle ones.
 - `migration`: how a request continues elsewhere from prompt + generated tokens.
 - `offload`: RLBoost's adaptive partial-response offload window T.
-- `spot_scaling`: how many of the available spot instances are worth paying for.
+- `spot_scaling`: how many of the available spot instances to use, from how busy they were (the simulator's).
 """

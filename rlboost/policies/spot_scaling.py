@@ -1,10 +1,14 @@
-"""How many spot instances a job should use of those available: pay only for spot that earns its price.
+"""How many of the available spot instances a job uses: as many as the measured load keeps busy.
 
-A spot instance is worth keeping while it is busy enough that its samples per dollar beat the
-reserved cluster's. Like Kubernetes' horizontal autoscaler, the rule scales by the ratio of the
-measured busy fraction of the spot pool to a target: `desired = ceil(used * busy / target_busy)`,
-growing only when the trainer waited for the spot tail. Deterministic, no clock, no network: the
-operator (spot Deployment replicas) and the simulator use it alike.
+Like Kubernetes' horizontal autoscaler, the rule scales by the ratio of the spot pool's measured busy
+fraction to a target: `desired = ceil(used * busy / target_busy)`, unchanged while the ratio is within
+`tolerance` of 1, growing only when the trainer waited for the spot tail (more spot would not shorten a
+step nobody waits on), never below one instance. The cap starts unlimited (use what exists, then trim);
+`cap()` never gives more than the instances available or `limit`. Deterministic, no clock, no network.
+
+Used by the simulator (`rlboost simulate`, rlboost/simulate/runner.py) when no fixed spot cap is given.
+The operator does not use it: it sizes the spot Deployment to the spot capacity present, clamped to the
+pool's [minReplicas, maxReplicas] (rlboost_operator/spot.py).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ UNLIMITED = 1 << 30
 
 @dataclass
 class SpotScaler:
+    """The spot cap, updated once per step from that step's measurements."""
+
     limit: int = UNLIMITED  # the job's maxReplicas
     target_busy: float = 0.7  # busy fraction the pool is sized for
     tolerance: float = 0.1  # no change while |busy/target - 1| is within this

@@ -52,7 +52,9 @@ class ClusterConfig:
 
 
 @dataclass
-class StepRecord:
+class SimStepResult:
+    """One simulated RL step of one policy (the simulator's own result, unrelated to rlboost.wire's StepReport)."""
+
     step: int
     start: float
     end: float
@@ -66,7 +68,7 @@ class StepRecord:
 @dataclass
 class PolicyResult:
     policy: str
-    steps: list[StepRecord] = field(default_factory=list)
+    steps: list[SimStepResult] = field(default_factory=list)
     reserved_gpu_s: float = 0.0  # paid
     spot_gpu_s: float = 0.0  # paid (alive, provisioning included)
     busy_gpu_s: float = 0.0  # generating or training

@@ -6,7 +6,7 @@ import numpy as np
 
 from rlboost.policies.offload import OffloadConfig, OffloadWindow, StepMeasurements
 from rlboost.policies.spot_scaling import SpotScaler
-from rlboost.simulate.cluster import ClusterConfig, Instances, PolicyResult, SpotPool, StepRecord, StepSim, Trainer
+from rlboost.simulate.cluster import ClusterConfig, Instances, PolicyResult, SimStepResult, SpotPool, StepSim, Trainer
 from rlboost.simulate.hardware import sync_seconds
 from rlboost.simulate.trace import SpotTrace
 
@@ -100,7 +100,7 @@ class StepRunner:
         r.busy_gpu_s += sim.busy_reserved_gpu_s + sim.busy_spot_gpu_s + train_busy
         r.bubble_s += max(cfg.reserved_gpus * wall - sim.busy_reserved_gpu_s - train_busy, 0.0)
         mean_spot = float(np.mean(spot_samples)) if spot_samples else 0.0
-        r.steps.append(StepRecord(k, t0, self.now, len(sim.need), mean_spot, window, trainer.wait_s, spot_idle_s))
+        r.steps.append(SimStepResult(k, t0, self.now, len(sim.need), mean_spot, window, trainer.wait_s, spot_idle_s))
         r.timeline.append((self.now, len(self.spot.vms)))
         if window is not None:
             self.window.end_step(StepMeasurements(trainer_wait_s=trainer.wait_s, spot_idle_s=spot_idle_s))

@@ -5,7 +5,9 @@ Subjects are per job: `rlboost.<namespace>.<job>.<topic>`.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 
 def subject(namespace: str, job: str, topic: str) -> str:
@@ -30,32 +32,79 @@ class PreemptionNotice(BaseModel):
     deadline_s: float = Field(30.0, description="Seconds until the node is expected to vanish.")
 
 
-class StepReport(BaseModel):
-    """topic `steps`: the trainer finished an optimizer step and published its weights."""
+GAUGE_KEY = "gauge"  # json_schema_extra key of a StepReport field exported as a trainer gauge
 
-    step: int
-    reward_mean: float
-    reward_std: float = 0.0
-    tokens: int = Field(description="Response tokens generated for this step.")
-    rollout_seconds: float
-    train_seconds: float
-    sync_seconds: float
-    weight_version: int
-    weights_checksum: str
-    loss: float = 0.0
-    tokens_by_pool: dict[str, int] = Field(default_factory=dict)
-    grad_norm: float = Field(0.0, description="Global gradient norm before clipping.")
-    learning_rate: float = 0.0
-    kl: float = Field(0.0, description="Mean k3 KL to the reference policy per response token (0 without klCoef).")
-    entropy: float = Field(0.0, description="Mean policy entropy per response token.")
-    train_compute_seconds: float = Field(0.0, description="Rank 0's forward/backward + optimizer time.")
-    trainer_idle_seconds: float = Field(0.0, description="Rank 0's time without compute, request to optimizer step.")
-    off_policy: int = Field(0, description="Samples skipped for being older than algorithm.maxStaleness.")
-    stale: int = Field(0, description="Samples accepted within algorithm.maxStaleness.")
-    ranks: int = Field(1, description="Trainer ranks.")
-    colocation_released: int = Field(0, description="Colocated reserved workers that acked the release this step.")
-    colocation_resumed: int = Field(0, description="Colocated reserved workers that acked the resume this step.")
-    colocation_wait_seconds: float = Field(0.0, description="Trainer time waiting for the release acks this step.")
+
+def gauge(default: Any, description: str, *, name: str = "", **constraints: Any) -> Any:
+    """A StepReport field the trainer also exports as the gauge `rlboost_trainer_<name or the field's name>`,
+    set to the field's value after every step; the description is the gauge's help."""
+    return Field(default, description=description, json_schema_extra={GAUGE_KEY: name or True}, **constraints)
+
+
+class StepReport(BaseModel):
+    """The one record of a step: topic `steps` (trainer -> operator, `rlboost local`), a line of the trainer's
+    run_dir/steps.jsonl, the trainer's per-step gauges (`step_gauges()`), and `steps[]` of the local JSON report.
+
+    Adding a metric is adding one field here: the trainer fills it; declared with `gauge(...)` it is also a
+    Prometheus gauge. Values computed from the model (loss, norms, KL) carry no bounds: a NaN is reported, not
+    rejected. Time split of a step: rollout = request to last trajectory, train = last trajectory to
+    optimizer step done (training overlapped with rollout is not counted twice), sync = weight publication.
+    """
+
+    # A NaN loss is written as NaN (as json.dumps does), not null: the record still parses and shows it.
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+
+    step: int = Field(ge=0, description="Optimizer step (0-based, as the trainer numbers it).")
+    weight_version: int = gauge(..., "Weight version published after the step.", ge=0)
+    weights_checksum: str = Field(description="Checksum of the whole published state at weight_version.")
+    reward_mean: float = gauge(..., "Mean reward of the step's samples.")
+    reward_std: float = gauge(0.0, "Spread (population standard deviation) of the step's rewards.")
+    loss: float = gauge(0.0, "GRPO clipped policy loss of the step.")
+    grad_norm: float = gauge(0.0, "Global gradient norm of the step, before clipping.")
+    learning_rate: float = gauge(0.0, "Learning rate of the step.", ge=0)
+    tokens: int = Field(ge=0, description="Response tokens generated for the step.")
+    trajectories: int = Field(0, ge=0, description="Trajectories the step trained on.")
+    rollout_seconds: float = Field(ge=0, description="Rollout request to the step's last trajectory.")
+    train_seconds: float = Field(ge=0, description="Last trajectory to the optimizer step done.")
+    sync_seconds: float = Field(
+        ge=0, description="Optimizer step done to the weights published (with the colocation resume, a checkpoint)."
+    )
+    train_compute_seconds: float = gauge(
+        0.0, "Rank 0's forward/backward + optimizer time of the step.", name="compute_seconds", ge=0
+    )
+    trainer_idle_seconds: float = gauge(
+        0.0, "Rank 0's time without compute between the rollout request and the optimizer step.",
+        name="idle_seconds", ge=0,
+    )  # fmt: skip
+    first_trajectory_seconds: float = Field(0.0, ge=0, description="Rollout request to the first trajectory.")
+    clip_fraction: float = gauge(0.0, "Fraction of response tokens whose importance ratio was clipped.", ge=0, le=1)
+    logprob_abs_diff: float = gauge(0.0, "Mean |trainer log-prob - worker log-prob| per response token.")
+    kl: float = gauge(0.0, "Mean k3 KL to the reference policy per response token (0 without klCoef).")
+    entropy: float = gauge(0.0, "Mean policy entropy per response token.")
+    off_policy: int = Field(0, ge=0, description="Samples skipped for being older than algorithm.maxStaleness.")
+    stale: int = Field(0, ge=0, description="Samples accepted within algorithm.maxStaleness, importance-corrected.")
+    ranks: int = Field(1, ge=1, description="Trainer ranks that took the step.")
+    colocation_released: int = Field(
+        0, ge=0, description="trainer.colocateReserved: reserved workers that acked the release for this step."
+    )
+    colocation_resumed: int = Field(
+        0, ge=0, description="...and that acked the resume once the step's weights were out."
+    )
+    colocation_wait_seconds: float = Field(0.0, ge=0, description="Trainer time waiting for the release acks.")
+    finish_reasons: dict[str, int] = Field(
+        default_factory=dict, description="Trajectories per finish reason ('stop', 'length', ...)."
+    )
+
+
+def step_gauges() -> dict[str, tuple[str, str]]:
+    """StepReport's gauge fields: field name -> (metric name, help)."""
+    out = {}
+    for field_name, info in StepReport.model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if GAUGE_KEY in extra:
+            suffix = extra[GAUGE_KEY] if isinstance(extra[GAUGE_KEY], str) else field_name
+            out[field_name] = (f"rlboost_trainer_{suffix}", info.description or field_name)
+    return out
 
 
 class JobDone(BaseModel):

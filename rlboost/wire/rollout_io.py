@@ -110,7 +110,7 @@ class WorkerStatus:
     capacity: int
     tokens_generated: int
     draining: bool
-    paused: bool = False  # engine memory released for training (colocation): no new work until resumed
+    memory_released: bool = False  # engine memory released for training (colocation): no new work until resumed
     inflight_tokens: int = 0  # tokens it streamed of responses still running on it (a kill now hands them over)
 
 
@@ -121,4 +121,7 @@ class ManagerStatus:
     running: int
     finished: int
     migrations: int
-    tokens_received: int
+    tokens_received: int  # response tokens received and kept, all workers
+    tokens_lost: int = 0  # tokens received but not kept (offset gaps)
+    tokens_regenerated: int = 0  # tokens received again for response positions already held
+    migrations_by_reason: dict[str, int] = field(default_factory=dict)  # MigrationReason value -> migrations

@@ -203,7 +203,7 @@ def status_to_pb(s: ManagerStatus) -> pb.StatusReply:
             tokens_generated=w.tokens_generated,
             inflight_tokens=w.inflight_tokens,
             draining=w.draining,
-            paused=w.paused,
+            memory_released=w.memory_released,
         )
         for w in s.workers
     ]
@@ -214,6 +214,9 @@ def status_to_pb(s: ManagerStatus) -> pb.StatusReply:
         finished=s.finished,
         migrations=s.migrations,
         tokens_received=s.tokens_received,
+        tokens_lost=s.tokens_lost,
+        tokens_regenerated=s.tokens_regenerated,
+        migrations_by_reason=s.migrations_by_reason,
     )
 
 
@@ -229,7 +232,7 @@ def status_from_pb(m: pb.StatusReply) -> ManagerStatus:
             tokens_generated=w.tokens_generated,
             inflight_tokens=w.inflight_tokens,
             draining=w.draining,
-            paused=w.paused,
+            memory_released=w.memory_released,
         )
         for w in m.workers
     ]
@@ -240,4 +243,7 @@ def status_from_pb(m: pb.StatusReply) -> ManagerStatus:
         finished=m.finished,
         migrations=m.migrations,
         tokens_received=m.tokens_received,
+        tokens_lost=m.tokens_lost,
+        tokens_regenerated=m.tokens_regenerated,
+        migrations_by_reason=dict(m.migrations_by_reason),
     )

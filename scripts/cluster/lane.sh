@@ -6,6 +6,8 @@
 # RUN of the build (not into the image), a pip.conf that gives pip this machine's CA bundle, its local
 # wheel directory (the CPU torch wheel) and its pip constraints. Builds share the host's network.
 # Nothing here is in the Dockerfiles: users build them on python:3.11-slim-bookworm as they are.
+# (podman leaves the mount points behind in the image: an empty /etc/pip.conf, /etc/rlboost-lane/ca.crt and
+# /opt/rlboost-wheels; they change nothing.)
 
 lane_dir=$(mktemp -d /tmp/rlboost-lane.XXXXXX)
 trap 'rm -rf "$lane_dir"' EXIT

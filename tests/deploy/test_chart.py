@@ -17,6 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from rlboost_operator.__main__ import election_config, parse_args
 from rlboost_operator.checks import check_job
 from rlboost_operator.config import OperatorSettings
 
@@ -52,10 +53,13 @@ def validate(doc: dict[str, Any], crds: dict[str, dict[str, Any]]) -> None:
     if kind in crds:
         schema = crds[kind]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
         jsonschema.Draft4Validator(schema).validate(doc)
-    elif kind == "ServiceMonitor":
-        # The Prometheus Operator's schema is not available offline: check the fields it requires.
+    elif kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):
+        # The Prometheus Operator's schemas are not available offline: check the fields it requires (the rules
+        # themselves go through promtool in test_alerts.py).
         assert doc["apiVersion"] == "monitoring.coreos.com/v1"
-        assert doc["spec"]["endpoints"][0]["port"] == "metrics" and doc["spec"]["selector"]["matchLabels"]
+        endpoints = doc["spec"].get("endpoints") or doc["spec"].get("podMetricsEndpoints") or [{"port": "metrics"}]
+        assert endpoints[0]["port"] == "metrics"
+        assert kind == "PrometheusRule" or doc["spec"]["selector"]["matchLabels"]
     else:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
@@ -74,12 +78,13 @@ def test_chart_renders_and_every_manifest_validates(values_file):
     pod = operator["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["containers"][0]["command"][:3] == ["python", "-m", "rlboost_operator"]
-    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["RLBOOST_OPERATOR_NATS_URL"] == "nats://rlboost-nats.rlboost-system.svc:4222"
     if values_file:
         registry = yaml.safe_load((CHART / values_file).read_text())["images"]["registry"]
         assert env["RLBOOST_OPERATOR_IMAGE_REGISTRY"] == registry
-    assert ("ServiceMonitor" in kinds) == (values_file in ("values-eks.yaml", "values-karpenter.yaml"))
+    monitored = values_file in ("values-eks.yaml", "values-karpenter.yaml")
+    assert ("ServiceMonitor" in kinds) == ("PodMonitor" in kinds) == monitored
 
 
 def test_toggles_and_dashboard():
@@ -87,7 +92,6 @@ def test_toggles_and_dashboard():
         None, {"nats": {"enabled": False, "url": "nats://elsewhere:4222"}, "operator": {"watchNamespaces": ["ml"]}}
     )
     assert not any(d["kind"] == "Service" and d["metadata"]["name"] == "rlboost-nats" for d in docs)
-    assert not any(d["kind"] == "ClusterKopfPeering" for d in docs)
     assert any(d["kind"] == "NetworkPolicy" and d["metadata"]["namespace"] == "ml" for d in docs)
     operator = next(d for d in docs if d["kind"] == "Deployment")
     assert operator["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["--namespace", "ml"]
@@ -100,6 +104,53 @@ def test_toggles_and_dashboard():
         "rlboost_operator_desired_spot_replicas",
     ):
         assert metric in exprs
+
+
+def operator_deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "rlboost-operator")
+
+
+@pytest.mark.parametrize(
+    "operator_values", [{}, {"watchNamespaces": ["ml", "research"]}], ids=["cluster-wide", "namespaced"]
+)
+def test_operator_replicas_elect_a_leader_on_a_lease_in_the_release_namespace(operator_values, monkeypatch):
+    docs = render(None, {"operator": operator_values} if operator_values else None)
+    deployment = operator_deployment(docs)
+    assert deployment["spec"]["replicas"] == 2 and "strategy" not in deployment["spec"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    pod_name = next(e for e in container["env"] if e["name"] == "POD_NAME")
+    assert pod_name["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    # The operator's own parser accepts the chart's flags, and the timing is consistent.
+    monkeypatch.setenv("POD_NAME", "rlboost-operator-abc")
+    args = parse_args(container["command"][3:])
+    assert args.leader_elect and args.namespace == operator_values.get("watchNamespaces", [])
+    config = election_config(args, None)
+    assert (config.lease_name, config.lease_namespace) == ("rlboost-operator", "rlboost-system")
+    assert config.identity.startswith("rlboost-operator-abc_")
+
+    role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("leader-election"))
+    assert role["metadata"]["namespace"] == "rlboost-system"
+    assert {g for r in role["rules"] for g in r["apiGroups"]} == {"coordination.k8s.io"}
+    assert {x for r in role["rules"] for x in r["resources"]} == {"leases"}
+    by_verbs = {tuple(sorted(r["verbs"])): r.get("resourceNames") for r in role["rules"]}
+    assert by_verbs == {("create",): None, ("get", "update"): ["rlboost-operator"]}
+    binding = next(d for d in docs if d["kind"] == "RoleBinding" and d["roleRef"]["name"] == role["metadata"]["name"])
+    assert binding["metadata"]["namespace"] == "rlboost-system"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "rlboost-operator", "namespace": "rlboost-system"}
+    ]
+
+
+def test_kopf_peering_is_gone():
+    """Peering froze both replicas (it is not leader election): no peering objects, CRDs, flags or rules."""
+    for values in (None, {"operator": {"watchNamespaces": ["ml"]}}):
+        docs = render(None, values)
+        assert not [d for d in docs if d["apiVersion"].startswith("kopf.dev/")]
+        assert not [
+            r for d in docs if d["kind"] in ("Role", "ClusterRole") for r in d["rules"] if "kopf.dev" in r["apiGroups"]
+        ]
+        assert "--peering" not in operator_deployment(docs)["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert {crd["spec"]["group"] for crd in crd_docs().values()} == {"rlboost.io"}
 
 
 def test_helm_lint_is_clean():

@@ -18,13 +18,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from threading import Thread
 
 _KEEP: list[object] = []
-METRICS = b"# TYPE rlboost_manager_tokens_lost counter\nrlboost_manager_tokens_lost_total 3.0\n"
 
 
 def serve_health(port: int) -> None:
     class H(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
-            body = METRICS if self.path.startswith("/metrics") else b"ok\n"
+            body = b"ok\n"
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -56,7 +55,8 @@ def serve_manager(port: int) -> object:
                     inflight_tokens=5,
                 ),  # always mid-response: a chaos target
             ]
-            return pb.StatusReply(workers=workers, migrations=1)
+            return pb.StatusReply(workers=workers, migrations=1, tokens_received=200, tokens_lost=3,
+                                  tokens_regenerated=2, migrations_by_reason={"drained": 1, "rebalance": 0})  # fmt: skip
 
     server = grpc.server(futures.ThreadPoolExecutor(2))
     rollout_pb2_grpc.add_RolloutManagerServicer_to_server(Manager(), server)

@@ -131,6 +131,9 @@ def test_local_run_completes_with_report_and_leaves_nothing(tmp_path: Path) -> N
     report = json.loads((tmp_path / "report.json").read_text())
     assert [s["step"] for s in report["steps"]] == [1, 2] and report["steps"][1]["weight_version"] == 2
     assert report["final_weights_checksum"] == "c2" and report["tokens_lost"] == 3 and report["migrations"] == 1
+    # The manager's counters come from its typed status (GetStatus); reasons that never happened are left out.
+    assert (report["tokens_regenerated"], report["tokens_received"]) == (2, 200)
+    assert report["migrations_by_reason"] == {"drained": 1}
     assert {w["worker_id"]: w["weight_version"] for w in report["workers"]} == {"reserved-0": 2, "spot-0": 2}
     run = tmp_path / "run"
     assert (run / "reward.png").exists() and (run / "job.yaml").exists()

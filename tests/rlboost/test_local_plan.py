@@ -9,9 +9,10 @@ import yaml
 
 from rlboost.local.plan import LocalOptions, build_plan, initial_spot_workers
 from rlboost.local.progress import ProgressState, sparkline
-from rlboost.local.report import LocalReport, StepRecord, plot_rewards, write_report
+from rlboost.local.report import LocalReport, counters_from_status, plot_rewards, write_report
 from rlboost.spec import JobSpec, load_job_spec
 from rlboost.wire.events import StepReport
+from rlboost.wire.rollout_io import ManagerStatus
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,8 +89,8 @@ def test_examples_local_yaml_equals_the_embedded_default() -> None:
 
 
 def test_report_json_and_plot(tmp_path: Path) -> None:
-    steps = [StepRecord(step=i, reward_mean=0.1 * i, tokens=10, rollout_seconds=1, train_seconds=0.5,
-                        sync_seconds=0.1, weight_version=i) for i in (1, 2)]  # fmt: skip
+    steps = [StepReport(step=i, reward_mean=0.1 * i, tokens=10, rollout_seconds=1, train_seconds=0.5,
+                        sync_seconds=0.1, weight_version=i, weights_checksum=f"c{i}") for i in (1, 2)]  # fmt: skip
     report = LocalReport(steps=steps, final_weights_checksum="ab", preemptions=1)
     write_report(report, tmp_path / "r.json")
     data = yaml.safe_load((tmp_path / "r.json").read_text())
@@ -103,13 +104,22 @@ def test_report_json_and_plot(tmp_path: Path) -> None:
     assert plot_rewards([], tmp_path / "none.png") is None
 
 
-def test_step_record_copies_the_trainer_metrics_of_the_step_event() -> None:
+def test_report_holds_the_trainer_step_record_as_published() -> None:
     event = StepReport(step=3, reward_mean=0.5, reward_std=0.2, tokens=9, rollout_seconds=1.0, train_seconds=0.5,
                        sync_seconds=0.1, weight_version=4, weights_checksum="cd", loss=-0.1, grad_norm=2.5,
-                       learning_rate=1e-3, trainer_idle_seconds=0.7, ranks=2)  # fmt: skip
-    record = StepRecord.from_event(event)
-    assert (record.reward_std, record.grad_norm, record.learning_rate) == (0.2, 2.5, 1e-3)
-    assert (record.trainer_idle_seconds, record.ranks, record.weights_checksum) == (0.7, 2, "cd")
+                       learning_rate=1e-3, trainer_idle_seconds=0.7, ranks=2, finish_reasons={"stop": 3})  # fmt: skip
+    report = LocalReport(steps=[StepReport.model_validate_json(event.model_dump_json())])
+    assert report.steps == [event]
+    assert LocalReport.model_validate_json(report.model_dump_json()).steps == [event]
+
+
+def test_report_counters_come_from_the_manager_status() -> None:
+    status = ManagerStatus(workers=[], pending=0, running=0, finished=8, migrations=3, tokens_received=40,
+                           tokens_lost=2, tokens_regenerated=1, migrations_by_reason={"rebalance": 0, "drained": 3})  # fmt: skip
+    report = LocalReport(**counters_from_status(status))
+    assert (report.migrations, report.tokens_received, report.tokens_lost, report.tokens_regenerated) == (3, 40, 2, 1)
+    assert report.migrations_by_reason == {"drained": 3}
+    assert LocalReport(**counters_from_status(None)) == LocalReport()
 
 
 def test_sparkline_and_progress_state() -> None:

@@ -4,11 +4,17 @@ and the operator itself under kopf.testing.KopfRunner.
 kmock's emulator stores objects in memory, merges patches as plain dicts, replays every object on
 each watch and runs no controllers (no garbage collection, no Pods from Deployments): tests create
 Pods and Nodes themselves and check ownerReferences rather than cascading deletion.
+
+kmock serves any declared resource, Leases included, but it has no PUT (replace) and keeps no
+resourceVersion. Leader election needs both, so for Leases the Emulator below adds what the API
+server does: a resourceVersion set on create and bumped on each replace, and a replace carrying a
+stale one answered 409 Conflict.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import uuid
 from collections.abc import Iterator
@@ -19,6 +25,7 @@ from typing import Any
 import httpx
 import kmock
 import pytest
+from aiohttp import web
 
 from tests.helpers import wait_until
 
@@ -37,19 +44,51 @@ RESOURCES = {
     "v1/persistentvolumeclaims": dict(kind="PersistentVolumeClaim", namespaced=True),
     "apps/v1/deployments": dict(kind="Deployment", namespaced=True),
     "apps/v1/statefulsets": dict(kind="StatefulSet", namespaced=True),
+    "coordination.k8s.io/v1/leases": dict(kind="Lease", namespaced=True),
 }
 
 
+def _status(code: int, reason: str, message: str) -> web.Response:
+    body = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "reason": reason}
+    return web.json_response({**body, "message": message}, status=code)
+
+
 class Emulator(kmock.KubernetesEmulator):
-    """kmock's emulator plus `metadata.generateName` (kopf posts Events that way; kmock keys objects by name)."""
+    """kmock's emulator plus `metadata.generateName` (kopf posts Events that way; kmock keys objects by name),
+    and optimistic concurrency for Leases (see the module docstring)."""
+
+    _versions = itertools.count(1)
 
     async def _handle(self, request):  # type: ignore[no-untyped-def]
         data = request.data
+        is_lease = request.resource is not None and request.resource.plural == "leases"
         if request.action == kmock.action.CREATE and isinstance(data, dict):
             meta = data.setdefault("metadata", {})
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
+            if is_lease:
+                meta["resourceVersion"] = str(next(self._versions))
+        if is_lease and request.method == kmock.method.PUT and request.name:
+            return await self._replace(request)
         return await super()._handle(request)
+
+    async def _replace(self, request) -> web.Response:  # type: ignore[no-untyped-def]
+        """PUT as the API server answers it: 404 if absent, 409 if the resourceVersion is stale, else replace."""
+        key = (request.resource, request.namespace, request.name)
+        async with self._lock:
+            if key not in self.objects or self.objects[key].deleted:
+                return _status(404, "NotFound", f"{request.name} not found")
+            current = self.objects[key]["metadata"].get("resourceVersion")
+            sent = (request.data.get("metadata") or {}).get("resourceVersion")
+            if sent != current:
+                return _status(409, "Conflict", f"resourceVersion {sent} is stale; the object is at {current}")
+            new = {
+                **request.data,
+                "metadata": {**request.data["metadata"], "resourceVersion": str(next(self._versions))},
+            }
+            self.objects[key].create(new)  # a new version in the object's history, replacing the old one
+            await self._buses[request.resource].put({"type": "MODIFIED", "object": new})
+        return web.json_response(new)
 
 
 @dataclass

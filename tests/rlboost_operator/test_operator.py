@@ -226,3 +226,44 @@ def test_inconsistent_rljob_fails_with_a_condition_and_no_children(operator):
     events = [e for e in api.list("Event", NS) if e.get("reason") == "InvalidSpec"]
     assert {e["involvedObject"]["name"] for e in events} >= {"toomany", "badreward", "minmax"}
     assert any("spec.task.reward" in e["message"] for e in events), json.dumps(events)[:500]
+
+
+def test_status_written_while_the_operator_was_down_reaches_the_rljob(kube_api, nats_server, monkeypatch):
+    """Status survives the operator: stop it mid-job, let a step finish and the job end while it is down (the
+    trainer publishes as usual), start a new operator: the RLJob gets the newest step and Succeeded (JetStream
+    keeps the newest report and `done` per job; the new operator's consumer starts with them)."""
+    from kopf.testing import KopfRunner
+
+    monkeypatch.setenv("RLBOOST_OPERATOR_NATS_URL", nats_server.url)
+    args = ["run", "-A", "--standalone", "-m", "rlboost_operator.handlers"]
+    report = StepReport(step=7, reward_mean=0.5, tokens=10, rollout_seconds=1.0, train_seconds=0.0,
+                        sync_seconds=0.0, weight_version=7, weights_checksum="c")  # fmt: skip
+    with KopfRunner(args, timeout=30) as first:
+        wait_until(lambda: kube_api.watched("rljobs"), timeout=20, what="the first operator's watch")
+        kube_api.create("RLJob", rljob("durable"))
+        wait_until(lambda: status_of(kube_api, "durable").get("phase") == "Pending", timeout=20, what="Pending")
+        wait_until(lambda: _stream_exists(nats_server.url), timeout=20, what="the status stream")
+    assert first.exception is None, first.output
+    _publish(nats_server.url, [(subject(NS, "durable", "steps"), report.model_dump_json().encode()),
+                               (subject(NS, "durable", "done"), JobDone(ok=True, steps=8).model_dump_json().encode())])  # fmt: skip
+    assert status_of(kube_api, "durable").get("phase") == "Pending"  # nobody wrote it meanwhile
+    with KopfRunner(args, timeout=30) as second:
+        wait_until(lambda: status_of(kube_api, "durable").get("phase") == "Succeeded", timeout=20, what="Succeeded")
+        wait_until(lambda: status_of(kube_api, "durable").get("step") == 7, timeout=20, what="the newest step")
+    assert second.exception is None, second.output
+
+
+def _stream_exists(url: str) -> bool:
+    from rlboost_operator.notices import STATUS_STREAM
+
+    async def look() -> bool:
+        nc = await nats.connect(url)
+        try:
+            await nc.jetstream().stream_info(STATUS_STREAM)
+            return True
+        except Exception:
+            return False
+        finally:
+            await nc.close()
+
+    return asyncio.run(look())

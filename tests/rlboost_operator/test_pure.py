@@ -159,6 +159,14 @@ def test_set_condition_keeps_transition_time_when_status_unchanged():
     assert flipped[0]["lastTransitionTime"] == status.now_iso(t1)
 
 
+def test_conditions_carry_the_generation_they_were_judged_on():
+    assert "observedGeneration" not in status.condition("Valid", True, "A", "a")  # no generation from the API
+    done = status.done_status(JobDone(ok=True, steps=2), {}, generation=4)
+    assert [(c["type"], c["observedGeneration"]) for c in done["conditions"]] == [("Complete", 4)]
+    validator = jsonschema.Draft4Validator(crd.status_schema())
+    validator.validate({**done, "observedGeneration": 4})
+
+
 def test_checks_name_the_field():
     settings = OperatorSettings(max_trainer_ranks=4, max_trainer_gpus=4)
     assert check_job({}, settings).trainer.ranks == 1

@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 
 from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.wire.rollout_io import request_id, sample_seed
+from rlboost.wire.rollout_proto import status_from_pb
 
 from .client import WorkerClient, collect_rollout, rollout_request, status
 
@@ -71,7 +72,9 @@ async def test_stream_dropped_mid_response_continues_from_exact_offset(manager):
     (traj,) = await asyncio.wait_for(rollout, 5)
     assert list(traj.response_ids) == [10, 11, 12, 13, 14, 15] and list(traj.workers) == ["w1", "w2"]
     assert len(traj.logprobs) == 6
-    assert (await status(manager.target)).migrations == 1
+    st = status_from_pb(await status(manager.target))
+    assert st.migrations == 1 and st.migrations_by_reason == {"stream_broken": 1}
+    assert (st.tokens_received, st.tokens_lost, st.tokens_regenerated) == (6, 0, 0)
     await w2.close()
 
 

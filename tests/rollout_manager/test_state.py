@@ -1,4 +1,4 @@
-"""The pure state machine (no network): leases, fencing, migration, drain, cancel, offload pause."""
+"""The pure state machine (no network): leases, fencing, migration, drain, cancel, offloaded pools, released workers."""
 
 from __future__ import annotations
 
@@ -150,39 +150,39 @@ def test_revoke_waits_for_flush_then_deadline_fences():
     assert st.pending == 1 and st.migrations == 1
 
 
-def test_paused_reserved_pool_gets_no_work():
+def test_offloaded_reserved_pool_gets_no_work():
     st = _state(("r", 4), pool=Pool.RESERVED)
-    st.set_pool_paused(Pool.RESERVED, True)
+    st.set_pool_offloaded(Pool.RESERVED, True)
     _step(st)
     assert st.schedule(0.0) == 0
-    st.set_pool_paused(Pool.RESERVED, False)
+    st.set_pool_offloaded(Pool.RESERVED, False)
     assert st.schedule(0.0) == 1
     assert st.revoke_pool(Pool.RESERVED, MigrationReason.OFFLOAD, 0.1) == 1
 
 
-def paused_gauge() -> float | None:
-    return REGISTRY.get_sample_value("rlboost_manager_workers_paused", {"pool": "spot"})
+def memory_released_gauge() -> float | None:
+    return REGISTRY.get_sample_value("rlboost_manager_workers_memory_released", {"pool": "spot"})
 
 
-def test_a_paused_worker_gets_no_work_until_its_heartbeat_says_resumed():
+def test_a_released_worker_gets_no_work_until_its_heartbeat_says_resumed():
     """Colocation: a reserved worker whose memory is released for training keeps its lease (heartbeats) but is
-    assigned nothing; the work goes to the others, and it takes work again as soon as it is unpaused."""
+    assigned nothing; the work goes to the others, and it takes work again as soon as its heartbeat says resumed."""
     st = _state(("reserved", 2), ("spot", 1))
-    st.on_heartbeat("reserved", 0, 0.1, paused=True)
+    st.on_heartbeat("reserved", 0, 0.1, memory_released=True)
     _step(st, group=3)
     st.schedule(0.2)
     boxes = st.take_outbox()
     assert "reserved" not in boxes and len(boxes["spot"].assign) == 1 and st.pending == 2
-    assert [w.paused for w in st.status().workers] == [True, False]
+    assert [w.memory_released for w in st.status().workers] == [True, False]
     st.tick(0.3)
-    assert paused_gauge() == 1  # on /metrics too (_state registers spot workers)
-    st.on_heartbeat("reserved", 0, 0.5, paused=True)  # still paused: still nothing, lease kept
+    assert memory_released_gauge() == 1  # on /metrics too (_state registers spot workers)
+    st.on_heartbeat("reserved", 0, 0.5, memory_released=True)  # still released: still nothing, lease kept
     st.schedule(0.6)
     assert "reserved" not in st.take_outbox() and "reserved" in st.workers
-    st.on_heartbeat("reserved", 0, 0.7, paused=False)
+    st.on_heartbeat("reserved", 0, 0.7, memory_released=False)
     assert st.dirty
     st.tick(0.7)
-    assert paused_gauge() == 0
+    assert memory_released_gauge() == 0
     st.schedule(0.8)
     assert len(st.take_outbox()["reserved"].assign) == 2 and st.pending == 0
 
@@ -207,3 +207,25 @@ def test_status_counts_only_the_tokens_a_worker_streamed_of_responses_it_still_r
     assert inflight() == {"b": 1}
     st.on_chunks("b", [_chunk(b.request_id, b.lease_epoch, 4, [0], finished=True, reason="stop")], 0.5)
     assert inflight() == {"b": 0}
+
+
+def _manager_counter(name: str, labels: dict[str, str] | None = None) -> float:
+    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+
+def test_status_counts_lost_and_regenerated_tokens_and_migrations_by_reason_like_the_metrics():
+    st = _state(("a", 1))
+    _step(st, budget=8)
+    st.schedule(0.0)
+    a = st.take_outbox()["a"].assign[0]
+    before = [_manager_counter(f"rlboost_manager_tokens_{n}_total") for n in ("lost", "regenerated")]
+    revoked_before = _manager_counter("rlboost_manager_migrations_total", {"reason": "revoked"})
+    st.on_chunks("a", [_chunk(a.request_id, a.lease_epoch, 0, [1, 2])], 0.1)
+    st.on_chunks("a", [_chunk(a.request_id, a.lease_epoch, 1, [7, 8, 9])], 0.2)  # position 1 made again: 1 regenerated
+    st.on_chunks("a", [_chunk(a.request_id, a.lease_epoch, 5, [3], finished=True, reason="stop")], 0.3)  # a gap
+    status = st.status()
+    assert (status.tokens_received, status.tokens_lost, status.tokens_regenerated) == (2, 4, 1)
+    assert status.migrations == 1 and status.migrations_by_reason == {"revoked": 1}
+    after = [_manager_counter(f"rlboost_manager_tokens_{n}_total") for n in ("lost", "regenerated")]
+    assert [x - y for x, y in zip(after, before, strict=True)] == [4, 1]
+    assert _manager_counter("rlboost_manager_migrations_total", {"reason": "revoked"}) - revoked_before == 1

@@ -32,3 +32,16 @@ async def test_release_refuses_work_and_resume_generates_the_same(engine):
     assert engine.weights_checksum == checksum
     after, _, _, _ = await collect(engine, assignment("after", PROMPT, len(PROMPT), n=10))
     assert after == before
+
+
+async def test_a_hold_refuses_work_until_resume_which_then_frees_and_restores_nothing(engine):
+    """hold_for_release() is the release's first step (the worker's heartbeats say released from there on);
+    resume_memory() after a hold alone only takes work again."""
+    engine.hold_for_release()
+    assert engine.memory_released
+    with pytest.raises(EngineError, match="memory is released"):
+        await anext(engine.generate(assignment("held", PROMPT, len(PROMPT))))
+    resumed = await engine.resume_memory()
+    assert not engine.memory_released and (resumed.nbytes, resumed.effective) == (0, False)
+    tokens, _, _, _ = await collect(engine, assignment("after-hold", PROMPT, len(PROMPT), n=4))
+    assert len(tokens) == 4

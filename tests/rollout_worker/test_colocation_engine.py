@@ -64,7 +64,11 @@ async def test_release_refused_while_a_request_runs(engine):
     await anext(stream)
     with pytest.raises(EngineError, match="requests still run"):
         await engine.release_memory()
-    assert not engine.memory_released
+    assert not engine.memory_released  # a refused release leaves the engine as it was: taking work
+    engine.hold_for_release()
+    with pytest.raises(EngineError, match="requests still run"):
+        await engine.release_memory()
+    assert engine.memory_released  # ... still held: the worker undoes the hold with resume_memory()
     engine.abort("r")
     async for _ in stream:
         pass

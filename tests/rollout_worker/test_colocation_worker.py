@@ -1,6 +1,6 @@
 """Colocation in a real `python -m rollout_worker` process with a real nats-server: a release command is acked
-(engine memory released, shown on /metrics, every heartbeat says `paused` from before the ack), work that arrives
-meanwhile waits, and a resume is acked (heartbeats unpaused) and the worker generates again, token for token as
+(engine memory released, shown on /metrics, every heartbeat says `memory_released` from before the ack), work that
+arrives meanwhile waits, and a resume is acked (heartbeats say resumed) and the worker generates again, token for token as
 before. The manager side is the in-test stand-in
 (standin_manager.py) because services never import each other; the trainer side is this test on NATS."""
 
@@ -70,9 +70,9 @@ async def test_release_is_acked_work_waits_and_resume_generates_again(
         ack = await command("release")
         assert (ack.worker_id, ack.step, ack.action, ack.ok, ack.released) == ("reserved-0", 4, "release", True, True)
         # The manager is told (a heartbeat sent before the release, not a period later) that it takes no work.
-        beats = lambda: [m.heartbeat.paused for m in manager.of_kind("heartbeat")]  # noqa: E731
-        await eventually(lambda: True in beats()[beats_before:], what="a paused heartbeat")
-        first_paused = beats().index(True, beats_before)
+        beats = lambda: [m.heartbeat.memory_released for m in manager.of_kind("heartbeat")]  # noqa: E731
+        await eventually(lambda: True in beats()[beats_before:], what="a released heartbeat")
+        first_released = beats().index(True, beats_before)
         assert ack.nbytes > 0
         text = await scrape(metrics_port)
         assert metric(text, "rlboost_worker_memory_released") == 1
@@ -80,14 +80,14 @@ async def test_release_is_acked_work_waits_and_resume_generates_again(
         assert metric(text, "rlboost_worker_memory_release_seconds_count") == 1
 
         manager.assign(pb_assignment("during", PROMPT, 10))  # held: the engine has no weights now
-        await eventually(lambda: beats()[first_paused + 3 :], what="heartbeats while released")
-        assert all(beats()[first_paused:])
+        await eventually(lambda: beats()[first_released + 3 :], what="heartbeats while released")
+        assert all(beats()[first_released:])
         assert manager.tokens("during") == []
 
         beats_released = len(manager.of_kind("heartbeat"))
         ack = await command("resume")
         assert (ack.action, ack.ok, ack.released) == ("resume", True, False)
-        await eventually(lambda: False in beats()[beats_released:], what="an unpaused heartbeat")
+        await eventually(lambda: False in beats()[beats_released:], what="a resumed heartbeat")
         await eventually(lambda: (c := manager.last_chunk("during")) and c.finished, timeout=30, what="held run")
         assert manager.tokens("during") == manager.tokens("before") == hf_greedy(tiny_model_dir, PROMPT, 10)
         text = await scrape(metrics_port)

@@ -21,7 +21,7 @@ from rlboost.spec import dump_job_spec
 from rlboost.weights.checksum import state_checksum
 from rlboost.weights.client import WeightClient
 from rlboost.weights.safetensors_io import state_from_bytes
-from rlboost.wire.events import JobDone, StepReport, WeightsAnnounced, subject
+from rlboost.wire.events import JobDone, StepReport, WeightsAnnounced, step_gauges, subject
 from tests.trainer.conftest import tiny_spec
 from tests.trainer.peers import (
     TOKEN,
@@ -111,7 +111,7 @@ async def test_two_steps_end_to_end(tmp_path, tiny_model_dir, nats_server):
     assert events["steps"][-1].weights_checksum == final != v0
     # Debug outputs: one line per step, one line per trajectory with the tokens the manager sent.
     lines = (tmp_path / "run" / "steps.jsonl").read_text().splitlines()
-    assert [json.loads(x)["weight_version"] for x in lines] == [1, 2]
+    assert [StepReport.model_validate_json(x) for x in lines] == events["steps"]  # one record, file and event
     dumped = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     assert [(d["step"], d["prompt_index"], d["sample_index"], d["token_ids"]) for d in dumped] == [
         (t.step, t.prompt_index, t.sample_index, t.response_ids) for t in stand_in.sent
@@ -120,6 +120,9 @@ async def test_two_steps_end_to_end(tmp_path, tiny_model_dir, nats_server):
     assert scraped["rlboost_trainer_weight_version"] == 1.0 and scraped["rlboost_trainer_reward_mean"] == 0.5
     assert scraped["rlboost_trainer_grad_norm"] > 0 and scraped["rlboost_trainer_learning_rate"] == 1e-2
     assert all(scraped[f'rlboost_trainer_step_seconds{{phase="{p}"}}'] > 0 for p in ("rollout", "train", "sync"))
+    assert {name: scraped[name] for name, _ in step_gauges().values()} == {
+        name: getattr(events["steps"][0], field) for field, (name, _) in step_gauges().items()
+    }
 
 
 async def _scrape_after_step0(port: int, proc) -> dict[str, float]:

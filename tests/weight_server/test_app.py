@@ -15,6 +15,8 @@ from rlboost.nats_server import NatsServer
 from rlboost.wire.events import WeightsAnnounced, subject
 from rlboost.wire.weights_io import HEADER_BASE_VERSION, HEADER_CHECKSUM, HEADER_KIND, Manifest, VersionList
 from tests.weight_server.servers import TOKEN, ThreadServer
+from weight_server.app import HTTP_STATUS
+from weight_server.errors import ErrorKind
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -93,6 +95,10 @@ def test_errors_are_json_with_the_field(client) -> None:
     assert r.status_code == 422 and r.json()["field"] == HEADER_BASE_VERSION
     r = client.get("/v1/sync", params={"from": "x"})
     assert r.status_code == 422 and r.json()["field"] == "from"
+
+
+def test_every_kind_of_refusal_has_its_http_status() -> None:
+    assert set(HTTP_STATUS) == set(ErrorKind)
 
 
 def test_sync_plan_and_retention_over_http(client, server) -> None:

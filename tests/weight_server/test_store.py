@@ -6,7 +6,8 @@ import hashlib
 
 import pytest
 
-from weight_server.store import StoreError, VersionStore
+from weight_server.errors import ErrorKind, StoreError
+from weight_server.store import VersionStore
 
 
 def put(store: VersionStore, version: int, data: bytes, kind: str = "full", base: int | None = None):
@@ -33,19 +34,19 @@ def test_version_rules(tmp_path) -> None:
     store = VersionStore(tmp_path, 4096, 5)
     with pytest.raises(StoreError) as err:
         store.begin_upload(1, "delta", "c", base_version=0)
-    assert (err.value.status, err.value.field) == (422, "base_version")
+    assert (err.value.kind, err.value.field) == (ErrorKind.INVALID, "base_version")
     put(store, 3, b"x")  # the first upload may start at any version
-    for version, kind, base, status, field in [
-        (3, "full", None, 409, "version"),
-        (2, "full", None, 409, "version"),
-        (4, "delta", None, 422, "base_version"),
-        (4, "delta", 1, 422, "base_version"),
-        (4, "sparse", None, 422, "kind"),
-        (4, "full", 3, 422, "base_version"),
+    for version, kind, base, refused, field in [
+        (3, "full", None, ErrorKind.CONFLICT, "version"),
+        (2, "full", None, ErrorKind.CONFLICT, "version"),
+        (4, "delta", None, ErrorKind.INVALID, "base_version"),
+        (4, "delta", 1, ErrorKind.INVALID, "base_version"),
+        (4, "sparse", None, ErrorKind.INVALID, "kind"),
+        (4, "full", 3, ErrorKind.INVALID, "base_version"),
     ]:
         with pytest.raises(StoreError) as err:
             store.begin_upload(version, kind, "c", base_version=base)
-        assert (err.value.status, err.value.field) == (status, field), (version, kind, base)
+        assert (err.value.kind, err.value.field) == (refused, field), (version, kind, base)
     with pytest.raises(StoreError) as err:
         store.begin_upload(4, "full", "")
     assert err.value.field == "checksum"
@@ -56,7 +57,7 @@ def test_concurrent_upload_of_same_version_conflicts(tmp_path) -> None:
     first = store.begin_upload(0, "full", "c")
     with pytest.raises(StoreError) as err:
         store.begin_upload(0, "full", "c")
-    assert err.value.status == 409
+    assert err.value.kind == ErrorKind.CONFLICT
     store.release(first)
     put(store, 0, b"ok")  # released: the version is free again
     assert store.versions() == [0]
@@ -104,10 +105,10 @@ def test_sync_plan_prefers_fewer_bytes(tmp_path) -> None:
     assert plan(None, None) == [3, 4]  # to = latest
     put(store, 5, b"d" * 200, "delta", 4)
     assert plan(4, 5) == [5]  # 200 B delta beats 100 B snapshot + 10 B + 200 B
-    for a, b, status, field in [(3, 2, 422, "from"), (None, 9, 404, "to")]:
+    for a, b, refused, field in [(3, 2, ErrorKind.INVALID, "from"), (None, 9, ErrorKind.NOT_FOUND, "to")]:
         with pytest.raises(StoreError) as err:
             store.sync_plan(a, b)
-        assert (err.value.status, err.value.field) == (status, field)
+        assert (err.value.kind, err.value.field) == (refused, field)
 
 
 # ---- compacted deltas (real rlboost.delta payloads) -------------------------------------------------
@@ -153,10 +154,10 @@ def test_compacted_requests_that_make_no_chain_are_refused(tmp_path) -> None:
 
     store = VersionStore(tmp_path, 4096, 50)
     _put_chain(store, chain(5), full_at=(0, 3))
-    for a, b, status in [(1, 4, 404), (2, 2, 422), (0, 9, 404)]:
+    for a, b, refused in [(1, 4, ErrorKind.NOT_FOUND), (2, 2, ErrorKind.INVALID), (0, 9, ErrorKind.NOT_FOUND)]:
         with pytest.raises(StoreError) as err:
             store.compacted(a, b)
-        assert err.value.status == status, (a, b)
+        assert err.value.kind == refused, (a, b)
     assert [m.version for m in store.sync_plan(1, 4)] == [3, 4]  # crosses the snapshot: snapshot path
 
 
@@ -262,18 +263,18 @@ def test_companion_uploads_that_do_not_fit_are_refused(tmp_path) -> None:
     states = chain(3)
     for v, kind in [(0, "full"), (1, "delta"), (2, "delta")]:
         _put_version(store, states, v, kind)
-    for version, kind, checksum, base, status, field in [
-        (2, "full", "another-state", None, 409, "checksum"),  # must produce the same state
-        (1, "full", "wrong", None, 409, "checksum"),
-        (2, "delta", None, 1, 409, "version"),  # same kind again: versions are immutable
+    for version, kind, checksum, base, refused, field in [
+        (2, "full", "another-state", None, ErrorKind.CONFLICT, "checksum"),  # must produce the same state
+        (1, "full", "wrong", None, ErrorKind.CONFLICT, "checksum"),
+        (2, "delta", None, 1, ErrorKind.CONFLICT, "version"),  # same kind again: versions are immutable
     ]:
         with pytest.raises(StoreError) as err:
             store.begin_upload(version, kind, checksum or store.manifest(version).checksum, base_version=base)
-        assert (err.value.status, err.value.field) == (status, field), (version, kind)
+        assert (err.value.kind, err.value.field) == (refused, field), (version, kind)
     _put_version(store, states, 2, "full")
     with pytest.raises(StoreError) as err:  # it already holds both kinds
         store.begin_upload(2, "full", store.manifest(2).checksum)
-    assert (err.value.status, err.value.field) == (409, "version")
+    assert (err.value.kind, err.value.field) == (ErrorKind.CONFLICT, "version")
     assert store.versions() == [0, 1, 2]
 
 

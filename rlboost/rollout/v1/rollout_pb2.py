@@ -24,15 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n rlboost/rollout/v1/rollout.proto\x12\x12rlboost.rollout.v1\"\x81\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\"\xa4\x02\n\rWorkerMessage\x12\x30\n\x08register\x18\x01 \x01(\x0b\x32\x1c.rlboost.rollout.v1.RegisterH\x00\x12\x30\n\x06\x63hunks\x18\x02 \x01(\x0b\x32\x1e.rlboost.rollout.v1.ChunkBatchH\x00\x12\x32\n\theartbeat\x18\x03 \x01(\x0b\x32\x1d.rlboost.rollout.v1.HeartbeatH\x00\x12\x30\n\x05\x64rain\x18\x04 \x01(\x0b\x32\x1f.rlboost.rollout.v1.DrainNoticeH\x00\x12\x41\n\x0eweight_version\x18\x05 \x01(\x0b\x32\'.rlboost.rollout.v1.WeightVersionReportH\x00\x42\x06\n\x04\x62ody\"\x8d\x01\n\x08Register\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12&\n\x04pool\x18\x02 \x01(\x0e\x32\x18.rlboost.rollout.v1.Pool\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\x05\x12\x16\n\x0eweight_version\x18\x05 \x01(\x03\x12\x0e\n\x06\x65ngine\x18\x06 \x01(\t\"\x93\x01\n\nTokenChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0blease_epoch\x18\x02 \x01(\x03\x12\x0e\n\x06offset\x18\x03 \x01(\x05\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12\x10\n\x08logprobs\x18\x05 \x03(\x02\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12\x15\n\rfinish_reason\x18\x07 \x01(\t\"<\n\nChunkBatch\x12.\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1e.rlboost.rollout.v1.TokenChunk\"D\n\tHeartbeat\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x0f\n\x07running\x18\x02 \x01(\x05\x12\x0e\n\x06paused\x18\x03 \x01(\x08\"2\n\x0b\x44rainNotice\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x02 \x01(\x05\"?\n\x13WeightVersionReport\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\"\xa6\x02\n\x0eManagerMessage\x12\x34\n\nregistered\x18\x01 \x01(\x0b\x32\x1e.rlboost.rollout.v1.RegisteredH\x00\x12\x31\n\x06\x61ssign\x18\x02 \x01(\x0b\x32\x1f.rlboost.rollout.v1.AssignBatchH\x00\x12,\n\x06revoke\x18\x03 \x01(\x0b\x32\x1a.rlboost.rollout.v1.RevokeH\x00\x12\x31\n\x05\x64rain\x18\x04 \x01(\x0b\x32 .rlboost.rollout.v1.DrainCommandH\x00\x12\x42\n\x12set_weight_version\x18\x05 \x01(\x0b\x32$.rlboost.rollout.v1.SetWeightVersionH\x00\x42\x06\n\x04\x62ody\"u\n\nRegistered\x12\x1d\n\x15heartbeat_interval_ms\x18\x01 \x01(\x05\x12\x18\n\x10lease_timeout_ms\x18\x02 \x01(\x05\x12\x18\n\x10\x63hunk_max_tokens\x18\x03 \x01(\x05\x12\x14\n\x0c\x63hunk_max_ms\x18\x04 \x01(\x05\"\xaa\x01\n\nAssignment\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0blease_epoch\x18\x02 \x01(\x03\x12\x11\n\tinput_ids\x18\x03 \x03(\x05\x12\x12\n\nprompt_len\x18\x04 \x01(\x05\x12\x34\n\x08sampling\x18\x05 \x01(\x0b\x32\".rlboost.rollout.v1.SamplingParams\x12\x16\n\x0eweight_version\x18\x06 \x01(\x03\"B\n\x0b\x41ssignBatch\x12\x33\n\x0b\x61ssignments\x18\x01 \x03(\x0b\x32\x1e.rlboost.rollout.v1.Assignment\"-\n\x06Revoke\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1e\n\x0c\x44rainCommand\x12\x0e\n\x06reason\x18\x01 \x01(\t\"*\n\x10SetWeightVersion\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\"1\n\x06Prompt\x12\x14\n\x0cprompt_index\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\"\xad\x01\n\x0eRolloutRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12+\n\x07prompts\x18\x03 \x03(\x0b\x32\x1a.rlboost.rollout.v1.Prompt\x12\x12\n\ngroup_size\x18\x04 \x01(\x05\x12\x34\n\x08sampling\x18\x05 \x01(\x0b\x32\".rlboost.rollout.v1.SamplingParams\"\xd6\x01\n\nTrajectory\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x14\n\x0cprompt_index\x18\x03 \x01(\x05\x12\x14\n\x0csample_index\x18\x04 \x01(\x05\x12\x12\n\nprompt_ids\x18\x05 \x03(\x05\x12\x14\n\x0cresponse_ids\x18\x06 \x03(\x05\x12\x10\n\x08logprobs\x18\x07 \x03(\x02\x12\x15\n\rfinish_reason\x18\x08 \x01(\t\x12\x16\n\x0eweight_version\x18\t \x01(\x03\x12\x0f\n\x07workers\x18\n \x03(\t\"G\n\x0fTrajectoryBatch\x12\x34\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x1e.rlboost.rollout.v1.Trajectory\"\x0f\n\rStatusRequest\"\xe7\x01\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12&\n\x04pool\x18\x02 \x01(\x0e\x32\x18.rlboost.rollout.v1.Pool\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x10\n\x08\x63\x61pacity\x18\x06 \x01(\x05\x12\x18\n\x10tokens_generated\x18\x07 \x01(\x03\x12\x10\n\x08\x64raining\x18\x08 \x01(\x08\x12\x0e\n\x06paused\x18\t \x01(\x08\x12\x17\n\x0finflight_tokens\x18\n \x01(\x03\"\xa1\x01\n\x0bStatusReply\x12\x31\n\x07workers\x18\x01 \x03(\x0b\x32 .rlboost.rollout.v1.WorkerStatus\x12\x0f\n\x07pending\x18\x02 \x01(\x05\x12\x0f\n\x07running\x18\x03 \x01(\x05\x12\x10\n\x08\x66inished\x18\x04 \x01(\x03\x12\x12\n\nmigrations\x18\x05 \x01(\x03\x12\x17\n\x0ftokens_received\x18\x06 \x01(\x03*>\n\x04Pool\x12\x14\n\x10POOL_UNSPECIFIED\x10\x00\x12\x11\n\rPOOL_RESERVED\x10\x01\x12\r\n\tPOOL_SPOT\x10\x02\x32\x8d\x02\n\x0eRolloutManager\x12T\n\x07\x43onnect\x12!.rlboost.rollout.v1.WorkerMessage\x1a\".rlboost.rollout.v1.ManagerMessage(\x01\x30\x01\x12T\n\x07Rollout\x12\".rlboost.rollout.v1.RolloutRequest\x1a#.rlboost.rollout.v1.TrajectoryBatch0\x01\x12O\n\tGetStatus\x12!.rlboost.rollout.v1.StatusRequest\x1a\x1f.rlboost.rollout.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n rlboost/rollout/v1/rollout.proto\x12\x12rlboost.rollout.v1\"\x81\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\"\xa4\x02\n\rWorkerMessage\x12\x30\n\x08register\x18\x01 \x01(\x0b\x32\x1c.rlboost.rollout.v1.RegisterH\x00\x12\x30\n\x06\x63hunks\x18\x02 \x01(\x0b\x32\x1e.rlboost.rollout.v1.ChunkBatchH\x00\x12\x32\n\theartbeat\x18\x03 \x01(\x0b\x32\x1d.rlboost.rollout.v1.HeartbeatH\x00\x12\x30\n\x05\x64rain\x18\x04 \x01(\x0b\x32\x1f.rlboost.rollout.v1.DrainNoticeH\x00\x12\x41\n\x0eweight_version\x18\x05 \x01(\x0b\x32\'.rlboost.rollout.v1.WeightVersionReportH\x00\x42\x06\n\x04\x62ody\"\x8d\x01\n\x08Register\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12&\n\x04pool\x18\x02 \x01(\x0e\x32\x18.rlboost.rollout.v1.Pool\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\x05\x12\x16\n\x0eweight_version\x18\x05 \x01(\x03\x12\x0e\n\x06\x65ngine\x18\x06 \x01(\t\"\x93\x01\n\nTokenChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0blease_epoch\x18\x02 \x01(\x03\x12\x0e\n\x06offset\x18\x03 \x01(\x05\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12\x10\n\x08logprobs\x18\x05 \x03(\x02\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12\x15\n\rfinish_reason\x18\x07 \x01(\t\"<\n\nChunkBatch\x12.\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1e.rlboost.rollout.v1.TokenChunk\"M\n\tHeartbeat\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x0f\n\x07running\x18\x02 \x01(\x05\x12\x17\n\x0fmemory_released\x18\x03 \x01(\x08\"2\n\x0b\x44rainNotice\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x02 \x01(\x05\"?\n\x13WeightVersionReport\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\"\xa6\x02\n\x0eManagerMessage\x12\x34\n\nregistered\x18\x01 \x01(\x0b\x32\x1e.rlboost.rollout.v1.RegisteredH\x00\x12\x31\n\x06\x61ssign\x18\x02 \x01(\x0b\x32\x1f.rlboost.rollout.v1.AssignBatchH\x00\x12,\n\x06revoke\x18\x03 \x01(\x0b\x32\x1a.rlboost.rollout.v1.RevokeH\x00\x12\x31\n\x05\x64rain\x18\x04 \x01(\x0b\x32 .rlboost.rollout.v1.DrainCommandH\x00\x12\x42\n\x12set_weight_version\x18\x05 \x01(\x0b\x32$.rlboost.rollout.v1.SetWeightVersionH\x00\x42\x06\n\x04\x62ody\"u\n\nRegistered\x12\x1d\n\x15heartbeat_interval_ms\x18\x01 \x01(\x05\x12\x18\n\x10lease_timeout_ms\x18\x02 \x01(\x05\x12\x18\n\x10\x63hunk_max_tokens\x18\x03 \x01(\x05\x12\x14\n\x0c\x63hunk_max_ms\x18\x04 \x01(\x05\"\xaa\x01\n\nAssignment\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0blease_epoch\x18\x02 \x01(\x03\x12\x11\n\tinput_ids\x18\x03 \x03(\x05\x12\x12\n\nprompt_len\x18\x04 \x01(\x05\x12\x34\n\x08sampling\x18\x05 \x01(\x0b\x32\".rlboost.rollout.v1.SamplingParams\x12\x16\n\x0eweight_version\x18\x06 \x01(\x03\"B\n\x0b\x41ssignBatch\x12\x33\n\x0b\x61ssignments\x18\x01 \x03(\x0b\x32\x1e.rlboost.rollout.v1.Assignment\"-\n\x06Revoke\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1e\n\x0c\x44rainCommand\x12\x0e\n\x06reason\x18\x01 \x01(\t\"*\n\x10SetWeightVersion\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\"1\n\x06Prompt\x12\x14\n\x0cprompt_index\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\"\xad\x01\n\x0eRolloutRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12+\n\x07prompts\x18\x03 \x03(\x0b\x32\x1a.rlboost.rollout.v1.Prompt\x12\x12\n\ngroup_size\x18\x04 \x01(\x05\x12\x34\n\x08sampling\x18\x05 \x01(\x0b\x32\".rlboost.rollout.v1.SamplingParams\"\xd6\x01\n\nTrajectory\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x14\n\x0cprompt_index\x18\x03 \x01(\x05\x12\x14\n\x0csample_index\x18\x04 \x01(\x05\x12\x12\n\nprompt_ids\x18\x05 \x03(\x05\x12\x14\n\x0cresponse_ids\x18\x06 \x03(\x05\x12\x10\n\x08logprobs\x18\x07 \x03(\x02\x12\x15\n\rfinish_reason\x18\x08 \x01(\t\x12\x16\n\x0eweight_version\x18\t \x01(\x03\x12\x0f\n\x07workers\x18\n \x03(\t\"G\n\x0fTrajectoryBatch\x12\x34\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x1e.rlboost.rollout.v1.Trajectory\"\x0f\n\rStatusRequest\"\xf0\x01\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12&\n\x04pool\x18\x02 \x01(\x0e\x32\x18.rlboost.rollout.v1.Pool\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x10\n\x08\x63\x61pacity\x18\x06 \x01(\x05\x12\x18\n\x10tokens_generated\x18\x07 \x01(\x03\x12\x10\n\x08\x64raining\x18\x08 \x01(\x08\x12\x17\n\x0fmemory_released\x18\t \x01(\x08\x12\x17\n\x0finflight_tokens\x18\n \x01(\x03\"\xe4\x02\n\x0bStatusReply\x12\x31\n\x07workers\x18\x01 \x03(\x0b\x32 .rlboost.rollout.v1.WorkerStatus\x12\x0f\n\x07pending\x18\x02 \x01(\x05\x12\x0f\n\x07running\x18\x03 \x01(\x05\x12\x10\n\x08\x66inished\x18\x04 \x01(\x03\x12\x12\n\nmigrations\x18\x05 \x01(\x03\x12\x17\n\x0ftokens_received\x18\x06 \x01(\x03\x12\x13\n\x0btokens_lost\x18\x07 \x01(\x03\x12\x1a\n\x12tokens_regenerated\x18\x08 \x01(\x03\x12U\n\x14migrations_by_reason\x18\t \x03(\x0b\x32\x37.rlboost.rollout.v1.StatusReply.MigrationsByReasonEntry\x1a\x39\n\x17MigrationsByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01*>\n\x04Pool\x12\x14\n\x10POOL_UNSPECIFIED\x10\x00\x12\x11\n\rPOOL_RESERVED\x10\x01\x12\r\n\tPOOL_SPOT\x10\x02\x32\x8d\x02\n\x0eRolloutManager\x12T\n\x07\x43onnect\x12!.rlboost.rollout.v1.WorkerMessage\x1a\".rlboost.rollout.v1.ManagerMessage(\x01\x30\x01\x12T\n\x07Rollout\x12\".rlboost.rollout.v1.RolloutRequest\x1a#.rlboost.rollout.v1.TrajectoryBatch0\x01\x12O\n\tGetStatus\x12!.rlboost.rollout.v1.StatusRequest\x1a\x1f.rlboost.rollout.v1.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlboost.rollout.v1.rollout_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_POOL']._serialized_start=2738
-  _globals['_POOL']._serialized_end=2800
+  _globals['_STATUSREPLY_MIGRATIONSBYREASONENTRY']._loaded_options = None
+  _globals['_STATUSREPLY_MIGRATIONSBYREASONENTRY']._serialized_options = b'8\001'
+  _globals['_POOL']._serialized_start=2951
+  _globals['_POOL']._serialized_end=3013
   _globals['_SAMPLINGPARAMS']._serialized_start=57
   _globals['_SAMPLINGPARAMS']._serialized_end=186
   _globals['_WORKERMESSAGE']._serialized_start=189
@@ -44,39 +46,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHUNKBATCH']._serialized_start=777
   _globals['_CHUNKBATCH']._serialized_end=837
   _globals['_HEARTBEAT']._serialized_start=839
-  _globals['_HEARTBEAT']._serialized_end=907
-  _globals['_DRAINNOTICE']._serialized_start=909
-  _globals['_DRAINNOTICE']._serialized_end=959
-  _globals['_WEIGHTVERSIONREPORT']._serialized_start=961
-  _globals['_WEIGHTVERSIONREPORT']._serialized_end=1024
-  _globals['_MANAGERMESSAGE']._serialized_start=1027
-  _globals['_MANAGERMESSAGE']._serialized_end=1321
-  _globals['_REGISTERED']._serialized_start=1323
-  _globals['_REGISTERED']._serialized_end=1440
-  _globals['_ASSIGNMENT']._serialized_start=1443
-  _globals['_ASSIGNMENT']._serialized_end=1613
-  _globals['_ASSIGNBATCH']._serialized_start=1615
-  _globals['_ASSIGNBATCH']._serialized_end=1681
-  _globals['_REVOKE']._serialized_start=1683
-  _globals['_REVOKE']._serialized_end=1728
-  _globals['_DRAINCOMMAND']._serialized_start=1730
-  _globals['_DRAINCOMMAND']._serialized_end=1760
-  _globals['_SETWEIGHTVERSION']._serialized_start=1762
-  _globals['_SETWEIGHTVERSION']._serialized_end=1804
-  _globals['_PROMPT']._serialized_start=1806
-  _globals['_PROMPT']._serialized_end=1855
-  _globals['_ROLLOUTREQUEST']._serialized_start=1858
-  _globals['_ROLLOUTREQUEST']._serialized_end=2031
-  _globals['_TRAJECTORY']._serialized_start=2034
-  _globals['_TRAJECTORY']._serialized_end=2248
-  _globals['_TRAJECTORYBATCH']._serialized_start=2250
-  _globals['_TRAJECTORYBATCH']._serialized_end=2321
-  _globals['_STATUSREQUEST']._serialized_start=2323
-  _globals['_STATUSREQUEST']._serialized_end=2338
-  _globals['_WORKERSTATUS']._serialized_start=2341
-  _globals['_WORKERSTATUS']._serialized_end=2572
-  _globals['_STATUSREPLY']._serialized_start=2575
-  _globals['_STATUSREPLY']._serialized_end=2736
-  _globals['_ROLLOUTMANAGER']._serialized_start=2803
-  _globals['_ROLLOUTMANAGER']._serialized_end=3072
+  _globals['_HEARTBEAT']._serialized_end=916
+  _globals['_DRAINNOTICE']._serialized_start=918
+  _globals['_DRAINNOTICE']._serialized_end=968
+  _globals['_WEIGHTVERSIONREPORT']._serialized_start=970
+  _globals['_WEIGHTVERSIONREPORT']._serialized_end=1033
+  _globals['_MANAGERMESSAGE']._serialized_start=1036
+  _globals['_MANAGERMESSAGE']._serialized_end=1330
+  _globals['_REGISTERED']._serialized_start=1332
+  _globals['_REGISTERED']._serialized_end=1449
+  _globals['_ASSIGNMENT']._serialized_start=1452
+  _globals['_ASSIGNMENT']._serialized_end=1622
+  _globals['_ASSIGNBATCH']._serialized_start=1624
+  _globals['_ASSIGNBATCH']._serialized_end=1690
+  _globals['_REVOKE']._serialized_start=1692
+  _globals['_REVOKE']._serialized_end=1737
+  _globals['_DRAINCOMMAND']._serialized_start=1739
+  _globals['_DRAINCOMMAND']._serialized_end=1769
+  _globals['_SETWEIGHTVERSION']._serialized_start=1771
+  _globals['_SETWEIGHTVERSION']._serialized_end=1813
+  _globals['_PROMPT']._serialized_start=1815
+  _globals['_PROMPT']._serialized_end=1864
+  _globals['_ROLLOUTREQUEST']._serialized_start=1867
+  _globals['_ROLLOUTREQUEST']._serialized_end=2040
+  _globals['_TRAJECTORY']._serialized_start=2043
+  _globals['_TRAJECTORY']._serialized_end=2257
+  _globals['_TRAJECTORYBATCH']._serialized_start=2259
+  _globals['_TRAJECTORYBATCH']._serialized_end=2330
+  _globals['_STATUSREQUEST']._serialized_start=2332
+  _globals['_STATUSREQUEST']._serialized_end=2347
+  _globals['_WORKERSTATUS']._serialized_start=2350
+  _globals['_WORKERSTATUS']._serialized_end=2590
+  _globals['_STATUSREPLY']._serialized_start=2593
+  _globals['_STATUSREPLY']._serialized_end=2949
+  _globals['_STATUSREPLY_MIGRATIONSBYREASONENTRY']._serialized_start=2892
+  _globals['_STATUSREPLY_MIGRATIONSBYREASONENTRY']._serialized_end=2949
+  _globals['_ROLLOUTMANAGER']._serialized_start=3016
+  _globals['_ROLLOUTMANAGER']._serialized_end=3285
 # @@protoc_insertion_point(module_scope)

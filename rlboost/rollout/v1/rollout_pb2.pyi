@@ -87,14 +87,14 @@ class ChunkBatch(_message.Message):
     def __init__(self, chunks: _Optional[_Iterable[_Union[TokenChunk, _Mapping]]] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("weight_version", "running", "paused")
+    __slots__ = ("weight_version", "running", "memory_released")
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
-    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_RELEASED_FIELD_NUMBER: _ClassVar[int]
     weight_version: int
     running: int
-    paused: bool
-    def __init__(self, weight_version: _Optional[int] = ..., running: _Optional[int] = ..., paused: _Optional[bool] = ...) -> None: ...
+    memory_released: bool
+    def __init__(self, weight_version: _Optional[int] = ..., running: _Optional[int] = ..., memory_released: _Optional[bool] = ...) -> None: ...
 
 class DrainNotice(_message.Message):
     __slots__ = ("reason", "deadline_ms")
@@ -237,7 +237,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "pool", "node", "weight_version", "running", "capacity", "tokens_generated", "draining", "paused", "inflight_tokens")
+    __slots__ = ("worker_id", "pool", "node", "weight_version", "running", "capacity", "tokens_generated", "draining", "memory_released", "inflight_tokens")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -246,7 +246,7 @@ class WorkerStatus(_message.Message):
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
-    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_RELEASED_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     pool: Pool
@@ -256,22 +256,35 @@ class WorkerStatus(_message.Message):
     capacity: int
     tokens_generated: int
     draining: bool
-    paused: bool
+    memory_released: bool
     inflight_tokens: int
-    def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., node: _Optional[str] = ..., weight_version: _Optional[int] = ..., running: _Optional[int] = ..., capacity: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., draining: _Optional[bool] = ..., paused: _Optional[bool] = ..., inflight_tokens: _Optional[int] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., node: _Optional[str] = ..., weight_version: _Optional[int] = ..., running: _Optional[int] = ..., capacity: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., draining: _Optional[bool] = ..., memory_released: _Optional[bool] = ..., inflight_tokens: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("workers", "pending", "running", "finished", "migrations", "tokens_received")
+    __slots__ = ("workers", "pending", "running", "finished", "migrations", "tokens_received", "tokens_lost", "tokens_regenerated", "migrations_by_reason")
+    class MigrationsByReasonEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_LOST_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_REGENERATED_FIELD_NUMBER: _ClassVar[int]
+    MIGRATIONS_BY_REASON_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     pending: int
     running: int
     finished: int
     migrations: int
     tokens_received: int
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., pending: _Optional[int] = ..., running: _Optional[int] = ..., finished: _Optional[int] = ..., migrations: _Optional[int] = ..., tokens_received: _Optional[int] = ...) -> None: ...
+    tokens_lost: int
+    tokens_regenerated: int
+    migrations_by_reason: _containers.ScalarMap[str, int]
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., pending: _Optional[int] = ..., running: _Optional[int] = ..., finished: _Optional[int] = ..., migrations: _Optional[int] = ..., tokens_received: _Optional[int] = ..., tokens_lost: _Optional[int] = ..., tokens_regenerated: _Optional[int] = ..., migrations_by_reason: _Optional[_Mapping[str, int]] = ...) -> None: ...

@@ -5,8 +5,10 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 WORKERS = Gauge("rlboost_manager_workers", "Connected rollout workers", ["pool"])
-WORKERS_PAUSED = Gauge(
-    "rlboost_manager_workers_paused", "Workers whose memory is released for training (colocation)", ["pool"]
+WORKERS_MEMORY_RELEASED = Gauge(
+    "rlboost_manager_workers_memory_released",
+    "Workers whose engine memory is released for training (colocation)",
+    ["pool"],
 )
 QUEUE_DEPTH = Gauge("rlboost_manager_requests", "Requests by state", ["state"])
 ASSIGNMENTS = Counter("rlboost_manager_assignments_total", "Assignments sent to workers (first and migrated)")

@@ -1,7 +1,7 @@
 """The rollout-manager's gRPC edge (grpc.aio): worker streams, the trainer's Rollout, GetStatus.
 
 Converts protobuf <-> domain types with rlboost.wire.rollout_proto and drives the pure
-`ManagerState`. Everything runs in one asyncio loop: readers update the state, then wake the
+`ManagerState` and its `OffloadController` (offload.py), giving both the time. Everything runs in one asyncio loop: readers update the state, then wake the
 scheduler task, which places work and flushes batched commands to each worker's send queue.
 
     manager = RolloutManagerServer(spec.rollout)
@@ -21,14 +21,14 @@ from collections.abc import AsyncIterator
 import grpc
 
 from rlboost.policies.migration import MigrationReason
-from rlboost.policies.offload import OffloadWindow, StepMeasurements
+from rlboost.policies.offload import OffloadWindow
 from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.rollout.v1 import rollout_pb2_grpc as pb_grpc
 from rlboost.spec import RolloutSpec
 from rlboost.wire import rollout_proto as wire
-from rlboost.wire.rollout_io import Pool, Trajectory
+from rlboost.wire.rollout_io import Trajectory
 
-from . import metrics
+from .offload import OffloadController
 from .state import ManagerState, Outbox, StepError
 
 log = logging.getLogger(__name__)
@@ -60,17 +60,13 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         self.clock = clock
         self.state = ManagerState(lease_timeout_s=rollout.lease_timeout_ms / 1000)
         self.balance_interval_s = balance_interval_s
-        self.offload = offload  # None: no partial-response offload (reserved workers run to the end)
+        self.offload = OffloadController(self.state, offload)  # offload None: reserved workers run to the end
         self._conns: dict[str, _WorkerConn] = {}
         self._sinks: dict[int, asyncio.Queue[Trajectory | None]] = {}  # None: shutting down
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._server: grpc.aio.Server | None = None
         self._last_balance = 0.0
-        self._offloaded_at: float | None = None
-        self._spot_idle_s = 0.0
-        if offload is not None:
-            metrics.OFFLOAD_WINDOW.set(offload.window_s)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -123,7 +119,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
             if now - self._last_balance >= self.balance_interval_s:
                 self._last_balance = now
                 self.state.balance(now)
-            self._offload_tick(now, period)
+            self.offload.tick(now, period)
             self._run_policies()
 
     def _run_policies(self) -> None:
@@ -209,7 +205,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         if kind == "chunks":
             st.on_chunks(wid, [wire.chunk_from_pb(c) for c in msg.chunks.chunks], now)
         elif kind == "heartbeat":
-            st.on_heartbeat(wid, msg.heartbeat.weight_version, now, msg.heartbeat.paused)
+            st.on_heartbeat(wid, msg.heartbeat.weight_version, now, msg.heartbeat.memory_released)
         elif kind == "weight_version":
             st.on_weight_version(wid, msg.weight_version.weight_version, now)
         elif kind == "drain":
@@ -236,7 +232,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         # grpc.aio does not interrupt a handler blocked on our queue when the client cancels: wake it
         context.add_done_callback(lambda _: sink.put_nowait(None))
-        self._start_offload_window()
+        self.offload.start_step(self.clock())
         log.info("rollout step started", extra={"step": req.step, "requests": total, "version": req.weight_version})
         self.kick()
         delivered = 0
@@ -261,45 +257,9 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
                 log.info("rollout cancelled", extra={"step": req.step, "dropped": n})
                 self.kick()
             else:
-                self._end_offload_window()
+                self.offload.end_step(self.clock())
+                self.kick()  # the reserved pool takes work again
                 log.info("rollout step delivered", extra={"step": req.step, "trajectories": delivered})
-
-    # ---- adaptive offload (only with --offload-window) --------------------------------------------
-
-    def _start_offload_window(self) -> None:
-        if self.offload is None:
-            return
-        cap = self.state.capacity_by_pool()
-        self.offload.start_step(self.clock(), cap[Pool.SPOT], cap[Pool.RESERVED])
-        self.state.set_pool_paused(Pool.RESERVED, False)
-        self._offloaded_at = None
-        self._spot_idle_s = 0.0
-
-    def _offload_tick(self, now: float, period: float) -> None:
-        if self.offload is None:
-            return
-        spot_capacity = self.state.capacity_by_pool()[Pool.SPOT]
-        if Pool.RESERVED in self.state.paused_pools and spot_capacity == 0:
-            self.state.set_pool_paused(Pool.RESERVED, False)  # spot vanished: never strand work
-        if not self.offload.active:
-            return
-        if spot_capacity and self.state.pending == 0:  # spot slots free while nothing waits: offload could be sooner
-            self._spot_idle_s += period * self.state.idle_slots(Pool.SPOT) / spot_capacity
-        if self.offload.should_offload(now):
-            self._offloaded_at = now
-            self.state.set_pool_paused(Pool.RESERVED, True)
-            n = self.state.revoke_pool(Pool.RESERVED, MigrationReason.OFFLOAD, now)
-            log.info("offload window elapsed", extra={"window_s": self.offload.window_s, "revoked": n})
-
-    def _end_offload_window(self) -> None:
-        if self.offload is None:
-            return
-        # after the offload the reserved GPUs train, but the trainer waits for the rollout tail on spot
-        wait = self.clock() - self._offloaded_at if self._offloaded_at is not None else 0.0
-        window = self.offload.end_step(StepMeasurements(trainer_wait_s=wait, spot_idle_s=self._spot_idle_s))
-        metrics.OFFLOAD_WINDOW.set(window)
-        self.state.set_pool_paused(Pool.RESERVED, False)
-        self.kick()
 
     async def GetStatus(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:  # noqa: N802
         return wire.status_to_pb(self.state.status())

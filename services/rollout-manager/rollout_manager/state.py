@@ -87,7 +87,7 @@ class Worker:
     last_seen: float
     running: set[str] = field(default_factory=set)  # RUNNING and REVOKING requests it holds
     draining: bool = False
-    paused: bool = False  # memory released for training (colocation, from its heartbeat): kept, assigned nothing
+    memory_released: bool = False  # engine memory released for training (its heartbeat says): kept, assigned nothing
     expired: bool = False  # lease expired; eligible again once it speaks
     tokens_generated: int = 0
     requested_version: int = -1  # last SetWeightVersion sent
@@ -98,7 +98,7 @@ class Worker:
 
     @property
     def eligible(self) -> bool:
-        return not (self.draining or self.expired or self.paused)
+        return not (self.draining or self.expired or self.memory_released)
 
 
 @dataclass
@@ -127,11 +127,14 @@ class ManagerState:
         self._steps: dict[int, set[str]] = {}  # step -> ids not yet delivered
         self._outbox: dict[str, Outbox] = {}
         self._delivered: list[Trajectory] = []
-        self.paused_pools: set[Pool] = set()  # pools released for training (offload): no new work
+        self.offloaded_pools: set[Pool] = set()  # pools the offload window stopped (their GPUs train): no new work
         self.dirty = False
         self.finished = 0
         self.migrations = 0
+        self.migrations_by_reason: Counter[str] = Counter()
         self.tokens_received = 0
+        self.tokens_lost = 0  # received but not kept (offset gaps)
+        self.tokens_regenerated = 0  # received again for positions already held
         self._pool_tokens: Counter[str] = Counter()  # tokens received per pool (for the tokens/s gauge)
         self._rate_mark: tuple[float, Counter[str]] | None = None
 
@@ -174,13 +177,13 @@ class ManagerState:
         self.dirty = True
         return len(held)
 
-    def on_heartbeat(self, worker_id: str, weight_version: int, now: float, paused: bool = False) -> None:
+    def on_heartbeat(self, worker_id: str, weight_version: int, now: float, memory_released: bool = False) -> None:
         w = self._alive(worker_id, now)
         if w is not None:
             self._set_version(w, weight_version)
-            if w.paused != paused:
-                w.paused = paused
-                self.dirty = self.dirty or not paused  # a resumed worker's capacity is free again
+            if w.memory_released != memory_released:
+                w.memory_released = memory_released
+                self.dirty = self.dirty or not memory_released  # a resumed worker's capacity is free again
 
     def on_weight_version(self, worker_id: str, weight_version: int, now: float) -> None:
         w = self._alive(worker_id, now)
@@ -290,8 +293,11 @@ class ManagerState:
         aborted = c.finish_reason == "abort"
         if c.offset != len(req.tokens):
             if c.offset < len(req.tokens):  # positions we already hold were generated a second time
-                metrics.TOKENS_REGENERATED.inc(min(len(c.token_ids), len(req.tokens) - c.offset))
+                regenerated = min(len(c.token_ids), len(req.tokens) - c.offset)
+                self.tokens_regenerated += regenerated
+                metrics.TOKENS_REGENERATED.inc(regenerated)
             metrics.REJECTED_CHUNKS.labels("offset").inc()
+            self.tokens_lost += len(c.token_ids)
             metrics.TOKENS_LOST.inc(len(c.token_ids))
             log.warning("chunk offset gap", extra={"request_id": req.id, "offset": c.offset, "held": len(req.tokens)})
             if c.finished or aborted:
@@ -350,6 +356,7 @@ class ManagerState:
         if req.worker is not None:
             self._release(req)
         self.migrations += 1
+        self.migrations_by_reason[reason.value] += 1
         metrics.MIGRATIONS.labels(reason.value).inc()
         done = finish_reason_if_done(req.tokens, req.sampling)
         if done is not None:
@@ -492,14 +499,14 @@ class ManagerState:
         return made
 
     def _schedulable(self, w: Worker) -> bool:
-        return w.eligible and w.reg.pool not in self.paused_pools
+        return w.eligible and w.reg.pool not in self.offloaded_pools
 
-    def set_pool_paused(self, pool: Pool, paused: bool) -> None:
-        """Stop (or resume) giving a pool new work, e.g. reserved workers after the offload window."""
-        if paused:
-            self.paused_pools.add(pool)
+    def set_pool_offloaded(self, pool: Pool, offloaded: bool) -> None:
+        """Stop (or resume) giving a pool new work: reserved workers once the offload window elapsed."""
+        if offloaded:
+            self.offloaded_pools.add(pool)
         else:
-            self.paused_pools.discard(pool)
+            self.offloaded_pools.discard(pool)
         self.dirty = True
 
     def idle_slots(self, pool: Pool) -> int:
@@ -555,7 +562,7 @@ class ManagerState:
                 tokens_generated=w.tokens_generated,
                 inflight_tokens=self._inflight_tokens(w),
                 draining=w.draining,
-                paused=w.paused,
+                memory_released=w.memory_released,
             )
             for w in self.workers.values()
         ]
@@ -566,6 +573,9 @@ class ManagerState:
             finished=self.finished,
             migrations=self.migrations,
             tokens_received=self.tokens_received,
+            tokens_lost=self.tokens_lost,
+            tokens_regenerated=self.tokens_regenerated,
+            migrations_by_reason=dict(self.migrations_by_reason),
         )
 
     def _inflight_tokens(self, w: Worker) -> int:
@@ -582,9 +592,9 @@ class ManagerState:
                     metrics.TOKENS_PER_S.labels(pool.value).set(rate)
             self._rate_mark = (now, Counter(self._pool_tokens))
         pools = Counter(w.reg.pool.value for w in self.workers.values())
-        paused = Counter(w.reg.pool.value for w in self.workers.values() if w.paused)
+        released = Counter(w.reg.pool.value for w in self.workers.values() if w.memory_released)
         for pool in Pool:
             metrics.WORKERS.labels(pool.value).set(pools.get(pool.value, 0))
-            metrics.WORKERS_PAUSED.labels(pool.value).set(paused.get(pool.value, 0))
+            metrics.WORKERS_MEMORY_RELEASED.labels(pool.value).set(released.get(pool.value, 0))
         metrics.QUEUE_DEPTH.labels("pending").set(self.pending)
         metrics.QUEUE_DEPTH.labels("running").set(self.running)

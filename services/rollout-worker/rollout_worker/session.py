@@ -13,7 +13,7 @@ send a DrainNotice (SIGTERM only), abort running requests, flush every token, cl
 that breaks aborts the running requests (the manager requeues them) and reconnects with backoff.
 
 Colocation (`trainer.colocateReserved`, reserved workers): release() stops taking work (assignments that
-arrive are held), aborts whatever still runs (the manager requeues it; normally nothing, the step's batch
+arrive are held; every heartbeat says `memory_released` from then on, read from the engine), aborts whatever still runs (the manager requeues it; normally nothing, the step's batch
 is complete), waits for any weight update in flight and frees the engine's memory; weight versions announced
 meanwhile are remembered. resume() takes the memory back, then syncs to the newest announced version and
 starts the held assignments (each once the engine holds its version). The manager places work only on
@@ -104,7 +104,6 @@ class WorkerSession:
         self._tokens_total = 0
         self._held_while_released: list[Assignment] = []  # assignments that arrived while the memory was released
         self._deferred_version = 0  # newest version announced while released: synced on resume
-        self.paused = False  # released for training (colocation), as told to the manager in every heartbeat
         self._memory_lock = asyncio.Lock()
 
     # ---- public ------------------------------------------------------------------------------
@@ -148,7 +147,7 @@ class WorkerSession:
         """Colocation: stop taking work and free the engine's memory while the trainer trains step `step`."""
         async with self._memory_lock:
             link = self.link
-            self.paused = True  # announced before the aborts, so their requests do not come straight back here
+            self.engine.hold_for_release()  # announced before the aborts, so their requests do not come straight back here
             self._send_heartbeat(link)
             try:
                 if link is not None and link.tasks:
@@ -157,8 +156,8 @@ class WorkerSession:
                 async with self._update_lock:  # a weight update in flight finishes first
                     report = await self.engine.release_memory()
             except BaseException:
-                self.paused = self.engine.memory_released
-                self._send_heartbeat(self.link)
+                await self.engine.resume_memory()  # not released after all: a no-op that takes work again
+                self._take_work_again()
                 raise
             _record(report)
             log.info("engine memory released for training", extra={"step": step, **_fields(report)})
@@ -168,18 +167,21 @@ class WorkerSession:
         """Colocation: take the memory back, sync to the newest announced version, start held assignments."""
         async with self._memory_lock:
             report = await self.engine.resume_memory()
-            self.paused = False
-            self._send_heartbeat(self.link)  # capacity again, without waiting a heartbeat period
             _record(report)
             log.info("engine memory resumed after training", extra={"step": step, **_fields(report)})
-            version, self._deferred_version = self._deferred_version, 0
-            self.schedule_update(version)
-            paused, self._held_while_released = self._held_while_released, []
-            link = self.link
-            if link is not None:
-                for a in paused:
-                    self._assign(link, a)
+            self._take_work_again()
             return report
+
+    def _take_work_again(self) -> None:
+        """After a resume (or a release that failed): say so, sync to the newest version, start the work held."""
+        self._send_heartbeat(self.link)  # capacity again, without waiting a heartbeat period
+        version, self._deferred_version = self._deferred_version, 0
+        self.schedule_update(version)
+        held, self._held_while_released = self._held_while_released, []
+        link = self.link
+        if link is not None:
+            for a in held:
+                self._assign(link, a)
 
     # ---- one connection ----------------------------------------------------------------------
 
@@ -369,10 +371,10 @@ class WorkerSession:
             last_t, last_tokens = now, self._tokens_total
 
     def _send_heartbeat(self, link: _Link | None) -> None:
-        """Version, load and whether the memory is released: the manager assigns a paused worker nothing."""
+        """Version, load and whether the engine's memory is released: the manager assigns a released worker nothing."""
         if link is not None:
             e = self.engine
-            beat = pb.Heartbeat(weight_version=e.weight_version, running=e.running, paused=self.paused)
+            beat = pb.Heartbeat(weight_version=e.weight_version, running=e.running, memory_released=e.memory_released)
             link.outbox.put_nowait(pb.WorkerMessage(heartbeat=beat))
 
     # ---- drain and weights -------------------------------------------------------------------

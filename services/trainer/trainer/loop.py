@@ -33,7 +33,7 @@ import json
 import logging
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,39 +67,6 @@ class TrainerOptions:
     colocation_timeout_s: float = 120.0  # wait this long for the colocated workers' release / resume acks
     checkpoint_dir: Path | None = None  # None: no checkpoints
     resume: bool = False  # continue from the newest valid checkpoint in checkpoint_dir
-
-
-@dataclass
-class StepRecord:
-    """Everything known about one step; a line of run_dir/steps.jsonl."""
-
-    step: int
-    weight_version: int
-    weights_checksum: str
-    reward_mean: float
-    reward_std: float
-    loss: float
-    grad_norm: float
-    learning_rate: float
-    tokens: int
-    trajectories: int
-    rollout_seconds: float
-    train_seconds: float
-    sync_seconds: float
-    train_compute_seconds: float
-    first_trajectory_seconds: float
-    clip_fraction: float
-    logprob_abs_diff: float
-    off_policy: int  # skipped: generated more than maxStaleness versions behind
-    stale: int = 0  # accepted within maxStaleness, importance-corrected
-    kl: float = 0.0  # mean k3 KL to the reference per response token (0 without klCoef)
-    entropy: float = 0.0  # mean policy entropy per response token
-    trainer_idle_seconds: float = 0.0
-    ranks: int = 1
-    colocation_released: int = 0  # colocated workers that acked the release (trainer.colocateReserved)
-    colocation_resumed: int = 0  # ... and the resume
-    colocation_wait_seconds: float = 0.0  # time waiting for the release acks
-    finish_reasons: dict[str, int] = field(default_factory=dict)
 
 
 class StepContext:
@@ -350,7 +317,7 @@ class Trainer:
             return True, 1.0
         return False, 0.0
 
-    async def _step(self, step: int, rc: RolloutClient, publisher: WeightPublisher) -> StepRecord:
+    async def _step(self, step: int, rc: RolloutClient, publisher: WeightPublisher) -> StepReport:
         alg = self.spec.algorithm
         request, examples = self._request(step)
         ctx = StepContext(step, examples, [p.token_ids for p in request.prompts])
@@ -412,7 +379,7 @@ class Trainer:
         samples = assembler.samples()
         rewards = [s.reward for s in samples]
         n_tok = stats.tokens
-        record = StepRecord(
+        record = StepReport(
             step=step, weight_version=published.version, weights_checksum=published.checksum,
             reward_mean=statistics.fmean(rewards), reward_std=statistics.pstdev(rewards),
             loss=loss, grad_norm=result.grad_norm, learning_rate=result.learning_rate,
@@ -494,10 +461,11 @@ class Trainer:
         with self.opts.dump_rollouts.open("a") as f:
             f.write(json.dumps(line) + "\n")
 
-    async def _report(self, r: StepRecord) -> None:
+    async def _report(self, r: StepReport) -> None:
+        """The step's one record: a line of steps.jsonl, the step gauges, the log, the `steps` event."""
         with (self.opts.run_dir / "steps.jsonl").open("a") as f:
-            f.write(json.dumps(asdict(r)) + "\n")
-        _set_metrics(r)
+            f.write(r.model_dump_json() + "\n")
+        metrics.export_step(r)
         log.info(
             "step done",
             extra={"step": r.step, "reward_mean": round(r.reward_mean, 4), "loss": round(r.loss, 5),
@@ -505,41 +473,10 @@ class Trainer:
                    "rollout_s": round(r.rollout_seconds, 3), "train_s": round(r.train_seconds, 3),
                    "sync_s": round(r.sync_seconds, 3)},
         )  # fmt: skip
-        report = StepReport(
-            step=r.step, reward_mean=r.reward_mean, reward_std=r.reward_std, tokens=r.tokens,
-            rollout_seconds=r.rollout_seconds, train_seconds=r.train_seconds, sync_seconds=r.sync_seconds,
-            weight_version=r.weight_version, weights_checksum=r.weights_checksum, loss=r.loss,
-            grad_norm=r.grad_norm, learning_rate=r.learning_rate, kl=r.kl, entropy=r.entropy,
-            train_compute_seconds=r.train_compute_seconds, trainer_idle_seconds=r.trainer_idle_seconds,
-            off_policy=r.off_policy, stale=r.stale, ranks=r.ranks,
-            colocation_released=r.colocation_released, colocation_resumed=r.colocation_resumed,
-            colocation_wait_seconds=r.colocation_wait_seconds,
-        )  # fmt: skip
-        await self._publish_event("steps", report)
+        await self._publish_event("steps", r)
 
 
-def _set_metrics(r: StepRecord) -> None:
-    metrics.STEP.set(r.step + 1)
-    metrics.WEIGHT_VERSION.set(r.weight_version)
-    metrics.REWARD_MEAN.set(r.reward_mean)
-    metrics.REWARD_STD.set(r.reward_std)
-    metrics.LOSS.set(r.loss)
-    metrics.GRAD_NORM.set(r.grad_norm)
-    metrics.LEARNING_RATE.set(r.learning_rate)
-    metrics.CLIP_FRACTION.set(r.clip_fraction)
-    metrics.LOGP_DIFF.set(r.logprob_abs_diff)
-    metrics.KL.set(r.kl)
-    metrics.ENTROPY.set(r.entropy)
-    metrics.IDLE_SECONDS.set(r.trainer_idle_seconds)
-    metrics.COMPUTE_SECONDS.set(r.train_compute_seconds)
-    metrics.TOKENS.inc(r.tokens)
-    wall = r.rollout_seconds + r.train_seconds + r.sync_seconds
-    metrics.TOKENS_PER_SECOND.set(r.tokens / wall if wall > 0 else 0.0)
-    for phase, s in (("rollout", r.rollout_seconds), ("train", r.train_seconds), ("sync", r.sync_seconds)):
-        metrics.STEP_SECONDS.labels(phase).set(s)
-
-
-def _with_colocation(record: StepRecord, released: Any, resumed: Any) -> StepRecord:
+def _with_colocation(record: StepReport, released: Any, resumed: Any) -> StepReport:
     """Fill the record's colocation fields from the step's release / resume results (None: not colocated)."""
     if released is not None:
         record.colocation_released, record.colocation_wait_seconds = released.acked, released.wait_seconds

@@ -4,26 +4,21 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from rlboost.wire.events import StepReport, step_gauges
+
+# Every gauge-declared StepReport field (rlboost.wire.events.gauge): field name -> its gauge, set after each step.
+STEP_GAUGES = {field: Gauge(name, help_) for field, (name, help_) in step_gauges().items()}
+WEIGHT_VERSION = STEP_GAUGES["weight_version"]  # also set when the starting weights are published
+# Derived from StepReport fields rather than one field each.
 STEP = Gauge("rlboost_trainer_step", "Last completed RL step (1-based count of optimizer steps)")
-WEIGHT_VERSION = Gauge("rlboost_trainer_weight_version", "Last weight version published")
-REWARD_MEAN = Gauge("rlboost_trainer_reward_mean", "Mean reward of the last step's samples")
-REWARD_STD = Gauge("rlboost_trainer_reward_std", "Standard deviation of the last step's rewards")
-LOSS = Gauge("rlboost_trainer_loss", "GRPO clipped loss of the last step")
-GRAD_NORM = Gauge("rlboost_trainer_grad_norm", "Global gradient norm of the last step (before clipping)")
-LEARNING_RATE = Gauge("rlboost_trainer_learning_rate", "Learning rate of the last step")
-CLIP_FRACTION = Gauge("rlboost_trainer_clip_fraction", "Fraction of response tokens whose ratio was clipped")
-LOGP_DIFF = Gauge("rlboost_trainer_logprob_abs_diff", "Mean |trainer log-prob - worker log-prob| per token")
 TOKENS_PER_SECOND = Gauge("rlboost_trainer_tokens_per_second", "Response tokens of the last step / its wall time")
 STEP_SECONDS = Gauge("rlboost_trainer_step_seconds", "Wall time of the last step by phase", ["phase"])
 TOKENS = Counter("rlboost_trainer_tokens_total", "Response tokens trained on")
+# Counted as they happen, during the step.
 TRAJECTORIES = Counter("rlboost_trainer_trajectories_total", "Trajectories received from the rollout-manager")
 OFF_POLICY = Counter("rlboost_trainer_off_policy_trajectories_total", "Trajectories skipped: older than maxStaleness")
 PUBLISHED_BYTES = Counter("rlboost_trainer_published_bytes_total", "Weight payload bytes uploaded")
 STALE = Counter("rlboost_trainer_stale_trajectories_total", "Trajectories accepted within algorithm.maxStaleness")
-KL = Gauge("rlboost_trainer_kl", "Mean k3 KL to the reference policy per response token (0 without klCoef)")
-ENTROPY = Gauge("rlboost_trainer_entropy", "Mean policy entropy per response token of the last step")
-IDLE_SECONDS = Gauge("rlboost_trainer_idle_seconds", "Rank 0's time without compute between request and step")
-COMPUTE_SECONDS = Gauge("rlboost_trainer_compute_seconds", "Rank 0's forward/backward + optimizer time of a step")
 # Colocation (trainer.colocateReserved): release / resume handshakes with the reserved workers.
 COLOCATION_WAIT_SECONDS = Histogram(
     "rlboost_trainer_colocation_wait_seconds",
@@ -38,3 +33,16 @@ COLOCATION_TIMEOUTS = Counter(
 COLOCATION_RELEASE_WAIT = Gauge(
     "rlboost_trainer_colocation_release_wait_seconds", "Time the last step waited for the release acks."
 )
+
+
+def export_step(report: StepReport) -> None:
+    """Set every step gauge from the step's record: one per gauge field, then the derived ones; the step count
+    last, so a scrape that sees the new step sees all of its values."""
+    for field, g in STEP_GAUGES.items():
+        g.set(getattr(report, field))
+    TOKENS.inc(report.tokens)
+    wall = report.rollout_seconds + report.train_seconds + report.sync_seconds
+    TOKENS_PER_SECOND.set(report.tokens / wall if wall > 0 else 0.0)
+    for phase in ("rollout", "train", "sync"):
+        STEP_SECONDS.labels(phase).set(getattr(report, f"{phase}_seconds"))
+    STEP.set(report.step + 1)

@@ -33,13 +33,23 @@ from rlboost.wire.weights_io import (
 )
 
 from .announce import Announcer
+from .errors import ErrorKind, StoreError
 from .metrics import WeightServerMetrics
-from .store import StoreError, Upload, VersionStore
+from .store import Upload, VersionStore
 
 log = logging.getLogger(__name__)
 
 WRITE_BUFFER = 4 << 20  # upload bytes gathered before one (threaded) disk write
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+# The one place a refusal's domain kind becomes an HTTP status.
+HTTP_STATUS: dict[ErrorKind, int] = {
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.CONFLICT: 409,
+    ErrorKind.INVALID: 422,
+    ErrorKind.UNAUTHORIZED: 401,
+    ErrorKind.RANGE_NOT_SATISFIABLE: 416,
+}
 
 
 def _error(status: int, message: str, field: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -51,20 +61,24 @@ def _bearer(request: Request) -> str:
     return auth[7:].strip() if auth[:7].lower() == "bearer " else ""
 
 
+def _unsatisfiable(message: str) -> StoreError:
+    return StoreError(ErrorKind.RANGE_NOT_SATISFIABLE, message, "Range")
+
+
 def parse_range(header: str, size: int) -> tuple[int, int]:
-    """(start, end) inclusive for `bytes=a-b`, `bytes=a-` or `bytes=-n`; StoreError(416) otherwise."""
+    """(start, end) inclusive for `bytes=a-b`, `bytes=a-` or `bytes=-n`; a StoreError (unsatisfiable) otherwise."""
     m = _RANGE.match(header.strip())
     if not m or (not m.group(1) and not m.group(2)):
-        raise StoreError(416, f"unsupported Range {header!r}: use one range, 'bytes=START-END'", "Range")
+        raise _unsatisfiable(f"unsupported Range {header!r}: use one range, 'bytes=START-END'")
     if not m.group(1):  # suffix: the last n bytes
         n = int(m.group(2))
         if n == 0 or size == 0:
-            raise StoreError(416, f"Range {header!r} selects no bytes of a {size}-byte payload", "Range")
+            raise _unsatisfiable(f"Range {header!r} selects no bytes of a {size}-byte payload")
         return max(0, size - n), size - 1
     start = int(m.group(1))
     end = int(m.group(2)) if m.group(2) else size - 1
     if start >= size or end < start:
-        raise StoreError(416, f"Range {header!r} is outside the {size}-byte payload", "Range")
+        raise _unsatisfiable(f"Range {header!r} is outside the {size}-byte payload")
     return start, min(end, size - 1)
 
 
@@ -74,7 +88,7 @@ def _int_param(value: str | None, name: str) -> int | None:
     try:
         return int(value)
     except ValueError:
-        raise StoreError(422, f"{name} must be an integer version, got {value!r}", name) from None
+        raise StoreError(ErrorKind.INVALID, f"{name} must be an integer version, got {value!r}", name) from None
 
 
 def create_app(
@@ -100,15 +114,16 @@ def create_app(
 
     @app.exception_handler(StoreError)
     async def _store_error(_: Request, err: StoreError) -> JSONResponse:
-        metrics.rejected.labels(str(err.status)).inc()
-        return _error(err.status, err.message, err.field)
+        status = HTTP_STATUS[err.kind]
+        metrics.rejected.labels(str(status)).inc()
+        return _error(status, err.message, err.field)
 
     def check_read(request: Request) -> None:
         if read_token is None:
             return
         given = _bearer(request)
         if not (hmac.compare_digest(given, read_token) or hmac.compare_digest(given, token)):
-            raise StoreError(401, "reads need 'Authorization: Bearer <read token>'", "Authorization")
+            raise StoreError(ErrorKind.UNAUTHORIZED, "reads need 'Authorization: Bearer <read token>'", "Authorization")
 
     @app.get("/healthz")
     async def healthz() -> Response:
@@ -173,8 +188,9 @@ def create_app(
             try:
                 start, end = parse_range(range_header, size)
             except StoreError as err:
-                metrics.rejected.labels("416").inc()
-                return _error(416, err.message, err.field, {"Content-Range": f"bytes */{size}"})
+                status = HTTP_STATUS[err.kind]
+                metrics.rejected.labels(str(status)).inc()
+                return _error(status, err.message, err.field, {"Content-Range": f"bytes */{size}"})
             status, extra = 206, {"Content-Range": f"bytes {start}-{end}/{size}"}
         served = metrics.bytes_served.labels(m.sync_path)
 
@@ -190,7 +206,9 @@ def create_app(
     @app.put(API_PREFIX + "/versions/{version}")
     async def upload(version: int, request: Request) -> Manifest:
         if not hmac.compare_digest(_bearer(request), token):
-            raise StoreError(401, "uploads need 'Authorization: Bearer <job token>'", "Authorization")
+            raise StoreError(
+                ErrorKind.UNAUTHORIZED, "uploads need 'Authorization: Bearer <job token>'", "Authorization"
+            )
         h = request.headers
         base = _int_param(h.get(HEADER_BASE_VERSION), HEADER_BASE_VERSION)
         up = store.begin_upload(

@@ -1,16 +1,22 @@
-"""The engine interface every rollout backend implements (`torch` here; `sglang` later, issue 8).
+"""The engine interface every rollout backend implements: `torch` (torch_engine.py: CPUs, tests) and
+`sglang` (sglang_engine.py: GPUs).
 
 An engine generates token streams from `input_ids` (prompt + tokens so far), aborts single requests,
-swaps its weights in place between decode iterations and reports the version it holds; when colocated with
-the trainer it releases its memory while idle and resumes it with the same weights (release/resume_memory). The session
-(gRPC transport, chunking, weight pulls) only ever talks to this interface.
+swaps its weights in place between decode iterations and reports the version it holds. When colocated with
+the trainer it gives its memory back while the trainer trains and takes it again with exactly the same
+weights: hold_for_release() -> release_memory() -> resume_memory(), tracked in `memory_state` (the one record
+of it: the worker's heartbeats report `memory_released` from there). Backends implement only the freeing and
+the restoring (`_free_memory`, `_restore_memory`). The session (gRPC transport, chunking, weight pulls) only
+ever talks to this interface.
 """
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from rlboost.wire.rollout_io import Assignment
@@ -25,6 +31,14 @@ FINISH_ABORT = "abort"  # aborted (revoke, drain); the request continues elsewhe
 
 class EngineError(RuntimeError):
     """The engine cannot do what was asked (model does not load, weights do not fit); the message says why."""
+
+
+class MemoryState(StrEnum):
+    """Where an engine's memory is (colocation with the trainer on the same accelerators)."""
+
+    RESIDENT = "resident"  # loaded: generates and takes weights
+    RELEASING = "releasing"  # hold_for_release() or release_memory() under way: no new work meanwhile
+    RELEASED = "released"  # given back by release_memory(); resume_memory() takes it again
 
 
 @dataclass
@@ -86,23 +100,55 @@ class Engine(ABC):
 
     # ---- colocation: release / resume memory while the trainer trains on the same accelerator ----
 
+    memory_state: MemoryState = MemoryState.RESIDENT  # changed only by the three methods below
+
     @property
     def memory_released(self) -> bool:
-        """True between release_memory() and resume_memory(): the engine cannot generate or take weights."""
-        return getattr(self, "_memory_released", False)
+        """True from hold_for_release() (or release_memory()) until resume_memory() returns: the engine takes
+        no new request and no weights, and the worker's heartbeats say so (the manager assigns it nothing)."""
+        return self.memory_state is not MemoryState.RESIDENT
+
+    def hold_for_release(self) -> None:
+        """The first step of a release: take no new work from now on, so the worker can tell the manager
+        before it aborts what still runs. release_memory() follows; resume_memory() undoes either."""
+        if self.memory_state is MemoryState.RESIDENT:
+            self.memory_state = MemoryState.RELEASING
 
     async def release_memory(self) -> MemoryReport:
-        """Give the engine's memory back (weights, KV cache); only when no request runs (EngineError otherwise).
-
-        The default is a no-op that only records the state (`effective=False`); backends override it."""
-        self._check_idle("release_memory")
-        self._memory_released = True
-        return MemoryReport("release", 0, *_rss_pair(), 0.0, effective=False)
+        """Give the engine's memory back (weights, KV cache); only when no request runs (EngineError otherwise,
+        and the engine stays as it was). A second call frees nothing (`effective=False`)."""
+        if self.memory_state is MemoryState.RELEASED:
+            return _nothing_done("release")
+        was, self.memory_state = self.memory_state, MemoryState.RELEASING  # no new request while freeing
+        t0, before = time.perf_counter(), rss_bytes()
+        try:
+            self._check_idle("release_memory")
+            nbytes, effective = await self._free_memory()
+        except BaseException:
+            self.memory_state = was
+            raise
+        self.memory_state = MemoryState.RELEASED
+        return MemoryReport("release", nbytes, before, rss_bytes(), time.perf_counter() - t0, effective)
 
     async def resume_memory(self) -> MemoryReport:
-        """Take the memory again after release_memory(), with exactly the weights held before."""
-        self._memory_released = False
-        return MemoryReport("resume", 0, *_rss_pair(), 0.0, effective=False)
+        """Take the memory again after release_memory(), with exactly the weights held before, and take work
+        again (after hold_for_release() alone, only the latter)."""
+        if self.memory_state is not MemoryState.RELEASED:
+            self.memory_state = MemoryState.RESIDENT
+            return _nothing_done("resume")
+        t0, before = time.perf_counter(), rss_bytes()
+        nbytes, effective = await self._restore_memory()
+        self.memory_state = MemoryState.RESIDENT
+        return MemoryReport("resume", nbytes, before, rss_bytes(), time.perf_counter() - t0, effective)
+
+    async def _free_memory(self) -> tuple[int, bool]:
+        """The backend's part of release_memory(), called idle: (bytes given back, whether anything was freed).
+        The default frees nothing."""
+        return 0, False
+
+    async def _restore_memory(self) -> tuple[int, bool]:
+        """The backend's part of resume_memory(): (bytes allocated again, whether anything was restored)."""
+        return 0, False
 
     def _check_idle(self, what: str) -> None:
         if self.running:
@@ -135,9 +181,10 @@ def rss_bytes() -> int:
         return 0
 
 
-def _rss_pair() -> tuple[int, int]:
+def _nothing_done(action: str) -> MemoryReport:
+    """The report of a release or resume with nothing to do (already released, or not released)."""
     rss = rss_bytes()
-    return rss, rss
+    return MemoryReport(action, 0, rss, rss, 0.0, effective=False)
 
 
 def read_model_state(model_dir: str) -> dict[str, torch.Tensor]:

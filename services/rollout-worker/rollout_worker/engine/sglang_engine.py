@@ -16,15 +16,14 @@ engine's `tokenizer_manager`, whose coroutines we await directly on the worker's
   `update_weights_from_tensor` only the tensors whose bits differ from the state held (a sparse delta
   touches a few tensors). SGLang's model-update lock makes the update wait for running requests, and
   requests arriving during an update wait for it here.
-- Pause / continue: `pause_generation(mode="retract")` / `continue_generation`.
 - Memory release / resume (colocation with training): SGLang's `release/resume_memory_occupation`, which
   needs `--enable-memory-saver` and CUDA (torch_memory_saver); on CPU both are logged no-ops. SGLang drops
   the weights' contents on release (unless `enable_weights_cpu_backup`), so resume pushes the whole held
   state back through `update_weights_from_tensor` and the engine generates with exactly the weights it had.
 
-CPU recipe (DESIGN.md): env SGLANG_USE_CPU_ENGINE=1 and `Engine(device="cpu", attention_backend="torch_native",
-sampling_backend="pytorch", grammar_backend="none", disable_cuda_graph=True, disable_overlap_schedule=True)`;
-`scripts/setup_sglang_env.sh` builds an environment where that imports.
+CPU recipe (docs/sglang.md, "Running it on CPU"): env SGLANG_USE_CPU_ENGINE=1 and `Engine(device="cpu",
+attention_backend="torch_native", sampling_backend="pytorch", grammar_backend="none", disable_cuda_graph=True,
+disable_overlap_schedule=True)`; `scripts/setup_sglang_env.sh` builds an environment where that imports.
 """
 
 from __future__ import annotations
@@ -46,9 +45,7 @@ from rollout_worker.engine.base import (
     Engine,
     EngineError,
     GenerationStep,
-    MemoryReport,
     read_model_state,
-    rss_bytes,
 )
 
 if TYPE_CHECKING:
@@ -155,8 +152,6 @@ class SglangEngine(Engine):
         self._update_lock = asyncio.Lock()
         self._no_update = asyncio.Event()  # set while no weight update is in progress
         self._no_update.set()
-        self._paused = False
-        self._bg: set[asyncio.Task] = set()
         # SGLang honours sampling_seed only under deterministic inference, which it refuses with the CPU
         # attention backend (torch_native): on CPU only greedy decoding is reproducible across migrations.
         self.seeded_sampling = device != "cpu"
@@ -341,71 +336,36 @@ class SglangEngine(Engine):
             finally:
                 self._no_update.set()
 
-    # ---- pause / memory (SGLang extras) ----------------------------------------------------
-
-    async def pause(self) -> None:
-        """Stop decoding; running requests go back to SGLang's queue (KV recomputed on continue)."""
-        from sglang.srt.managers.io_struct import PauseGenerationReqInput
-
-        await self._tm.pause_generation(PauseGenerationReqInput(mode="retract"))
-        self._paused = True
-
-    async def resume(self) -> None:
-        """Continue decoding after pause()."""
-        from sglang.srt.managers.io_struct import ContinueGenerationReqInput
-
-        await self._tm.continue_generation(ContinueGenerationReqInput())
-        self._paused = False
+    # ---- memory release / resume (colocation; the protocol is base.Engine's) ---------------
 
     @property
-    def paused(self) -> bool:
-        return self._paused
+    def _memory_saver(self) -> bool:
+        """SGLang frees and restores memory only on CUDA with enable_memory_saver (torch_memory_saver)."""
+        return not self.on_cpu and self.enable_memory_saver
 
-    async def release_memory_occupation(self) -> bool:
-        """Free KV cache and weights on the GPU; False (a no-op) where unsupported (CPU, no memory saver)."""
-        if self.on_cpu or not self.enable_memory_saver:
-            log.info("release_memory_occupation: no-op (needs CUDA and enable_memory_saver)")
-            return False
-        from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqInput
+    async def _free_memory(self) -> tuple[int, bool]:
+        """`release_memory_occupation`: KV cache and weights off the GPU; a logged no-op without the memory saver."""
+        async with self._update_lock:  # not in the middle of a weight update
+            if not self._memory_saver:
+                log.info("release_memory_occupation: no-op (needs CUDA and enable_memory_saver)")
+                return 0, False
+            from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqInput
 
-        await self._tm.release_memory_occupation(ReleaseMemoryOccupationReqInput(), None)
-        return True
+            await self._tm.release_memory_occupation(ReleaseMemoryOccupationReqInput(), None)
+        return self._state_bytes(), True
 
-    async def resume_memory_occupation(self) -> bool:
-        """Take the GPU memory back after release_memory_occupation; False where that was a no-op."""
-        if self.on_cpu or not self.enable_memory_saver:
-            return False
+    async def _restore_memory(self) -> tuple[int, bool]:
+        """`resume_memory_occupation`, then the exact held state again: the weights' pages come back empty."""
+        if not self._memory_saver:
+            return 0, False
         from sglang.srt.managers.io_struct import ResumeMemoryOccupationReqInput
 
         await self._tm.resume_memory_occupation(ResumeMemoryOccupationReqInput(), None)
-        return True
+        await self.update_weights(dict(self._state), self._version, self._checksum, resend_all=True)
+        return self._state_bytes(), True
 
-    async def release_memory(self) -> MemoryReport:
-        if self.memory_released:
-            return MemoryReport("release", 0, rss_bytes(), rss_bytes(), 0.0, effective=False)
-        self._check_idle("release_memory")
-        t0, before = time.perf_counter(), rss_bytes()
-        async with self._update_lock:  # not in the middle of a weight update
-            effective = await self.release_memory_occupation()
-        self._memory_released = True
-        nbytes = sum(t.numel() * t.element_size() for t in self._state.values()) if effective else 0
-        return MemoryReport("release", nbytes, before, rss_bytes(), time.perf_counter() - t0, effective)
-
-    async def resume_memory(self) -> MemoryReport:
-        if not self.memory_released:
-            return MemoryReport("resume", 0, rss_bytes(), rss_bytes(), 0.0, effective=False)
-        t0, before = time.perf_counter(), rss_bytes()
-        effective = await self.resume_memory_occupation()
-        if effective:  # the weights' pages came back empty: send the exact held state again
-            await self.update_weights(dict(self._state), self._version, self._checksum, resend_all=True)
-        self._memory_released = False
-        nbytes = sum(t.numel() * t.element_size() for t in self._state.values()) if effective else 0
-        return MemoryReport("resume", nbytes, before, rss_bytes(), time.perf_counter() - t0, effective)
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._bg.add(task)
-        task.add_done_callback(self._bg.discard)
+    def _state_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._state.values())
 
 
 def _to_step(rid: str, offset: int, seen: int, out: dict[str, Any]) -> tuple[GenerationStep, int]:

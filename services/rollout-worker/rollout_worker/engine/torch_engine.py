@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import ctypes
 import logging
-import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
@@ -40,9 +39,7 @@ from rollout_worker.engine.base import (
     Engine,
     EngineError,
     GenerationStep,
-    MemoryReport,
     read_model_state,
-    rss_bytes,
 )
 
 log = logging.getLogger(__name__)
@@ -140,7 +137,6 @@ class TorchEngine(Engine):
         self._task: asyncio.Task | None = None
         self._closed = False
         self._compute = asyncio.Lock()  # held while the decode thread or an update touches the model
-        self._memory_released = False
         self._shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}  # freed parameters, for resume
         self._params_sum = ""  # checksum of the compute parameters taken at release, checked at resume
 
@@ -257,38 +253,31 @@ class TorchEngine(Engine):
         await upd.done
 
     def _check_usable(self, what: str) -> None:
-        if self._task is None or self._closed:
-            raise EngineError("engine is not running")
-        if self._memory_released:
+        self._check_running()
+        if self.memory_released:
             raise EngineError(f"{what}: engine memory is released (colocation); call resume_memory() first")
 
-    # ---- memory release / resume (colocation) ----------------------------------------------
+    def _check_running(self) -> None:
+        if self._task is None or self._closed:
+            raise EngineError("engine is not running")
 
-    async def release_memory(self) -> MemoryReport:
-        if self._memory_released:
-            return MemoryReport("release", 0, rss_bytes(), rss_bytes(), 0.0, effective=False)
-        self._check_usable("release_memory")
+    # ---- memory release / resume (colocation; the protocol is base.Engine's) ---------------
+
+    async def _free_memory(self) -> tuple[int, bool]:
+        self._check_running()
         async with self._compute:  # the decode thread is not inside the model now
             self._check_idle("release_memory")
             if self._updates:
                 raise EngineError("release_memory: a weight update is pending; wait for it first")
-            t0, before = time.perf_counter(), rss_bytes()
             nbytes = await asyncio.to_thread(self._free_parameters)
-            self._memory_released = True
-            report = MemoryReport("release", nbytes, before, rss_bytes(), time.perf_counter() - t0)
-        log.info("engine memory released", extra={"bytes": nbytes, "rss_before": before, "rss_after": report.rss_after})
-        return report
+        log.info("engine memory released", extra={"bytes": nbytes})
+        return nbytes, True
 
-    async def resume_memory(self) -> MemoryReport:
-        if not self._memory_released:
-            return MemoryReport("resume", 0, rss_bytes(), rss_bytes(), 0.0, effective=False)
+    async def _restore_memory(self) -> tuple[int, bool]:
         async with self._compute:
-            t0, before = time.perf_counter(), rss_bytes()
             nbytes = await asyncio.to_thread(self._restore_parameters)
-            self._memory_released = False
-            report = MemoryReport("resume", nbytes, before, rss_bytes(), time.perf_counter() - t0)
         log.info("engine memory resumed", extra={"bytes": nbytes, "weight_version": self._version})
-        return report
+        return nbytes, True
 
     def _params_checksum(self) -> str:
         return state_checksum({n: p.detach() for n, p in self.model.named_parameters()})

@@ -1,0 +1,26 @@
+"""What the weight-server refuses, by domain kind: the planner and the store raise, app.py alone maps to HTTP.
+
+A refusal says what is wrong in the domain's words (`ErrorKind`), a message that names the fix and the
+field at fault; which HTTP status a kind becomes is app.py's business (`HTTP_STATUS` there), so the
+planner and the store know nothing of HTTP.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorKind(StrEnum):
+    NOT_FOUND = "not_found"  # no such version, payload of that kind, or chain of deltas
+    CONFLICT = "conflict"  # clashes with what is held: immutable versions, another checksum, a base gone meanwhile
+    INVALID = "invalid"  # the request itself is wrong: a field missing or out of its range
+    UNAUTHORIZED = "unauthorized"  # no valid bearer token
+    RANGE_NOT_SATISFIABLE = "range_not_satisfiable"  # a Range header that selects no bytes of the payload
+
+
+class StoreError(Exception):
+    """A request the weight-server refuses: its domain `kind`, a message and the offending field."""
+
+    def __init__(self, kind: ErrorKind, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.kind, self.message, self.field = kind, message, field

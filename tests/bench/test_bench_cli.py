@@ -1,0 +1,58 @@
+"""Every bench script still starts: `bench/<name>.py --help` exits 0, and every name it imports exists.
+
+The benches run rarely and by hand, so a renamed function they import goes unnoticed until someone runs
+one. Their heavy imports sit inside functions (torch, sglang, gRPC stubs load only when a bench runs), so
+`--help` alone does not reach them; the second test resolves every `from X import Y` of each bench against
+the code, without running anything.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCHES = sorted((ROOT / "bench").glob("*.py"))
+HELP_TIMEOUT_S = 60
+
+
+@pytest.mark.parametrize("bench", BENCHES, ids=lambda p: p.name)
+def test_help_exits_zero(bench: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(bench), "--help"], cwd=ROOT, capture_output=True, text=True, timeout=HELP_TIMEOUT_S
+    )
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout
+
+
+def _imported_names(bench: Path) -> list[tuple[str, str]]:
+    """(module, name) of every absolute `from module import name` in the file, at any depth."""
+    tree = ast.parse(bench.read_text(), filename=str(bench))
+    return [
+        (node.module, alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module != "__future__"
+        for alias in node.names
+    ]
+
+
+def _resolves(module: str, name: str) -> bool:
+    """`from module import name` would work: `name` is a submodule of the package or an attribute of the module."""
+    spec = importlib.util.find_spec(module)
+    if spec is None:
+        return False
+    if spec.submodule_search_locations is not None and importlib.util.find_spec(f"{module}.{name}") is not None:
+        return True
+    return hasattr(importlib.import_module(module), name)
+
+
+@pytest.mark.parametrize("bench", BENCHES, ids=lambda p: p.name)
+def test_every_imported_name_exists(bench: Path) -> None:
+    missing = [f"from {module} import {name}" for module, name in _imported_names(bench) if not _resolves(module, name)]
+    assert not missing, f"{bench.name} imports names that do not exist: {missing}"
