@@ -28,11 +28,12 @@ controllers and a kubelet would do for the namespace's Deployments and StatefulS
   restartCount, state, lastState), so the operator sees what it would on a cluster. Pods carry a finalizer
   of the podlet, so a `kubectl delete pod` shows the pod Terminating until its container has stopped.
 
+Init containers run in order, each to exit 0 (retried with back-off), in the pod's address and volumes.
+
 Not emulated: ClusterIPs and kube-proxy (a Service name resolves to every matching pod, ready or not),
-multi-container pods and init containers (refused with an Event-like log line), resource limits and
-requests,
-image pulls, ConfigMap/Secret updates after a pod started, hostPath and projected volumes, rolling-update
-surge, pod disruption budgets, garbage collection of owned objects, QoS and eviction under pressure.
+pods of more than one container (refused, logged), resource limits and requests, image pulls, ConfigMap
+and Secret updates after a pod started, hostPath and projected volumes, rolling-update surge, pod
+disruption budgets, garbage collection of owned objects, QoS and eviction under pressure.
 
 Outputs under --state-dir: `logs/<pod>.log` (every container run of the pod, appended as they end, then
 the live one at exit), `endpoints.json` (each Service's pods with IP, readiness and ports; the lane turns it
@@ -328,6 +329,8 @@ class Pod:
     state: dict[str, Any] = dataclasses.field(default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}})
     last_state: dict[str, Any] = dataclasses.field(default_factory=dict)
     terminating: bool = False
+    initializing: bool = False
+    init_restarts: int = 0
     gone: bool = False
     task: asyncio.Task[None] | None = None
     started_at: float = 0.0
@@ -343,6 +346,8 @@ class Pod:
 
     def phase(self) -> str:
         if not self.node:
+            return "Pending"
+        if self.initializing:
             return "Pending"
         return "Running" if self.running or self.restarts else "Pending"
 
@@ -632,9 +637,10 @@ class Podlet:
         """Start the container, restart it on exit or failed liveness (with back-off), until terminated."""
         try:
             containers = pod.spec.get("containers") or []
-            if len(containers) != 1 or pod.spec.get("initContainers"):
-                raise RuntimeError("the podlet runs pods of exactly one container and no init containers")
+            if len(containers) != 1:
+                raise RuntimeError("the podlet runs pods of exactly one container (and any init containers)")
             container = containers[0]
+            await self.run_init_containers(pod)
             backoff = BACKOFF_START_S
             while not pod.terminating:
                 try:
@@ -673,6 +679,44 @@ class Podlet:
                     await self.remove_container(pod, grace=self.grace(pod))
             pod.gone = True
             await self.forget(pod)
+
+    async def run_init_containers(self, pod: Pod) -> None:
+        """Each init container in order, to exit 0 (a failed one is retried with back-off, as restartPolicy Always)."""
+        for init in pod.spec.get("initContainers") or []:
+            backoff = BACKOFF_START_S
+            while not pod.terminating:
+                pod.initializing = True
+                try:
+                    await self.start_container(pod, init)
+                except (RuntimeError, ValueError, OSError) as err:
+                    log.error("pod %s: cannot start init container %s: %s", pod.name, init.get("name"), err)
+                    await self.wait_or_terminated(pod, backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX_S)
+                    continue
+                pod.running = False
+                pod.state = {"waiting": {"reason": "PodInitializing"}}
+                waiter = asyncio.create_task(podman("wait", pod.container, check=False, timeout=10**7))
+                while not waiter.done() and not pod.terminating:
+                    await asyncio.wait({waiter}, timeout=0.5)
+                if pod.terminating:
+                    waiter.cancel()
+                    return
+                exit_code = await self.remove_container(pod, grace=self.grace(pod))
+                if exit_code == 0:
+                    log.info("pod %s: init container %s completed", pod.name, init.get("name"))
+                    break
+                pod.init_restarts += 1
+                log.warning(
+                    "pod %s: init container %s failed (exit %s); retry in %.0fs",
+                    pod.name,
+                    init.get("name"),
+                    exit_code,
+                    backoff,
+                )
+                pod.state = {"waiting": {"reason": "Init:CrashLoopBackOff"}}
+                await self.wait_or_terminated(pod, backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+        pod.initializing = False
 
     async def wait_or_terminated(self, pod: Pod, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -970,7 +1014,7 @@ class Podlet:
             "phase": pod.phase(),
             "conditions": [
                 cond("PodScheduled", bool(pod.node)),
-                cond("Initialized", True),
+                cond("Initialized", not pod.initializing),
                 cond("ContainersReady", pod.ready),
                 cond("Ready", pod.ready),
             ],
@@ -991,6 +1035,19 @@ class Podlet:
                     "lastState": pod.last_state,
                 }
             ]
+            inits = pod.spec.get("initContainers") or []
+            if inits:
+                done = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+                status["initContainerStatuses"] = [
+                    {
+                        "name": c.get("name", ""),
+                        "image": c.get("image", ""),
+                        "ready": not pod.initializing,
+                        "restartCount": pod.init_restarts,
+                        "state": pod.state if pod.initializing else done,
+                    }
+                    for c in inits
+                ]
         else:
             status["conditions"][0].update(
                 reason="Unschedulable", message="no node fits the pod's selector, affinity and tolerations"
