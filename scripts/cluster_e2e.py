@@ -474,7 +474,7 @@ def manager_metrics(lane: Lane) -> dict[str, float]:
 
 def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: float) -> dict[str, Any]:
     total = int(((job.get("spec") or {}).get("algorithm") or {}).get("steps", 0))
-    last_line, status = "", {}
+    last_line, status, started = "", {}, time.monotonic()
     while time.monotonic() < deadline:
         status = lane.job_status()
         pods = pod_table(lane.pods())
@@ -493,6 +493,11 @@ def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: 
             last_line = line
         if status.get("phase") in ("Succeeded", "Failed"):
             return status
+        if not pods and time.monotonic() - started > lane.args.no_pods_after:
+            say(
+                f"stopping: no pod {lane.args.no_pods_after:.0f}s after the RLJob was applied (the operator's log says why)"
+            )
+            return {**status, "stoppedBecause": "no pod: the operator created no workload (or the podlet ran none)"}
         crashing = {n: p["restarts"] for n, p in pods.items() if p["restarts"] >= lane.args.max_restarts}
         if crashing and not lane.args.chaos:
             say(f"stopping: pods restarting in a loop {crashing} (--max-restarts {lane.args.max_restarts})")
@@ -539,6 +544,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=1500, help="seconds for the job to finish")
     p.add_argument("--build-timeout", type=float, default=3600, help="seconds for `make images`")
     p.add_argument("--max-restarts", type=int, default=4, help="stop early when a pod restarted this often")
+    p.add_argument("--no-pods-after", type=float, default=180, help="stop when no pod exists this long after apply")
     p.add_argument("--no-build", action="store_true", help="fail instead of building missing images")
     p.add_argument("--keep-state", action="store_true", help="keep the state directory (logs, volumes)")
     return p.parse_args(argv)
@@ -582,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if result["phase"] == "Succeeded" else 1
     except KeyboardInterrupt:
         say("interrupted")
+        lane.print_failure_logs()
         return 130
     except (LaneError, subprocess.CalledProcessError, httpx.HTTPError) as err:
         say(f"lane failed: {err}")
