@@ -7,8 +7,9 @@ replays every object on each watch and ignores resourceVersion):
 - the built-in resources the operator, kopf and the podlet use, with their `status` subresources;
 - CustomResourceDefinitions that register their resource when created (`kubectl apply -f crd.yaml`
   then serves `rlboost.io/v1alpha1/rljobs`), as a real API server does;
-- `metadata.generateName` (kopf posts Events that way), a uid and a creationTimestamp on create.
-What it does not do: authentication, admission (CEL rules), resourceVersion conflicts, label
+- `metadata.generateName` (kopf posts Events that way), a uid and a creationTimestamp on create, and a
+  resourceVersion that every write moves on (kopf's JSON patches test it).
+What it does not do: authentication, admission (CEL rules), resourceVersion conflicts on merge patches, label
 selectors on list/watch, garbage collection of owned objects. The podlet stands in for the
 controllers and the kubelet (scripts/cluster/podlet.py).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import itertools
 import signal
 import uuid
 from pathlib import Path
@@ -60,12 +62,24 @@ def crd_resources(crd: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 class LaneEmulator(kmock.KubernetesEmulator):
-    """kmock's emulator plus generateName, uid/creationTimestamp and CRD registration."""
+    """kmock's emulator plus generateName, uid/creationTimestamp, resourceVersion and CRD registration.
+
+    Every write gets a new resourceVersion, as on a real API server: kopf's JSON patches test it (a patch
+    whose `test` op names an older version fails, as it would there)."""
+
+    versions = itertools.count(1)
 
     async def _handle(self, request):  # type: ignore[no-untyped-def]
         data = request.data
+        if request.action == kmock.action.UPDATE and request.name is not None:
+            version = str(next(self.versions))
+            if isinstance(data, list):  # JSON patch: its test ops see the old version, then it moves on
+                data.append({"op": "add", "path": "/metadata/resourceVersion", "value": version})
+            elif isinstance(data, dict):
+                data.setdefault("metadata", {})["resourceVersion"] = version
         if request.action == kmock.action.CREATE and isinstance(data, dict):
             meta = data.setdefault("metadata", {})
+            meta["resourceVersion"] = str(next(self.versions))
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
             meta.setdefault("uid", str(uuid.uuid4()))
