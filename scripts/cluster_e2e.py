@@ -43,7 +43,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "scripts" / "cluster"
 sys.path.insert(0, str(CLUSTER))
-from prometheus_lane import SCRAPE_INTERVAL_S, Prometheus, targets_from_endpoints  # noqa: E402
+from prometheus_lane import SCRAPE_INTERVAL_S, Prometheus, targets_from_pods  # noqa: E402
 
 REGISTRY = "ghcr.io/rlboost"
 IMAGES = ("operator", "rollout-manager", "weight-server", "trainer", "rollout-worker")
@@ -271,22 +271,22 @@ class Lane:
     # --- Prometheus
 
     def start_prometheus(self) -> None:
-        """A real Prometheus scraping what the chart's ServiceMonitor selects (and the operator, as the chart's)."""
+        """A real Prometheus scraping what the chart's PodMonitor selects, and the operator (its ServiceMonitor)."""
         if shutil.which("prometheus") is None:
             self.notes.append("prometheus is not installed (scripts/cluster/setup.sh): dashboard not checked")
             return
         operator = {
             "targets": [f"{self.operator_ip}:9090"],
-            "labels": {"job": "rlboost-operator", "namespace": self.namespace, "service": "rlboost-operator"},
+            "labels": {"job": "rlboost", "namespace": self.namespace, "service": "rlboost", "endpoint": "metrics"},
         }
         self.prometheus = Prometheus(self.state, [operator])
         self.prometheus.start()
-        say(f"Prometheus at {self.prometheus.url} (targets from the podlet's endpoints, per the ServiceMonitor)")
+        say(f"Prometheus at {self.prometheus.url} (targets: the chart's PodMonitor over the podlet's pods)")
 
     def refresh_targets(self) -> None:
-        endpoints = self.state / "podlet" / "endpoints.json"
-        if self.prometheus is not None and endpoints.exists():
-            self.prometheus.write_targets(targets_from_endpoints(json.loads(endpoints.read_text()), self.namespace))
+        pods = self.state / "podlet" / "pods.json"
+        if self.prometheus is not None and pods.exists():
+            self.prometheus.write_targets(targets_from_pods(json.loads(pods.read_text()), self.namespace))
 
     def stop_prometheus(self) -> None:
         if self.prometheus is not None:
@@ -361,12 +361,20 @@ class Lane:
                 earlier = self.state / "podlet" / "logs" / f"{name}.log"
                 if earlier.exists():
                     print("--- earlier container runs (tail):\n" + "\n".join(earlier.read_text().splitlines()[-lines:]))
-                print("--- current container (tail):\n" + self.logs_tail(f"{self.run_id}-{name}", lines))
-        print(f"\n===== operator (tail):\n{self.logs_tail(f'{self.run_id}-operator', lines)}")
+                current = self.logs_tail(f"{self.run_id}-{name}", lines)
+                if "no such container" not in current:  # between restarts there is none
+                    print("--- current container (tail):\n" + current)
+        print(f"\n===== operator (warnings and errors, tail):\n{self.operator_problems(lines)}")
         for name in self.procs:
             log = self.state / f"{name}.log"
             if log.exists():
                 print(f"\n===== {name} (tail):\n" + "\n".join(log.read_text().splitlines()[-15:]))
+
+    def operator_problems(self, lines: int) -> str:
+        """The operator's log lines above INFO (its INFO lines are one per handled event)."""
+        text = self.logs_tail(f"{self.run_id}-operator", 2000)
+        keep = [line for line in text.splitlines() if not line.startswith("{") or '"level": "info"' not in line]
+        return "\n".join(line[:600] for line in keep[-lines:]) or "(none)"
 
     def cleanup(self) -> None:
         """Stop the podlet first (it SIGTERMs its pods), then everything else; remove what carries our label."""

@@ -36,8 +36,8 @@ and Secret updates after a pod started, hostPath and projected volumes, rolling-
 disruption budgets, garbage collection of owned objects, QoS and eviction under pressure.
 
 Outputs under --state-dir: `logs/<pod>.log` (every container run of the pod, appended as they end, then
-the live one at exit), `endpoints.json` (each Service's pods with IP, readiness and ports; the lane turns it
-into Prometheus targets), `pvc/<claim>/` and `pods/<pod>/` (volumes).
+the live one at exit), `endpoints.json` (each Service's pods with IP, readiness and ports) and `pods.json` (every
+running pod with its labels and named ports; the lane turns it into Prometheus targets), `pvc/<claim>/` and `pods/<pod>/` (volumes).
 """
 
 from __future__ import annotations
@@ -1054,15 +1054,22 @@ class Podlet:
             )
         return status
 
+    @staticmethod
+    def status_key(status: dict[str, Any]) -> str:
+        """A pod status without its timestamps, to write only what changed."""
+        conditions = [(c.get("type"), c.get("status")) for c in status.get("conditions") or []]
+        return json.dumps({**status, "conditions": conditions}, sort_keys=True)
+
     async def write_statuses(self) -> None:
+        """Each pod's status, whenever the API's copy differs from the kubelet's view (whoever else wrote it)."""
+        in_api = {p["metadata"]["name"]: p.get("status") or {} for p in self.objects["Pod"]}
         for pod in list(self.pods.values()):
             if not pod.reported or pod.terminating:
                 continue
             status = self.pod_status(pod)
-            key = json.dumps(
-                {**status, "conditions": [(c["type"], c["status"]) for c in status["conditions"]]}, sort_keys=True
-            )
-            if key != pod.reported and await self.api.patch("Pod", pod.name, {"status": status}):
+            key = self.status_key(status)
+            theirs = {k: v for k, v in in_api.get(pod.name, {}).items() if k in status}  # fields the kubelet owns
+            if key != self.status_key(theirs) and await self.api.patch("Pod", pod.name, {"status": status}):
                 pod.reported = key
         for kind in ("Deployment", "StatefulSet"):
             for obj in self.objects[kind]:
@@ -1125,9 +1132,17 @@ class Podlet:
                     and labels_match(spec.get("selector"), p.obj["metadata"].get("labels") or {})
                 ],
             }
-        tmp = self.state / "endpoints.json.tmp"
-        tmp.write_text(json.dumps(out, indent=1, sort_keys=True))
-        tmp.replace(self.state / "endpoints.json")
+        pods = [
+            {"name": p.name, "ip": p.ip, "ready": p.ready, "labels": p.obj["metadata"].get("labels") or {},
+             "ports": {cp["name"]: cp["containerPort"] for c in p.spec.get("containers") or []
+                       for cp in c.get("ports") or [] if cp.get("name")}}
+            for p in self.pods.values()
+            if p.ip and p.running and not p.terminating
+        ]  # fmt: skip
+        for name, data in (("endpoints.json", out), ("pods.json", pods)):
+            tmp = self.state / f"{name}.tmp"
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            tmp.replace(self.state / name)
 
     # --- shutdown
 

@@ -1,11 +1,13 @@
-"""The cluster lane's Prometheus: a real server (Debian's `prometheus`) scraping what the chart's ServiceMonitor selects.
+"""The cluster lane's Prometheus: a real server (Debian's `prometheus`) scraping what the chart's PodMonitor selects.
 
-No prometheus-operator runs here, so this module does its part: the ServiceMonitor of
-deploy/helm/rlboost/templates/servicemonitor.yaml selects Services labelled `app.kubernetes.io/name: rlboost`
-in any namespace and scrapes their port named `metrics`; the podlet's endpoints.json (each Service's pods)
-becomes a file_sd target list with the labels prometheus-operator gives (job = the Service's name,
-namespace, service, pod, endpoint; honorLabels false, so a series' own `job` label becomes `exported_job`).
-`panels_without_data` runs every query of the Grafana dashboard against the server.
+No prometheus-operator runs here, so this module does its part: the PodMonitor of
+deploy/helm/rlboost/templates/podmonitor.yaml selects every pod labelled `app.kubernetes.io/part-of: rlboost` and
+`app.kubernetes.io/managed-by: rlboost-operator` and scrapes its ports named `metrics` and `http` at /metrics,
+relabelling the pod's `rlboost.io/job`, `rlboost.io/pool` and component labels to `rljob`, `pool` and `component`;
+the podlet's pods.json becomes a file_sd target list with those labels and the ones prometheus-operator adds
+(job = <namespace>/<PodMonitor name>, namespace, pod, container, endpoint). The ServiceMonitor (the operator's
+own Service) is the lane's operator container, added by the caller. `panels_without_data` runs every query of
+the Grafana dashboard against the server.
 """
 
 from __future__ import annotations
@@ -19,39 +21,32 @@ from typing import Any
 
 import httpx
 
-# What the chart's ServiceMonitor selects (tests/cluster/test_prometheus_lane.py keeps these in step with it).
-SERVICE_MONITOR_SELECTOR = {"app.kubernetes.io/name": "rlboost"}
-SERVICE_MONITOR_PORT = "metrics"
+# What the chart's PodMonitor selects (tests/cluster/test_prometheus_lane.py keeps these in step with it).
+POD_MONITOR_SELECTOR = {"app.kubernetes.io/part-of": "rlboost", "app.kubernetes.io/managed-by": "rlboost-operator"}
+POD_MONITOR_PORTS = ("metrics", "http")
+POD_MONITOR_NAME = "rlboost-jobs"
+RELABEL = {"rlboost.io/job": "rljob", "rlboost.io/pool": "pool", "app.kubernetes.io/component": "component"}
 SCRAPE_INTERVAL_S = 5
 
 
-def targets_from_endpoints(endpoints: dict[str, Any], namespace: str) -> list[dict[str, Any]]:
-    """file_sd groups: one per ready pod behind a selected Service, at the Service's `metrics` target port."""
+def targets_from_pods(pods: list[dict[str, Any]], namespace: str) -> list[dict[str, Any]]:
+    """file_sd groups: one per selected running pod and monitored port it names (PodMonitors skip readiness)."""
     groups = []
-    for service, info in sorted(endpoints.items()):
-        labels = info.get("labels") or {}
-        if any(labels.get(k) != v for k, v in SERVICE_MONITOR_SELECTOR.items()):
+    for pod in sorted(pods, key=lambda p: p["name"]):
+        labels = pod.get("labels") or {}
+        if any(labels.get(k) != v for k, v in POD_MONITOR_SELECTOR.items()):
             continue
-        port = next((p for p in info.get("ports") or [] if p.get("name") == SERVICE_MONITOR_PORT), None)
-        if port is None:
-            continue
-        target_port = port.get("targetPort", port["port"])
-        for pod in info.get("pods") or []:
-            if not pod.get("ready"):
+        for port_name in POD_MONITOR_PORTS:
+            if port_name not in pod.get("ports", {}):
                 continue
-            number = pod["ports"].get(target_port, target_port) if isinstance(target_port, str) else target_port
-            groups.append(
-                {
-                    "targets": [f"{pod['ip']}:{number}"],
-                    "labels": {
-                        "job": service,
-                        "namespace": namespace,
-                        "service": service,
-                        "pod": pod["name"],
-                        "endpoint": SERVICE_MONITOR_PORT,
-                    },
-                }
-            )
+            target_labels = {
+                "job": f"{namespace}/{POD_MONITOR_NAME}",
+                "namespace": namespace,
+                "pod": pod["name"],
+                "endpoint": port_name,
+            }
+            target_labels.update({new: labels[old] for old, new in RELABEL.items() if old in labels})
+            groups.append({"targets": [f"{pod['ip']}:{pod['ports'][port_name]}"], "labels": target_labels})
     return groups
 
 

@@ -1,4 +1,4 @@
-"""The lane's stand-in for prometheus-operator: ServiceMonitor selection -> file_sd targets; dashboard queries."""
+"""The lane's stand-in for prometheus-operator: the chart's PodMonitor -> file_sd targets; dashboard queries."""
 
 from __future__ import annotations
 
@@ -6,38 +6,38 @@ import json
 import re
 from pathlib import Path
 
-import yaml
-from prometheus_lane import SERVICE_MONITOR_PORT, SERVICE_MONITOR_SELECTOR, panel_queries, targets_from_endpoints
+from prometheus_lane import POD_MONITOR_PORTS, POD_MONITOR_SELECTOR, RELABEL, panel_queries, targets_from_pods
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "rlboost"
 
 
-def test_the_lane_selects_what_the_charts_servicemonitor_selects() -> None:
-    text = (CHART / "templates" / "servicemonitor.yaml").read_text()
-    spec_text = text[text.index("spec:") :].split("{{- end }}")[0]
-    spec = yaml.safe_load(re.sub(r"\{\{.*?\}\}", "templated", spec_text))["spec"]
-    assert spec["selector"]["matchLabels"] == SERVICE_MONITOR_SELECTOR
-    assert [e["port"] for e in spec["endpoints"]] == [SERVICE_MONITOR_PORT]
+def test_the_lane_selects_and_relabels_what_the_charts_podmonitor_does() -> None:
+    text = (CHART / "templates" / "podmonitor.yaml").read_text()
+    assert all(f"{k}: {v}" in text for k, v in POD_MONITOR_SELECTOR.items())
+    assert re.search(r'range list ((?:"\w+" ?)+)', text).group(1).split() == [f'"{p}"' for p in POD_MONITOR_PORTS]
+    for label, target in RELABEL.items():
+        meta = "__meta_kubernetes_pod_label_" + re.sub(r"[./-]", "_", label)
+        assert re.search(rf"\[{meta}\]\s+targetLabel: {target}\b", text), (label, target)
 
 
-def test_targets_are_the_ready_pods_of_selected_services_at_their_metrics_port() -> None:
-    pod = {"name": "m-1", "ip": "10.0.0.5", "ready": True, "ports": {"metrics": 9090}}
-    endpoints = {
-        "m": {
-            "labels": SERVICE_MONITOR_SELECTOR,
-            "ports": [{"name": "metrics", "port": 9090, "targetPort": "metrics"}],
-            "pods": [pod, {**pod, "name": "m-2", "ready": False}],
-        },
-        "other": {"labels": {}, "ports": [{"name": "metrics", "port": 9090}], "pods": [pod]},
-        "nometrics": {"labels": SERVICE_MONITOR_SELECTOR, "ports": [{"name": "http", "port": 80}], "pods": [pod]},
+def test_targets_are_every_selected_pod_at_each_monitored_port() -> None:
+    labels = {
+        **POD_MONITOR_SELECTOR,
+        "rlboost.io/job": "j",
+        "rlboost.io/pool": "spot",
+        "app.kubernetes.io/component": "w",
     }
-    groups = targets_from_endpoints(endpoints, "ns")
-    assert groups == [
-        {
-            "targets": ["10.0.0.5:9090"],
-            "labels": {"job": "m", "namespace": "ns", "service": "m", "pod": "m-1", "endpoint": "metrics"},
-        }
+    pods = [
+        {"name": "w-1", "ip": "10.0.0.5", "ready": False, "labels": labels, "ports": {"metrics": 9090}},
+        {"name": "ws", "ip": "10.0.0.6", "ready": True, "labels": POD_MONITOR_SELECTOR, "ports": {"http": 8000}},
+        {"name": "other", "ip": "10.0.0.7", "ready": True, "labels": {}, "ports": {"metrics": 9090}},
     ]
+    groups = targets_from_pods(pods, "ns")
+    assert [g["targets"] for g in groups] == [["10.0.0.5:9090"], ["10.0.0.6:8000"]]
+    assert groups[0]["labels"] == {
+        "job": "ns/rlboost-jobs", "namespace": "ns", "pod": "w-1", "endpoint": "metrics",
+        "rljob": "j", "pool": "spot", "component": "w",
+    }  # fmt: skip
 
 
 def test_every_dashboard_panel_has_a_query() -> None:
