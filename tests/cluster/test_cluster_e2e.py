@@ -46,7 +46,8 @@ def test_example_rljob_reaches_succeeded_in_real_containers(tmp_path: Path) -> N
     proc = subprocess.run(cmd, cwd=ROOT, timeout=LANE_TIMEOUT_S)
     assert out.exists(), f"the lane wrote no summary (exit {proc.returncode}); its output above says where it stopped"
     summary = json.loads(out.read_text())
-    where = json.dumps({k: summary.get(k) for k in ("phase", "steps", "pods", "conditions")}, indent=1)
+    keys = ("phase", "stopped_because", "steps", "pods", "conditions", "dashboard_panels_empty", "notes")
+    where = json.dumps({k: summary.get(k) for k in keys}, indent=1)
     assert summary["phase"] == "Succeeded", f"the job did not succeed:\n{where}"
     assert summary["pods"], "no pod ran"
     not_ready = {n: p for n, p in summary["pods"].items() if not p["ready"]}
