@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 LOCK   := requirements/lock.txt
 PYTEST_ARGS ?=
 
-.PHONY: run test tools lint check-generated generate test-fast test-sglang run-sglang images push-images lock clean
+.PHONY: run test tools lint check-generated generate test-fast test-sglang run-sglang images push-images lock test-cluster clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,12 @@ push-images:
 # Re-resolve requirements/lock.txt after changing pyproject.toml's dependencies (needs uv)
 lock:
 	bash scripts/lock.sh
+
+# The cluster lane (issue 13): examples/rljob.yaml through kmock, the podlet (kubelet stand-in), the operator's
+# image and every pod as a podman container. Root and podman; installs what it needs (scripts/cluster/setup.sh).
+test-cluster: $(STAMP)
+	bash scripts/cluster/setup.sh
+	timeout 1800 $(PY) -m pytest -m cluster tests/cluster/test_cluster_e2e.py -p no:cacheprovider $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -1,0 +1,121 @@
+"""The cluster lane's Kubernetes API server: kmock's emulator as a long-running process.
+
+    python scripts/cluster/kube_api.py --host 10.213.0.1 --port 6443 --ready-file /tmp/x/api.url
+
+What it adds to kmock's in-memory emulator (which stores objects, merges patches as plain dicts,
+replays every object on each watch and ignores resourceVersion):
+- the built-in resources the operator, kopf and the podlet use, with their `status` subresources;
+- CustomResourceDefinitions that register their resource when created (`kubectl apply -f crd.yaml`
+  then serves `rlboost.io/v1alpha1/rljobs`), as a real API server does;
+- `metadata.generateName` (kopf posts Events that way), a uid and a creationTimestamp on create, and a
+  resourceVersion that every write moves on (kopf's JSON patches test it).
+What it does not do: authentication, admission (CEL rules), resourceVersion conflicts on merge patches, label
+selectors on list/watch, garbage collection of owned objects. The podlet stands in for the
+controllers and the kubelet (scripts/cluster/podlet.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import itertools
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import kmock
+
+VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
+BUILTIN: dict[str, dict[str, Any]] = {
+    "v1/namespaces": dict(kind="Namespace", namespaced=False),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": dict(kind="CustomResourceDefinition", namespaced=False),
+    "v1/nodes": dict(kind="Node", namespaced=False, subresources={"status"}),
+    "v1/pods": dict(kind="Pod", namespaced=True, subresources={"status"}),
+    "v1/events": dict(kind="Event", namespaced=True),
+    "events.k8s.io/v1/events": dict(kind="Event", namespaced=True),
+    "v1/configmaps": dict(kind="ConfigMap", namespaced=True),
+    "v1/secrets": dict(kind="Secret", namespaced=True),
+    "v1/services": dict(kind="Service", namespaced=True),
+    "v1/serviceaccounts": dict(kind="ServiceAccount", namespaced=True),
+    "v1/persistentvolumeclaims": dict(kind="PersistentVolumeClaim", namespaced=True, subresources={"status"}),
+    "apps/v1/deployments": dict(kind="Deployment", namespaced=True, subresources={"status", "scale"}),
+    "apps/v1/statefulsets": dict(kind="StatefulSet", namespaced=True, subresources={"status", "scale"}),
+    "coordination.k8s.io/v1/leases": dict(kind="Lease", namespaced=True),
+}
+
+
+def crd_resources(crd: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The `group/version/plural` keys a CustomResourceDefinition serves, with their ResourceInfo arguments."""
+    spec = crd.get("spec") or {}
+    names = spec.get("names") or {}
+    out: dict[str, dict[str, Any]] = {}
+    for version in spec.get("versions") or []:
+        if not version.get("served", True):
+            continue
+        info: dict[str, Any] = dict(kind=names.get("kind"), namespaced=spec.get("scope") == "Namespaced")
+        if "status" in (version.get("subresources") or {}):
+            info["subresources"] = {"status"}
+        out[f"{spec.get('group')}/{version['name']}/{names.get('plural')}"] = info
+    return out
+
+
+class LaneEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator plus generateName, uid/creationTimestamp, resourceVersion and CRD registration.
+
+    Every write gets a new resourceVersion, as on a real API server: kopf's JSON patches test it (a patch
+    whose `test` op names an older version fails, as it would there)."""
+
+    versions = itertools.count(1)
+
+    async def _handle(self, request):  # type: ignore[no-untyped-def]
+        data = request.data
+        if request.action == kmock.action.UPDATE and request.name is not None:
+            version = str(next(self.versions))
+            if isinstance(data, list):  # JSON patch: its test ops see the old version, then it moves on
+                data.append({"op": "add", "path": "/metadata/resourceVersion", "value": version})
+            elif isinstance(data, dict):
+                data.setdefault("metadata", {})["resourceVersion"] = version
+        if request.action == kmock.action.CREATE and isinstance(data, dict):
+            meta = data.setdefault("metadata", {})
+            meta["resourceVersion"] = str(next(self.versions))
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+            if data.get("kind") == "CustomResourceDefinition":
+                register(self, crd_resources(data))
+        return await super()._handle(request)
+
+
+def register(emulator: kmock.KubernetesEmulator, resources: dict[str, dict[str, Any]]) -> None:
+    for key, info in resources.items():
+        emulator.resources[key] = kmock.ResourceInfo(verbs=VERBS, **info)
+
+
+async def serve(host: str, port: int, ready_file: Path | None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with LaneEmulator() as emulator, kmock.Server(emulator, host=host, port=port) as server:
+        register(emulator, BUILTIN)
+        url = str(server.url).rstrip("/")
+        print(f"kube-api: serving the Kubernetes API (kmock) at {url}", flush=True)
+        if ready_file is not None:
+            ready_file.write_text(url)
+        await stop.wait()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (the lane's podman network gateway)")
+    p.add_argument("--port", type=int, default=0, help="port to bind (0: any free port)")
+    p.add_argument("--ready-file", type=Path, help="write the server's URL here once it serves")
+    args = p.parse_args()
+    asyncio.run(serve(args.host, args.port or 0, args.ready_file))
+
+
+if __name__ == "__main__":
+    main()

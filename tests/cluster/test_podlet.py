@@ -1,0 +1,79 @@
+"""The podlet's pure parts: scheduling, `$(VAR)` expansion, the downward API, DNS names, service links, probes' ports.
+
+The podlet's container side runs in the cluster lane (tests/cluster/test_cluster_e2e.py); these need nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+from podlet import container_port, dns_aliases, expand, field_ref, node_fits, service_link_env, template_hash
+
+from rlboost.spec import PoolSpec
+from rlboost_operator import spot
+
+SPOT_NODE = {"metadata": {"name": "s", "labels": {"cloud.google.com/gke-spot": "true"}}, "spec": {}}
+PLAIN_NODE = {"metadata": {"name": "r", "labels": {}}, "spec": {}}
+
+
+def test_the_operators_spot_and_reserved_scheduling_place_pods_on_the_right_nodes() -> None:
+    pool = PoolSpec()
+    spot_pod, reserved_pod = spot.spot_scheduling(pool), spot.reserved_scheduling(pool)
+    assert node_fits(spot_pod, SPOT_NODE) and not node_fits(spot_pod, PLAIN_NODE)
+    assert node_fits(reserved_pod, PLAIN_NODE) and not node_fits(reserved_pod, SPOT_NODE)
+
+
+def test_a_noschedule_taint_keeps_pods_off_unless_tolerated() -> None:
+    taint = {"key": "cloud.google.com/impending-node-termination", "effect": "NoSchedule"}
+    tainted = {**SPOT_NODE, "spec": {"taints": [taint]}}
+    assert not node_fits(spot.spot_scheduling(PoolSpec()), tainted)
+    tolerant = {"tolerations": [{"key": taint["key"], "operator": "Exists"}]}
+    assert node_fits(tolerant, tainted)
+    assert not node_fits({}, {**PLAIN_NODE, "spec": {"unschedulable": True}})
+
+
+def test_variable_expansion_follows_kubernetes() -> None:
+    env = {"POD_NAME": "w-1"}
+    assert expand("--worker-id=$(POD_NAME)", env) == "--worker-id=w-1"
+    assert expand("$(UNKNOWN) $$(POD_NAME)", env) == "$(UNKNOWN) $(POD_NAME)"
+
+
+def test_downward_api_fields() -> None:
+    pod = {
+        "metadata": {"name": "t-0", "namespace": "ns", "labels": {"apps.kubernetes.io/pod-index": "0"}},
+        "spec": {"nodeName": "n"},
+        "status": {"podIP": "10.0.0.5"},
+    }
+    assert field_ref("metadata.labels['apps.kubernetes.io/pod-index']", pod) == "0"
+    assert (field_ref("spec.nodeName", pod), field_ref("status.podIP", pod)) == ("n", "10.0.0.5")
+    with pytest.raises(ValueError, match="not supported"):
+        field_ref("spec.nope", pod)
+
+
+def test_dns_names_of_a_statefulset_pod_and_its_services() -> None:
+    pod = {
+        "metadata": {"name": "j-trainer-0", "namespace": "ns", "labels": {"c": "trainer"}},
+        "spec": {"hostname": "j-trainer-0", "subdomain": "j-trainer"},
+    }
+    services = [{"metadata": {"name": "j-trainer"}, "spec": {"selector": {"c": "trainer"}}}]
+    services.append({"metadata": {"name": "other"}, "spec": {"selector": {"c": "worker"}}})
+    names = dns_aliases(pod, services)
+    assert "j-trainer.ns.svc" in names and "j-trainer-0.j-trainer.ns.svc" in names
+    assert not any(n.startswith("other") for n in names)
+
+
+def test_service_links_skip_headless_services() -> None:
+    services = [
+        {"metadata": {"name": "rlboost-nats"}, "spec": {"ports": [{"name": "client", "port": 4222}]}},
+        {"metadata": {"name": "hl"}, "spec": {"clusterIP": "None", "ports": [{"port": 1}]}},
+    ]
+    env = service_link_env(services, {"rlboost-nats": ["10.0.0.9"], "hl": ["10.0.0.8"]})
+    assert env["RLBOOST_NATS_SERVICE_HOST"] == "10.0.0.9" and env["RLBOOST_NATS_PORT"] == "tcp://10.0.0.9:4222"
+    assert not any(k.startswith("HL_") for k in env)
+
+
+def test_named_probe_ports_and_template_hashes() -> None:
+    container = {"name": "c", "ports": [{"name": "metrics", "containerPort": 9090}]}
+    assert container_port(container, "metrics") == 9090 and container_port(container, 8000) == 8000
+    with pytest.raises(ValueError, match="named port"):
+        container_port(container, "http")
+    assert template_hash({"a": 1, "b": 2}) == template_hash({"b": 2, "a": 1}) != template_hash({"a": 2})

@@ -1,0 +1,46 @@
+"""The lane's stand-in for prometheus-operator: the chart's PodMonitor -> file_sd targets; dashboard queries."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from prometheus_lane import POD_MONITOR_PORTS, POD_MONITOR_SELECTOR, RELABEL, panel_queries, targets_from_pods
+
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "rlboost"
+
+
+def test_the_lane_selects_and_relabels_what_the_charts_podmonitor_does() -> None:
+    text = (CHART / "templates" / "podmonitor.yaml").read_text()
+    assert all(f"{k}: {v}" in text for k, v in POD_MONITOR_SELECTOR.items())
+    assert re.search(r'range list ((?:"\w+" ?)+)', text).group(1).split() == [f'"{p}"' for p in POD_MONITOR_PORTS]
+    for label, target in RELABEL.items():
+        meta = "__meta_kubernetes_pod_label_" + re.sub(r"[./-]", "_", label)
+        assert re.search(rf"\[{meta}\]\s+targetLabel: {target}\b", text), (label, target)
+
+
+def test_targets_are_every_selected_pod_at_each_monitored_port() -> None:
+    labels = {
+        **POD_MONITOR_SELECTOR,
+        "rlboost.io/job": "j",
+        "rlboost.io/pool": "spot",
+        "app.kubernetes.io/component": "w",
+    }
+    pods = [
+        {"name": "w-1", "ip": "10.0.0.5", "ready": False, "labels": labels, "ports": {"metrics": 9090}},
+        {"name": "ws", "ip": "10.0.0.6", "ready": True, "labels": POD_MONITOR_SELECTOR, "ports": {"http": 8000}},
+        {"name": "other", "ip": "10.0.0.7", "ready": True, "labels": {}, "ports": {"metrics": 9090}},
+    ]
+    groups = targets_from_pods(pods, "ns")
+    assert [g["targets"] for g in groups] == [["10.0.0.5:9090"], ["10.0.0.6:8000"]]
+    assert groups[0]["labels"] == {
+        "job": "ns/rlboost-jobs", "namespace": "ns", "pod": "w-1", "endpoint": "metrics",
+        "rljob": "j", "pool": "spot", "component": "w",
+    }  # fmt: skip
+
+
+def test_every_dashboard_panel_has_a_query() -> None:
+    dashboard = json.loads((CHART / "dashboards" / "rlboost.json").read_text())
+    queries = panel_queries(dashboard)
+    assert queries and all(expr for _, expr in queries)
