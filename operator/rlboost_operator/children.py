@@ -187,6 +187,7 @@ def _pod_spec(
         "volumes": volumes,
     }
     spec.update(extra or {})
+    spec.setdefault("affinity", spot.off_spot_affinity())  # only spot workers go where preemptions happen
     return spec
 
 

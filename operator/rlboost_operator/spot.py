@@ -137,17 +137,17 @@ def spot_scheduling(pool: PoolSpec) -> dict[str, Any]:
     }
 
 
-def reserved_scheduling(pool: PoolSpec) -> dict[str, Any]:
-    """Keep reserved workers off spot nodes (NotIn also matches nodes without the label)."""
+def off_spot_affinity() -> dict[str, Any]:
+    """Node affinity that keeps a pod off spot nodes of every supported cloud (NotIn also matches nodes without
+    the label). The trainer, the manager and the weight-server get it: a preemption must not take them down."""
     exprs = [{"key": k, "operator": "NotIn", "values": [v]} for k, v in SPOT_LABELS.values()]
-    out: dict[str, Any] = {
-        "nodeSelector": dict(pool.node_selector),
-        "affinity": {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": exprs}]}
-            }
-        },
-    }
+    terms = [{"matchExpressions": exprs}]
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+
+
+def reserved_scheduling(pool: PoolSpec) -> dict[str, Any]:
+    """Keep reserved workers off spot nodes."""
+    out: dict[str, Any] = {"nodeSelector": dict(pool.node_selector), "affinity": off_spot_affinity()}
     if pool.gpus_per_worker:
         out["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     return out

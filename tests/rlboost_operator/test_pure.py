@@ -288,3 +288,22 @@ def test_entry_point_help_runs_without_heavy_imports():
         [sys.executable, "-m", "rlboost_operator", "--help"], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0 and "--metrics-port" in proc.stdout
+
+
+def test_only_spot_workers_may_land_on_spot_nodes():
+    """The trainer, manager and weight-server carry the off-spot affinity (a preemption must not take the job's
+    control plane down); spot workers require spot nodes; reserved workers avoid them."""
+    spec = parse_job_spec({})
+    kids = children.build_children("j", "ns", spec, OperatorSettings(), 1)
+    affinity = {
+        k["metadata"]["name"]: k["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+        for k in kids
+        if k["kind"] in ("Deployment", "StatefulSet")
+    }
+    operators = {
+        name: {e["operator"] for t in a["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+               for e in t["matchExpressions"]}
+        for name, a in affinity.items()
+    }  # fmt: skip
+    assert operators == {"j-trainer": {"NotIn"}, "j-manager": {"NotIn"}, "j-weights": {"NotIn"},
+                         "j-workers-reserved": {"NotIn"}, "j-workers-spot": {"In"}}  # fmt: skip
