@@ -1,4 +1,4 @@
-"""The operator's in-memory view: settings, API client, NATS link, nodes, job pods and known jobs.
+"""The operator's in-memory view: settings, API client, NATS link, nodes, job pods, spot asks and known jobs.
 
 Filled by the kopf handlers from their watch streams; everything here is rebuilt on restart
 (kopf re-lists every watched object at start).
@@ -14,6 +14,7 @@ from rlboost.spec import JobSpec
 from rlboost_operator.config import OperatorSettings
 from rlboost_operator.kube import Kube
 from rlboost_operator.notices import NatsLink
+from rlboost_operator.spot_ask import SpotAsk, SpotPod
 
 
 @dataclass
@@ -25,6 +26,7 @@ class JobRef:
     uid: str
     spec: JobSpec
     spot_replicas: int | None = None  # last value written to the spot Deployment
+    spot_reason: str | None = None  # why (spot_ask's decision reason), for an Event when it changes
 
     def body(self) -> dict[str, Any]:
         """A minimal object reference for kopf.event()."""
@@ -42,6 +44,13 @@ class State:
     jobs: dict[tuple[str, str], JobRef] = field(default_factory=dict)
     notified: set[tuple[str, str]] = field(default_factory=set)  # (node, reason) already announced
     status_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    spot_pods: dict[tuple[str, str], tuple[str, SpotPod]] = field(default_factory=dict)  # (ns, pod) -> (job, pod)
+    spot_asks: dict[tuple[str, str], SpotAsk] = field(default_factory=dict)  # (ns, job) -> its autoscaler state
+    spot_rechecks: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)  # (ns, job) -> timer
+
+    def spot_pods_of(self, namespace: str, job: str) -> list[SpotPod]:
+        """The job's live spot worker pods."""
+        return [pod for (ns, _), (j, pod) in self.spot_pods.items() if ns == namespace and j == job]
 
     def pods_on(self, node: str) -> dict[tuple[str, str], list[str]]:
         """The job pods on a node, grouped by (namespace, job)."""
