@@ -144,15 +144,18 @@ def _spot_decision(namespace: str, job: str, spec: JobSpec) -> spot_ask.Decision
 def _recheck_later(namespace: str, job: str, delay_s: float | None) -> None:
     """Decide the job's spot ask again after `delay_s` (a pending bound or a retry falls due with no event)."""
     previous = STATE.spot_rechecks.pop((namespace, job), None)
-    if previous is not None and previous is not asyncio.current_task():
-        previous.cancel()
+    if previous is not None:
+        previous.cancel()  # still sleeping: a recheck that woke up has left the dict
     if delay_s is not None:
         STATE.spot_rechecks[(namespace, job)] = asyncio.create_task(_recheck(namespace, job, delay_s))
 
 
 async def _recheck(namespace: str, job: str, delay_s: float) -> None:
+    key = (namespace, job)
     await asyncio.sleep(delay_s + 0.05)  # just past the bound, not just before it
-    ref = STATE.jobs.get((namespace, job))
+    if STATE.spot_rechecks.get(key) is asyncio.current_task():
+        del STATE.spot_rechecks[key]  # awake: a newer decision must not cancel it halfway through its writes
+    ref = STATE.jobs.get(key)
     if ref is not None:
         await rescale_job(ref)
 

@@ -140,7 +140,11 @@ def test_autoscaled_spot_pool_asks_for_max_shrinks_on_pending_pods_and_retries(s
     api = operator
     for name, node in [("a", "spot-a"), ("b", "spot-a"), ("c", None), ("d", None)]:
         api.create("Pod", spot_pod("auto", f"auto-workers-spot-{name}", node))
-    wait_until(lambda: len(STATE.spot_pods_of(NS, "auto")) == 4, timeout=20, what="the operator seeing the pods")
+
+    def seen() -> int:  # list() first: the operator's thread adds to the dict meanwhile
+        return sum(1 for (ns, _), (job, _) in list(STATE.spot_pods.items()) if (ns, job) == (NS, "auto"))
+
+    wait_until(lambda: seen() == 4, timeout=20, what="the operator seeing the pods")
     spec = {"rollout": {"spot": {"minReplicas": 0, "maxReplicas": 4, "gpusPerWorker": 1, "sizing": "autoscaler"}}}
     api.create("RLJob", rljob("auto", spec))
     wait_until(lambda: spot_replicas(api, "auto") == 4, timeout=20, what="the maximum asked for")
