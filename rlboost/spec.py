@@ -173,13 +173,27 @@ class PoolSpec(SpecModel):
         return self
 
 
+class SpotPoolSpec(PoolSpec):
+    """The pool of spot (preemptible) rollout workers."""
+
+    sizing: Literal["default", "autoscaler", "capacity"] = Field(
+        "default",
+        description="How the operator sizes the pool. 'autoscaler': spot nodes are provisioned on demand (GKE node "
+        "auto-provisioning, cluster-autoscaler, Karpenter): ask for maxReplicas, fewer while pods stay unschedulable, "
+        "then retry. 'capacity': as many as the spot nodes present hold. 'default': the operator's setting "
+        "(the chart's jobDefaults.spot.sizing).",
+    )
+
+
 class RolloutSpec(SpecModel):
     """Rollout workers and the manager's timing."""
 
     reserved: PoolSpec = Field(
         default_factory=lambda: PoolSpec(replicas=1), description="Reserved (on-demand) workers."
     )
-    spot: PoolSpec = Field(default_factory=lambda: PoolSpec(replicas=2), description="Preemptible (spot) workers.")
+    spot: SpotPoolSpec = Field(
+        default_factory=lambda: SpotPoolSpec(replicas=2), description="Preemptible (spot) workers."
+    )
     heartbeat_interval_ms: int = Field(500, ge=50, le=60000, description="Worker heartbeat period.")
     lease_timeout_ms: int = Field(5000, ge=200, le=600000, description="A worker silent this long loses its requests.")
     chunk_max_tokens: int = Field(16, ge=1, le=4096, description="A token chunk is sent after this many tokens...")

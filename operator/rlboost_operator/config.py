@@ -6,6 +6,7 @@ The Helm chart sets them on the operator Deployment; tests set them before start
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -25,6 +26,23 @@ class OperatorSettings(BaseModel):
     storage_class: str = Field("", description="StorageClass of the job's PVCs; empty = the cluster default.")
     trainer_storage: str = Field("20Gi", description="Size of each trainer rank's checkpoint volume.")
     rescale_interval_s: float = Field(30.0, gt=0, description="Safety-net period of the spot rescale timer.")
+    spot_sizing: Literal["autoscaler", "capacity"] = Field(
+        "capacity",
+        description="Sizing of spot pools whose RLJob says sizing 'default': 'autoscaler' asks for maxReplicas so "
+        "an autoscaler provisions spot nodes; 'capacity' sizes to the spot nodes present.",
+    )
+    spot_pending_timeout_s: float = Field(
+        600.0, gt=0, description="Autoscaler sizing: spot pods unschedulable this long shrink the ask."
+    )
+    spot_retry_backoff_s: float = Field(
+        600.0, gt=0, description="Autoscaler sizing: first wait after a shrink before asking for maxReplicas again."
+    )
+    spot_retry_backoff_max_s: float = Field(
+        3600.0, gt=0, description="Autoscaler sizing: the wait doubles after each shrink, up to this."
+    )
+    spot_probe_workers: int = Field(
+        1, ge=0, description="Autoscaler sizing: pods asked for beyond those placed while backing off."
+    )
 
 
 def load_settings(environ: dict[str, str] | None = None) -> OperatorSettings:

@@ -87,7 +87,13 @@ def status_schema() -> dict[str, Any]:
         "properties": {
             "reserved": _num("Ready reserved workers.", "integer"),
             "spot": _num("Ready spot workers.", "integer"),
-            "spotDesired": _num("Spot workers the operator asked for (capacity clamped to min/max).", "integer"),
+            "spotDesired": _num("Spot workers the operator asked for, within minReplicas..maxReplicas.", "integer"),
+            "spotReason": {
+                "type": "string",
+                "description": "Why: SpotScaled (capacity of the spot nodes present), SpotAskingAutoscaler "
+                "(maxReplicas, for the autoscaler) or SpotPendingBackoff (pods stayed unschedulable; retrying later).",
+            },
+            "spotMessage": {"type": "string", "description": "The spot ask in words, e.g. when it retries."},
         },
     }
     return {

@@ -6,7 +6,8 @@ Run: `kopf run -A -m rlboost_operator.handlers` (or `python -m rlboost_operator`
   `steps` and `done` subjects (once per job; the subscriptions live in STATE) to write .status.
 - The end of a job (`done`, or trainer.backoffLimit exceeded by the trainer pods' restarts): its workloads are
   scaled to zero and stay there on every later reconcile; PVCs, Secret, ConfigMap and status are kept.
-- Nodes: spot nodes are counted per job's pool (spot.py) and the spot Deployment scaled;
+- Nodes and spot worker Pods: the spot Deployment is sized by spot_ask.py (to the spot nodes present, or, for
+  autoscaled spot pools, to maxReplicas with a shrink and back-off while pods stay unschedulable);
   preemption signals become NATS notices naming the node and the job's pods on it.
 - No RLJob carries a finalizer: nothing here is per-object kopf machinery (daemons, timers, mandatory delete
   handlers would each add one), so an RLJob deletes even when no operator runs.
@@ -18,18 +19,28 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
-from rlboost.spec import JobSpec
+from rlboost.spec import JobSpec, SpotPoolSpec
 from rlboost.wire.events import JobDone, PreemptionNotice, StepReport
-from rlboost_operator import children, spot, status
+from rlboost_operator import children, spot, spot_ask, status
 from rlboost_operator.checks import SpecProblemError, check_job
 from rlboost_operator.config import load_settings
 from rlboost_operator.kube import Kube, KubeError
-from rlboost_operator.metrics import DESIRED_SPOT, ERRORS, NOTICES, READY_WORKERS, RECONCILIATIONS, SPOT_NODES
+from rlboost_operator.metrics import (
+    DESIRED_SPOT,
+    ERRORS,
+    NOTICES,
+    READY_WORKERS,
+    RECONCILIATIONS,
+    SPOT_NODES,
+    SPOT_SHRINKS,
+    SPOT_UNSCHEDULABLE,
+)
 from rlboost_operator.notices import NatsLink
 from rlboost_operator.state import JobRef, State
 
@@ -63,12 +74,20 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     # A fresh view each run: kopf re-lists every watched object at start.
     STATE.settings = load_settings()
     STATE.reset()
+    _cancel_rechecks()
     STATE.nats = NatsLink(STATE.settings.nats_url)
     STATE.background = asyncio.create_task(rescale_loop(), name="rescale-loop")
 
 
+def _cancel_rechecks() -> None:
+    for task in STATE.spot_rechecks.values():
+        task.cancel()
+    STATE.spot_rechecks.clear()
+
+
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
+    _cancel_rechecks()
     if STATE.background is not None:
         STATE.background.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -106,8 +125,63 @@ async def _ensure_token(namespace: str, job: str, body: kopf.Body) -> None:
         await kube.create(secret)
 
 
-def _spot_replicas(spec: JobSpec) -> int:
-    return spot.desired_spot_replicas(STATE.nodes.values(), spec.rollout.spot)
+def _autoscaled(pool: SpotPoolSpec) -> bool:
+    """Whether the pool's spot nodes come from an autoscaler: the job's sizing, else the operator's."""
+    return (pool.sizing if pool.sizing != "default" else STATE.settings.spot_sizing) == "autoscaler"
+
+
+def _ask_settings() -> spot_ask.AskSettings:
+    s = STATE.settings
+    return spot_ask.AskSettings(
+        s.spot_pending_timeout_s, s.spot_retry_backoff_s, s.spot_retry_backoff_max_s, s.spot_probe_workers
+    )
+
+
+def _spot_decision(namespace: str, job: str, spec: JobSpec) -> spot_ask.Decision:
+    """The spot ask now: the capacity present, or the job's autoscaler state machine fed its pods."""
+    pool, pods = spec.rollout.spot, STATE.spot_pods_of(namespace, job)
+    SPOT_UNSCHEDULABLE.labels(namespace, job).set(sum(1 for p in pods if p.unschedulable_since is not None))
+    if not _autoscaled(pool):
+        STATE.spot_asks.pop((namespace, job), None)
+        _recheck_later(namespace, job, None)
+        return spot_ask.capacity_decision(STATE.nodes.values(), pool)
+    ask = STATE.spot_asks.setdefault((namespace, job), spot_ask.SpotAsk(_ask_settings()))
+    doomed = {name for name, node in STATE.nodes.items() if spot.preemption(node) is not None}
+    decision = ask.decide(time.time(), pool, pods, doomed)
+    if decision.shrunk:
+        SPOT_SHRINKS.labels(namespace, job).inc()
+    _recheck_later(namespace, job, decision.recheck_s)
+    return decision
+
+
+def _recheck_later(namespace: str, job: str, delay_s: float | None) -> None:
+    """Decide the job's spot ask again after `delay_s` (a pending bound or a retry falls due with no event)."""
+    previous = STATE.spot_rechecks.pop((namespace, job), None)
+    if previous is not None:
+        previous.cancel()  # still sleeping: a recheck that woke up has left the dict
+    if delay_s is not None:
+        STATE.spot_rechecks[(namespace, job)] = asyncio.create_task(_recheck(namespace, job, delay_s))
+
+
+async def _recheck(namespace: str, job: str, delay_s: float) -> None:
+    key = (namespace, job)
+    await asyncio.sleep(delay_s + 0.05)  # just past the bound, not just before it
+    if STATE.spot_rechecks.get(key) is asyncio.current_task():
+        del STATE.spot_rechecks[key]  # awake: a newer decision must not cancel it halfway through its writes
+    ref = STATE.jobs.get(key)
+    if ref is not None:
+        await rescale_job(ref)
+
+
+def _spot_status(decision: spot_ask.Decision) -> dict[str, Any]:
+    return {"spotDesired": decision.replicas, "spotReason": decision.reason, "spotMessage": decision.message}
+
+
+def _announce_spot(ref: JobRef, before: int | None, decision: spot_ask.Decision) -> None:
+    """An Event saying what the spot ask became and why."""
+    change = f"spot workers {before} -> {decision.replicas}: " if before not in (None, decision.replicas) else ""
+    post = kopf.warn if decision.shrunk else kopf.info
+    post(ref.body(), reason=decision.reason, message=change + decision.message)
 
 
 async def reconcile(body: kopf.Body, spec_data: Any) -> None:
@@ -131,20 +205,33 @@ async def _apply_children(body: kopf.Body, spec: JobSpec) -> bool:
     kube = _kube()
     previous = ((await kube.get("RLJob", namespace, job)) or {}).get("status") or {}
     ended = status.finished(previous)
-    replicas = 0 if ended else _spot_replicas(spec)
+    decision = None if ended else _spot_decision(namespace, job, spec)
+    replicas = decision.replicas if decision else 0
     await _ensure_token(namespace, job, body)
     for child in children.build_children(job, namespace, spec, STATE.settings, replicas, finished=ended):
         if children.adopted(child):
             kopf.adopt(child, owner=body)
         await kube.apply(child)
-    if ended:
+    if decision is None:
         _drop_job(namespace, job)
     else:
-        STATE.jobs[(namespace, job)] = JobRef(namespace, job, body.metadata.uid or "", spec, replicas)
-        DESIRED_SPOT.labels(namespace, job).set(replicas)
+        _remember_job(body, spec, decision)
     patch = status.reconcile_status(previous, replicas, _generation(body))
+    if decision is not None:
+        patch["workers"].update(_spot_status(decision))
     await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
     return ended
+
+
+def _remember_job(body: kopf.Body, spec: JobSpec, decision: spot_ask.Decision) -> None:
+    """Keep a running job for rescaling; say so when its spot ask is new or changed."""
+    namespace, job = body.metadata.namespace or "default", body.metadata.name or ""
+    ref = JobRef(namespace, job, body.metadata.uid or "", spec, decision.replicas, decision.reason)
+    known = STATE.jobs.get((namespace, job))
+    STATE.jobs[(namespace, job)] = ref
+    if known is None or (known.spot_replicas, known.spot_reason) != (decision.replicas, decision.reason):
+        _announce_spot(ref, known.spot_replicas if known else None, decision)
+    DESIRED_SPOT.labels(namespace, job).set(decision.replicas)
 
 
 def _generation(obj: Any) -> int | None:
@@ -168,8 +255,13 @@ async def rljob_reconcile(body: kopf.Body, spec: kopf.Spec, **_: Any) -> None:
 
 def _drop_job(namespace: str, name: str) -> None:
     """Stop scaling a job (it ended or went away) and drop its gauges."""
+    STATE.spot_asks.pop((namespace, name), None)
+    _recheck_later(namespace, name, None)
     if STATE.jobs.pop((namespace, name), None) is not None:
         DESIRED_SPOT.remove(namespace, name)
+    for series in (SPOT_SHRINKS, SPOT_UNSCHEDULABLE):
+        with contextlib.suppress(KeyError):
+            series.remove(namespace, name)
     for pool in ("reserved", "spot"):
         with contextlib.suppress(KeyError):
             READY_WORKERS.remove(namespace, name, pool)
@@ -192,28 +284,39 @@ async def rljob_event(event: dict[str, Any], namespace: str, name: str, **_: Any
 # --- Spot pools and preemption --------------------------------------------------------------
 
 
-async def rescale(ref: JobRef) -> None:
-    """Scale the job's spot Deployment to the capacity present, within [min, max]."""
-    desired = _spot_replicas(ref.spec)
-    if desired == ref.spot_replicas:
+async def rescale(ref: JobRef, force: bool = False) -> None:
+    """Scale the job's spot Deployment to the spot ask (spot_ask.py); an Event and the status say why.
+
+    `force` writes the ask even if it did not change (the timer's safety net)."""
+    decision = _spot_decision(ref.namespace, ref.name, ref.spec)
+    before, reason = ref.spot_replicas, ref.spot_reason
+    if not force and (before, reason) == (decision.replicas, decision.reason):
         return
-    before, ref.spot_replicas = ref.spot_replicas, desired
+    ref.spot_replicas, ref.spot_reason = decision.replicas, decision.reason
     kube = _kube()
     name = children.names(ref.name)["spot"]
-    await kube.patch("Deployment", ref.namespace, name, {"spec": {"replicas": desired}})
-    await kube.patch("RLJob", ref.namespace, ref.name, {"status": {"workers": {"spotDesired": desired}}}, sub="status")
-    DESIRED_SPOT.labels(ref.namespace, ref.name).set(desired)
-    kopf.info(ref.body(), reason="SpotScaled", message=f"spot workers {before} -> {desired} (capacity on spot nodes)")
+    if STATE.jobs.get((ref.namespace, ref.name)) is not ref:
+        return  # the job ended (scaled to zero) or was reconciled anew meanwhile: its own write wins
+    await kube.patch("Deployment", ref.namespace, name, {"spec": {"replicas": decision.replicas}})
+    await kube.patch("RLJob", ref.namespace, ref.name, {"status": {"workers": _spot_status(decision)}}, sub="status")
+    DESIRED_SPOT.labels(ref.namespace, ref.name).set(decision.replicas)
+    if (before, reason) != (decision.replicas, decision.reason):
+        _announce_spot(ref, before, decision)
+
+
+async def rescale_job(ref: JobRef, force: bool = False) -> None:
+    """rescale(), with a failure counted and logged; the next event or timer tick tries again."""
+    try:
+        await rescale(ref, force)
+    except Exception:
+        ERRORS.labels("rescale").inc()
+        ref.spot_replicas = None
+        log.exception("rescaling failed", extra={"job": ref.name, "namespace": ref.namespace})
 
 
 async def rescale_all() -> None:
     for ref in list(STATE.jobs.values()):
-        try:
-            await rescale(ref)
-        except Exception:
-            ERRORS.labels("rescale").inc()
-            ref.spot_replicas = None  # retry on the next event or timer tick
-            log.exception("rescaling failed", extra={"job": ref.name, "namespace": ref.namespace})
+        await rescale_job(ref)
 
 
 def _count_spot_nodes() -> None:
@@ -271,11 +374,28 @@ async def node_event(event: dict[str, Any], body: kopf.Body, name: str, **_: Any
     await rescale_all()
 
 
+def _track_spot_pod(deleted: bool, pod: dict[str, Any], namespace: str, name: str, job: str) -> bool:
+    """Keep the job's spot worker pods (node, or unschedulable since when); True if this one changed."""
+    key = (namespace, name)
+    known = STATE.spot_pods.get(key)
+    if deleted or not spot_ask.counts_as_spot_worker(pod):
+        return STATE.spot_pods.pop(key, None) is not None
+    first_seen = known[1].unschedulable_since if known and known[1].unschedulable_since is not None else time.time()
+    current = (job, spot_ask.spot_pod(pod, first_seen))
+    STATE.spot_pods[key] = current
+    return current != known
+
+
 @kopf.on.event("", "v1", "pods", labels=JOB_POD_LABELS)
 async def pod_event(
     event: dict[str, Any], body: kopf.Body, namespace: str, name: str, labels: kopf.Labels, **_: Any
 ) -> None:
     await watch_trainer(event, body, namespace, name, labels)
+    job = labels["rlboost.io/job"]
+    if _track_spot_pod(event.get("type") == "DELETED", dict(body), namespace, name, job):
+        ref = STATE.jobs.get((namespace, job))
+        if ref is not None:
+            await rescale_job(ref)
     node = body.get("spec", {}).get("nodeName")
     if event.get("type") == "DELETED" or not node:
         STATE.pods.pop((namespace, name), None)
@@ -293,8 +413,7 @@ async def rescale_loop() -> None:
     while True:
         await asyncio.sleep(STATE.settings.rescale_interval_s)
         for ref in list(STATE.jobs.values()):
-            ref.spot_replicas = None  # write it even if unchanged: the Deployment may have been edited
-        await rescale_all()
+            await rescale_job(ref, force=True)  # written even if unchanged: the Deployment may have been edited
 
 
 # --- Status from the job's services ---------------------------------------------------------

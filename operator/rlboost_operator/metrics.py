@@ -15,6 +15,13 @@ ERRORS = Counter("rlboost_operator_errors_total", "Errors by kind.", ["kind"])
 SPOT_NODES = Gauge("rlboost_operator_spot_nodes", "Spot nodes currently seen, by provider.", ["provider"])
 NOTICES = Counter("rlboost_operator_preemption_notices_total", "Preemption notices published to NATS.", ["reason"])
 DESIRED_SPOT = Gauge("rlboost_operator_desired_spot_replicas", "Spot workers asked for per job.", JOB_LABELS)
+SPOT_SHRINKS = Counter(
+    "rlboost_operator_spot_pending_shrinks_total",
+    "Autoscaler sizing: spot asks shrunk because spot pods stayed unschedulable past the bound.", JOB_LABELS,
+)  # fmt: skip
+SPOT_UNSCHEDULABLE = Gauge(
+    "rlboost_operator_spot_unschedulable_pods", "Spot worker pods the scheduler found no node for, per job.", JOB_LABELS
+)
 READY_WORKERS = Gauge(
     "rlboost_operator_ready_workers", "Ready rollout workers per job and pool (the Deployment's status).",
     [*JOB_LABELS, "pool"],

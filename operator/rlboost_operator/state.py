@@ -1,5 +1,5 @@
-"""The operator's in-memory view: settings, API client, NATS link, nodes, job pods, known jobs, their status
-subscriptions and their trainers' failures.
+"""The operator's in-memory view: settings, API client, NATS link, nodes, job pods, spot asks, known jobs, their
+status subscriptions and their trainers' failures.
 
 Filled by the kopf handlers from their watch streams; everything here is rebuilt on restart
 (kopf re-lists every watched object at start). Nothing per job lives in kopf itself (no daemon, no timer):
@@ -16,6 +16,7 @@ from rlboost.spec import JobSpec
 from rlboost_operator.config import OperatorSettings
 from rlboost_operator.kube import Kube
 from rlboost_operator.notices import NatsLink
+from rlboost_operator.spot_ask import SpotAsk, SpotPod
 
 
 @dataclass
@@ -27,6 +28,7 @@ class JobRef:
     uid: str
     spec: JobSpec
     spot_replicas: int | None = None  # last value written to the spot Deployment
+    spot_reason: str | None = None  # why (spot_ask's decision reason), for an Event when it changes
 
     def body(self) -> dict[str, Any]:
         """A minimal object reference for kopf.event()."""
@@ -47,12 +49,27 @@ class State:
     subscriptions: dict[tuple[str, str], list[Any]] = field(default_factory=dict)  # (ns, job) -> its NATS subs
     trainer_failures: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)  # (ns, pod) -> (job, n)
     background: asyncio.Task[None] | None = None  # the operator-wide rescale loop
+    spot_pods: dict[tuple[str, str], tuple[str, SpotPod]] = field(default_factory=dict)  # (ns, pod) -> (job, pod)
+    spot_asks: dict[tuple[str, str], SpotAsk] = field(default_factory=dict)  # (ns, job) -> its autoscaler state
+    spot_rechecks: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)  # (ns, job) -> timer
 
     def reset(self) -> None:
         """Forget everything seen (a fresh start: kopf lists every object again)."""
-        for seen in (self.nodes, self.pods, self.jobs, self.notified, self.status_locks):
+        for seen in (
+            self.nodes,
+            self.pods,
+            self.jobs,
+            self.notified,
+            self.status_locks,
+            self.spot_pods,
+            self.spot_asks,
+        ):
             seen.clear()
         self.subscriptions.clear(), self.trainer_failures.clear()
+
+    def spot_pods_of(self, namespace: str, job: str) -> list[SpotPod]:
+        """The job's live spot worker pods."""
+        return [pod for (ns, _), (j, pod) in self.spot_pods.items() if ns == namespace and j == job]
 
     def most_trainer_failures(self, namespace: str, job: str) -> int:
         """The most failures any of the job's trainer ranks had (ranks die together; a sum would count one

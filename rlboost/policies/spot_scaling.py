@@ -7,8 +7,9 @@ step nobody waits on), never below one instance. The cap starts unlimited (use w
 `cap()` never gives more than the instances available or `limit`. Deterministic, no clock, no network.
 
 Used by the simulator (`rlboost simulate`, rlboost/simulate/runner.py) when no fixed spot cap is given.
-The operator does not use it: it sizes the spot Deployment to the spot capacity present, clamped to the
-pool's [minReplicas, maxReplicas] (rlboost_operator/spot.py).
+The operator does not use it: it sizes the spot Deployment to the spot capacity present, or on autoscaled spot
+pools to maxReplicas with a shrink while pods stay unschedulable, always within [minReplicas, maxReplicas]
+(rlboost_operator/spot_ask.py: Kubernetes scheduling, which the simulator does not model).
 """
 
 from __future__ import annotations

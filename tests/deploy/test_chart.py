@@ -19,7 +19,7 @@ import yaml
 
 from rlboost_operator.__main__ import election_config, parse_args
 from rlboost_operator.checks import check_job
-from rlboost_operator.config import OperatorSettings
+from rlboost_operator.config import OperatorSettings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "rlboost"
@@ -83,6 +83,9 @@ def test_chart_renders_and_every_manifest_validates(values_file):
     if values_file:
         registry = yaml.safe_load((CHART / values_file).read_text())["images"]["registry"]
         assert env["RLBOOST_OPERATOR_IMAGE_REGISTRY"] == registry
+    # Every setting the chart gives the operator is valid; cloud presets size spot pools for their autoscaler.
+    settings = load_settings({k: v for k, v in env.items() if v is not None})
+    assert settings.spot_sizing == ("capacity" if values_file is None else "autoscaler")
     monitored = values_file in ("values-eks.yaml", "values-karpenter.yaml")
     assert ("ServiceMonitor" in kinds) == ("PodMonitor" in kinds) == monitored
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from typing import Any
 
 import nats
+import pytest
+from prometheus_client import REGISTRY
 
 from rlboost.wire.events import JobDone, PreemptionNotice, StepReport, subject
 from tests.helpers import wait_until
@@ -101,6 +104,71 @@ def test_spot_nodes_appearing_and_vanishing_scale_the_spot_workers(operator):
     # The status and the event are written after the Deployment: wait for them, do not race them.
     wait_until(lambda: status_of(api, "scaler")["workers"]["spotDesired"] == 1, timeout=20, what="status at min")
     wait_until(lambda: "SpotScaled" in {e.get("reason") for e in api.list("Event", NS)}, timeout=20, what="event")
+
+
+@pytest.fixture
+def short_spot_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The autoscaler sizing's pending bound and back-off in seconds, not minutes (read when the operator starts)."""
+    monkeypatch.setenv("RLBOOST_OPERATOR_SPOT_PENDING_TIMEOUT_S", "2")
+    monkeypatch.setenv("RLBOOST_OPERATOR_SPOT_RETRY_BACKOFF_S", "2")
+
+
+def spot_pod(job: str, name: str, node: str | None) -> dict[str, Any]:
+    """A spot worker Pod as the scheduler leaves it: on `node`, or unschedulable since long ago."""
+    meta = {"name": name, "namespace": NS, "resourceVersion": "1",
+            "labels": {"rlboost.io/job": job, "rlboost.io/pool": "spot", "rlboost.io/component": "rollout-worker"}}  # fmt: skip
+    if node:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"nodeName": node},
+                "status": {"phase": "Running"}}  # fmt: skip
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                     "lastTransitionTime": "2020-01-01T00:00:00Z", "message": "0/3 nodes are available"}  # fmt: skip
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {},
+            "status": {"phase": "Pending", "conditions": [unschedulable]}}  # fmt: skip
+
+
+def events(api, reason: str) -> list[dict[str, Any]]:
+    return [e for e in api.list("Event", NS) if e.get("reason") == reason]
+
+
+def test_autoscaled_spot_pool_asks_for_max_shrinks_on_pending_pods_and_retries(short_spot_bounds, operator):
+    """No spot node exists: the spot Deployment asks for maxReplicas (an autoscaler would add nodes). Pods
+    unschedulable past the bound shrink the ask to the placed pods + one probe; after the back-off it asks again.
+
+    The pods exist before the RLJob, and the test waits until the operator has seen them (its in-process state),
+    so the bound, which counts from the first ask, expires with all four known."""
+    from rlboost_operator.handlers import STATE
+
+    api = operator
+    for name, node in [("a", "spot-a"), ("b", "spot-a"), ("c", None), ("d", None)]:
+        api.create("Pod", spot_pod("auto", f"auto-workers-spot-{name}", node))
+
+    def seen() -> int:  # list() first: the operator's thread adds to the dict meanwhile
+        return sum(1 for (ns, _), (job, _) in list(STATE.spot_pods.items()) if (ns, job) == (NS, "auto"))
+
+    wait_until(lambda: seen() == 4, timeout=20, what="the operator seeing the pods")
+    spec = {"rollout": {"spot": {"minReplicas": 0, "maxReplicas": 4, "gpusPerWorker": 1, "sizing": "autoscaler"}}}
+    api.create("RLJob", rljob("auto", spec))
+    wait_until(lambda: spot_replicas(api, "auto") == 4, timeout=20, what="the maximum asked for")
+    asking = wait_until(lambda: events(api, "SpotAskingAutoscaler"), timeout=20, what="the asking Event")
+    assert asking[0]["message"] == "asking for 4 spot workers for the autoscaler (2 placed)"
+
+    wait_until(lambda: spot_replicas(api, "auto") == 3, timeout=20, what="the ask shrunk to 2 placed + 1 probe")
+    wait_until(lambda: status_of(api, "auto")["workers"].get("spotReason") == "SpotPendingBackoff", timeout=20,
+               what="the back-off in the status")  # fmt: skip
+    workers = status_of(api, "auto")["workers"]
+    assert workers["spotDesired"] == 3
+    assert re.fullmatch(r"2 spot pods Pending \(unschedulable\) for \d+s: asking for 3, retrying 4 in 2s",
+                        workers["spotMessage"]), workers  # fmt: skip
+    shrink = wait_until(lambda: events(api, "SpotPendingBackoff"), timeout=20, what="the shrink Event")[0]
+    assert shrink["type"] == "Warning"
+    assert shrink["message"].startswith("spot workers 4 -> 3: 2 spot pods Pending (unschedulable)")
+    assert shrink["message"].endswith("asking for 3, retrying 4 in 2s")
+    labels = {"rljob_namespace": NS, "rljob": "auto"}
+    assert REGISTRY.get_sample_value("rlboost_operator_spot_pending_shrinks_total", labels) >= 1
+    assert REGISTRY.get_sample_value("rlboost_operator_spot_unschedulable_pods", labels) == 2
+
+    wait_until(lambda: any(e["message"].startswith("spot workers 3 -> 4: retrying: asking for 4")
+                           for e in events(api, "SpotAskingAutoscaler")), timeout=20, what="the retry")  # fmt: skip
 
 
 def _collect(url: str, subj: str, received: list[bytes], ready: threading.Event, stop: threading.Event) -> None:
