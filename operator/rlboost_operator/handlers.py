@@ -1,8 +1,11 @@
 """kopf handlers of the rlboost operator. Thin: they route watch events to pure builders and the API.
 
 Run: `kopf run -A -m rlboost_operator.handlers` (or `python -m rlboost_operator`).
-- RLJob create/update/resume: validate (rlboost_operator.checks), build children (children.py),
-  adopt them (ownerReferences: deletion is garbage collection), create or patch.
+- RLJob create/update/resume: validate (rlboost_operator.checks), check that the model's claim or token Secret
+  exists (model_source.py), build children (children.py), adopt them (ownerReferences: deletion is garbage
+  collection), create or patch.
+- Job pods: a `fetch-model` init container that failed (no such repo, refused credentials, unreachable URI)
+  makes the RLJob Failed with a ModelReady condition naming the spec.model field, instead of a silent crash loop.
 - Nodes: spot nodes are counted per job's pool (spot.py) and the spot Deployment scaled;
   preemption signals become NATS notices naming the node and the job's pods on it.
 - A daemon per RLJob subscribes to the job's `steps` and `done` subjects and writes .status.
@@ -21,7 +24,7 @@ import kopf
 
 from rlboost.spec import JobSpec
 from rlboost.wire.events import JobDone, PreemptionNotice, StepReport
-from rlboost_operator import children, spot, status
+from rlboost_operator import children, model_source, spot, status
 from rlboost_operator.checks import SpecProblemError, check_job
 from rlboost_operator.config import load_settings
 from rlboost_operator.kube import Kube
@@ -31,6 +34,7 @@ from rlboost_operator.state import JobRef, State
 
 log = logging.getLogger(__name__)
 RLJOB = ("rlboost.io", "v1alpha1", "rljobs")
+MODEL_RECHECK_S = 30  # a missing claim or token Secret is looked for again this often
 JOB_POD_LABELS = {"rlboost.io/job": kopf.PRESENT}
 
 STATE = State(settings=load_settings())
@@ -84,6 +88,30 @@ async def _fail(body: kopf.Body, problem: SpecProblemError) -> None:
     raise kopf.PermanentError(f"spec.{problem.field}: {problem}")
 
 
+async def _model_unavailable(body: kopf.Body, problem: model_source.ModelProblem) -> None:
+    """Phase Failed with a ModelReady condition naming the field; checked again later (the claim or Secret may be
+    created after the RLJob, e.g. by the same `kubectl apply`), so the job starts once it exists."""
+    RECONCILIATIONS.labels("model-unavailable").inc()
+    namespace, name = body.metadata.namespace or "default", body.metadata.name or ""
+    STATE.jobs.pop((namespace, name), None)
+    await _write_model_failure(body, problem)
+    raise kopf.TemporaryError(f"spec.model.{problem.field}: {problem.message}", delay=MODEL_RECHECK_S)
+
+
+async def _write_model_failure(rljob: Any, problem: model_source.ModelProblem) -> None:
+    """Failed + the ModelReady condition and a Warning Event on `rljob` (a kopf Body or the object as read), unless
+    the RLJob says so already."""
+    meta, previous, generation = rljob.get("metadata") or {}, dict(rljob.get("status") or {}), _generation(rljob)
+    message = f"spec.model.{problem.field}: {problem.message}"
+    if previous.get("phase") == status.FAILED and any(
+        c.get("type") == "ModelReady" and c.get("message") == message for c in previous.get("conditions") or []
+    ):
+        return
+    patch = status.model_failed_status(problem.field, problem.reason, problem.message, previous, generation=generation)
+    await _kube().patch("RLJob", meta.get("namespace") or "default", meta["name"], {"status": patch}, sub="status")
+    kopf.warn(rljob, reason=problem.reason, message=message)
+
+
 async def _ensure_token(namespace: str, job: str, body: kopf.Body) -> None:
     """The job's upload token: generated once, never rewritten (running pods hold it)."""
     kube = _kube()
@@ -105,6 +133,9 @@ async def reconcile(body: kopf.Body, spec_data: Any) -> None:
     except SpecProblemError as problem:
         await _fail(body, problem)
     kube = _kube()
+    missing = await model_source.missing_model_objects(kube.get, namespace, spec.model)
+    if missing is not None:
+        await _model_unavailable(body, missing)
     replicas = _spot_replicas(spec)
     await _ensure_token(namespace, job, body)
     for child in children.build_children(job, namespace, spec, STATE.settings, replicas):
@@ -116,7 +147,7 @@ async def reconcile(body: kopf.Body, spec_data: Any) -> None:
     patch: dict[str, Any] = {
         "workers": {**dict(previous.get("workers") or {}), "spotDesired": replicas},
         "conditions": status.set_condition(
-            previous.get("conditions"),
+            model_source.without_precheck_failure(previous.get("conditions")),  # the claim or Secret exists now
             status.condition(
                 "Valid", True, "SpecAccepted", "spec is valid; children reconciled", generation=_generation(body)
             ),
@@ -246,6 +277,9 @@ async def node_event(event: dict[str, Any], body: kopf.Body, name: str, **_: Any
 async def pod_event(
     event: dict[str, Any], body: kopf.Body, namespace: str, name: str, labels: kopf.Labels, **_: Any
 ) -> None:
+    problem = model_source.fetch_failure(body) if event.get("type") != "DELETED" else None
+    if problem is not None:
+        await _fetch_failed(namespace, labels["rlboost.io/job"], name, problem)
     node = body.get("spec", {}).get("nodeName")
     if event.get("type") == "DELETED" or not node:
         STATE.pods.pop((namespace, name), None)
@@ -255,6 +289,14 @@ async def pod_event(
     if signal is not None:  # a pod landed on a node already going away
         STATE.notified.discard((signal.node, signal.reason))
         await announce(signal)
+
+
+async def _fetch_failed(namespace: str, job: str, pod: str, problem: model_source.ModelProblem) -> None:
+    current = await _kube().get("RLJob", namespace, job)
+    if current is None:
+        return
+    log.warning("model fetch failed", extra={"job": job, "pod": pod, "field": problem.field, "reason": problem.reason})
+    await _write_model_failure(current, problem)
 
 
 @kopf.timer(*RLJOB, interval=STATE.settings.rescale_interval_s, idle=STATE.settings.rescale_interval_s)

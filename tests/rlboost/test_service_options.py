@@ -93,8 +93,8 @@ def _expected_pod_options(spec: JobSpec, settings: OperatorSettings) -> dict[typ
     return {
         ManagerOptions: manager_options(site, children.MANAGER_PORT, port),
         WeightServerOptions: weight_server_options(site, children.WEIGHTS_PORT, "/data"),
-        WorkerOptions: worker_options(site, "$(POD_NAME)", "spot", "$(NODE_NAME)", "/models", port),
-        TrainerOptions: trainer_options(site, "/data/model", "/data/run", port),
+        WorkerOptions: worker_options(site, "$(POD_NAME)", "spot", "$(NODE_NAME)", "", port),  # pulls its model
+        TrainerOptions: trainer_options(site, children.model_dir(spec.model), "/data/run", port),
     }
 
 
