@@ -113,7 +113,7 @@ def source_identity(model: ModelSpec) -> dict[str, str]:
     """What a fetched directory was fetched from: a directory of another source or revision is not reused."""
     if model.source == "huggingface":
         return {"source": "huggingface", "repo": model.repo, "revision": model.revision}
-    return {"source": model.source, "uri": model.uri}
+    return {"source": model.source, "uri": model.uri.rstrip("/")}
 
 
 def _reusable(dest: Path, model: ModelSpec) -> bool:
@@ -235,7 +235,7 @@ def _filesystem(uri: str):
 
     scheme = uri.split("://", 1)[0]
     try:
-        return fsspec.core.url_to_fs(uri)
+        return fsspec.core.url_to_fs(uri, skip_instance_cache=True)  # the environment's credentials of now
     except ImportError as err:
         extra = {"s3": "s3fs", "gs": "gcsfs"}.get(scheme, scheme)
         raise ModelFetchError(
