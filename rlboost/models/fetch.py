@@ -7,7 +7,8 @@ By `spec.model.source`:
   tiny         create it (rlboost.models.ensure_model; from the cache when it holds it)
   huggingface  huggingface_hub.snapshot_download of `repo` at `revision`, only the files a model directory needs
                (MODEL_PATTERNS: safetensors, config, tokenizer, generation config, chat template); the token from
-               --token-file, else $HF_TOKEN (on Kubernetes: the Secret `tokenSecret`, key `token`)
+               --token-file, else $HF_TOKEN (on Kubernetes: the Secret `tokenSecret`, key `token`); $HF_ENDPOINT
+               names a Hub mirror
   uri          fsspec (s3fs for s3://, gcsfs for gs://) copies the same files from under the prefix; credentials
                come from the environment as the SDKs find them (IRSA on EKS, Workload Identity on GKE)
   path         nothing is copied: `model.path` is checked
@@ -167,7 +168,9 @@ def download_huggingface(model: ModelSpec, dest: Path, token: str | None) -> Non
             revision=model.revision,
             token=token or False,  # False: never a token found on the machine, only the one given
             local_dir=dest,
+            cache_dir=dest / ".cache" / "hub",  # its bookkeeping stays in the download, not in $HOME
             allow_patterns=list(MODEL_PATTERNS),
+            endpoint=os.environ.get("HF_ENDPOINT") or None,  # a Hub mirror, read now (not at import)
         )
     except Exception as err:  # noqa: BLE001 (mapped to one line naming the field; unknown ones re-raised)
         raise hf_error(err, model, token is not None) from None
