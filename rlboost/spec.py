@@ -31,16 +31,66 @@ class SpecModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_assignment=True)
 
 
-class ModelSpec(SpecModel):
-    """The policy model and its tokenizer."""
+MODEL_SOURCES = ("tiny", "path", "huggingface", "uri", "pvc")
+URI_SCHEMES = ("s3://", "gs://")
+# The fields each source reads besides `source`; a location field set for another source is a mistake.
+SOURCE_FIELDS: dict[str, tuple[str, ...]] = {
+    "tiny": ("path",),
+    "path": ("path",),
+    "huggingface": ("repo", "revision", "token_secret"),
+    "uri": ("uri",),
+    "pvc": ("claim_name", "path"),
+}
+_K8S_NAME = r"^$|^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$"  # a DNS subdomain, or unset
 
-    source: Literal["tiny", "path"] = Field(
+
+class ModelSpec(SpecModel):
+    """The policy model and its tokenizer, and where it comes from."""
+
+    source: Literal["tiny", "path", "huggingface", "uri", "pvc"] = Field(
         "tiny",
-        description="'tiny': create a small random-init Qwen3 model with warm-up; 'path': load a HF model directory.",
+        description="'tiny': create a small random-init Qwen3 model with warm-up; 'path': a HF model directory on "
+        "the machine (local runs); 'huggingface': download `repo` at `revision` from the Hugging Face Hub; 'uri': "
+        "copy a HF model directory from object storage (`uri`, s3:// or gs://); 'pvc': an existing "
+        "PersistentVolumeClaim `claimName`, the model directory at `path` inside it.",
     )
     path: str = Field(
         "",
-        description="HF model directory (safetensors + tokenizer). For 'tiny', where to create it; empty = inside the run directory.",
+        max_length=4096,
+        description="'path': the HF model directory (safetensors + tokenizer). 'tiny': where to create it; empty = "
+        "inside the run directory. 'pvc': the model directory inside the claim, relative ('' = the claim's root).",
+    )
+    repo: str = Field(
+        "",
+        max_length=256,
+        pattern=r"^$|^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="'huggingface': the Hub repository id, 'owner/name' (e.g. 'Qwen/Qwen3-0.6B').",
+    )
+    revision: str = Field(
+        "main",
+        min_length=1,
+        max_length=256,
+        description="'huggingface': branch, tag or commit of `repo`; pin a commit hash for a reproducible run.",
+    )
+    token_secret: str = Field(
+        "",
+        max_length=253,
+        pattern=_K8S_NAME,
+        description="'huggingface': name of a Secret in the job's namespace whose key `token` holds a Hub access "
+        "token (gated or private repositories); empty = anonymous.",
+    )
+    uri: str = Field(
+        "",
+        max_length=4096,
+        description="'uri': the model directory in object storage, 's3://bucket/prefix' or 'gs://bucket/prefix'. "
+        "Credentials come from the pod's environment: IRSA on EKS, Workload Identity on GKE.",
+    )
+    claim_name: str = Field(
+        "",
+        max_length=253,
+        pattern=_K8S_NAME,
+        description="'pvc': name of an existing PersistentVolumeClaim in the job's namespace holding the model "
+        "(mounted read-only; ReadOnlyMany or ReadWriteMany when pods on several nodes read it).",
     )
     hidden_size: int = Field(128, ge=16, le=8192, description="Hidden size of the tiny model.")
     num_layers: int = Field(2, ge=1, le=64, description="Transformer layers of the tiny model.")
@@ -49,6 +99,34 @@ class ModelSpec(SpecModel):
         175, ge=0, le=10000, description="Supervised warm-up steps on the task's format when the tiny model is created."
     )
     seed: int = Field(0, ge=0, description="Seed of the tiny model's initialisation and warm-up.")
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> ModelSpec:
+        required = {"huggingface": "repo", "uri": "uri", "pvc": "claim_name", "path": "path"}.get(self.source)
+        if required and not getattr(self, required):
+            raise SpecFieldError(to_camel(required), f"model.source '{self.source}' needs model.{to_camel(required)}")
+        for name in ("repo", "token_secret", "uri", "claim_name"):
+            if getattr(self, name) and name not in SOURCE_FIELDS[self.source]:
+                raise SpecFieldError(
+                    to_camel(name),
+                    f"model.{to_camel(name)} is not read by model.source '{self.source}'; remove it or set "
+                    f"model.source to '{_source_reading(name)}'",
+                )
+        if self.source == "uri" and not self.uri.startswith(URI_SCHEMES):
+            raise SpecFieldError(
+                "uri", f"model.uri {self.uri!r} must start with s3:// or gs:// (e.g. s3://my-bucket/models/qwen3)"
+            )
+        if self.source == "uri" and not self.uri.split("://", 1)[1].strip("/"):
+            raise SpecFieldError("uri", f"model.uri {self.uri!r} names no bucket")
+        if self.source == "pvc" and (self.path.startswith("/") or ".." in Path(self.path).parts):
+            raise SpecFieldError(
+                "path", f"model.path {self.path!r} must be relative to the claim's root, without '..' (e.g. 'qwen3')"
+            )
+        return self
+
+
+def _source_reading(field: str) -> str:
+    return next(source for source, fields in SOURCE_FIELDS.items() if field in fields)
 
 
 class TaskSpec(SpecModel):

@@ -85,5 +85,11 @@ def check_job(data: object, settings: OperatorSettings) -> JobSpec:
             f"trainer.ranks x trainer.gpusPerRank ({gpus}) is more than the trainer pool's accelerators "
             f"({settings.max_trainer_gpus}); lower either",
         )
+    if spec.model.source == "path":
+        raise SpecProblemError(
+            "model.source",
+            "model.source 'path' names a directory on one machine (rlboost local); on Kubernetes use 'pvc' "
+            "(claimName + path), 'uri' (s3:// or gs://), 'huggingface' (repo) or 'tiny'",
+        )
     check_reward(spec.task.reward)
     return spec

@@ -5,6 +5,13 @@ token Secret (`token_secret`, created once and never rewritten). Each container'
 from its service's options model in `rlboost.options`, for a `Site` whose sockets bind 0.0.0.0 (probes and
 Prometheus reach the pod's IP); the job spec travels in a ConfigMap mounted at /etc/rlboost/job.yaml, the
 upload token in a Secret.
+
+The model (spec.model): the trainer and the reserved workers get it before they start, from an init container
+`fetch-model` that runs `python -m rlboost.models.fetch` into an emptyDir mounted at /models (the model at
+/models/policy); a 'pvc' model is the claim itself, mounted read-only at /models/policy, and the init container
+only checks it. A failing fetch writes one line naming spec.model's field to its termination message, which the
+operator copies into the RLJob's status. Spot workers get no model: they pull config, tokenizer and weights from
+the weight-server (a new spot VM never touches the model store).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from rlboost.options import (
     weight_server_options,
     worker_options,
 )
-from rlboost.spec import JobSpec, PoolSpec, dump_job_spec
+from rlboost.spec import JobSpec, ModelSpec, PoolSpec, dump_job_spec
 from rlboost_operator import spot
 from rlboost_operator.config import OperatorSettings
 
@@ -35,6 +42,9 @@ CONFIG_HASH = "rlboost.io/config-hash"  # pod template annotation: what the pods
 # Spec fields only the operator reads: an edit of them must not roll the pods (it would cost the trainer the
 # steps since its last checkpoint for nothing).
 OPERATOR_ONLY_FIELDS = ("prices", "retention", "trainer.backoffLimit")
+MODEL_ROOT, MODEL_DIR = "/models", "/models/policy"  # the model volume's mount, and the model directory in it
+FETCH_CONTAINER = "fetch-model"  # the init container that makes the model ready (handlers watch it)
+TERMINATION_LOG = "/dev/termination-log"
 
 IMAGES = {
     "manager": "rollout-manager",
@@ -132,6 +142,46 @@ def _mounts(token: bool) -> list[dict[str, Any]]:
     if token:
         out.append({"name": "token", "mountPath": TOKEN_DIR, "readOnly": True})
     return out
+
+
+def model_dir(model: ModelSpec) -> str:
+    """Where the trainer's and reserved workers' model directory is in their pods."""
+    return f"{MODEL_DIR}/{model.path.strip('/')}" if model.source == "pvc" and model.path.strip("/") else MODEL_DIR
+
+
+def _model_volume(model: ModelSpec) -> dict[str, Any]:
+    if model.source == "pvc":
+        return {"name": "model", "persistentVolumeClaim": {"claimName": model.claim_name, "readOnly": True}}
+    return {"name": "model", "emptyDir": {}}
+
+
+def _model_mount(model: ModelSpec) -> dict[str, Any]:
+    if model.source == "pvc":
+        return {"name": "model", "mountPath": MODEL_DIR, "readOnly": True}
+    return {"name": "model", "mountPath": MODEL_ROOT}  # the fetcher renames /models/policy into place inside it
+
+
+def fetch_model_container(model: ModelSpec, settings: OperatorSettings, image_key: str) -> dict[str, Any]:
+    """The init container that fetches (or, for 'pvc', checks) the model before the pod's service starts; in the
+    service's own image, which holds rlboost.models. Its error line becomes its termination message."""
+    env = [_env("RLBOOST_CACHE_DIR", "off"), _env("HF_HUB_DISABLE_TELEMETRY", "1")]
+    if model.source == "huggingface" and model.token_secret:
+        ref = {"name": model.token_secret, "key": "token"}
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+    command = ["python", "-m", "rlboost.models.fetch", "--config", CONFIG_PATH, "--dest", model_dir(model),
+               "--termination-log", TERMINATION_LOG]  # fmt: skip
+    return {
+        "name": FETCH_CONTAINER,
+        "image": image(settings, image_key),
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": command,
+        "env": env,
+        "resources": _resources(0),  # a download (or, for 'tiny', a CPU warm-up): no accelerator
+        "securityContext": _security(),
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [*_mounts(False), _model_mount(model)],
+    }
 
 
 def _resources(gpus: int) -> dict[str, Any]:
@@ -269,6 +319,7 @@ def trainer(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings)
     cmd = trainer_options(
         where, "/data/model", "/data/run", METRICS_PORT, checkpoint_dir=checkpoints, resume=True
     ).command()
+    cmd = trainer_options(site(job, namespace, settings), model_dir(spec.model), "/data/run", METRICS_PORT).command()
     env = [
         # The rank is the pod's ordinal (label set by the StatefulSet controller, Kubernetes >= 1.28).
         _field_env("RANK", "metadata.labels['apps.kubernetes.io/pod-index']"),
@@ -290,7 +341,7 @@ def trainer(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings)
         "livenessProbe": _probe("metrics"),
         "resources": _resources(spec.trainer.gpus_per_rank),
         "securityContext": _security(),
-        "volumeMounts": [*_mounts(True), {"name": "data", "mountPath": "/data"}],
+        "volumeMounts": [*_mounts(True), {"name": "data", "mountPath": "/data"}, _model_mount(spec.model)],
     }
     pvc_spec: dict[str, Any] = {
         "accessModes": ["ReadWriteOnce"],
@@ -298,11 +349,9 @@ def trainer(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings)
     }
     if settings.storage_class:
         pvc_spec["storageClassName"] = settings.storage_class
-    extra = (
-        {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
-        if spec.trainer.gpus_per_rank
-        else {}
-    )
+    extra: dict[str, Any] = {"initContainers": [fetch_model_container(spec.model, settings, "trainer")]}
+    if spec.trainer.gpus_per_rank:
+        extra["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     sts = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -312,7 +361,10 @@ def trainer(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings)
             "replicas": spec.trainer.ranks,
             "podManagementPolicy": "Parallel",  # all ranks must start together to rendezvous
             "selector": {"matchLabels": sel},
-            "template": {"metadata": {"labels": lbl}, "spec": _pod_spec([container], _volumes(job, True), extra)},
+            "template": {
+                "metadata": {"labels": lbl},
+                "spec": _pod_spec([container], [*_volumes(job, True), _model_volume(spec.model)], extra),
+            },
             "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": pvc_spec}],
             # Checkpoints survive scaling to zero always, the RLJob's deletion per spec.retention.pvcs.
             "persistentVolumeClaimRetentionPolicy": {"whenDeleted": spec.retention.pvcs, "whenScaled": "Retain"},
@@ -332,15 +384,21 @@ def worker(
     replicas: int,
     settings: OperatorSettings,
     colocated: bool = False,
+    model: ModelSpec | None = None,
 ) -> dict[str, Any]:
-    """A rollout-worker Deployment for one pool ('reserved' or 'spot'); `colocated`: one per trainer rank's node."""
+    """A rollout-worker Deployment for one pool ('reserved' or 'spot'); `colocated`: one per trainer rank's node.
+    `model`: the reserved pool's pods fetch it in an init container; a spot pod (or any pool given none) gets no
+    model directory and pulls config, tokenizer and weights from the weight-server."""
     n, lbl, sel = (
         names(job)[pool_name],
         labels(job, "rollout-worker", pool_name),
         selector(job, "rollout-worker", pool_name),
     )
     where = site(job, namespace, settings)
-    cmd = worker_options(where, "$(POD_NAME)", pool_name, "$(NODE_NAME)", "/models", METRICS_PORT).command()
+    local = model if pool_name == "reserved" else None
+    cmd = worker_options(
+        where, "$(POD_NAME)", pool_name, "$(NODE_NAME)", model_dir(local) if local else "", METRICS_PORT
+    ).command()
     container = {
         "name": "rollout-worker",
         "image": image(settings, pool.engine),
@@ -352,7 +410,7 @@ def worker(
         "livenessProbe": _probe("metrics"),
         "resources": _resources(pool.gpus_per_worker),
         "securityContext": _security(),
-        "volumeMounts": [*_mounts(False), {"name": "models", "mountPath": "/models"}],
+        "volumeMounts": [*_mounts(False), *([_model_mount(local)] if local else [])],
     }
     if pool_name == "spot":
         sched = spot.spot_scheduling(pool)
@@ -362,7 +420,9 @@ def worker(
         sched = spot.reserved_scheduling(pool)
     # Spot pods get the notice window (up to 120 s on GKE) to drain; the manager migrates their tokens.
     extra = {**sched, "terminationGracePeriodSeconds": 25 if pool_name == "spot" else 60}
-    volumes = [*_volumes(job, False), {"name": "models", "emptyDir": {}}]
+    volumes = [*_volumes(job, False), *([_model_volume(local)] if local else [])]
+    if local:
+        extra["initContainers"] = [fetch_model_container(local, settings, pool.engine)]
     return _deployment(n, namespace, lbl, sel, replicas, _pod_spec([container], volumes, extra))
 
 
@@ -447,6 +507,7 @@ def build_children(
             initial_reserved(spec),
             settings,
             colocated=spec.trainer.colocate_reserved,
+            model=spec.model,
         ),  # fmt: skip
         worker(job, namespace, "spot", spec.rollout.spot, spot_replicas, settings),
     ]

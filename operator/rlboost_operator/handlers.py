@@ -1,9 +1,12 @@
 """kopf handlers of the rlboost operator. Thin: they route watch events to pure builders and the API.
 
 Run: `kopf run -A -m rlboost_operator.handlers` (or `python -m rlboost_operator`).
-- RLJob create/update/resume: validate (rlboost_operator.checks), build children (children.py),
-  adopt them (ownerReferences: deletion is garbage collection), create or patch, and subscribe to the job's
-  `steps` and `done` subjects (once per job; the subscriptions live in STATE) to write .status.
+- RLJob create/update/resume: validate (rlboost_operator.checks), check that the model's claim or token Secret
+  exists (model_source.py), build children (children.py), adopt them (ownerReferences: deletion is garbage
+  collection), create or patch, and subscribe to the job's `steps` and `done` subjects (once per job; the
+  subscriptions live in STATE) to write .status.
+- Job pods: a `fetch-model` init container that failed (no such repo, refused credentials, unreachable URI)
+  makes the RLJob Failed with a ModelReady condition naming the spec.model field, instead of a silent crash loop.
 - The end of a job (`done`, or trainer.backoffLimit exceeded by the trainer pods' restarts): its workloads are
   scaled to zero and stay there on every later reconcile; PVCs, Secret, ConfigMap and status are kept.
 - Nodes and spot worker Pods: the spot Deployment is sized by spot_ask.py (to the spot nodes present, or, for
@@ -27,7 +30,7 @@ import kopf
 
 from rlboost.spec import JobSpec, SpotPoolSpec
 from rlboost.wire.events import JobDone, PreemptionNotice, StepReport
-from rlboost_operator import children, spot, spot_ask, status
+from rlboost_operator import children, model_source, spot, spot_ask, status
 from rlboost_operator.checks import SpecProblemError, check_job
 from rlboost_operator.config import load_settings
 from rlboost_operator.kube import Kube, KubeError
@@ -46,6 +49,7 @@ from rlboost_operator.state import JobRef, State
 
 log = logging.getLogger(__name__)
 RLJOB = ("rlboost.io", "v1alpha1", "rljobs")
+MODEL_RECHECK_S = 30  # a missing claim or token Secret is looked for again this often
 JOB_POD_LABELS = {"rlboost.io/job": kopf.PRESENT}
 
 STATE = State(settings=load_settings())
@@ -114,6 +118,30 @@ async def _fail(body: kopf.Body, problem: SpecProblemError) -> None:
         await kube.patch("RLJob", namespace, name, {"status": patch}, sub="status")
     kopf.warn(body, reason="InvalidSpec", message=f"spec.{problem.field}: {problem}")
     raise kopf.PermanentError(f"spec.{problem.field}: {problem}")
+
+
+async def _model_unavailable(body: kopf.Body, problem: model_source.ModelProblem) -> None:
+    """Phase Failed with a ModelReady condition naming the field; checked again later (the claim or Secret may be
+    created after the RLJob, e.g. by the same `kubectl apply`), so the job starts once it exists."""
+    RECONCILIATIONS.labels("model-unavailable").inc()
+    namespace, name = body.metadata.namespace or "default", body.metadata.name or ""
+    STATE.jobs.pop((namespace, name), None)
+    await _write_model_failure(body, problem)
+    raise kopf.TemporaryError(f"spec.model.{problem.field}: {problem.message}", delay=MODEL_RECHECK_S)
+
+
+async def _write_model_failure(rljob: Any, problem: model_source.ModelProblem) -> None:
+    """Failed + the ModelReady condition and a Warning Event on `rljob` (a kopf Body or the object as read), unless
+    the RLJob says so already."""
+    meta, previous, generation = rljob.get("metadata") or {}, dict(rljob.get("status") or {}), _generation(rljob)
+    message = f"spec.model.{problem.field}: {problem.message}"
+    if previous.get("phase") == status.FAILED and any(
+        c.get("type") == "ModelReady" and c.get("message") == message for c in previous.get("conditions") or []
+    ):
+        return
+    patch = status.model_failed_status(problem.field, problem.reason, problem.message, previous, generation=generation)
+    await _kube().patch("RLJob", meta.get("namespace") or "default", meta["name"], {"status": patch}, sub="status")
+    kopf.warn(rljob, reason=problem.reason, message=message)
 
 
 async def _ensure_token(namespace: str, job: str, body: kopf.Body) -> None:
@@ -192,6 +220,9 @@ async def reconcile(body: kopf.Body, spec_data: Any) -> None:
         spec = check_job(dict(spec_data or {}), STATE.settings)
     except SpecProblemError as problem:
         await _fail(body, problem)
+    missing = await model_source.missing_model_objects(_kube().get, namespace, spec.model)
+    if missing is not None:
+        await _model_unavailable(body, missing)
     async with _status_lock(namespace, job):  # judged on the status as it is now, not as the event saw it
         ended = await _apply_children(body, spec)
     if not ended:
@@ -216,6 +247,8 @@ async def _apply_children(body: kopf.Body, spec: JobSpec) -> bool:
         _drop_job(namespace, job)
     else:
         _remember_job(body, spec, decision)
+    # the model's claim or Secret exists now: a failed pre-check of it no longer holds
+    previous = {**previous, "conditions": model_source.without_precheck_failure(previous.get("conditions"))}
     patch = status.reconcile_status(previous, replicas, _generation(body))
     if decision is not None:
         patch["workers"].update(_spot_status(decision))
@@ -390,6 +423,9 @@ def _track_spot_pod(deleted: bool, pod: dict[str, Any], namespace: str, name: st
 async def pod_event(
     event: dict[str, Any], body: kopf.Body, namespace: str, name: str, labels: kopf.Labels, **_: Any
 ) -> None:
+    problem = model_source.fetch_failure(body) if event.get("type") != "DELETED" else None
+    if problem is not None:
+        await _fetch_failed(namespace, labels["rlboost.io/job"], name, problem)
     await watch_trainer(event, body, namespace, name, labels)
     job = labels["rlboost.io/job"]
     if _track_spot_pod(event.get("type") == "DELETED", dict(body), namespace, name, job):
@@ -414,6 +450,14 @@ async def rescale_loop() -> None:
         await asyncio.sleep(STATE.settings.rescale_interval_s)
         for ref in list(STATE.jobs.values()):
             await rescale_job(ref, force=True)  # written even if unchanged: the Deployment may have been edited
+
+
+async def _fetch_failed(namespace: str, job: str, pod: str, problem: model_source.ModelProblem) -> None:
+    current = await _kube().get("RLJob", namespace, job)
+    if current is None:
+        return
+    log.warning("model fetch failed", extra={"job": job, "pod": pod, "field": problem.field, "reason": problem.reason})
+    await _write_model_failure(current, problem)
 
 
 # --- Status from the job's services ---------------------------------------------------------

@@ -229,3 +229,17 @@ def backoff_status(
     )
     cond = condition("Failed", True, "BackoffLimitExceeded", message, now, generation)
     return {"phase": FAILED, "updatedAt": now_iso(now), "conditions": set_condition(previous.get("conditions"), cond)}
+
+
+def model_failed_status(
+    field: str,
+    reason: str,
+    message: str,
+    previous: Mapping[str, Any],
+    now: datetime | None = None,
+    generation: int | None = None,
+) -> dict[str, Any]:
+    """The .status of an RLJob whose model cannot be had (no such claim, refused token, unreachable URI...): Failed,
+    with a ModelReady=False condition whose message names the spec.model field."""
+    cond = condition("ModelReady", False, reason, f"spec.model.{field}: {message}", now, generation)
+    return {"phase": FAILED, "updatedAt": now_iso(now), "conditions": set_condition(previous.get("conditions"), cond)}

@@ -1,4 +1,5 @@
-"""`ensure_model`: reuse a model directory, or create the tiny policy there atomically.
+"""`ensure_model`: reuse a model directory, or create the tiny policy there atomically ('huggingface' and 'uri'
+models are downloaded by rlboost.models.fetch; 'pvc' is for Kubernetes only).
 
 A model directory holds config.json, *.safetensors and the tokenizer files, as transformers writes
 them. Creation writes into a temporary sibling directory and renames it into place, so concurrent
@@ -25,6 +26,8 @@ from pathlib import Path
 from rlboost.spec import ModelSpec, TaskSpec
 
 log = logging.getLogger(__name__)
+# The fields the tiny model's bits depend on (where it comes from or is written is not among them).
+TINY_FIELDS = {"hidden_size", "num_layers", "num_heads", "warmup_steps", "seed"}
 
 
 class ModelError(ValueError):
@@ -39,8 +42,15 @@ def is_model_dir(path: Path) -> bool:
 def ensure_model(model_spec: ModelSpec, task_spec: TaskSpec, path: str | Path) -> Path:
     """Return `path` holding a model, creating the tiny model there first when needed."""
     path = Path(path)
+    if model_spec.source in ("huggingface", "uri"):  # reused only when fetched from the same source
+        return _fetch(model_spec, task_spec, path)
     if is_model_dir(path):
         return path
+    if model_spec.source == "pvc":
+        raise ModelError(
+            "model.source 'pvc' names a PersistentVolumeClaim, which only a Kubernetes job mounts; "
+            "here use model.source 'path' with the model directory"
+        )
     if model_spec.source == "path":
         raise ModelError(
             f"model.path {str(path)!r} holds no model (needs config.json and *.safetensors); "
@@ -60,6 +70,17 @@ def ensure_model(model_spec: ModelSpec, task_spec: TaskSpec, path: str | Path) -
     _copy_atomically(cached, path)
     log.info("tiny model copied from the cache %s to %s", cached, path)
     return path
+
+
+def _fetch(model_spec: ModelSpec, task_spec: TaskSpec, path: Path) -> Path:
+    """Download a 'huggingface' or 'uri' model into `path` (rlboost.models.fetch), as the init container would."""
+    from rlboost.models.fetch import ModelFetchError, fetch_model, hf_token
+    from rlboost.spec import JobSpec
+
+    try:
+        return fetch_model(JobSpec(model=model_spec, task=task_spec), path, hf_token(None))
+    except ModelFetchError as err:
+        raise ModelError(str(err)) from None
 
 
 def cache_root() -> Path | None:
@@ -85,7 +106,7 @@ def model_key(model_spec: ModelSpec, task_spec: TaskSpec) -> str:
     here = Path(__file__).resolve().parent
     sources = [here / "tiny.py", here / "tokenizer.py", *sorted((here.parent / "tasks").glob("*.py"))]
     parts = {
-        "model": model_spec.model_dump(exclude={"path", "source"}),
+        "model": model_spec.model_dump(include=TINY_FIELDS),
         "task": task_spec.model_dump(),
         "code": [hashlib.sha256(f.read_bytes()).hexdigest() for f in sources],
         "versions": [_version(d) for d in ("torch", "transformers", "tokenizers")],
@@ -101,18 +122,18 @@ def _version(distribution: str) -> str:
 
 
 def _copy_atomically(source: Path, path: Path) -> None:
-    _fill_atomically(path, lambda tmp: shutil.copytree(source, tmp, dirs_exist_ok=True))
+    fill_atomically(path, lambda tmp: shutil.copytree(source, tmp, dirs_exist_ok=True))
 
 
 def _create_atomically(model_spec: ModelSpec, task_spec: TaskSpec, path: Path) -> Path:
     from rlboost.models.tiny import create_tiny_model
 
-    _fill_atomically(path, lambda tmp: create_tiny_model(model_spec, task_spec, tmp))
+    fill_atomically(path, lambda tmp: create_tiny_model(model_spec, task_spec, tmp))
     log.info("created tiny model at %s", path)
     return path
 
 
-def _fill_atomically(path: Path, fill: Callable[[Path], object]) -> None:
+def fill_atomically(path: Path, fill: Callable[[Path], object]) -> None:
     """`fill` a temporary sibling of `path`, then rename it into place: no reader sees a half-written model."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))

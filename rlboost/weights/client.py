@@ -3,6 +3,8 @@
     async with WeightClient("http://127.0.0.1:8600", token=tok, streams=4) as wc:
         await wc.upload(0, payload, kind="full", checksum=digest)
         data = await wc.pull(0)            # every chunk's sha256 verified (chunks tile the payload)
+        await wc.upload_asset("config.json", text)  # the model's config, tokenizer... (before version 0)
+        await wc.pull_assets(model_dir)    # every asset, sha256 verified, each written atomically
 
 A pull fetches the manifest's chunks over `streams` concurrent `Range` requests. A chunk whose
 connection drops is retried with exponential backoff (bounded), resuming from the bytes of that
@@ -34,6 +36,8 @@ from rlboost.wire.weights_io import (
     HEADER_CHECKSUM,
     HEADER_FORMAT,
     HEADER_KIND,
+    AssetInfo,
+    AssetList,
     ChunkInfo,
     Manifest,
     VersionList,
@@ -286,6 +290,40 @@ class WeightClient:
             raise WeightServerError(0, f"upload of version {version} failed: {err!r}") from None
         _raise_status(resp.status, body, resp.reason)
         return Manifest.model_validate_json(body)
+
+    # ---- model assets ------------------------------------------------------------------------
+    async def assets(self) -> AssetList:
+        """The model's assets the server holds (config, tokenizer, chat template...), with sizes and sha256s."""
+        return AssetList.model_validate_json((await self._get("/assets")).content)
+
+    async def asset(self, info: AssetInfo) -> bytes:
+        """One asset's bytes, checked against its sha256."""
+        data = (await self._get(f"/assets/{info.name}")).content
+        if hashlib.sha256(data).hexdigest() != info.sha256:
+            raise WeightServerError(0, f"asset {info.name}: its bytes do not match their sha256")
+        return data
+
+    async def pull_assets(self, model_dir: str | Path) -> list[Path]:
+        """Write every asset into `model_dir` (each to a temporary file renamed into place); returns the paths."""
+        root = Path(model_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        written = []
+        for info in (await self.assets()).assets:
+            data = await self.asset(info)
+            tmp = root / f".{info.name}.tmp"
+            await asyncio.to_thread(tmp.write_bytes, data)
+            await asyncio.to_thread(tmp.replace, root / info.name)
+            written.append(root / info.name)
+        return written
+
+    async def upload_asset(self, name: str, data: bytes) -> AssetInfo:
+        """PUT one model asset (needs the token); the same bytes again are accepted, other bytes refused."""
+        try:
+            resp = await self._http.put(f"{API_PREFIX}/assets/{name}", content=data)
+        except httpx.TransportError as err:
+            raise WeightServerError(0, f"upload of asset {name} failed: {err!r}") from None
+        _raise_for(resp)
+        return AssetInfo.model_validate_json(resp.content)
 
 
 async def _memory_blocks(view: memoryview) -> AsyncIterator[memoryview]:

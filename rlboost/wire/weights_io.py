@@ -12,6 +12,12 @@ Routes (all under the weight-server's base URL):
   PUT  /v1/versions/{v}                 <- payload bytes; headers below; needs `Authorization: Bearer <token>`.
                                            A second PUT of a held version in the other kind, with the same
                                            checksum, adds that payload beside the first (a companion).
+  GET  /v1/assets                       -> AssetList: the model's non-weight files (config.json, tokenizer, chat
+                                           template...), with sizes and sha256s
+  GET  /v1/assets/{name}                -> one asset's bytes (ETag: its sha256)
+  PUT  /v1/assets/{name}                <- an asset's bytes; needs the bearer token. Immutable: the same bytes again
+                                           are accepted, other bytes refused (409). The trainer uploads them before
+                                           its first version, so a worker that sees a version finds them.
   GET  /healthz, GET /metrics
 """
 
@@ -27,6 +33,12 @@ HEADER_KIND = "X-Rlboost-Kind"  # "full" | "delta"
 HEADER_BASE_VERSION = "X-Rlboost-Base-Version"  # for deltas
 HEADER_CHECKSUM = "X-Rlboost-Checksum"  # checksum of the whole parameter state at this version
 HEADER_FORMAT = "X-Rlboost-Format"  # "safetensors" | "rlboost-delta"
+
+# Model assets: bounds the weight-server enforces (the largest real tokenizer.json files are ~35 MB).
+ASSET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # a plain file name: no directory, no '..'
+MAX_ASSET_BYTES = 64 << 20
+MAX_ASSETS = 64
+MAX_ASSETS_TOTAL_BYTES = 256 << 20
 
 
 class ChunkInfo(BaseModel):
@@ -78,3 +90,13 @@ class Manifest(BaseModel):
 class VersionList(BaseModel):
     latest: int | None = Field(None, description="Newest version, or null when none was uploaded.")
     versions: list[int] = Field(default_factory=list, description="Versions retained, ascending.")
+
+
+class AssetInfo(BaseModel):
+    name: str = Field(pattern=ASSET_NAME_PATTERN, description="File name in the model directory, e.g. 'config.json'.")
+    size: int = Field(ge=0, le=MAX_ASSET_BYTES, description="Bytes.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Hex SHA-256 of the bytes.")
+
+
+class AssetList(BaseModel):
+    assets: list[AssetInfo] = Field(default_factory=list, max_length=MAX_ASSETS, description="Assets held, by name.")

@@ -93,9 +93,9 @@ def _expected_pod_options(spec: JobSpec, settings: OperatorSettings) -> dict[typ
     return {
         ManagerOptions: manager_options(site, children.MANAGER_PORT, port),
         WeightServerOptions: weight_server_options(site, children.WEIGHTS_PORT, "/data"),
-        WorkerOptions: worker_options(site, "$(POD_NAME)", "spot", "$(NODE_NAME)", "/models", port),
+        WorkerOptions: worker_options(site, "$(POD_NAME)", "spot", "$(NODE_NAME)", "", port),  # pulls its model
         TrainerOptions: trainer_options(
-            site, "/data/model", "/data/run", port, checkpoint_dir=Path(children.CHECKPOINT_DIR), resume=True
+            site, children.model_dir(spec.model), "/data/run", port, checkpoint_dir=Path(children.CHECKPOINT_DIR), resume=True
         ),
     }
 

@@ -49,6 +49,34 @@ async def wait_exit(proc: subprocess.Popen, timeout: float) -> int:
     return await asyncio.wait_for(asyncio.to_thread(proc.wait), timeout)
 
 
+async def spawn_weight_server(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, int]:
+    """`python -m weight_server` with upload token 'secret' on a free port, once it listens."""
+    token = tmp_path / "token"
+    token.write_text("secret")
+    port = free_port()
+    argv = [sys.executable, "-m", "weight_server", "--port", str(port), "--data-dir", str(tmp_path / "ws"),
+            "--token-file", str(token), *flags]  # fmt: skip
+    proc = spawn(argv, tmp_path / "ws.log")
+    await asyncio.to_thread(wait_for_port, "127.0.0.1", port, 60, proc)
+    return proc, port
+
+
+async def generates_then_drains(manager: StandInManager, worker: subprocess.Popen, expected: list[int]) -> None:
+    """A greedy request yields `expected` tokens; then SIGTERM and exit 0."""
+    manager.assign(pb_assignment("g", PROMPT, 12))
+    await eventually(lambda: manager.last_chunk("g") and manager.last_chunk("g").finished, timeout=30, what="end")
+    assert manager.tokens("g") == expected
+    worker.send_signal(signal.SIGTERM)
+    assert await wait_exit(worker, 10) == 0
+
+
+def stop(*procs: subprocess.Popen | None) -> None:
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 async def test_sigterm_drains_every_token_and_exits_zero(tiny_model_dir, tmp_path):
     mport, metrics_port = free_port(), free_port()
     manager = await StandInManager(REGISTERED).start(mport)
@@ -92,18 +120,11 @@ async def test_sigterm_drains_every_token_and_exits_zero(tiny_model_dir, tmp_pat
 @pytest.mark.slow
 async def test_pulls_weights_and_follows_announcements(tiny_model_dir, tmp_path, nats_server):
     """Version 0 is pulled before registering; an announced version 1 is pulled, verified, applied and reported."""
-    token = tmp_path / "token"
-    token.write_text("secret")
-    ws_port, mport = free_port(), free_port()
-    ws = spawn(
-        [sys.executable, "-m", "weight_server", "--port", str(ws_port), "--data-dir", str(tmp_path / "ws"),
-         "--token-file", str(token), "--nats-url", nats_server.url, "--job", "wtest"],
-        tmp_path / "ws.log",
-    )  # fmt: skip
+    ws, ws_port = await spawn_weight_server(tmp_path, "--nats-url", nats_server.url, "--job", "wtest")
+    mport = free_port()
     manager = await StandInManager(REGISTERED).start(mport)
     worker = None
     try:
-        await asyncio.to_thread(wait_for_port, "127.0.0.1", ws_port, 60, ws)
         v0 = read_model_state(str(tiny_model_dir))
         gen = torch.Generator().manual_seed(5)
         v1 = {k: (v.float() + 0.2 * torch.randn(v.shape, generator=gen)).to(torch.bfloat16) for k, v in v0.items()}
@@ -119,16 +140,9 @@ async def test_pulls_weights_and_follows_announcements(tiny_model_dir, tmp_path,
             report = (await eventually(lambda: manager.of_kind("weight_version"), timeout=30, what="report"))[0]
         assert report.weight_version.weight_version == 1
         assert report.weight_version.checksum == state_checksum(v1)
-        manager.assign(pb_assignment("g", PROMPT, 12))
-        await eventually(lambda: manager.last_chunk("g") and manager.last_chunk("g").finished, timeout=30, what="end")
-        assert manager.tokens("g") == hf_greedy(tiny_model_dir, PROMPT, 12, state=v1)
-        worker.send_signal(signal.SIGTERM)
-        assert await wait_exit(worker, 10) == 0
+        await generates_then_drains(manager, worker, hf_greedy(tiny_model_dir, PROMPT, 12, state=v1))
     finally:
-        for p in (worker, ws):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait()
+        stop(worker, ws)
         await manager.stop()
 
 
@@ -150,3 +164,36 @@ def test_missing_model_dir_names_the_flag(tmp_path):
         worker_argv(tmp_path / "nope", free_port(), 0), capture_output=True, text=True, env=ENV, timeout=60
     )
     assert out.returncode == 2 and "--model-dir" in out.stderr
+
+
+async def test_a_worker_without_a_model_dir_pulls_the_model_from_the_weight_server(tiny_model_dir, tmp_path):
+    """A spot pod's worker: `--model-dir ''` and a weight-server holding the trainer's assets and version 0. It
+    pulls config, tokenizer and weights from there alone and generates what the model itself would."""
+    from rlboost.models.layout import asset_files
+
+    ws, ws_port = await spawn_weight_server(tmp_path, "--no-nats")
+    mport = free_port()
+    manager = await StandInManager(REGISTERED).start(mport)
+    worker = None
+    try:
+        url = f"http://127.0.0.1:{ws_port}"
+        argv = worker_argv("", mport, free_port(), weight_server=url, startup_timeout="60")
+        assert argv[argv.index("--model-dir") + 1] == ""
+        worker = spawn(argv, tmp_path / "worker.log")  # before the trainer: it waits for the first version
+        v0 = read_model_state(str(tiny_model_dir))
+        async with WeightClient(url, token="secret") as wc:  # what the trainer does at start
+            for path in asset_files(tiny_model_dir):
+                await wc.upload_asset(path.name, path.read_bytes())
+            await wc.upload(0, state_to_bytes(v0), kind="full", checksum=state_checksum(v0))
+        await eventually(lambda: manager.registrations, timeout=120, what="registration")
+        assert manager.registrations[0].weight_version == 0
+        assert "model assets pulled" in (tmp_path / "worker.log").read_text()
+        await generates_then_drains(manager, worker, hf_greedy(tiny_model_dir, PROMPT, 12, state=v0))
+    finally:
+        stop(worker, ws)
+        await manager.stop()
+
+
+def test_without_a_model_dir_or_a_weight_server_the_worker_names_the_flag(tmp_path):
+    out = subprocess.run(worker_argv("", free_port(), 0), capture_output=True, text=True, env=ENV, timeout=60)
+    assert out.returncode == 2 and "--model-dir ''" in out.stderr and "--weight-server" in out.stderr

@@ -28,18 +28,6 @@ def put(client: httpx.Client, version: int, data: bytes, kind: str = "full", bas
     return client.put(f"/v1/versions/{version}", content=data, headers=headers)
 
 
-@pytest.fixture
-def server(tmp_path):
-    with ThreadServer(tmp_path / "data", chunk_bytes=4096, retain=3) as srv:
-        yield srv
-
-
-@pytest.fixture
-def client(server):
-    with httpx.Client(base_url=server.url, timeout=10) as c:
-        yield c
-
-
 def test_upload_then_read_back_with_manifest(client) -> None:
     data = os.urandom(10_000)
     resp = put(client, 0, data)

@@ -7,6 +7,10 @@
 The flags are the fields of `rlboost.options.worker.WorkerOptions`; each is also an environment variable
 RLBOOST_<FLAG> (e.g. RLBOOST_WORKER_ID). `--weight-server ''` uses the model directory's own weights as
 version 0; `--nats-url ''` disables weight announcements.
+No model directory (`--model-dir ''`, or an absent or empty one: a spot pod): once the weight-server holds a
+version, the worker pulls the model's assets (config, tokenizer, chat template) from it into that directory (a
+temporary one for ''), builds the engine from the config while it pulls the weights, as always: a new spot VM
+needs nothing but the weight-server's address.
 SIGTERM drains: DrainNotice, abort running requests, flush every token, close the stream, exit 0.
 Colocation (`trainer.colocateReserved: true`, reserved workers with NATS): the worker follows the trainer's
 release / resume commands on rlboost.<ns>.<job>.colocation and acks each on ...colocation-acks.
@@ -19,9 +23,11 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 
 from rlboost.observability import serve_http, setup_logging
 from rlboost.options.base import parse_service_args
@@ -43,7 +49,7 @@ async def _amain(args: WorkerOptions) -> int:
 
     pool_spec = getattr(args.spec.rollout, args.pool)
     engine = _make_engine(args.engine or pool_spec.engine, args.capacity or pool_spec.capacity, args)
-    client = puller = nats = None
+    client = puller = nats = pulled_dir = None
     _stop_early_on_sigterm()
     try:
         version = 0
@@ -56,7 +62,11 @@ async def _amain(args: WorkerOptions) -> int:
                 rlboost.delta.warm_up_in_background()
             client = WeightClient(args.weight_server, streams=args.spec.weight_sync.streams)
             puller = WeightPuller(client)
-            version = await _start_beside_first_pull(engine, args.model_dir, puller, args.startup_timeout)
+            model_dir = args.model_dir
+            if needs_assets(model_dir):
+                model_dir = pulled_dir = model_dir or tempfile.mkdtemp(prefix="rlboost-model-")
+                await _pull_assets(client, args.weight_server, model_dir, args.startup_timeout)
+            version = await _start_beside_first_pull(engine, model_dir, puller, args.startup_timeout)
         else:
             await engine.start(args.model_dir)
         cfg = SessionConfig(
@@ -95,6 +105,33 @@ async def _amain(args: WorkerOptions) -> int:
                 await nats.close()
         if client is not None:
             await client.aclose()
+        if pulled_dir is not None and not args.model_dir:  # a temporary directory of ours
+            shutil.rmtree(pulled_dir, ignore_errors=True)
+
+
+def needs_assets(model_dir: str) -> bool:
+    """No model directory, or an absent or empty one: the model's assets come from the weight-server."""
+    return not model_dir or not os.path.exists(model_dir) or (os.path.isdir(model_dir) and not os.listdir(model_dir))
+
+
+async def _pull_assets(client, url: str, model_dir: str, timeout: float) -> None:
+    """Wait for the first version (the trainer uploads the assets before it), then write them into model_dir."""
+    from rlboost.weights.client import WeightServerError
+
+    try:
+        await client.wait_for_version(0, timeout)
+        written = await client.pull_assets(model_dir)
+    except TimeoutError:
+        raise StartupError(f"--weight-server {url}: no weight version within {timeout:.0f}s (--startup-timeout), "
+                           "so no model assets either; is the trainer running?") from None  # fmt: skip
+    except WeightServerError as err:
+        raise StartupError(f"--weight-server {url}: cannot pull the model's assets: {err}") from None
+    if not any(path.name == "config.json" for path in written):
+        raise StartupError(
+            f"--weight-server {url} holds no model assets (config.json, tokenizer): its trainer uploaded none; "
+            "give this worker --model-dir with the model instead"
+        )
+    log.info("model assets pulled", extra={"model_dir": model_dir, "assets": sorted(p.name for p in written)})
 
 
 async def _start_beside_first_pull(engine, model_dir: str, puller, timeout: float) -> int:
@@ -195,9 +232,12 @@ async def _subscribe_colocation(nc, args: WorkerOptions, session) -> None:
 
 def _fill_in(args: WorkerOptions) -> None:
     """Check what the options model cannot (the model directory on disk) and name this process."""
-    if not args.model_dir:
-        _usage_error("--model-dir: required (a HF model directory with config.json and *.safetensors)")
-    if not os.path.isfile(os.path.join(args.model_dir, "config.json")):
+    if needs_assets(args.model_dir) and not args.weight_server:
+        _usage_error(
+            f"--model-dir {args.model_dir!r}: a HF model directory (config.json and *.safetensors) is required "
+            "without --weight-server (with one, the model's assets are pulled from it)"
+        )
+    if not needs_assets(args.model_dir) and not os.path.isfile(os.path.join(args.model_dir, "config.json")):
         _usage_error(f"--model-dir: {args.model_dir} has no config.json; point it at a HF model directory")
     args.node = args.node or socket.gethostname()
     args.worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"

@@ -43,7 +43,7 @@ from rlboost.wire.rollout_io import PromptItem, RolloutRequest, SamplingParams, 
 from trainer import metrics, ranks
 from trainer.batching import StepAssembler
 from trainer.grpo import LossStats, MicroBatch, Sample, collate
-from trainer.publisher import WeightPublisher
+from trainer.publisher import WeightPublisher, upload_model_assets
 from trainer.rollout_client import RolloutClient, RolloutError
 
 log = logging.getLogger(__name__)
@@ -206,6 +206,7 @@ class Trainer:
         ours = await asyncio.to_thread(state_checksum, bf16)
         if self.checksum and ours != self.checksum:
             raise await asyncio.to_thread(_checksum_mismatch, bf16, ours, self.checksum)
+        await upload_model_assets(publisher.client, self.opts.model_dir)  # before any version: see its docstring
         held = await publisher.held_versions()
         version = self.version
         if held:

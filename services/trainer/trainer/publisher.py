@@ -32,10 +32,12 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
 
+from rlboost.models.layout import asset_files
 from rlboost.weights.checksum import state_checksum
 from rlboost.weights.safetensors_io import state_to_bytes, to_publish_dtype
 
@@ -54,6 +56,20 @@ class WeightUploader(Protocol):
     async def upload(
         self, version: int, payload: bytes, kind: str, checksum: str, base_version: int | None = None, fmt: str = ...
     ) -> Any: ...
+
+    async def upload_asset(self, name: str, data: bytes) -> Any: ...
+
+
+async def upload_model_assets(client: WeightUploader, model_dir: Path) -> list[str]:
+    """Upload the model directory's assets (config, tokenizer, chat template: rlboost.models.layout) so a worker
+    with no model directory builds its engine from the weight-server alone; before the first version, so a worker
+    that sees a version finds them. The same bytes again (a resumed trainer) are accepted."""
+    names = []
+    for path in asset_files(model_dir):
+        await client.upload_asset(path.name, await asyncio.to_thread(path.read_bytes))
+        names.append(path.name)
+    log.info("model assets uploaded", extra={"assets": names})
+    return names
 
 
 @dataclass

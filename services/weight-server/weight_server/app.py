@@ -5,7 +5,8 @@ GET /v1/versions/{v}/payload (Range), GET /v1/versions/{v}/{kind}/payload (a ver
 a snapshot version may also hold the delta from the version before, its companion), PUT /v1/versions/{v}
 (bearer token; a second PUT of the other kind adds a companion, not announced again), GET /v1/sync?from=A&to=B[&compact=0],
 GET /v1/compacted/{a}/{b}/manifest and /payload (Range; composed from the chain on first request),
-GET /healthz, GET /metrics. Errors are JSON: {"error": "...", "field": "..."}.
+GET /v1/assets, GET /v1/assets/{name}, PUT /v1/assets/{name} (bearer token; the model's config, tokenizer and
+chat template: assets.py), GET /healthz, GET /metrics. Errors are JSON: {"error": "...", "field": "..."}.
 """
 
 from __future__ import annotations
@@ -28,11 +29,15 @@ from rlboost.wire.weights_io import (
     HEADER_CHECKSUM,
     HEADER_FORMAT,
     HEADER_KIND,
+    MAX_ASSET_BYTES,
+    AssetInfo,
+    AssetList,
     Manifest,
     VersionList,
 )
 
 from .announce import Announcer
+from .assets import AssetStore
 from .errors import ErrorKind, StoreError
 from .metrics import WeightServerMetrics
 from .store import Upload, VersionStore
@@ -49,6 +54,7 @@ HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.INVALID: 422,
     ErrorKind.UNAUTHORIZED: 401,
     ErrorKind.RANGE_NOT_SATISFIABLE: 416,
+    ErrorKind.TOO_LARGE: 413,
 }
 
 
@@ -97,11 +103,14 @@ def create_app(
     read_token: str | None = None,
     announcer: Announcer | None = None,
     metrics: WeightServerMetrics | None = None,
+    assets: AssetStore | None = None,
 ) -> FastAPI:
-    """The app over a store; `token` guards uploads, `read_token` (if set) guards reads."""
+    """The app over a store; `token` guards uploads, `read_token` (if set) guards reads; `assets`: the model's
+    assets (default: `<data-dir>/assets`)."""
     if not token:
         raise ValueError("an upload token is required")
     metrics = metrics or WeightServerMetrics()
+    assets = assets if assets is not None else AssetStore(store.root / "assets")
     app = FastAPI(title="rlboost weight-server", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.store, app.state.metrics = store, metrics
 
@@ -203,12 +212,37 @@ def create_app(
         headers["ETag"] = f'"{m.sha256}"'
         return StreamingResponse(body(), status_code=status, headers=headers, media_type="application/octet-stream")
 
-    @app.put(API_PREFIX + "/versions/{version}")
-    async def upload(version: int, request: Request) -> Manifest:
+    def check_upload(request: Request) -> None:
         if not hmac.compare_digest(_bearer(request), token):
             raise StoreError(
                 ErrorKind.UNAUTHORIZED, "uploads need 'Authorization: Bearer <job token>'", "Authorization"
             )
+
+    @app.get(API_PREFIX + "/assets")
+    async def asset_list(request: Request) -> AssetList:
+        check_read(request)
+        return assets.list()
+
+    @app.get(API_PREFIX + "/assets/{name}")
+    async def asset(name: str, request: Request) -> Response:
+        check_read(request)
+        info = assets.info(name)
+        data = await anyio.to_thread.run_sync(assets.path(name).read_bytes)
+        return Response(data, media_type="application/octet-stream", headers={"ETag": f'"{info.sha256}"'})
+
+    @app.put(API_PREFIX + "/assets/{name}")
+    async def upload_asset(name: str, request: Request) -> AssetInfo:
+        check_upload(request)
+        declared = _int_param(request.headers.get("content-length"), "Content-Length")
+        assets.admit(name, declared or 0)  # refused before a byte is read
+        data = await _read_bounded(request, MAX_ASSET_BYTES, name)
+        info = await anyio.to_thread.run_sync(assets.put, name, data)
+        log.info("asset uploaded", extra={"asset": name, "bytes": info.size})
+        return info
+
+    @app.put(API_PREFIX + "/versions/{version}")
+    async def upload(version: int, request: Request) -> Manifest:
+        check_upload(request)
         h = request.headers
         base = _int_param(h.get(HEADER_BASE_VERSION), HEADER_BASE_VERSION)
         up = store.begin_upload(
@@ -243,6 +277,16 @@ def create_app(
         return result
 
     return app
+
+
+async def _read_bounded(request: Request, limit: int, name: str) -> bytes:
+    """The request body, refused (413) as soon as it passes `limit` bytes, whatever Content-Length said."""
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > limit:
+            raise StoreError(ErrorKind.TOO_LARGE, f"asset {name!r} is over {limit} bytes", "Content-Length")
+    return bytes(body)
 
 
 async def _receive(request: Request, up: Upload) -> Manifest:

@@ -16,6 +16,7 @@ class ErrorKind(StrEnum):
     INVALID = "invalid"  # the request itself is wrong: a field missing or out of its range
     UNAUTHORIZED = "unauthorized"  # no valid bearer token
     RANGE_NOT_SATISFIABLE = "range_not_satisfiable"  # a Range header that selects no bytes of the payload
+    TOO_LARGE = "too_large"  # over a bound of what is held (a model asset, or all of them together)
 
 
 class StoreError(Exception):

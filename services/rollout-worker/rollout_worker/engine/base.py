@@ -189,6 +189,13 @@ def _nothing_done(action: str) -> MemoryReport:
     return MemoryReport(action, 0, rss, rss, 0.0, effective=False)
 
 
+def has_weights(model_dir: str) -> bool:
+    """Whether a model directory holds its weights (*.safetensors), or only the assets pulled from the weight-server."""
+    from pathlib import Path
+
+    return any(Path(model_dir).glob("*.safetensors"))
+
+
 def read_model_state(model_dir: str) -> dict[str, torch.Tensor]:
     """The exact tensors stored in a HF model directory (its *.safetensors files), for either backend."""
     from pathlib import Path

@@ -39,6 +39,7 @@ from rollout_worker.engine.base import (
     Engine,
     EngineError,
     GenerationStep,
+    has_weights,
     read_model_state,
 )
 
@@ -143,19 +144,26 @@ class TorchEngine(Engine):
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def start(self, model_dir: str, state: Mapping[str, torch.Tensor] | None = None, version: int = 0) -> None:
+        """A model directory without weights (only the assets a worker pulled from the weight-server) builds the
+        model from its config; it generates nothing sensible until update_weights gives it a version."""
         self.model = await asyncio.to_thread(self._load_model, model_dir)
-        if state is None:
+        if state is None and has_weights(model_dir):
             state = await asyncio.to_thread(read_model_state, model_dir)
-        await asyncio.to_thread(self._apply_state, state)
+        if state is not None:
+            await asyncio.to_thread(self._apply_state, state)
         self._version = version
         self._wake = asyncio.Event()
         self._task = asyncio.create_task(self._loop(), name="torch-engine")
 
     def _load_model(self, model_dir: str):
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         try:
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.dtype)
+            if has_weights(model_dir):
+                model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.dtype)
+            else:  # the weights come from the weight-server
+                config = AutoConfig.from_pretrained(model_dir)
+                model = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
         except (OSError, ValueError) as err:
             first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise EngineError(f"cannot load a model from {model_dir}: {first_line}") from None
