@@ -95,7 +95,12 @@ def _expected_pod_options(spec: JobSpec, settings: OperatorSettings) -> dict[typ
         WeightServerOptions: weight_server_options(site, children.WEIGHTS_PORT, "/data"),
         WorkerOptions: worker_options(site, "$(POD_NAME)", "spot", "$(NODE_NAME)", "", port),  # pulls its model
         TrainerOptions: trainer_options(
-            site, children.model_dir(spec.model), "/data/run", port, checkpoint_dir=Path(children.CHECKPOINT_DIR), resume=True
+            site,
+            children.model_dir(spec.model),
+            "/data/run",
+            port,
+            checkpoint_dir=Path(children.CHECKPOINT_DIR),
+            resume=True,
         ),
     }
 

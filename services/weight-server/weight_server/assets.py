@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from rlboost.fsio import fsync_dir
 from rlboost.wire.weights_io import (
     ASSET_NAME_PATTERN,
     MAX_ASSET_BYTES,
@@ -31,7 +32,6 @@ from rlboost.wire.weights_io import (
 )
 
 from .errors import ErrorKind, StoreError
-from .store import _fsync_dir
 
 INCOMING_PREFIX = ".incoming-"
 _NAME = re.compile(ASSET_NAME_PATTERN)
@@ -130,7 +130,7 @@ class AssetStore:
                     return new
                 os.rename(tmp, self.root / name)
                 self._held[name] = new
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
         finally:
             tmp.unlink(missing_ok=True)
         return new
