@@ -317,9 +317,8 @@ def trainer(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings)
     where = site(job, namespace, settings)
     checkpoints = Path(CHECKPOINT_DIR)
     cmd = trainer_options(
-        where, "/data/model", "/data/run", METRICS_PORT, checkpoint_dir=checkpoints, resume=True
+        where, model_dir(spec.model), "/data/run", METRICS_PORT, checkpoint_dir=checkpoints, resume=True
     ).command()
-    cmd = trainer_options(site(job, namespace, settings), model_dir(spec.model), "/data/run", METRICS_PORT).command()
     env = [
         # The rank is the pod's ordinal (label set by the StatefulSet controller, Kubernetes >= 1.28).
         _field_env("RANK", "metadata.labels['apps.kubernetes.io/pod-index']"),
