@@ -87,6 +87,7 @@ class Lane:
         self.notes: list[str] = []
         self.chaos_log: list[str] = []
         self.node_deadline = 0.0
+        self.last_running_at: float | None = None  # the last moment the job was Running with every pod Ready
         self.nodes = ["lane-reserved-0", *(f"lane-spot-{i}={SPOT_LABEL}" for i in range(args.spot_nodes))]
 
     # --- set-up
@@ -293,19 +294,25 @@ class Lane:
             self.prometheus.stop()
 
     def dashboard_panels_empty(self) -> list[str] | None:
-        """Panels of the Grafana dashboard whose queries return nothing, after every target was scraped."""
+        """Panels of the Grafana dashboard whose queries return nothing while the job ran: evaluated as of the last
+        moment it was Running (a finished job is scaled to zero, so its pods are no longer scraped at the end)."""
         if self.prometheus is None:
             return None
+        if self.last_running_at is not None:
+            return self.prometheus.panels_without_data(self.dashboard(), at=self.last_running_at)
         self.refresh_targets()
         expected = len(json.loads(self.prometheus.targets_file.read_text()))
         with contextlib.suppress(LaneError):
             self.wait(lambda: len(self.prometheus.query("up")) >= expected, 60, "Prometheus to scrape every target")
         time.sleep(2 * SCRAPE_INTERVAL_S)  # rate() needs two samples of each new target
-        dashboard = json.loads((ROOT / "deploy/helm/rlboost/dashboards/rlboost.json").read_text())
         down = [r["metric"].get("pod") or r["metric"].get("job") for r in self.prometheus.query("up == 0")]
         if down:
             self.notes.append(f"scrape targets down: {down}")
-        return self.prometheus.panels_without_data(dashboard)
+        return self.prometheus.panels_without_data(self.dashboard())
+
+    @staticmethod
+    def dashboard() -> dict[str, Any]:
+        return json.loads((ROOT / "deploy/helm/rlboost/dashboards/rlboost.json").read_text())
 
     # --- chaos (--chaos)
 
@@ -501,6 +508,8 @@ def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: 
             last_line = line
         if status.get("phase") in ("Succeeded", "Failed"):
             return status
+        if status.get("phase") == "Running" and ready == len(pods) > 0:
+            lane.last_running_at = time.time()  # the dashboard is judged as of then
         if not pods and time.monotonic() - started > lane.args.no_pods_after:
             say(
                 f"stopping: no pod {lane.args.no_pods_after:.0f}s after the RLJob was applied (the operator's log says why)"
@@ -521,8 +530,9 @@ def summary(lane: Lane, progress: Progress, job: dict[str, Any], status: dict[st
     algo = spec.get("algorithm") or {}
     steps = sorted(progress.steps)
     metrics = manager_metrics(lane)
-    trajectories = counter(metrics, "rlboost_manager_trajectories_total")
-    expected = len(steps) * int(algo.get("promptsPerStep", 0)) * int(algo.get("groupSize", 1))
+    per_step = int(algo.get("promptsPerStep", 32)) * int(algo.get("groupSize", 8))
+    # What the trainer trained on, from its own step reports: a step short of samples would show here.
+    lost = sum(max(0, per_step - int(progress.steps[s].get("trajectories", per_step))) for s in steps)
     return {
         "phase": "Timeout" if status.get("timedOut") else status.get("phase"),
         "stopped_because": status.get("stoppedBecause") or ("timeout" if status.get("timedOut") else None),
@@ -532,7 +542,7 @@ def summary(lane: Lane, progress: Progress, job: dict[str, Any], status: dict[st
         "rewards": [round(progress.steps[s]["reward_mean"], 4) for s in steps],
         "pods": pod_table(lane.pods()),
         "dashboard_panels_empty": lane.dashboard_panels_empty(),
-        "samples_lost": max(0, int(expected - trajectories)) if metrics else None,
+        "samples_lost": lost if steps else None,
         "tokens_lost": counter(metrics, "rlboost_manager_tokens_lost_total") if metrics else None,
         "tokens_regenerated": counter(metrics, "rlboost_manager_tokens_regenerated_total") if metrics else None,
         "final_weights_checksum": (progress.done or {}).get("final_weights_checksum"),

@@ -79,8 +79,22 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     STATE.settings = load_settings()
     STATE.reset()
     _cancel_rechecks()
+    _zero_counters()
     STATE.nats = NatsLink(STATE.settings.nats_url)
     STATE.background = asyncio.create_task(rescale_loop(), name="rescale-loop")
+
+
+def _zero_counters() -> None:
+    """Export every counter's known label values at 0 from the start: a dashboard panel or an alert on a counter
+    that never fired then shows 0, not "no data" (which reads as a broken scrape)."""
+    for reason, _ in spot.PREEMPTION_TAINTS.values():
+        NOTICES.labels(reason)
+    for reason in ("node-deleted", "node-not-ready", "node-unschedulable"):
+        NOTICES.labels(reason)
+    for kind in ("reconcile", "rescale", "nats"):
+        ERRORS.labels(kind)
+    for result in ("ok", "invalid"):
+        RECONCILIATIONS.labels(result)
 
 
 def _cancel_rechecks() -> None:

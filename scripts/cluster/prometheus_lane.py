@@ -116,15 +116,17 @@ class Prometheus:
         tmp.write_text(json.dumps([*groups, *self.extra], indent=1))
         tmp.replace(self.targets_file)
 
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        resp = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10).raise_for_status()
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """An instant query, now or as of `at` (unix seconds): a finished job's pods are gone, its data is not."""
+        params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+        resp = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=10).raise_for_status()
         return resp.json()["data"]["result"]
 
-    def panels_without_data(self, dashboard: dict[str, Any]) -> list[str]:
-        """Titles of the panels none of whose queries returns a series now."""
+    def panels_without_data(self, dashboard: dict[str, Any], at: float | None = None) -> list[str]:
+        """Titles of the panels none of whose queries returns a series, now or as of `at`."""
         results: dict[str, bool] = {}
         for title, expr in panel_queries(dashboard):
-            results[title] = results.get(title, False) or bool(self.query(expr))
+            results[title] = results.get(title, False) or bool(self.query(expr, at))
         return [title for title, has_data in results.items() if not has_data]
 
     def stop(self) -> None:
