@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 LOCK   := requirements/lock.txt
 PYTEST_ARGS ?=
 
-.PHONY: run test tools lint check-generated generate test-fast test-sglang run-sglang images push-images lock test-cluster clean
+.PHONY: run test tools lint check-generated generate test-fast test-sglang run-sglang images push-images lock test-cluster test-gpu clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +77,12 @@ lock:
 test-cluster: $(STAMP)
 	bash scripts/cluster/setup.sh
 	timeout 1800 $(PY) -m pytest -m cluster tests/cluster/test_cluster_e2e.py -p no:cacheprovider $(PYTEST_ARGS)
+
+# The GPU lane: the CPU example's shape on a GPU (SGLang on CUDA, NCCL, bf16). Skips, saying why, without a GPU.
+# Run it in the environment that has CUDA torch and sglang (e.g. `pip install -c requirements/lock.txt '.[dev]'
+# 'rlboost[sglang]'` on the GPU machine): PY=that/python make test-gpu
+test-gpu: $(STAMP)
+	$(PY) -m pytest -m gpu tests/gpu -p no:cacheprovider -rs $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -396,7 +396,13 @@ def worker(
     where = site(job, namespace, settings)
     local = model if pool_name == "reserved" else None
     cmd = worker_options(
-        where, "$(POD_NAME)", pool_name, "$(NODE_NAME)", model_dir(local) if local else "", METRICS_PORT
+        where,
+        "$(POD_NAME)",
+        pool_name,
+        "$(NODE_NAME)",
+        model_dir(local) if local else "",
+        METRICS_PORT,
+        accelerated=pool.gpus_per_worker > 0,
     ).command()
     container = {
         "name": "rollout-worker",

@@ -136,11 +136,16 @@ def done_status(
     msg = f"finished {done.steps} steps" if ok else f"trainer failed: {done.error or 'no error given'}"
     reason = "TrainerDone" if ok else "TrainerFailed"
     cond = condition("Complete" if ok else "Failed", True, reason, msg, now, generation)
-    return {
+    out = {
         "phase": SUCCEEDED if ok else FAILED,
         "updatedAt": now_iso(now),
         "conditions": set_condition(previous.get("conditions"), cond),
     }
+    # The last step, from `done` itself: step reports and `done` arrive on two subscriptions, so the last reports
+    # may be handled after `done`, when an ended job's status no longer takes them (the lane saw 19 of 40).
+    if ok and done.steps > 0:
+        out["step"] = done.steps - 1
+    return out
 
 
 def invalid_status(

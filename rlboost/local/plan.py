@@ -112,7 +112,10 @@ class LocalPlan:
     def worker(self, worker_id: str, pool: str) -> ChildPlan:
         """A rollout-worker child (also used to start spot workers later, with a fresh metrics port)."""
         metrics_port = self.port_fn()
-        options = worker_options(self.site, worker_id, pool, f"local-{worker_id}", self.model_dir, metrics_port)
+        gpus = getattr(self.spec.rollout, pool).gpus_per_worker
+        options = worker_options(
+            self.site, worker_id, pool, f"local-{worker_id}", self.model_dir, metrics_port, accelerated=gpus > 0
+        )
         # Several workers and the trainer share few cores: one thread each avoids oversubscription.
         env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         return ChildPlan(worker_id, options.command(self.options.python), "rollout-worker", metrics_port, pool=pool,

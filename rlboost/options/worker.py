@@ -34,9 +34,17 @@ class WorkerOptions(ServiceOptions):
 
 
 def worker_options(
-    site: Site, worker_id: str, pool: str, node: str, model_dir: Path | str, metrics_port: int
+    site: Site,
+    worker_id: str,
+    pool: str,
+    node: str,
+    model_dir: Path | str,
+    metrics_port: int,
+    accelerated: bool = False,
 ) -> WorkerOptions:
+    """`accelerated`: the pool has accelerators (gpusPerWorker >= 1): the engine runs on CUDA in bf16."""
+    device = {"device": "cuda", "dtype": "bfloat16"} if accelerated else {}
     return WorkerOptions(
         **site.common(), worker_id=worker_id, pool=pool, node=node, manager=site.manager_address,
-        weight_server=site.weight_server_url, model_dir=str(model_dir), metrics_port=metrics_port,
+        weight_server=site.weight_server_url, model_dir=str(model_dir), metrics_port=metrics_port, **device,
     )  # fmt: skip

@@ -200,3 +200,16 @@ def test_a_bad_job_spec_is_one_line_per_field(tmp_path: Path, capsys: pytest.Cap
     with pytest.raises(SystemExit):
         parse_service_args(ManagerOptions, ["--config", str(config)])
     assert "algorithm.groupSize" in capsys.readouterr().err
+
+
+def test_workers_of_accelerator_pools_run_on_cuda_in_bf16_both_ways(tmp_path: Path) -> None:
+    """gpusPerWorker >= 1 renders --device cuda --dtype bfloat16 for that pool's workers, locally and in pods;
+    CPU pools keep the CPU defaults."""
+    spec = JobSpec.model_validate({"rollout": {"spot": {"gpusPerWorker": 1}}})
+    local = {c.name: c.options for c in _local_children(spec, tmp_path)}
+    assert (local["spot-0"].device, local["spot-0"].dtype) == ("cuda", "bfloat16")
+    assert (local["reserved-0"].device, local["reserved-0"].dtype) == ("cpu", "float32")
+    pods = {
+        _parsed(c["command"]).pool: _parsed(c["command"]) for c in _pod_containers(spec) if "--pool" in c["command"]
+    }
+    assert (pods["spot"].device, pods["reserved"].device) == ("cuda", "cpu")

@@ -148,6 +148,8 @@ def test_step_status_integrates_cost_at_the_previous_rate_and_keeps_terminal_pha
     assert st["workers"] == {"reserved": 1, "spot": 3}
     assert status.step_status(report, spec, {}, {"phase": "Succeeded"})["phase"] == "Succeeded"
     assert status.done_status(JobDone(ok=False, steps=2, error="oom"), {})["phase"] == "Failed"
+    # `done` names the last step even when late step reports were dropped behind it (two subscriptions)
+    assert status.done_status(JobDone(ok=True, steps=40), {"step": 19})["step"] == 39
 
 
 def test_set_condition_keeps_transition_time_when_status_unchanged():
