@@ -87,7 +87,8 @@ class Lane:
         self.notes: list[str] = []
         self.chaos_log: list[str] = []
         self.node_deadline = 0.0
-        self.last_running_at: float | None = None  # the last moment the job was Running with every pod Ready
+        self.restarts_seen: dict[str, int] = {}  # every pod of the run: the most restarts seen
+        self.last_running_at: float | None = None  # halfway through the run, every pod Ready (dashboard time)
         self.nodes = ["lane-reserved-0", *(f"lane-spot-{i}={SPOT_LABEL}" for i in range(args.spot_nodes))]
 
     # --- set-up
@@ -294,8 +295,8 @@ class Lane:
             self.prometheus.stop()
 
     def dashboard_panels_empty(self) -> list[str] | None:
-        """Panels of the Grafana dashboard whose queries return nothing while the job ran: evaluated as of the last
-        moment it was Running (a finished job is scaled to zero, so its pods are no longer scraped at the end)."""
+        """Panels of the Grafana dashboard whose queries return nothing while the job ran: evaluated as of halfway
+        through the run with every pod Ready (a finished job is scaled to zero: at the end nothing is scraped)."""
         if self.prometheus is None:
             return None
         if self.last_running_at is not None:
@@ -493,6 +494,8 @@ def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: 
     while time.monotonic() < deadline:
         status = lane.job_status()
         pods = pod_table(lane.pods())
+        for name, pod in pods.items():  # a pod scaled away at the end still counts its restarts
+            lane.restarts_seen[name] = max(lane.restarts_seen.get(name, 0), pod["restarts"])
         ready = sum(p["ready"] for p in pods.values())
         restarts = sum(p["restarts"] for p in pods.values())
         reward = status.get("rewardMean")
@@ -508,8 +511,10 @@ def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: 
             last_line = line
         if status.get("phase") in ("Succeeded", "Failed"):
             return status
-        if status.get("phase") == "Running" and ready == len(pods) > 0:
-            lane.last_running_at = time.time()  # the dashboard is judged as of then
+        trainer_up = any("-trainer-" in n and p["ready"] for n, p in pods.items())
+        halfway = int(status.get("step") or 0) >= max(1, total // 2) and status.get("phase") == "Running"
+        if lane.last_running_at is None and halfway and trainer_up and ready == len(pods):
+            lane.last_running_at = time.time()  # mid-run, every pod up: the dashboard is judged as of then
         if not pods and time.monotonic() - started > lane.args.no_pods_after:
             say(
                 f"stopping: no pod {lane.args.no_pods_after:.0f}s after the RLJob was applied (the operator's log says why)"
@@ -541,6 +546,7 @@ def summary(lane: Lane, progress: Progress, job: dict[str, Any], status: dict[st
         "reward_last": progress.steps[steps[-1]]["reward_mean"] if steps else status.get("rewardMean"),
         "rewards": [round(progress.steps[s]["reward_mean"], 4) for s in steps],
         "pods": pod_table(lane.pods()),
+        "restarts_during_run": {n: r for n, r in lane.restarts_seen.items() if r},
         "dashboard_panels_empty": lane.dashboard_panels_empty(),
         "samples_lost": lost if steps else None,
         "tokens_lost": counter(metrics, "rlboost_manager_tokens_lost_total") if metrics else None,

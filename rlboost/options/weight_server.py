@@ -26,6 +26,11 @@ class WeightServerOptions(ServiceOptions):
         None, ge=1, le=1 << 30, description="Payload chunk size in bytes (unset: the job spec's weightSync.chunkBytes)."
     )
     no_nats: bool = Field(False, description="Do not announce versions on NATS (tests, debugging).")
+    nats_wait: float = Field(
+        60.0, ge=0, le=3600,
+        description="Seconds to keep trying to reach NATS at start-up (it may start after us, or its name may not "
+        "resolve yet), with back-off, before giving up.",
+    )  # fmt: skip
 
 
 DEFAULT_WEIGHT_SERVER_URL = f"http://{LOOPBACK}:{WEIGHT_SERVER_PORT}"  # what a trainer uses when told nothing

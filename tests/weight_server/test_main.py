@@ -88,10 +88,38 @@ def test_port_in_use_is_one_clear_line(tmp_path, nats_server) -> None:
 
 
 def test_unreachable_nats_and_missing_token_are_one_clear_line(tmp_path) -> None:
-    line = one_line_failure(flags(tmp_path, free_port(), f"nats://127.0.0.1:{free_port()}"))
+    line = one_line_failure([*flags(tmp_path, free_port(), f"nats://127.0.0.1:{free_port()}"), "--nats-wait", "0"])
     assert line.startswith("weight-server: --nats-url: cannot reach NATS")
     args = flags(tmp_path, free_port(), "nats://127.0.0.1:1")
     i = args.index("--token-file")
     del args[i : i + 2]
     line = one_line_failure(args, env={"RLBOOST_TOKEN": ""})
     assert "no upload token" in line
+
+
+def test_waits_for_a_nats_that_starts_after_it(tmp_path) -> None:
+    """Started before NATS (a pod whose peer, or whose peer's DNS name, is not there yet), the weight-server keeps
+    trying within --nats-wait instead of exiting, and serves once NATS is up (the cluster lane saw it restart)."""
+    import threading
+
+    from rlboost.nats_server import NatsServer
+    from tests.helpers import wait_until
+
+    port, nats_port = free_port(), free_port()
+    proc = spawn(*flags(tmp_path, port, f"nats://127.0.0.1:{nats_port}"), "--nats-wait", "60")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: any("NATS not reachable yet" in ln for ln in lines), timeout=60, what="a failed try")
+        with NatsServer(tmp_path / "nats", port=nats_port):  # only now does NATS come up
+            wait_for_port("127.0.0.1", port, 60, proc)
+            assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+        reader.join(timeout=5)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    assert any('"msg": "connected to NATS"' in ln for ln in lines)

@@ -91,7 +91,7 @@ async def serve(args: WeightServerOptions) -> None:
     if not args.no_nats:
         announcer = Announcer(args.nats_url, args.namespace, args.job)
         try:
-            await announcer.connect()
+            await announcer.connect_within(args.nats_wait)
         except AnnounceError as err:
             raise StartupError(f"--nats-url: {err}") from None
     store = VersionStore(root, int(chunk), args.spec.weight_sync.retain_versions)

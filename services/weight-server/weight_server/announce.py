@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from urllib.parse import urlparse
 
 import nats
@@ -30,6 +31,20 @@ class Announcer:
         self.url = url
         self.subject = subject(namespace, job, "weights")
         self._nc: Client | None = None
+
+    async def connect_within(self, wait_s: float, timeout: float = 5.0) -> None:
+        """Connect, trying again with back-off (0.5 s doubling to 5 s) for `wait_s` seconds: NATS may start after
+        us, or its Service name may not resolve yet (a new pod's DNS); then raise the last AnnounceError."""
+        deadline, pause = time.monotonic() + wait_s, 0.5
+        while True:
+            try:
+                return await self.connect(timeout)
+            except AnnounceError as err:
+                if time.monotonic() + pause > deadline:
+                    raise
+                log.warning("NATS not reachable yet; trying again", extra={"error": str(err), "in_s": pause})
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
     async def connect(self, timeout: float = 5.0) -> None:
         """Connect or raise AnnounceError naming the URL."""
