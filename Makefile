@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 LOCK   := requirements/lock.txt
 PYTEST_ARGS ?=
 
-.PHONY: run test tools lint check-generated generate test-fast test-sglang run-sglang images push-images lock test-cluster test-gpu clean
+.PHONY: run test tools lint check-generated generate test-fast test-sglang run-sglang images push-images lock test-cluster test-cluster-chaos test-gpu clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +77,12 @@ lock:
 test-cluster: $(STAMP)
 	bash scripts/cluster/setup.sh
 	timeout 1800 $(PY) -m pytest -m cluster tests/cluster/test_cluster_e2e.py -p no:cacheprovider $(PYTEST_ARGS)
+
+# The lane's faults (not in CI's lane: about 5 more minutes): an uninterrupted run, then one with a spot pod
+# deleted, the trainer killed and a spot node tainted and deleted; same final weights checksum, no sample lost.
+test-cluster-chaos: $(STAMP)
+	bash scripts/cluster/setup.sh
+	timeout 1800 $(PY) -m pytest -m cluster tests/cluster/test_cluster_chaos.py -p no:cacheprovider $(PYTEST_ARGS)
 
 # The GPU lane: the CPU example's shape on a GPU (SGLang on CUDA, NCCL, bf16). Skips, saying why, without a GPU.
 # Run it in the environment that has CUDA torch and sglang (e.g. `pip install -c requirements/lock.txt '.[dev]'
