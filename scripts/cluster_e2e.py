@@ -311,6 +311,14 @@ class Lane:
             self.notes.append(f"scrape targets down: {down}")
         return self.prometheus.panels_without_data(self.dashboard())
 
+    def counter_over_run(self, name: str) -> float | None:
+        """A manager counter's highest value over the run, from Prometheus: at the end the manager is scaled to
+        zero, so scraping it then gives nothing (this summary field was always empty)."""
+        if self.prometheus is None:
+            return None
+        result = self.prometheus.query(f"max(max_over_time({name}[1h]))")
+        return float(result[0]["value"][1]) if result else None
+
     @staticmethod
     def dashboard() -> dict[str, Any]:
         return json.loads((ROOT / "deploy/helm/rlboost/dashboards/rlboost.json").read_text())
@@ -534,7 +542,6 @@ def summary(lane: Lane, progress: Progress, job: dict[str, Any], status: dict[st
     spec = job.get("spec") or {}
     algo = spec.get("algorithm") or {}
     steps = sorted(progress.steps)
-    metrics = manager_metrics(lane)
     per_step = int(algo.get("promptsPerStep", 32)) * int(algo.get("groupSize", 8))
     # What the trainer trained on, from its own step reports: a step short of samples would show here.
     lost = sum(max(0, per_step - int(progress.steps[s].get("trajectories", per_step))) for s in steps)
@@ -549,8 +556,8 @@ def summary(lane: Lane, progress: Progress, job: dict[str, Any], status: dict[st
         "restarts_during_run": {n: r for n, r in lane.restarts_seen.items() if r},
         "dashboard_panels_empty": lane.dashboard_panels_empty(),
         "samples_lost": lost if steps else None,
-        "tokens_lost": counter(metrics, "rlboost_manager_tokens_lost_total") if metrics else None,
-        "tokens_regenerated": counter(metrics, "rlboost_manager_tokens_regenerated_total") if metrics else None,
+        "tokens_lost": lane.counter_over_run("rlboost_manager_tokens_lost_total"),
+        "tokens_regenerated": lane.counter_over_run("rlboost_manager_tokens_regenerated_total"),
         "final_weights_checksum": (progress.done or {}).get("final_weights_checksum"),
         "conditions": status.get("conditions"),
         "chaos": lane.chaos_log,

@@ -8,20 +8,11 @@ bit-exactly from its PVC's checkpoint). Same stand-ins as test_cluster_e2e.py: k
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.cluster.test_cluster_e2e import LANE_TIMEOUT_S, ROOT, podman_problem
-
-
-def lane(out: Path, *flags: str) -> dict:
-    cmd = [sys.executable, "scripts/cluster_e2e.py", "--rljob", "examples/rljob.yaml", "--json", str(out), *flags]
-    proc = subprocess.run([*cmd, "--timeout", str(LANE_TIMEOUT_S // 2 - 300)], cwd=ROOT, timeout=LANE_TIMEOUT_S // 2)
-    assert out.exists(), f"the lane wrote no summary (exit {proc.returncode}); its output above says where it stopped"
-    return json.loads(out.read_text())
+from tests.cluster.test_cluster_e2e import LANE_TIMEOUT_S, podman_problem, run_lane
 
 
 @pytest.mark.cluster
@@ -30,8 +21,8 @@ def test_faults_lose_no_sample_and_end_on_the_uninterrupted_checksum(tmp_path: P
     problem = podman_problem()
     if problem:
         pytest.skip(problem)
-    plain = lane(tmp_path / "plain.json")
-    chaos = lane(tmp_path / "chaos.json", "--chaos")
+    plain = run_lane(tmp_path / "plain.json", timeout=LANE_TIMEOUT_S // 2)
+    chaos = run_lane(tmp_path / "chaos.json", "--chaos", timeout=LANE_TIMEOUT_S // 2)
     assert plain["phase"] == chaos["phase"] == "Succeeded", json.dumps(chaos.get("stopped_because"))
     assert len(chaos["chaos"]) >= 3, chaos["chaos"]  # pod deleted, trainer killed, node tainted (then deleted)
     assert chaos["samples_lost"] == 0

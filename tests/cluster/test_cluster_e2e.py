@@ -34,18 +34,21 @@ def podman_problem() -> str | None:
     return None
 
 
+def run_lane(out: Path, *flags: str, timeout: int) -> dict:
+    """scripts/cluster_e2e.py on examples/rljob.yaml; its summary (the lane's own output says where it stopped)."""
+    cmd = [sys.executable, "scripts/cluster_e2e.py", "--rljob", "examples/rljob.yaml", "--json", str(out), *flags]
+    proc = subprocess.run([*cmd, "--timeout", str(timeout - 300)], cwd=ROOT, timeout=timeout)
+    assert out.exists(), f"the lane wrote no summary (exit {proc.returncode}); its output above says where it stopped"
+    return json.loads(out.read_text())
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(LANE_TIMEOUT_S + 120)
 def test_example_rljob_reaches_succeeded_in_real_containers(tmp_path: Path) -> None:
     problem = podman_problem()
     if problem:
         pytest.skip(problem)
-    out = tmp_path / "summary.json"
-    cmd = [sys.executable, "scripts/cluster_e2e.py", "--rljob", "examples/rljob.yaml", "--json", str(out)]
-    cmd += ["--timeout", str(LANE_TIMEOUT_S - 300)]
-    proc = subprocess.run(cmd, cwd=ROOT, timeout=LANE_TIMEOUT_S)
-    assert out.exists(), f"the lane wrote no summary (exit {proc.returncode}); its output above says where it stopped"
-    summary = json.loads(out.read_text())
+    summary = run_lane(tmp_path / "summary.json", timeout=LANE_TIMEOUT_S)
     keys = ("phase", "stopped_because", "steps", "pods", "conditions", "dashboard_panels_empty", "notes")
     where = json.dumps({k: summary.get(k) for k in keys}, indent=1)
     assert summary["phase"] == "Succeeded", f"the job did not succeed:\n{where}"
