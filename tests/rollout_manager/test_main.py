@@ -13,7 +13,7 @@ from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.rollout.v1 import rollout_pb2_grpc as pb_grpc
 
 
-def _start(port: int, metrics_port: int, nats_url: str = "") -> subprocess.Popen:
+def _start(port: int, metrics_port: int, nats_url: str = "", *extra: str) -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-m",
@@ -30,6 +30,7 @@ def _start(port: int, metrics_port: int, nats_url: str = "") -> subprocess.Popen
         "j",
         "--host",
         "127.0.0.1",
+        *extra,
     ]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -58,7 +59,7 @@ def test_serves_grpc_health_and_metrics_then_port_clash_is_one_line(nats_server)
 
 
 def test_unreachable_nats_exits_with_one_line():
-    proc = _start(free_port(), free_port(), f"nats://127.0.0.1:{free_port()}")
+    proc = _start(free_port(), free_port(), f"nats://127.0.0.1:{free_port()}", "--nats-wait", "0")
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 1
     assert "cannot reach NATS" in err and "Traceback" not in err

@@ -45,7 +45,7 @@ async def serve(args: ManagerOptions) -> int:
             subscriber = PreemptionSubscriber(
                 args.nats_url, args.namespace, args.job, manager.state.drain, manager.kick
             )
-            await subscriber.start()
+            await subscriber.start(wait_s=args.nats_wait)
         port = await manager.start(args.host, args.port)
     except (PortInUseError, NatsUnavailableError) as err:
         print(f"rollout-manager: {err}", file=sys.stderr)

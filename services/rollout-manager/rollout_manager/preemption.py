@@ -7,7 +7,9 @@ their streams end (or when they flush them as aborted chunks).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from pydantic import ValidationError
@@ -52,7 +54,20 @@ class PreemptionSubscriber:
         self._drain, self._on_change = drain, on_change
         self._nc = None
 
-    async def start(self, connect_timeout: float = 3.0) -> None:
+    async def start(self, connect_timeout: float = 3.0, wait_s: float = 0.0) -> None:
+        """Subscribe; NATS may come up (or its name resolve) up to `wait_s` seconds late: tried with back-off."""
+        deadline, pause = time.monotonic() + wait_s, 0.5
+        while True:
+            try:
+                return await self._start(connect_timeout)
+            except NatsUnavailableError as err:
+                if time.monotonic() + pause > deadline:
+                    raise
+                log.warning("NATS not reachable yet; trying again", extra={"error": str(err), "in_s": pause})
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 5.0)
+
+    async def _start(self, connect_timeout: float) -> None:
         import nats  # lazy: only the entry point and tests need it
         from nats.errors import NoServersError
 
