@@ -79,6 +79,7 @@ class LocalPlan:
     options: LocalOptions
     job_file: Path
     token_file: Path
+    credentials_dir: Path
     model_dir: Path
     log_dir: Path
     nats_port: int
@@ -107,7 +108,8 @@ class LocalPlan:
         o = self.options
         return Site(config=str(self.job_file), nats_url=self.nats_url, namespace=o.namespace, job=o.job,
                     bind_host=HOST, manager_address=self.manager_address, weight_server_url=self.weight_server_url,
-                    token_file=str(self.token_file), log_level=o.log_level)  # fmt: skip
+                    token_file=str(self.token_file), credentials_dir=str(self.credentials_dir),
+                    log_level=o.log_level)  # fmt: skip
 
     def worker(self, worker_id: str, pool: str) -> ChildPlan:
         """A rollout-worker child (also used to start spot workers later, with a fresh metrics port)."""
@@ -192,6 +194,7 @@ def build_plan(
     ports = {name: port_fn() for name in ("nats", "ws", "mgr", "mgr_metrics", "trainer_metrics")}
     plan = LocalPlan(
         spec=spec, options=options, job_file=run_dir / "job.yaml", token_file=run_dir / "token",
+        credentials_dir=run_dir / "credentials",
         model_dir=model_dir_for(spec, run_dir), log_dir=run_dir / "logs",
         nats_port=ports["nats"], weight_server_port=ports["ws"], manager_port=ports["mgr"],
         manager_metrics_port=ports["mgr_metrics"], trainer_metrics_port=ports["trainer_metrics"],

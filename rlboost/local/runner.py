@@ -65,6 +65,15 @@ def prepare_run_dir(spec: JobSpec, plan: LocalPlan) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32) + "\n")
     os.chmod(plan.token_file, 0o600)  # also when the file already existed
+    ensure_credentials(plan.credentials_dir)
+
+
+def ensure_credentials(directory: Path) -> None:
+    """The job's credentials, made on the first run and kept by later ones (a resumed job keeps its keys)."""
+    from rlboost.auth.credentials import TOKEN_ROLES, generate, token_file
+
+    if not all((directory / token_file(r)).is_file() for r in TOKEN_ROLES):
+        generate(directory)
 
 
 def ensure_model(spec: JobSpec, plan: LocalPlan, console: Console) -> None:

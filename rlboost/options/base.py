@@ -79,6 +79,9 @@ class ServiceOptions(BaseModel):
     job: str = Field("local", min_length=1, max_length=253, description="Job name (NATS subjects, metrics labels).")
     nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server URL ('' = no NATS, where allowed).")
     host: str = Field(LOOPBACK, min_length=1, description="Address the service's sockets listen on.")
+    credentials_dir: str = Field(
+        "", description="The job's credentials (rlboost.auth.credentials); '' = none, for a service run alone."
+    )
     log_level: str = Field(
         "INFO",
         pattern="(?i)^(DEBUG|INFO|WARN|WARNING|ERROR|CRITICAL)$",
@@ -180,9 +183,10 @@ class Site(BaseModel):
     manager_address: HostPort = Field(description="HOST:PORT the rollout-manager is dialled at.")
     weight_server_url: str = Field(min_length=1, description="Base URL the weight-server is reached at.")
     token_file: str = Field(min_length=1, description="File holding the weight-server's upload token.")
+    credentials_dir: str = Field("", description="Directory of the job's credentials ('' = none).")
     log_level: str = Field("INFO", description="Log level of every service.")
 
     def common(self) -> dict[str, str]:
         """The common flags' values, for a service's options model."""
         return {"config": self.config, "nats_url": self.nats_url, "namespace": self.namespace, "job": self.job,
-                "host": self.bind_host, "log_level": self.log_level}  # fmt: skip
+                "host": self.bind_host, "credentials_dir": self.credentials_dir, "log_level": self.log_level}  # fmt: skip
