@@ -42,6 +42,9 @@ SOURCE_FIELDS: dict[str, tuple[str, ...]] = {
     "pvc": ("claim_name", "path"),
 }
 _K8S_NAME = r"^$|^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$"  # a DNS subdomain, or unset
+MAX_GROUP_SIZE = 1024  # algorithm.groupSize's bound; the rollout-manager refuses a Rollout call above it too
+MAX_NEW_TOKENS = 131072  # algorithm.maxNewTokens's bound, likewise
+MAX_WORKER_CAPACITY = 100000  # a pool's capacity bound; the rollout-manager refuses a registration above it too
 
 
 class ModelSpec(SpecModel):
@@ -154,12 +157,12 @@ class AlgorithmSpec(SpecModel):
         32, ge=1, le=10**6, description="Prompts per step (the batch); each gets group_size samples."
     )
     group_size: int = Field(
-        8, ge=2, le=1024, description="Samples per prompt; advantages are normalised within a group."
+        8, ge=2, le=MAX_GROUP_SIZE, description="Samples per prompt; advantages are normalised within a group."
     )
     learning_rate: float = Field(2e-3, gt=0, le=1.0, description="Optimizer learning rate.")
     temperature: float = Field(1.0, ge=0, le=10, description="Sampling temperature; 0 = greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold; 1 = off.")
-    max_new_tokens: int = Field(8, ge=1, le=131072, description="Maximum response length in tokens.")
+    max_new_tokens: int = Field(8, ge=1, le=MAX_NEW_TOKENS, description="Maximum response length in tokens.")
     clip_ratio: float = Field(0.2, gt=0, le=10, description="PPO-style clip range of the importance ratio.")
     clip_ratio_low: float = Field(
         0.0, ge=0, lt=1, description="Lower clip range: ratio >= 1 - clipRatioLow; 0 = clipRatio."
@@ -233,7 +236,7 @@ class PoolSpec(SpecModel):
     )
     min_replicas: int = Field(0, ge=0, le=10000, description="Lower bound of the worker count.")
     max_replicas: int = Field(16, ge=0, le=10000, description="Upper bound of the worker count.")
-    capacity: int = Field(64, ge=1, le=100000, description="Concurrent requests per worker.")
+    capacity: int = Field(64, ge=1, le=MAX_WORKER_CAPACITY, description="Concurrent requests per worker.")
     engine: Literal["torch", "sglang"] = Field(
         "torch", description="Generation engine: 'torch' (CPU, tests) or 'sglang' (GPU)."
     )
@@ -282,6 +285,56 @@ class RolloutSpec(SpecModel):
         description="Initial adaptive offload window in seconds: reserved workers' partial responses still running after it move to spot workers (0 = never offload).",
     )
     chunk_max_ms: int = Field(50, ge=1, le=10000, description="...or after this many milliseconds, whichever first.")
+    max_prompt_tokens: int = Field(
+        8192,
+        ge=1,
+        le=131072,
+        description="Longest prompt in tokens the rollout-manager accepts in a step; a longer one fails the step's "
+        "Rollout call with an error naming the prompt.",
+    )
+    max_step_requests: int = Field(
+        65536,
+        ge=1,
+        le=1 << 20,
+        description="Most requests (prompts x groupSize) one step's Rollout call may ask the rollout-manager for; "
+        "algorithm.promptsPerStep x algorithm.groupSize must not exceed it.",
+    )
+    max_request_attempts: int = Field(
+        5,
+        ge=1,
+        le=1000,
+        description="Failed attempts a request gets before it is reported failed: its worker's stream broke, its lease "
+        "expired, it stalled (requestStallTimeoutMs), its worker sent invalid output (a token id outside the "
+        "vocabulary, a non-finite or positive log-probability) or reported it failed. Planned moves (drain, "
+        "rebalance, offload) do not count.",
+    )
+    on_failed_request: Literal["fail", "drop"] = Field(
+        "fail",
+        description="What a request reported failed does to its step: 'fail' ends the step's Rollout call with an "
+        "error naming the request; 'drop' delivers it as a trajectory with finishReason 'failed', which the trainer "
+        "trains with zero weight (and counts).",
+    )
+    request_stall_timeout_ms: int = Field(
+        120000,
+        ge=1000,
+        le=3600000,
+        description="A running request that receives no token for this long is revoked and migrated (a failed "
+        "attempt), even if its worker still heartbeats.",
+    )
+    step_deadline_s: float = Field(
+        0.0,
+        ge=0,
+        le=86400,
+        description="Seconds a step's rollout may take (0 = no deadline); past it the trainer reports which samples "
+        "are missing and retries the step's rollout (stepRetries) or fails.",
+    )
+    step_retries: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="Times the trainer asks again for a step's rollout after its deadline passed (stepDeadlineS); "
+        "once they are spent the next deadline fails the job with the missing samples named.",
+    )
 
 
 class WeightSyncSpec(SpecModel):
@@ -336,6 +389,12 @@ class JobSpec(SpecModel):
             raise SpecFieldError(
                 "trainer.ranks",
                 f"algorithm.promptsPerStep x algorithm.groupSize ({batch}) must be divisible by trainer.ranks ({tr.ranks})",
+            )
+        if batch > self.rollout.max_step_requests:
+            raise SpecFieldError(
+                "rollout.maxStepRequests",
+                f"algorithm.promptsPerStep x algorithm.groupSize ({batch}) exceeds rollout.maxStepRequests "
+                f"({self.rollout.max_step_requests}); raise it or ask for fewer samples per step",
             )
         per_rank = batch // tr.ranks
         if per_rank % effective_micro_batch(self):

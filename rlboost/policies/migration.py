@@ -21,6 +21,21 @@ class MigrationReason(StrEnum):
     DRAINED = "drained"  # the worker drained (preemption notice or SIGTERM)
     REBALANCE = "rebalance"
     OFFLOAD = "offload"
+    STALLED = "stalled"  # no token for rollout.requestStallTimeoutMs although its worker heartbeats
+    INVALID_OUTPUT = "invalid_output"  # its worker sent a token id outside the vocabulary or a bad log-prob
+    WORKER_FAILED = "worker_failed"  # its worker reported that generating it failed
+
+
+# Reasons that count against rollout.maxRequestAttempts: the request's attempt failed (planned moves do not).
+FAILED_ATTEMPT = frozenset(
+    {
+        MigrationReason.STREAM_BROKEN,
+        MigrationReason.LEASE_EXPIRED,
+        MigrationReason.STALLED,
+        MigrationReason.INVALID_OUTPUT,
+        MigrationReason.WORKER_FAILED,
+    }
+)
 
 
 def continuation(prompt: list[int], generated: list[int]) -> tuple[list[int], int]:

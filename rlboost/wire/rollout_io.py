@@ -84,6 +84,7 @@ class RolloutRequest:
     prompts: list[PromptItem]
     group_size: int
     sampling: SamplingParams  # seed: the step's base seed
+    vocab_size: int = 0  # token ids must lie in [0, vocab_size); 0 = not checked against a vocabulary
 
 
 @dataclass

@@ -6,6 +6,7 @@ Only services' transport code imports this; their logic works on `rollout_io` ty
 from __future__ import annotations
 
 from rlboost.rollout.v1 import rollout_pb2 as pb
+from rlboost.spec import MAX_WORKER_CAPACITY
 from rlboost.wire.rollout_io import (
     Assignment,
     ManagerStatus,
@@ -21,6 +22,18 @@ from rlboost.wire.rollout_io import (
 
 _POOL_TO_PB = {Pool.RESERVED: pb.POOL_RESERVED, Pool.SPOT: pb.POOL_SPOT}
 _POOL_FROM_PB = {v: k for k, v in _POOL_TO_PB.items()}
+
+
+# gRPC's limits, set explicitly on both ends of every rollout channel (the 4 MiB default is too small for a long
+# response's trajectory; unbounded lets one peer make the other allocate anything).
+GRPC_MAX_MESSAGE_BYTES = 64 << 20
+# The manager cuts the trajectories it streams to the trainer into batches of at most this many bytes.
+TRAJECTORY_BATCH_BYTES = 4 << 20
+
+
+def grpc_message_options(max_bytes: int = GRPC_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    """Channel / server options bounding received and sent messages."""
+    return [("grpc.max_receive_message_length", max_bytes), ("grpc.max_send_message_length", max_bytes)]
 
 
 class WireError(ValueError):
@@ -78,8 +91,8 @@ def registration_to_pb(r: WorkerRegistration) -> pb.Register:
 def registration_from_pb(m: pb.Register) -> WorkerRegistration:
     if not m.worker_id:
         raise WireError("register.worker_id: must not be empty")
-    if m.capacity <= 0:
-        raise WireError(f"register.capacity: must be > 0, got {m.capacity}")
+    if not 0 < m.capacity <= MAX_WORKER_CAPACITY:
+        raise WireError(f"register.capacity: must be in 1..{MAX_WORKER_CAPACITY}, got {m.capacity}")
     return WorkerRegistration(
         worker_id=m.worker_id,
         pool=pool_from_pb(m.pool),
@@ -144,6 +157,7 @@ def rollout_request_to_pb(r: RolloutRequest) -> pb.RolloutRequest:
         group_size=r.group_size,
         sampling=sampling_to_pb(r.sampling),
         prompts=[pb.Prompt(prompt_index=p.prompt_index, token_ids=p.token_ids) for p in r.prompts],
+        vocab_size=r.vocab_size,
     )
 
 
@@ -152,12 +166,15 @@ def rollout_request_from_pb(m: pb.RolloutRequest) -> RolloutRequest:
         raise WireError(f"rollout.group_size: must be > 0, got {m.group_size}")
     if any(not p.token_ids for p in m.prompts):
         raise WireError("rollout.prompts: every prompt needs at least one token")
+    if m.vocab_size < 0:
+        raise WireError(f"rollout.vocab_size: must be >= 0 (0 = unchecked), got {m.vocab_size}")
     return RolloutRequest(
         step=m.step,
         weight_version=m.weight_version,
         group_size=m.group_size,
         sampling=sampling_from_pb(m.sampling),
         prompts=[PromptItem(prompt_index=p.prompt_index, token_ids=list(p.token_ids)) for p in m.prompts],
+        vocab_size=m.vocab_size,
     )
 
 

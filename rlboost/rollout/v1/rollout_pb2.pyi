@@ -189,18 +189,20 @@ class Prompt(_message.Message):
     def __init__(self, prompt_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RolloutRequest(_message.Message):
-    __slots__ = ("step", "weight_version", "prompts", "group_size", "sampling")
+    __slots__ = ("step", "weight_version", "prompts", "group_size", "sampling", "vocab_size")
     STEP_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     step: int
     weight_version: int
     prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
     group_size: int
     sampling: SamplingParams
-    def __init__(self, step: _Optional[int] = ..., weight_version: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., group_size: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    vocab_size: int
+    def __init__(self, step: _Optional[int] = ..., weight_version: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., group_size: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., vocab_size: _Optional[int] = ...) -> None: ...
 
 class Trajectory(_message.Message):
     __slots__ = ("request_id", "step", "prompt_index", "sample_index", "prompt_ids", "response_ids", "logprobs", "finish_reason", "weight_version", "workers")

@@ -18,7 +18,16 @@ MIGRATIONS = Counter(
 )
 LEASE_EXPIRIES = Counter("rlboost_manager_lease_expiries_total", "Workers whose lease expired (silent too long)")
 STALE_CHUNKS = Counter("rlboost_manager_stale_chunks_total", "Chunks discarded: stale lease epoch or unknown request")
-REJECTED_CHUNKS = Counter("rlboost_manager_rejected_chunks_total", "Chunks rejected", ["reason"])
+REJECTED_CHUNKS = Counter(
+    "rlboost_manager_rejected_chunks_total",
+    "Chunks rejected: 'offset' gap, or refused output ('token_id' outside the vocabulary, bad 'logprob')",
+    ["reason"],
+)
+FAILED_REQUESTS = Counter(
+    "rlboost_manager_failed_requests_total",
+    "Requests reported failed after rollout.maxRequestAttempts failed attempts, by the last attempt's reason",
+    ["reason"],
+)
 TOKENS_LOST = Counter("rlboost_manager_tokens_lost_total", "Tokens received but not kept (offset gaps)")
 TOKENS_REGENERATED = Counter(
     "rlboost_manager_tokens_regenerated_total",

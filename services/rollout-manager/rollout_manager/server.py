@@ -17,6 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import NamedTuple
 
 import grpc
 
@@ -29,13 +30,19 @@ from rlboost.wire import rollout_proto as wire
 from rlboost.wire.rollout_io import Trajectory
 
 from .offload import OffloadController
-from .state import ManagerState, Outbox, StepError
+from .state import ManagerState, Outbox, RequestPolicy, StepError
 
 log = logging.getLogger(__name__)
 
 
 class PortInUseError(OSError):
     """The gRPC port could not be bound."""
+
+
+class StepFailed(NamedTuple):
+    """Marks, in a step's result queue, that the step failed (a request used up its attempts), and why."""
+
+    reason: str
 
 
 class _WorkerConn:
@@ -58,11 +65,13 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
     ) -> None:
         self.rollout = rollout
         self.clock = clock
-        self.state = ManagerState(lease_timeout_s=rollout.lease_timeout_ms / 1000)
+        self.state = ManagerState(
+            lease_timeout_s=rollout.lease_timeout_ms / 1000, policy=RequestPolicy.from_spec(rollout)
+        )
         self.balance_interval_s = balance_interval_s
         self.offload = OffloadController(self.state, offload)  # offload None: reserved workers run to the end
         self._conns: dict[str, _WorkerConn] = {}
-        self._sinks: dict[int, asyncio.Queue[Trajectory | None]] = {}  # None: shutting down
+        self._sinks: dict[int, asyncio.Queue[Trajectory | StepFailed | None]] = {}  # None: shutting down
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._server: grpc.aio.Server | None = None
@@ -72,7 +81,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
 
     async def start(self, host: str, port: int) -> int:
         """Bind and serve; returns the bound port. Raises PortInUseError when it cannot bind."""
-        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *wire.grpc_message_options()])
         pb_grpc.add_RolloutManagerServicer_to_server(self, self._server)
         try:
             bound = self._server.add_insecure_port(f"{host}:{port}")
@@ -138,6 +147,12 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
             sink = self._sinks.get(traj.step)
             if sink is not None:
                 sink.put_nowait(traj)
+        for step, why in self.state.take_failed_steps().items():
+            sink = self._sinks.get(step)
+            if sink is not None:
+                sink.put_nowait(StepFailed(why))
+            else:  # nobody waits for it: drop the rest of the step now
+                self.state.cancel_step(step)
 
     # ---- worker stream -----------------------------------------------------------------------------
 
@@ -225,11 +240,16 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
     ) -> AsyncIterator[pb.TrajectoryBatch]:
         try:
             req = wire.rollout_request_from_pb(request)
-            sink: asyncio.Queue[Trajectory | None] = asyncio.Queue()
-            self._sinks[req.step] = sink
+            if req.step in self._sinks or self.state.has_step(req.step):  # refused, and the first call untouched
+                await context.abort(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"rollout.step: step {req.step} is already being rolled out; wait for it or cancel it",
+                )
             total = self.state.add_step(req, self.clock())
         except (wire.WireError, StepError) as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        sink: asyncio.Queue[Trajectory | StepFailed | None] = asyncio.Queue()
+        self._sinks[req.step] = sink
         # grpc.aio does not interrupt a handler blocked on our queue when the client cancels: wake it
         context.add_done_callback(lambda _: sink.put_nowait(None))
         self.offload.start_step(self.clock())
@@ -239,16 +259,18 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         try:
             while delivered < total:
                 traj = await sink.get()
+                if isinstance(traj, StepFailed):
+                    await context.abort(grpc.StatusCode.ABORTED, f"step {req.step} failed: {traj.reason}")
                 if traj is None:
                     if context.cancelled() or context.done():
                         return  # the trainer went away; `finally` drops the step
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "rollout-manager shutting down; retry the step")
-                batch = [traj, *_drain_ready(sink)]  # one message for everything finished so far
-                if batch[-1] is None:
-                    batch.pop()
-                    sink.put_nowait(None)  # handled on the next turn
+                batch = [traj, *_drain_ready(sink)]  # everything finished so far, in messages bounded by bytes
+                if not isinstance(batch[-1], Trajectory):
+                    sink.put_nowait(batch.pop())  # an end marker: handled on the next turn
                 delivered += len(batch)
-                yield pb.TrajectoryBatch(trajectories=[wire.trajectory_to_pb(t) for t in batch])
+                for msg in _batches(batch):
+                    yield msg
         finally:
             if self._sinks.get(req.step) is sink:
                 del self._sinks[req.step]
@@ -280,11 +302,29 @@ def _outbox_to_pb(box: Outbox) -> list[pb.ManagerMessage]:
 
 
 def _drain_ready(queue: asyncio.Queue) -> list:
-    """Everything already queued, without waiting; stops after a None (end marker)."""
+    """Everything already queued, without waiting; stops after an end marker (None, StepFailed)."""
     out = []
     while not queue.empty():
         item = queue.get_nowait()
         out.append(item)
-        if item is None:
+        if not isinstance(item, Trajectory):
             break
+    return out
+
+
+def _batches(trajectories: list[Trajectory], max_bytes: int = wire.TRAJECTORY_BATCH_BYTES) -> list[pb.TrajectoryBatch]:
+    """The trajectories as TrajectoryBatch messages of at most `max_bytes` each (one alone may be larger: the
+    spec's bounds on prompt and response lengths keep it far below the gRPC message limit)."""
+    out: list[pb.TrajectoryBatch] = []
+    current, size = pb.TrajectoryBatch(), 0
+    for t in trajectories:
+        msg = wire.trajectory_to_pb(t)
+        n = msg.ByteSize() + 8  # + the field's tag and length prefix
+        if current.trajectories and size + n > max_bytes:
+            out.append(current)
+            current, size = pb.TrajectoryBatch(), 0
+        current.trajectories.append(msg)
+        size += n
+    if current.trajectories:
+        out.append(current)
     return out

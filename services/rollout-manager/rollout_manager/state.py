@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from rlboost.policies.balancing import BalanceWorker, HeldRequest, plan_rebalance
-from rlboost.policies.migration import MigrationReason, continuation, finish_reason_if_done
+from rlboost.policies.migration import FAILED_ATTEMPT, MigrationReason, continuation, finish_reason_if_done
 from rlboost.policies.placement import VersionView, WorkerLoad, place, version_moves
+from rlboost.spec import MAX_GROUP_SIZE, MAX_NEW_TOKENS, RolloutSpec
 from rlboost.wire.rollout_io import (
     Assignment,
     ManagerStatus,
@@ -58,6 +61,42 @@ class StepError(ValueError):
     """A Rollout call that cannot be accepted; the message names the field."""
 
 
+# A sampled token's log-probability lies in (-inf, 0]; the slack above 0 allows for rounding, the floor is far
+# below what a float32 softmax gives a token it sampled. Outside: the worker's output is refused.
+MIN_LOGPROB, MAX_LOGPROB = -1e4, 1e-3
+
+
+@dataclass(frozen=True)
+class RequestPolicy:
+    """Bounds on a step's requests and what happens when one keeps failing (the job spec's rollout fields)."""
+
+    max_prompt_tokens: int = 131072
+    max_step_requests: int = 1 << 20
+    max_attempts: int = 5  # failed attempts (FAILED_ATTEMPT reasons) before the request is reported failed
+    drop_failed: bool = False  # True: deliver a failed request as finish_reason "failed"; False: fail its step
+    stall_timeout_s: float = 120.0  # a running request with no token for this long is revoked
+
+    @classmethod
+    def from_spec(cls, r: RolloutSpec) -> RequestPolicy:
+        return cls(
+            max_prompt_tokens=r.max_prompt_tokens,
+            max_step_requests=r.max_step_requests,
+            max_attempts=r.max_request_attempts,
+            drop_failed=r.on_failed_request == "drop",
+            stall_timeout_s=r.request_stall_timeout_ms / 1000,
+        )
+
+
+def invalid_output(token_ids: list[int], logprobs: list[float], vocab_size: int) -> str | None:
+    """Why a chunk's tokens cannot be kept ('token_id' or 'logprob'), or None. O(n) in C: min, max and sum."""
+    if min(token_ids) < 0 or (vocab_size and max(token_ids) >= vocab_size):
+        return "token_id"
+    # a NaN makes the sum NaN (min/max are unreliable with NaN), an inf makes it inf
+    if not math.isfinite(sum(logprobs)) or min(logprobs) < MIN_LOGPROB or max(logprobs) > MAX_LOGPROB:
+        return "logprob"
+    return None
+
+
 @dataclass(slots=True)
 class Request:
     id: str
@@ -68,6 +107,7 @@ class Request:
     sampling: SamplingParams  # per-sample seed already derived
     weight_version: int
     pending_since: float
+    vocab_size: int = 0  # token ids must lie below it (0 = unchecked)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     phase: Phase = Phase.PENDING
@@ -78,6 +118,9 @@ class Request:
     tokens_at_assign: int = 0  # len(tokens) when its current worker got it: the rest that worker streamed
     revoke_deadline: float = 0.0
     revoke_reason: MigrationReason = MigrationReason.REVOKED
+    progress_at: float = 0.0  # when it was assigned or last received a token (the stall deadline runs from here)
+    failed_attempts: int = 0  # migrations for a FAILED_ATTEMPT reason
+    failed_on: set[str] = field(default_factory=set)  # workers it failed on: not given back to them while others can
 
 
 @dataclass(slots=True)
@@ -114,7 +157,14 @@ class Outbox:
 class ManagerState:
     """All scheduling state of one manager. Single-threaded: call from one asyncio loop."""
 
-    def __init__(self, lease_timeout_s: float, revoke_timeout_s: float | None = None, balance_min_excess: int = 2):
+    def __init__(
+        self,
+        lease_timeout_s: float,
+        revoke_timeout_s: float | None = None,
+        balance_min_excess: int = 2,
+        policy: RequestPolicy | None = None,
+    ):
+        self.policy = policy or RequestPolicy()
         self.lease_timeout_s = lease_timeout_s
         self.revoke_timeout_s = revoke_timeout_s if revoke_timeout_s is not None else lease_timeout_s
         self.balance_min_excess = balance_min_excess
@@ -127,6 +177,10 @@ class ManagerState:
         self._steps: dict[int, set[str]] = {}  # step -> ids not yet delivered
         self._outbox: dict[str, Outbox] = {}
         self._delivered: list[Trajectory] = []
+        self._failed_steps: dict[int, str] = {}  # step -> why (a request failed its attempts; policy: fail)
+        self._refusals_logged: set[tuple[str, str]] = set()  # (worker, problem): invalid output is logged once
+        self._next_stall_check = 0.0
+        self.failed_requests = 0
         self.offloaded_pools: set[Pool] = set()  # pools the offload window stopped (their GPUs train): no new work
         self.dirty = False
         self.finished = 0
@@ -154,6 +208,11 @@ class ManagerState:
         out, self._delivered = self._delivered, []
         return out
 
+    def take_failed_steps(self) -> dict[int, str]:
+        """Steps that failed (a request used up its attempts and the policy is to fail), with why."""
+        out, self._failed_steps = self._failed_steps, {}
+        return out
+
     # ---- workers -----------------------------------------------------------------------------------
 
     def register(self, reg: WorkerRegistration, now: float) -> None:
@@ -169,6 +228,7 @@ class ManagerState:
         self._outbox.pop(worker_id, None)
         if w is None:
             return 0
+        self._refusals_logged = {k for k in self._refusals_logged if k[0] != worker_id}
         if w.draining and reason is MigrationReason.STREAM_BROKEN:
             reason = MigrationReason.DRAINED
         held = [self.requests[rid] for rid in w.running]
@@ -226,9 +286,7 @@ class ManagerState:
         """Expand prompts x group_size into pending requests. Returns how many trajectories the step yields."""
         if r.step in self._steps:
             raise StepError(f"rollout.step: step {r.step} is already being rolled out; wait for it or cancel it")
-        indices = [p.prompt_index for p in r.prompts]
-        if len(set(indices)) != len(indices):
-            raise StepError("rollout.prompts: prompt_index values must be unique within a step")
+        self._check_step(r)
         ids: set[str] = set()
         queue = self._pending.setdefault(r.weight_version, deque())
         for p in r.prompts:
@@ -245,6 +303,7 @@ class ManagerState:
                     sampling=sampling,
                     weight_version=r.weight_version,
                     pending_since=now,
+                    vocab_size=r.vocab_size,
                 )
                 queue.append(rid)
                 ids.add(rid)
@@ -252,6 +311,34 @@ class ManagerState:
         self._steps[r.step] = ids
         self.dirty = True
         return len(ids)
+
+    def _check_step(self, r: RolloutRequest) -> None:
+        """Bounds on one Rollout call, checked before it costs anything; StepError names the field."""
+        p = self.policy
+        if r.group_size > MAX_GROUP_SIZE:
+            raise StepError(f"rollout.group_size: {r.group_size} is over the limit of {MAX_GROUP_SIZE}")
+        if len(r.prompts) * r.group_size > p.max_step_requests:
+            raise StepError(
+                f"rollout.prompts: {len(r.prompts)} prompts x group_size {r.group_size} is over the limit of "
+                f"{p.max_step_requests} requests per step (rollout.maxStepRequests)"
+            )
+        if r.sampling.max_new_tokens > MAX_NEW_TOKENS:
+            raise StepError(
+                f"sampling.max_new_tokens: {r.sampling.max_new_tokens} is over the limit of {MAX_NEW_TOKENS}"
+            )
+        indices = [q.prompt_index for q in r.prompts]
+        if len(set(indices)) != len(indices):
+            raise StepError("rollout.prompts: prompt_index values must be unique within a step")
+        for q in r.prompts:
+            if len(q.token_ids) > p.max_prompt_tokens:
+                raise StepError(
+                    f"rollout.prompts[{q.prompt_index}]: {len(q.token_ids)} tokens is over the limit of "
+                    f"{p.max_prompt_tokens} (rollout.maxPromptTokens)"
+                )
+            if min(q.token_ids) < 0 or (r.vocab_size and max(q.token_ids) >= r.vocab_size):
+                raise StepError(
+                    f"rollout.prompts[{q.prompt_index}]: token ids must lie in [0, vocab_size={r.vocab_size})"
+                )
 
     def cancel_step(self, step: int) -> int:
         """The trainer went away: drop the step's requests, revoking the running ones. Returns how many."""
@@ -289,6 +376,9 @@ class ManagerState:
         if req is None or req.worker != w.id or req.lease_epoch != c.lease_epoch:
             metrics.STALE_CHUNKS.inc()  # a zombie's late chunk, or one of a cancelled request
             return
+        if c.token_ids and (problem := invalid_output(c.token_ids, c.logprobs, req.vocab_size)) is not None:
+            self._refuse_output(w, req, problem, now)
+            return
         # "abort": the worker stopped it (revoke, drain) and sent every token it made; `finished` may be either
         aborted = c.finish_reason == "abort"
         if c.offset != len(req.tokens):
@@ -306,6 +396,7 @@ class ManagerState:
                 self.revoke(req.id, MigrationReason.REVOKED, now, wire_reason="offset_gap")
             return
         if c.token_ids:
+            req.progress_at = now
             self._keep_tokens(w, req, c)
             budget = req.sampling.max_new_tokens
             if len(req.tokens) > budget:  # never deliver more than the response budget
@@ -316,6 +407,32 @@ class ManagerState:
             self._finish(req, "length")
         elif c.finished:
             self._finish(req, c.finish_reason or "stop")
+
+    def _refuse_output(self, w: Worker, req: Request, problem: str, now: float) -> None:
+        """A chunk the trainer must never see: nothing of it is kept and the request's attempt on `w` failed."""
+        metrics.REJECTED_CHUNKS.labels(problem).inc()
+        if (w.id, problem) not in self._refusals_logged:  # once per worker and kind: a broken worker floods
+            self._refusals_logged.add((w.id, problem))
+            log.warning(
+                "worker output refused",
+                extra={"worker_id": w.id, "request_id": req.id, "problem": problem, "vocab_size": req.vocab_size},
+            )
+        self._box(w.id).revoke.setdefault(MigrationReason.INVALID_OUTPUT.value, []).append(req.id)
+        metrics.REVOKES.labels(MigrationReason.INVALID_OUTPUT.value).inc()
+        self._migrate(req, MigrationReason.INVALID_OUTPUT, now)
+
+    def on_request_failed(self, worker_id: str, request_id: str, lease_epoch: int, reason: str, now: float) -> bool:
+        """The worker reports that generating the request failed on it: a failed attempt. False if stale."""
+        w = self._alive(worker_id, now)
+        req = self.requests.get(request_id)
+        if w is None or req is None or req.worker != w.id or req.lease_epoch != lease_epoch:
+            metrics.STALE_CHUNKS.inc()
+            return False
+        log.warning(
+            "worker reported a request failed", extra={"worker_id": w.id, "request_id": req.id, "reason": reason}
+        )
+        self._migrate(req, MigrationReason.WORKER_FAILED, now)
+        return True
 
     def _keep_tokens(self, w: Worker, req: Request, c: TokenChunk) -> None:
         if not req.workers or req.workers[-1] != w.id:
@@ -331,6 +448,7 @@ class ManagerState:
     def _assign(self, req: Request, w: Worker, now: float) -> None:
         req.lease_epoch += 1
         req.phase, req.worker, req.assigned_at, req.tokens_at_assign = Phase.RUNNING, w.id, now, len(req.tokens)
+        req.progress_at = now
         w.running.add(req.id)
         self._pending_count[req.weight_version] -= 1
         self._held_count[req.weight_version] += 1
@@ -353,11 +471,19 @@ class ManagerState:
 
     def _migrate(self, req: Request, reason: MigrationReason, now: float) -> None:
         """Back to pending with every token received, first in line; or finished if nothing is left."""
-        if req.worker is not None:
+        worker = req.worker
+        if worker is not None:
             self._release(req)
         self.migrations += 1
         self.migrations_by_reason[reason.value] += 1
         metrics.MIGRATIONS.labels(reason.value).inc()
+        if reason in FAILED_ATTEMPT:
+            req.failed_attempts += 1
+            if worker is not None:
+                req.failed_on.add(worker)
+            if req.failed_attempts >= self.policy.max_attempts:
+                self._give_up(req, reason)
+                return
         done = finish_reason_if_done(req.tokens, req.sampling)
         if done is not None:
             self._finish(req, done)
@@ -365,6 +491,23 @@ class ManagerState:
         req.phase, req.pending_since = Phase.PENDING, now
         self._pending.setdefault(req.weight_version, deque()).appendleft(req.id)
         self._pending_count[req.weight_version] += 1
+
+    def _give_up(self, req: Request, reason: MigrationReason) -> None:
+        """The request used up rollout.maxRequestAttempts: drop it (delivered as 'failed') or fail its step."""
+        self.failed_requests += 1
+        metrics.FAILED_REQUESTS.labels(reason.value).inc()
+        why = (
+            f"request {req.id} failed {req.failed_attempts} attempts (rollout.maxRequestAttempts); last: {reason.value}"
+        )
+        log.warning("request failed", extra={"request_id": req.id, "attempts": req.failed_attempts, "reason": reason.value,
+                                             "dropped": self.policy.drop_failed})  # fmt: skip
+        if self.policy.drop_failed:
+            self._finish(req, "failed")
+            return
+        self.requests.pop(req.id, None)
+        self._steps.get(req.step, set()).discard(req.id)
+        self._failed_steps.setdefault(req.step, why)
+        self.dirty = True
 
     def _finish(self, req: Request, reason: str) -> None:
         last = req.worker
@@ -419,7 +562,24 @@ class ManagerState:
         for rid in late:  # the worker never flushed: the epoch fences whatever it still sends
             req = self.requests[rid]
             self._migrate(req, req.revoke_reason, now)
+        if now >= self._next_stall_check:
+            self._next_stall_check = now + min(1.0, self.policy.stall_timeout_s / 4)
+            self._revoke_stalled(now)
         self._update_gauges(now)
+
+    def _revoke_stalled(self, now: float) -> int:
+        """Revoke running requests that got no token for the stall timeout, even from a heartbeating worker."""
+        limit = self.policy.stall_timeout_s
+        stalled = [
+            rid
+            for w in self.workers.values()
+            for rid in w.running
+            if self.requests[rid].phase is Phase.RUNNING and now - self.requests[rid].progress_at > limit
+        ]
+        for rid in stalled:
+            log.warning("request stalled", extra={"request_id": rid, "worker_id": self.requests[rid].worker})
+            self.revoke(rid, MigrationReason.STALLED, now)
+        return len(stalled)
 
     def _expire(self, w: Worker, now: float) -> None:
         w.expired = True
@@ -490,11 +650,15 @@ class ManagerState:
             targets = place(count, (WorkerLoad(w.id, len(w.running), w.reg.capacity) for w in members.values()))
             queue = self._pending[version]
             for wid in targets:
-                req = self._pop_pending(queue)
+                req = self._pop_pending(queue, wid, len(members))
                 if req is None:
-                    break
+                    if not queue:
+                        break
+                    continue  # what is left failed on this worker: another may take it below
                 self._assign(req, members[wid], now)
                 made += 1
+            if self._pending_count[version] > 0 and queue:
+                made += self._fill_free_slots(queue, members.values(), now)
         self._push_versions(by_version)
         return made
 
@@ -517,12 +681,33 @@ class ManagerState:
             if w.reg.pool is pool and self._schedulable(w)
         )
 
-    def _pop_pending(self, queue: deque[str]) -> Request | None:
+    def _fill_free_slots(self, queue: deque[str], members: Iterable[Worker], now: float) -> int:
+        """Requests `place` aimed at a worker they failed on go to any other worker with a free slot."""
+        members = list(members)
+        made = 0
+        for w in members:
+            while len(w.running) < w.reg.capacity and (req := self._pop_pending(queue, w.id, len(members))):
+                self._assign(req, w, now)
+                made += 1
+        return made
+
+    def _pop_pending(self, queue: deque[str], worker_id: str, workers: int) -> Request | None:
+        """The first pending request for `worker_id`, skipping (and keeping in order) those that failed on it
+        while another of the version's `workers` may take them."""
+        skipped: list[str] = []
+        found = None
         while queue:
-            req = self.requests.get(queue.popleft())
-            if req is not None and req.phase is Phase.PENDING:
-                return req
-        return None
+            rid = queue.popleft()
+            req = self.requests.get(rid)
+            if req is None or req.phase is not Phase.PENDING:
+                continue
+            if worker_id in req.failed_on and len(req.failed_on) < workers:
+                skipped.append(rid)
+                continue
+            found = req
+            break
+        queue.extendleft(reversed(skipped))
+        return found
 
     def _push_versions(self, by_version: dict[int, list[Worker]]) -> None:
         pending = {v for v, c in self._pending_count.items() if c > 0}

@@ -37,7 +37,13 @@ from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.rollout.v1.rollout_pb2_grpc import RolloutManagerStub
 from rlboost.spec import RolloutSpec
 from rlboost.wire.rollout_io import Assignment, Pool, TokenChunk, WorkerRegistration
-from rlboost.wire.rollout_proto import WireError, assignment_from_pb, chunk_to_pb, registration_to_pb
+from rlboost.wire.rollout_proto import (
+    WireError,
+    assignment_from_pb,
+    chunk_to_pb,
+    grpc_message_options,
+    registration_to_pb,
+)
 from rollout_worker import metrics
 from rollout_worker.chunker import Chunker
 from rollout_worker.engine.base import FINISH_ABORT, Engine, MemoryReport
@@ -189,7 +195,7 @@ class WorkerSession:
         """Register and serve one stream until it ends; raises _NotConnectedError if registration fails."""
         if self.draining:
             return
-        async with grpc.aio.insecure_channel(self.cfg.manager) as channel:
+        async with grpc.aio.insecure_channel(self.cfg.manager, options=grpc_message_options()) as channel:
             call = RolloutManagerStub(channel).Connect()
             registered = await self._register(call)
             link = self.link = _Link(call, registered)

@@ -16,10 +16,7 @@ import grpc
 
 from rlboost.rollout.v1 import rollout_pb2_grpc
 from rlboost.wire.rollout_io import RolloutRequest, Trajectory
-from rlboost.wire.rollout_proto import rollout_request_to_pb, trajectory_from_pb
-
-# Trajectories of long responses with log-probs can exceed gRPC's 4 MiB default.
-_MAX_MESSAGE = 64 << 20
+from rlboost.wire.rollout_proto import grpc_message_options, rollout_request_to_pb, trajectory_from_pb
 
 
 class RolloutError(RuntimeError):
@@ -35,8 +32,7 @@ class RolloutClient:
         self._stub: rollout_pb2_grpc.RolloutManagerStub | None = None
 
     async def __aenter__(self) -> RolloutClient:
-        options = [("grpc.max_receive_message_length", _MAX_MESSAGE), ("grpc.max_send_message_length", _MAX_MESSAGE)]
-        self._channel = grpc.aio.insecure_channel(self.target, options=options)
+        self._channel = grpc.aio.insecure_channel(self.target, options=grpc_message_options())
         self._stub = rollout_pb2_grpc.RolloutManagerStub(self._channel)
         return self
 
