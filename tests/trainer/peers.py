@@ -80,6 +80,7 @@ class StandInManager(rollout_pb2_grpc.RolloutManagerServicer):
     stop_id: int
     fail_at_step: int | None = None
     gates: dict[int, asyncio.Event] = field(default_factory=dict)  # step -> released when set
+    dropped: set[tuple[int, int]] = field(default_factory=set)  # (prompt, sample) sent as finish_reason "failed"
     requests: list[RolloutRequest] = field(default_factory=list)
     sent: list[Trajectory] = field(default_factory=list)
 
@@ -99,7 +100,7 @@ class StandInManager(rollout_pb2_grpc.RolloutManagerServicer):
         trajs = []
         for p in req.prompts:
             for g in range(req.group_size):
-                resp = self._response(p.token_ids, g)
+                resp = [] if (p.prompt_index, g) in self.dropped else self._response(p.token_ids, g)
                 trajs.append(
                     Trajectory(
                         request_id=request_id(req.step, p.prompt_index, g),
@@ -109,7 +110,7 @@ class StandInManager(rollout_pb2_grpc.RolloutManagerServicer):
                         prompt_ids=p.token_ids,
                         response_ids=resp,
                         logprobs=[-1.0] * len(resp),
-                        finish_reason="stop",
+                        finish_reason="failed" if (p.prompt_index, g) in self.dropped else "stop",
                         weight_version=req.weight_version,
                         workers=["stand-in-0"],
                     )  # fmt: skip

@@ -65,6 +65,10 @@ class StepAssembler:
         self._maybe_finish_group(traj.prompt_index)
         return self._release()
 
+    def has(self, traj: Trajectory) -> bool:
+        """Whether this trajectory's (prompt, sample) is already in (a re-sent one: a retried step's rollout)."""
+        return (traj.prompt_index, traj.sample_index) in self._samples
+
     def samples(self) -> list[Sample]:
         """Every sample received so far, in canonical order."""
         return [self._samples[k] for k in sorted(self._samples)]

@@ -48,6 +48,12 @@ from trainer.rollout_client import RolloutClient, RolloutError
 
 log = logging.getLogger(__name__)
 
+FAILED = "failed"  # finish_reason of a sample the rollout-manager dropped (rollout.onFailedRequest: drop)
+
+
+class StepDeadlineError(RolloutError):
+    """A step's rollout passed rollout.stepDeadlineS with its retries spent; the message names what is missing."""
+
 
 @dataclass
 class TrainerOptions:
@@ -94,6 +100,7 @@ class Trainer:
         self.spec, self.opts = spec, opts
         self.steps = opts.steps if opts.steps is not None else spec.algorithm.steps
         self.tokenizer = load_tokenizer(opts.model_dir)
+        self.vocab_size = _vocab_size(opts.model_dir)
         self._decode = decode_response
         self.stop_ids = tuple(stop_token_ids(self.tokenizer))
         self.task = make_task(spec.task)
@@ -303,14 +310,19 @@ class Trainer:
             temperature=alg.temperature, top_p=alg.top_p, top_k=0, max_new_tokens=alg.max_new_tokens,
             seed=alg.seed, stop_token_ids=self.stop_ids,
         )  # fmt: skip
-        return RolloutRequest(step, self.version, prompts, alg.group_size, sampling), examples
+        request = RolloutRequest(step, self.version, prompts, alg.group_size, sampling, vocab_size=self.vocab_size)
+        return request, examples
 
     def _reward(self, ctx: StepContext, traj: Trajectory) -> float:
+        if traj.finish_reason == FAILED:  # dropped by the manager: no response to judge (and zero weight)
+            return 0.0
         text = self._decode(self.tokenizer, traj.response_ids)
         return float(self.reward_fn(text, ctx.examples[traj.prompt_index]))
 
     def _classify(self, request: RolloutRequest, traj: Trajectory) -> tuple[bool, float]:
         """(stale, loss weight) of a trajectory: on-policy, stale within maxStaleness, or skipped."""
+        if traj.finish_reason == FAILED:
+            return False, 0.0
         lag = request.weight_version - traj.weight_version
         if lag == 0:
             return False, 1.0
@@ -327,7 +339,7 @@ class Trainer:
         )
         t0 = time.monotonic()
         queue: asyncio.Queue[Trajectory | None] = asyncio.Queue()
-        reader = asyncio.create_task(self._read(rc, request, queue))
+        reader = asyncio.create_task(self._read(rc, request, queue, assembler))
         first_at: float | None = None
         off_policy = stale = 0
         finish: dict[str, int] = {}
@@ -335,10 +347,14 @@ class Trainer:
         stream = self._streaming()
         try:
             while (traj := await queue.get()) is not None:
+                if assembler.has(traj):  # re-sent by a retried rollout (rollout.stepRetries)
+                    continue
                 first_at = first_at if first_at is not None else time.monotonic() - t0
                 is_stale, weight = self._classify(request, traj)
                 stale += is_stale
-                off_policy += weight == 0.0
+                failed = traj.finish_reason == FAILED
+                metrics.FAILED.inc(failed)
+                off_policy += weight == 0.0 and not failed
                 finish[traj.finish_reason or "?"] = finish.get(traj.finish_reason or "?", 0) + 1
                 self._dump(traj)
                 pending += assembler.add(traj, stale=is_stale, weight=weight)
@@ -430,14 +446,52 @@ class Trainer:
             return None
         return await self._colocation.resume(step, version)
 
-    async def _read(self, rc: RolloutClient, request: RolloutRequest, queue: asyncio.Queue) -> None:
-        """Receive the step's trajectories into the queue while training runs; None marks the end."""
+    async def _read(
+        self, rc: RolloutClient, request: RolloutRequest, queue: asyncio.Queue, assembler: StepAssembler
+    ) -> None:
+        """Receive the step's trajectories into the queue while training runs; None marks the end.
+
+        Past rollout.stepDeadlineS the call is cancelled (the manager drops the step's requests) and made again,
+        rollout.stepRetries times (what already arrived is kept); then StepDeadlineError names what is missing."""
+        deadline, retries = self.spec.rollout.step_deadline_s, 0
         try:
-            async for traj in rc.rollout(request):
-                metrics.TRAJECTORIES.inc()
-                queue.put_nowait(traj)
+            while True:
+                try:
+                    async with asyncio.timeout(deadline or None):
+                        async for traj in self._rollout_call(rc, request, again=retries > 0):
+                            metrics.TRAJECTORIES.inc()
+                            queue.put_nowait(traj)
+                    return
+                except TimeoutError:
+                    missing = assembler.missing()
+                    progress = f"{assembler.received}/{assembler.total} trajectories"
+                    if retries >= self.spec.rollout.step_retries:
+                        metrics.STEP_DEADLINES.labels("failed").inc()
+                        raise StepDeadlineError(
+                            f"step {request.step}: rollout.stepDeadlineS ({deadline:g}s) passed with {progress} after "
+                            f"{retries} retries (rollout.stepRetries); missing (prompt, sample): {_listed(missing)}"
+                        ) from None
+                    retries += 1
+                    metrics.STEP_DEADLINES.labels("retried").inc()
+                    log.warning("step deadline passed: asking for the step's rollout again", extra={
+                        "step": request.step, "received": assembler.received, "total": assembler.total,
+                        "missing": _listed(missing), "retry": retries})  # fmt: skip
         finally:
             queue.put_nowait(None)
+
+    async def _rollout_call(self, rc: RolloutClient, request: RolloutRequest, again: bool):
+        """One Rollout call; made `again` after a deadline, it waits (bounded) while the manager still drops the
+        cancelled call's requests."""
+        waits = 8 if again else 0
+        for attempt in range(waits + 1):
+            try:
+                async for traj in rc.rollout(request):
+                    yield traj
+                return
+            except RolloutError as err:
+                if not err.step_in_progress or attempt == waits:
+                    raise
+                await asyncio.sleep(min(0.05 * 2**attempt, 2.0))  # back-off: the manager is ending the first call
 
     async def _train_round(self, ctx: StepContext, round_: list[list[Sample]], num_sequences: int) -> None:
         """Send one micro-batch to each rank (rank 0 keeps the first) and train rank 0's."""
@@ -484,6 +538,22 @@ def _with_colocation(record: StepReport, released: Any, resumed: Any) -> StepRep
     if resumed is not None:
         record.colocation_resumed = resumed.acked
     return record
+
+
+def _listed(missing: list[tuple[int, int]], most: int = 10) -> str:
+    """The first `most` missing (prompt, sample) pairs, and how many more."""
+    more = f" and {len(missing) - most} more" if len(missing) > most else ""
+    return ", ".join(map(str, missing[:most])) + more
+
+
+def _vocab_size(model_dir: Path) -> int:
+    """The model's vocabulary size (its config.json), sent with each Rollout so the manager refuses token ids
+    outside it; 0 (unchecked) when the config does not say."""
+    try:
+        value = json.loads((model_dir / "config.json").read_text()).get("vocab_size", 0)
+    except (OSError, ValueError):
+        return 0
+    return value if isinstance(value, int) and value > 0 else 0
 
 
 def _one_line(err: BaseException) -> str:

@@ -19,6 +19,13 @@ TRAJECTORIES = Counter("rlboost_trainer_trajectories_total", "Trajectories recei
 OFF_POLICY = Counter("rlboost_trainer_off_policy_trajectories_total", "Trajectories skipped: older than maxStaleness")
 PUBLISHED_BYTES = Counter("rlboost_trainer_published_bytes_total", "Weight payload bytes uploaded")
 STALE = Counter("rlboost_trainer_stale_trajectories_total", "Trajectories accepted within algorithm.maxStaleness")
+FAILED = Counter(
+    "rlboost_trainer_failed_trajectories_total",
+    "Samples the rollout-manager dropped after rollout.maxRequestAttempts (rollout.onFailedRequest: drop): zero weight",
+)
+STEP_DEADLINES = Counter(
+    "rlboost_trainer_step_deadlines_total", "Step rollouts that passed rollout.stepDeadlineS, by outcome", ["outcome"]
+)
 # Colocation (trainer.colocateReserved): release / resume handshakes with the reserved workers.
 COLOCATION_WAIT_SECONDS = Histogram(
     "rlboost_trainer_colocation_wait_seconds",

@@ -20,7 +20,16 @@ from rlboost.wire.rollout_proto import grpc_message_options, rollout_request_to_
 
 
 class RolloutError(RuntimeError):
-    """The manager could not be reached or failed the call; the message says which and why."""
+    """The manager could not be reached or failed the call; the message says which and why, `code` the status."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+    @property
+    def step_in_progress(self) -> bool:
+        """The manager still rolls this step out (e.g. it is still dropping a cancelled call's requests)."""
+        return self.code == grpc.StatusCode.ALREADY_EXISTS
 
 
 class RolloutClient:
@@ -62,7 +71,8 @@ class RolloutClient:
                     yield trajectory_from_pb(msg)
         except grpc.aio.AioRpcError as err:
             raise RolloutError(
-                f"rollout-manager at {self.target} failed step {request.step}: {err.code().name}: {err.details()}"
+                f"rollout-manager at {self.target} failed step {request.step}: {err.code().name}: {err.details()}",
+                err.code(),
             ) from None
         finally:
             call.cancel()
