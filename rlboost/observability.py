@@ -2,11 +2,15 @@
 
 `setup_logging("rollout-manager")` makes every log record one JSON line on stderr;
 `serve_http(port, health)` serves Prometheus metrics and a health check from a daemon thread
-(for services whose main transport is not HTTP).
+(for services whose main transport is not HTTP); a connection idle for `IDLE_TIMEOUT_S` is closed, so idle
+clients cannot hold its threads. `LoopWatchdog` makes a health check reflect progress: it fails while the
+service's asyncio loop is blocked (or has been, within the allowed lag).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -49,10 +53,70 @@ def setup_logging(service: str, level: str = "INFO") -> None:
     root.setLevel(level.upper())
 
 
-def serve_http(port: int, health: Callable[[], bool] = lambda: True, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+IDLE_TIMEOUT_S = 10.0  # a metrics/health connection that sends nothing for this long is closed
+
+
+class LoopWatchdog:
+    """Whether an asyncio loop keeps turning: a task on it stamps the time every `interval_s`; `healthy()`
+    (callable from any thread) is False once no stamp came for `max_lag_s`, i.e. while the loop is blocked, and
+    for `max_lag_s` after such a block (so a health check served by that same loop, answered only once the loop
+    turns again, still reports it).
+
+        watchdog = LoopWatchdog(max_lag_s=10)
+        watchdog.start()                 # from inside the running loop
+        serve_http(port, health=watchdog.healthy)
+    """
+
+    def __init__(self, max_lag_s: float = 10.0, interval_s: float | None = None) -> None:
+        self.max_lag_s = max_lag_s
+        self.interval_s = interval_s if interval_s is not None else min(0.5, max_lag_s / 4)
+        self._stamp: float | None = None  # None: not started (healthy: nothing to watch yet)
+        self._task: asyncio.Task | None = None
+        self._blocked = (0.0, 0.0)  # (seconds, until when it is reported) of the last block over max_lag_s
+
+    def start(self) -> None:
+        self._stamp = time.monotonic()
+        self._task = asyncio.get_running_loop().create_task(self._beat(), name="loop-watchdog")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _beat(self) -> None:
+        while True:
+            now = time.monotonic()
+            if self._stamp is not None and (gap := now - self._stamp - self.interval_s) > self.max_lag_s:
+                self._blocked = (gap, now + self.max_lag_s)
+            self._stamp = now
+            await asyncio.sleep(self.interval_s)
+
+    def lag_s(self) -> float:
+        """Seconds since the loop last stamped, beyond the stamping interval (0 when not started)."""
+        if self._stamp is None:
+            return 0.0
+        if self._task is not None and self._task.done():  # the loop ended or the task died: no progress
+            return float("inf")
+        now = time.monotonic()
+        recent = self._blocked[0] if now < self._blocked[1] else 0.0
+        return max(recent, now - self._stamp - self.interval_s)
+
+    def healthy(self) -> bool:
+        return self.lag_s() <= self.max_lag_s
+
+
+def serve_http(
+    port: int,
+    health: Callable[[], bool] = lambda: True,
+    host: str = "0.0.0.0",
+    idle_timeout_s: float = IDLE_TIMEOUT_S,
+) -> ThreadingHTTPServer:
     """Serve GET /metrics (Prometheus) and GET /healthz (200 or 503) on a daemon thread."""
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = idle_timeout_s  # a socket timeout: a client idle (or trickling) this long frees its thread
+
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             if self.path.startswith("/metrics"):
                 self._reply(200, generate_latest(), CONTENT_TYPE_LATEST)

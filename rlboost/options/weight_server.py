@@ -25,6 +25,13 @@ class WeightServerOptions(ServiceOptions):
     chunk_bytes: int | None = Field(
         None, ge=1, le=1 << 30, description="Payload chunk size in bytes (unset: the job spec's weightSync.chunkBytes)."
     )
+    compacted_cache_bytes: int = Field(
+        2 << 30,
+        ge=0,
+        le=1 << 50,
+        description="Bytes of compacted deltas kept on disk; least recently used are evicted past it, and a "
+        "compacted delta larger than it is not built (its chain is served). 0 = no compacted deltas.",
+    )
     no_nats: bool = Field(False, description="Do not announce versions on NATS (tests, debugging).")
     nats_wait: float = Field(
         60.0, ge=0, le=3600,

@@ -236,3 +236,24 @@ def test_worker_reported_failure_is_a_failed_attempt_and_stale_reports_are_ignor
     (traj,) = st.take_delivered()
     assert traj.finish_reason == "failed" and st.failed_requests == 1
     assert st.migrations_by_reason == {"worker_failed": 2}
+
+
+async def test_health_reflects_a_blocked_loop_and_a_dead_ticker():
+    import time
+
+    server = RolloutManagerServer(RolloutSpec(), balance_interval_s=3600.0, health_max_lag_s=0.3)
+    await server.start("127.0.0.1", 0)
+    try:
+        assert server.healthy()
+        time.sleep(0.6)  # the fault: something holds the manager's loop
+        assert not server.healthy()
+        await asyncio.wait_for(_until(server.healthy), 5)  # the loop turns again, the block ages out
+        server._tasks[1].cancel()  # the ticker dies: leases would never expire
+        await asyncio.wait_for(_until(lambda: not server.healthy()), 5)
+    finally:
+        await server.stop(grace=0)
+
+
+async def _until(predicate) -> None:
+    while not predicate():
+        await asyncio.sleep(0.02)

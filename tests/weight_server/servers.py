@@ -13,6 +13,7 @@ from pathlib import Path
 import uvicorn
 
 from rlboost.nats_server import free_port, wait_for_port
+from rlboost.observability import LoopWatchdog
 from weight_server.__main__ import bind
 from weight_server.announce import Announcer
 from weight_server.app import create_app
@@ -33,17 +34,23 @@ class ThreadServer:
         read_token: str | None = None,
         nats_url: str | None = None,
         job: str = "test",
+        watchdog: LoopWatchdog | None = None,
     ) -> None:
         self.store = VersionStore(data_dir, chunk_bytes, retain)
+        self.watchdog = watchdog
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.announcer = Announcer(nats_url, "default", job) if nats_url else None
-        self.app = create_app(self.store, TOKEN, read_token, self.announcer)
+        self.app = create_app(self.store, TOKEN, read_token, self.announcer, watchdog=watchdog)
         self.server = uvicorn.Server(uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off"))
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
         self.error: BaseException | None = None
 
     async def _main(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        if self.watchdog is not None:
+            self.watchdog.start()
         try:
             if self.announcer:
                 await self.announcer.connect()

@@ -232,3 +232,36 @@ def test_an_upload_cut_mid_body_leaves_no_version_and_can_be_redone(client, serv
     r = put(client, 0, body)
     assert r.status_code == 200, r.text
     assert client.get("/v1/versions/0/payload", headers={"Range": "bytes=0-9"}).content == body[:10]
+
+
+def test_healthz_fails_when_the_event_loop_was_blocked_then_recovers(tmp_path) -> None:
+    import threading
+
+    from rlboost.observability import LoopWatchdog
+    from tests.helpers import wait_until
+
+    release = threading.Event()
+    srv = ThreadServer(tmp_path, watchdog=LoopWatchdog(max_lag_s=0.5, interval_s=0.05))
+    with srv, httpx.Client(base_url=srv.url, timeout=10) as c:
+        assert c.get("/healthz").status_code == 200
+        srv.loop.call_soon_threadsafe(release.wait, 1.5)  # the fault: a handler that holds the loop 1.5 s
+        r = c.get("/healthz")  # answered once the loop turns again: it must still tell
+        assert r.status_code == 503 and "event loop blocked" in r.text
+        wait_until(lambda: c.get("/healthz").status_code == 200, 5, what="healthy again")
+
+
+def test_metrics_account_the_compaction_cache(tmp_path) -> None:
+    from tests.weight_server.states import chain
+    from tests.weight_server.test_store import _put_chain
+
+    with ThreadServer(tmp_path) as srv:
+        _put_chain(srv.store, chain(5))
+        srv.store.compacted_cache_bytes = srv.store.compacted(0, 4).total_bytes  # room for exactly that one
+        with httpx.Client(base_url=srv.url, timeout=10) as c:
+            assert c.get("/v1/compacted/1/4/manifest").status_code == 200  # evicts 0->4
+            text = c.get("/metrics").text
+    held = srv.store.compacted_bytes()
+    assert "rlboost_weights_compacted_evictions_total 1.0" in text
+    assert (
+        f"rlboost_weights_compacted_bytes {float(held)}" in text and "rlboost_weights_compacted_deltas_held 1.0" in text
+    )

@@ -305,3 +305,33 @@ def test_retention_ends_chains_at_a_companion_snapshot_and_keeps_them_consistent
     assert store.bytes_on_disk() == sum(
         m.total_bytes for v in (3, 4, 5) for m in (store.manifest(v), store.companion(v)) if m is not None
     )
+
+
+def test_compaction_cache_is_bounded_by_bytes_least_recently_used_first(tmp_path) -> None:
+    from tests.weight_server.states import chain
+
+    states = chain(8)
+    sizes = {}
+    probe = VersionStore(tmp_path / "probe", 4096, 50)
+    _put_chain(probe, states)
+    for a in range(0, 5):
+        sizes[a] = probe.compacted(a, 7).total_bytes  # what each compacted delta a->7 weighs
+    cap = sizes[0] + sizes[1] + sizes[2] // 2  # room for two of the three below, not three
+    evicted: list[int] = []
+    store = VersionStore(tmp_path / "data", 4096, 50, compacted_cache_bytes=cap)
+    store.on_compacted_evicted = evicted.append
+    _put_chain(store, states)
+    store.compacted(0, 7)
+    store.compacted(1, 7)
+    store.compacted(0, 7)  # used again: 1->7 is now the least recently used
+    store.compacted(2, 7)
+    assert evicted == [1] and store.compacted_evictions == 1
+    assert sorted(d.name for d in (tmp_path / "data" / "compacted").iterdir()) == ["0-7", "2-7"]
+    assert store.compacted_bytes() == sizes[0] + sizes[2] <= cap
+    # A restart with a smaller cap evicts down to it; a delta larger than the whole cache is not built.
+    small = VersionStore(tmp_path / "data", 4096, 50, compacted_cache_bytes=min(sizes.values()) - 1)
+    assert small.compacted_count() == 0 and small.compacted_bytes() == 0
+    with pytest.raises(StoreError) as err:
+        small.compacted(3, 7)
+    assert err.value.kind == ErrorKind.INVALID and "--compacted-cache-bytes" in err.value.message
+    assert [m.version for m in small.sync_plan(3, 7)] == [4, 5, 6, 7]  # the chain is served instead

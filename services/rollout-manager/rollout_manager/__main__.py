@@ -28,7 +28,8 @@ def offload_window_s(args: ManagerOptions) -> float:
     return args.spec.rollout.offload_window_s if args.offload_window is None else args.offload_window
 
 
-async def serve(args: ManagerOptions) -> int:
+async def serve(args: ManagerOptions, started: list | None = None) -> int:
+    """Run until SIGTERM/SIGINT; the server is appended to `started` (what /healthz asks) once it exists."""
     from .preemption import NatsUnavailableError, PreemptionSubscriber
     from .server import PortInUseError, RolloutManagerServer
 
@@ -39,6 +40,8 @@ async def serve(args: ManagerOptions) -> int:
 
         offload = OffloadWindow(OffloadConfig(initial_s=window_s))
     manager = RolloutManagerServer(args.spec.rollout, balance_interval_s=args.balance_interval, offload=offload)
+    if started is not None:
+        started.append(manager)
     subscriber = None
     try:
         if args.nats_url:
@@ -68,16 +71,17 @@ async def serve(args: ManagerOptions) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_service_args(ManagerOptions, argv)
     setup_logging("rollout-manager", args.log_level)
+    started: list = []  # the manager, once serve() made it; healthy until then (it may be waiting for NATS)
     if args.metrics_port:
         try:
-            serve_http(args.metrics_port, host=args.host)
+            serve_http(args.metrics_port, health=lambda: all(m.healthy() for m in started), host=args.host)
         except OSError as err:
             print(
                 f"rollout-manager: cannot serve metrics on {args.host}:{args.metrics_port}: {err.strerror}",
                 file=sys.stderr,
             )
             return 1
-    return asyncio.run(serve(args))
+    return asyncio.run(serve(args, started))
 
 
 if __name__ == "__main__":

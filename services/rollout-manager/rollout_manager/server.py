@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import grpc
 
+from rlboost.observability import LoopWatchdog
 from rlboost.policies.migration import MigrationReason
 from rlboost.policies.offload import OffloadWindow
 from rlboost.rollout.v1 import rollout_pb2 as pb
@@ -62,6 +63,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         balance_interval_s: float = 1.0,
         offload: OffloadWindow | None = None,
         clock=time.monotonic,
+        health_max_lag_s: float = 10.0,
     ) -> None:
         self.rollout = rollout
         self.clock = clock
@@ -76,6 +78,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         self._tasks: list[asyncio.Task] = []
         self._server: grpc.aio.Server | None = None
         self._last_balance = 0.0
+        self.watchdog = LoopWatchdog(max_lag_s=health_max_lag_s)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -92,6 +95,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         await self._server.start()
         self._last_balance = self.clock()
         self._tasks = [asyncio.create_task(self._scheduler()), asyncio.create_task(self._ticker())]
+        self.watchdog.start()
         log.info("rollout-manager listening", extra={"host": host, "port": bound})
         return bound
 
@@ -101,6 +105,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
             conn.queue.put_nowait(None)
         for sink in self._sinks.values():
             sink.put_nowait(None)
+        await self.watchdog.stop()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -108,6 +113,11 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
                 await t
         if self._server is not None:
             await self._server.stop(grace)
+
+    def healthy(self) -> bool:
+        """Serving and making progress: its loop turns (no block over health_max_lag_s) and the scheduler and
+        ticker tasks run."""
+        return self.watchdog.healthy() and all(not t.done() for t in self._tasks)
 
     def kick(self) -> None:
         """Something changed: schedule and flush on the scheduler task's next turn."""

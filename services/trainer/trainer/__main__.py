@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         _fail(prog, f"cannot start: {err}", code=1)
     if args.metrics_port:
         try:
-            serve_http(args.metrics_port, health=lambda: trainer.healthy, host=args.host)
+            serve_http(args.metrics_port, health=trainer.is_healthy, host=args.host)
         except OSError as err:
             _fail(prog, f"--metrics-port {args.metrics_port}: {err.strerror}", code=1)
     try:

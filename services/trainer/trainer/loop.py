@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlboost.observability import LoopWatchdog
 from rlboost.spec import JobSpec, effective_micro_batch
 from rlboost.wire.events import JobDone, StepReport, subject
 from rlboost.wire.rollout_io import PromptItem, RolloutRequest, SamplingParams, Trajectory
@@ -108,13 +109,18 @@ class Trainer:
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else (self.stop_ids[0] if self.stop_ids else 0)
         self.engine: Any = None
-        self.healthy = True
+        self.healthy = True  # False once the job failed
+        self.watchdog = LoopWatchdog(max_lag_s=60.0)  # its loop only awaits: heavy work runs in threads
         self.checksum = ""
         self.version = 0
         self.steps_done = 0  # a resumed run (checkpoints) will start from its saved step
         self._nc: Any = None
         self._colocation: Any = None  # trainer.colocation.Colocation when trainer.colocateReserved
         opts.run_dir.mkdir(parents=True, exist_ok=True)
+
+    def is_healthy(self) -> bool:
+        """For /healthz (any thread): the job has not failed and the loop makes progress."""
+        return self.healthy and self.watchdog.healthy()
 
     # ---- setup ----
 
@@ -146,6 +152,7 @@ class Trainer:
         """Train every step; publish JobDone(ok) or, on failure, JobDone(ok=False) and re-raise.
 
         Ranks other than 0 follow rank 0 (no NATS, manager or weight-server) and return JobDone(ok=True)."""
+        self.watchdog.start()
         if ranks.rank() != 0:
             self.engine = await asyncio.to_thread(self._make_engine)
             await asyncio.to_thread(self._follow)

@@ -17,7 +17,7 @@ import socket
 import sys
 from pathlib import Path
 
-from rlboost.observability import setup_logging
+from rlboost.observability import IDLE_TIMEOUT_S, LoopWatchdog, setup_logging
 from rlboost.options.base import parse_service_args
 from rlboost.options.weight_server import WeightServerOptions
 
@@ -94,9 +94,14 @@ async def serve(args: WeightServerOptions) -> None:
             await announcer.connect_within(args.nats_wait)
         except AnnounceError as err:
             raise StartupError(f"--nats-url: {err}") from None
-    store = VersionStore(root, int(chunk), args.spec.weight_sync.retain_versions)
-    app = create_app(store, token, reader, announcer)
-    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=5)
+    store = VersionStore(root, int(chunk), args.spec.weight_sync.retain_versions, args.compacted_cache_bytes)
+    watchdog = LoopWatchdog(max_lag_s=5.0)  # compaction and file reads run in threads: the loop only awaits
+    watchdog.start()
+    app = create_app(store, token, reader, announcer, watchdog=watchdog)
+    config = uvicorn.Config(
+        app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=5,
+        timeout_keep_alive=int(IDLE_TIMEOUT_S),
+    )  # fmt: skip
     server = uvicorn.Server(config)
     log.info("weight-server listening", extra={"host": args.host, "port": args.port, "data_dir": str(root)})
     try:

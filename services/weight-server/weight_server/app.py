@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from rlboost.observability import LoopWatchdog
 from rlboost.wire.events import WeightsAnnounced
 from rlboost.wire.weights_io import (
     API_PREFIX,
@@ -104,6 +105,7 @@ def create_app(
     announcer: Announcer | None = None,
     metrics: WeightServerMetrics | None = None,
     assets: AssetStore | None = None,
+    watchdog: LoopWatchdog | None = None,
 ) -> FastAPI:
     """The app over a store; `token` guards uploads, `read_token` (if set) guards reads; `assets`: the model's
     assets (default: `<data-dir>/assets`)."""
@@ -117,9 +119,11 @@ def create_app(
     def refresh_gauges() -> None:
         metrics.versions_held.set(len(store.versions()))
         metrics.compacted_held.set(store.compacted_count())
+        metrics.compacted_bytes.set(store.compacted_bytes())
         metrics.bytes_on_disk.set(store.bytes_on_disk())
 
     refresh_gauges()
+    store.on_compacted_evicted = metrics.compacted_evictions.inc
 
     @app.exception_handler(StoreError)
     async def _store_error(_: Request, err: StoreError) -> JSONResponse:
@@ -136,6 +140,8 @@ def create_app(
 
     @app.get("/healthz")
     async def healthz() -> Response:
+        if watchdog is not None and not watchdog.healthy():  # the loop was blocked: answered late, and 503
+            return Response(f"event loop blocked for {watchdog.lag_s():.1f}s\n", 503, media_type="text/plain")
         return Response("ok\n", media_type="text/plain")
 
     @app.get("/metrics")

@@ -35,4 +35,14 @@ class WeightServerMetrics:
         self.compacted_held = Gauge(
             "rlboost_weights_compacted_deltas_held", "Compacted deltas cached on disk.", registry=self.registry
         )
+        self.compacted_bytes = Gauge(
+            "rlboost_weights_compacted_bytes",
+            "Bytes of compacted deltas cached on disk (bounded by --compacted-cache-bytes).",
+            registry=self.registry,
+        )
+        self.compacted_evictions = Counter(
+            "rlboost_weights_compacted_evictions_total",
+            "Compacted deltas evicted from the cache to keep it within --compacted-cache-bytes.",
+            registry=self.registry,
+        )
         self.bytes_on_disk = Gauge("rlboost_weights_bytes_on_disk", "Payload bytes on disk.", registry=self.registry)

@@ -9,7 +9,9 @@ under `versions/<v>/<kind>/`.
 
 Compacted deltas: `compacted(a, b)` composes the stored chain a->...->b into one delta
 (rlboost.delta.compose_chain, torch-free) and caches it under `<data-dir>/compacted/<a>-<b>/`
-(same payload + manifest layout, installed atomically); it is dropped with a or b.
+(same payload + manifest layout, installed atomically); it is dropped with a or b, and the cache holds at most
+`compacted_cache_bytes` (least recently used evicted first; a delta larger than the whole cache is not built:
+the chain is served instead).
 
 What fits, what retention drops and which payloads a sync plan serves are decided by planning.py, pure;
 this module holds the files, the lock and the manifests in memory, and carries the decisions out.
@@ -24,7 +26,8 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,10 +148,19 @@ class Upload:
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
 
+DEFAULT_COMPACTED_CACHE_BYTES = 2 << 30  # the weight-server's --compacted-cache-bytes default
+
+
 class VersionStore:
     """Versions held on disk, with their manifests in memory. Thread-safe."""
 
-    def __init__(self, data_dir: str | Path, chunk_bytes: int, retain_versions: int) -> None:
+    def __init__(
+        self,
+        data_dir: str | Path,
+        chunk_bytes: int,
+        retain_versions: int,
+        compacted_cache_bytes: int = DEFAULT_COMPACTED_CACHE_BYTES,
+    ) -> None:
         self.root = Path(data_dir)
         self.versions_dir = self.root / "versions"
         self.incoming_dir = self.root / "incoming"
@@ -160,7 +172,10 @@ class VersionStore:
         self._companions: dict[int, Manifest] = {}  # a version's second payload, of the other kind
         self._pending: set[int] = set()  # versions being uploaded right now
         self._pending_companions: set[int] = set()  # companions being uploaded right now
-        self._compacted: dict[tuple[int, int], Manifest] = {}
+        self._compacted: OrderedDict[tuple[int, int], Manifest] = OrderedDict()  # least recently used first
+        self.compacted_cache_bytes = compacted_cache_bytes
+        self.compacted_evictions = 0
+        self.on_compacted_evicted: Callable[[int], None] = lambda n: None  # metrics hook: n deltas evicted
         self._compact_locks: dict[tuple[int, int], threading.Lock] = {}  # one build per (a, b) at a time
         self._load()
 
@@ -212,6 +227,7 @@ class VersionStore:
                 shutil.rmtree(d, ignore_errors=True)  # a cache: rebuilt on request
                 continue
             self._compacted[(m.base_version, m.version)] = m  # type: ignore[index]
+        self._evict_compacted(keep=None)  # the cap may have shrunk since they were built
 
     # ---- queries -----------------------------------------------------------------------------
     def versions(self) -> list[int]:
@@ -369,6 +385,7 @@ class VersionStore:
         with self._lock:
             found = self._compacted.get(key)
             if found is not None:
+                self._compacted.move_to_end(key)
                 return found
             gate = self._compact_locks.setdefault(key, threading.Lock())
         with gate:  # concurrent requests for the same pair build it once
@@ -389,6 +406,13 @@ class VersionStore:
             ) from None
         except OSError:  # a version of the run was removed meanwhile
             raise _removed_meanwhile(base, version) from None
+        if len(payload) > self.compacted_cache_bytes:
+            raise StoreError(
+                ErrorKind.INVALID,
+                f"compacted delta {base}->{version} ({len(payload)} bytes) exceeds the compaction cache "
+                f"(--compacted-cache-bytes {self.compacted_cache_bytes}); fetch the chain",
+                "base_version",
+            )
         tmp = self.incoming_dir / f"compacted-{base}-{version}-{uuid.uuid4().hex}"
         up = Upload(self, version, "delta", base, run[-1].checksum, planning.COMPOSABLE_FORMAT, self.chunk_bytes, tmp)
         try:
@@ -401,6 +425,7 @@ class VersionStore:
                 shutil.rmtree(target, ignore_errors=True)
                 os.rename(tmp, target)
                 self._compacted[(base, version)] = manifest
+                self._evict_compacted(keep=(base, version))
         except BaseException:
             up.abort()
             raise
@@ -414,6 +439,31 @@ class VersionStore:
             },
         )
         return manifest
+
+    def _evict_compacted(self, keep: tuple[int, int] | None) -> None:
+        """Under the lock (or at start-up): drop least recently used compacted deltas, never `keep`, until the
+        cache fits `compacted_cache_bytes`. A reader that already opened an evicted payload finishes reading it."""
+        evicted = 0
+        while self.compacted_bytes_locked() > self.compacted_cache_bytes:
+            key = next((k for k in self._compacted if k != keep), None)
+            if key is None:
+                break
+            del self._compacted[key]
+            self._compact_locks.pop(key, None)
+            shutil.rmtree(self.compacted_dir / f"{key[0]}-{key[1]}", ignore_errors=True)
+            evicted += 1
+        if evicted:
+            self.compacted_evictions += evicted
+            self.on_compacted_evicted(evicted)
+            log.info("compaction cache evicted", extra={"evicted": evicted, "bytes": self.compacted_bytes_locked()})
+
+    def compacted_bytes_locked(self) -> int:
+        return sum(m.total_bytes for m in self._compacted.values())
+
+    def compacted_bytes(self) -> int:
+        """Bytes of compacted deltas cached on disk."""
+        with self._lock:
+            return self.compacted_bytes_locked()
 
     def compacted_count(self) -> int:
         with self._lock:

@@ -1,0 +1,86 @@
+"""rlboost.observability over real sockets and a real asyncio loop: the metrics server closes idle connections,
+and LoopWatchdog's health fails while (and shortly after) its loop is blocked."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import httpx
+
+from rlboost.nats_server import free_port
+from rlboost.observability import LoopWatchdog, serve_http
+from tests.helpers import wait_until
+
+
+def test_idle_connections_to_the_metrics_server_are_closed():
+    port = free_port()
+    server = serve_http(port, host="127.0.0.1", idle_timeout_s=0.3)
+    try:
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(20)]  # never send a byte
+        for sock in idle:
+            assert sock.recv(1) == b""  # the server hung up (recv would time out after 5 s otherwise)
+            sock.close()
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_health_fails_while_the_loop_is_blocked_and_recovers():
+    watchdog = LoopWatchdog(max_lag_s=0.5, interval_s=0.05)
+    port = free_port()
+    server = serve_http(port, health=watchdog.healthy, host="127.0.0.1")
+    blocked, release = threading.Event(), threading.Event()
+
+    def block() -> None:  # the fault: a handler that holds the loop
+        blocked.set()
+        release.wait(10)
+
+    async def main() -> list[int]:
+        watchdog.start()
+        url = f"http://127.0.0.1:{port}/healthz"
+        before = (await asyncio.to_thread(httpx.get, url, timeout=5)).status_code
+
+        def probe() -> int:
+            blocked.wait(10)
+            code = wait_until(lambda: httpx.get(url, timeout=5).status_code == 503, 5, what="503 while blocked")
+            release.set()
+            return code
+
+        prober = asyncio.get_running_loop().run_in_executor(None, probe)
+        asyncio.get_running_loop().call_soon(block)
+        await prober
+        await asyncio.to_thread(wait_until, lambda: httpx.get(url, timeout=5).status_code == 200, 5)
+        await watchdog.stop()
+        return [before]
+
+    try:
+        assert asyncio.run(main()) == [200]
+        assert not watchdog.healthy()  # stopped: nothing turns any more
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_block_is_still_reported_just_after_the_loop_turns_again():
+    """A health check served by the blocked loop itself answers only afterwards: it must still say so."""
+    watchdog = LoopWatchdog(max_lag_s=0.2, interval_s=0.05)
+
+    async def main() -> tuple[bool, float]:
+        watchdog.start()
+        await asyncio.sleep(0)  # its task stamps once
+        stamp = watchdog._stamp
+        time.sleep(0.5)  # the fault: block the loop
+        await asyncio.wait_for(_until(lambda: watchdog._stamp != stamp), 5)  # the loop turned: a fresh stamp
+        return watchdog.healthy(), watchdog.lag_s()
+
+    healthy, lag = asyncio.run(main())
+    assert not healthy and lag >= 0.4
+
+
+async def _until(predicate) -> None:
+    while not predicate():
+        await asyncio.sleep(0.01)
