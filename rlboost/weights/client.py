@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -97,16 +98,21 @@ class WeightClient:
         timeout: float = 60.0,
         retries: int = 6,
         backoff_max: float = 2.0,
+        ca: bytes | None = None,
     ) -> None:
+        """`token`: sent as `Authorization: Bearer` on every request (reads and uploads); `ca`: the job CA's PEM,
+        which an https server's certificate must chain to (None: the system's trust store)."""
         if streams < 1:
             raise ValueError(f"streams must be >= 1, got {streams}")
         self.streams, self.retries, self.backoff_max = streams, retries, backoff_max
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._base_url, self._headers, self._timeout = base_url.rstrip("/"), headers, timeout
+        self._tls = ssl.create_default_context(cadata=ca.decode()) if ca else None
         self._bulk_http: aiohttp.ClientSession | None = None  # payload bytes; made on first use, in the event loop
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=headers,
+            verify=self._tls if self._tls is not None else True,
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
             limits=httpx.Limits(max_connections=streams + 2, max_keepalive_connections=streams + 2),
         )
@@ -127,7 +133,9 @@ class WeightClient:
         if self._bulk_http is None:
             self._bulk_http = aiohttp.ClientSession(
                 headers=self._headers,
-                connector=aiohttp.TCPConnector(limit=self.streams + 2),
+                connector=aiohttp.TCPConnector(
+                    limit=self.streams + 2, ssl=self._tls if self._tls is not None else True
+                ),
                 timeout=aiohttp.ClientTimeout(connect=min(self._timeout, 10.0), sock_read=self._timeout),
                 auto_decompress=False,  # payload bytes are hashed as sent
             )

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from rlboost.auth.grpc_auth import ClientAuth
 from rlboost.observability import monotonic_ms
 from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.rollout.v1.rollout_pb2_grpc import RolloutManagerStub
@@ -45,6 +46,7 @@ from rollout_worker.engine.base import FINISH_ABORT, Engine, MemoryReport
 log = logging.getLogger(__name__)
 
 _CLOSE = object()  # outbox sentinel: half-close the stream
+_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)  # the worker's credentials
 _SPEC_DEFAULTS = RolloutSpec()  # a Registered timing left at 0 (unset) means the job spec's default
 
 
@@ -67,6 +69,7 @@ class SessionConfig:
     reconnect_timeout_s: float = 60.0  # give up when no (re)connect succeeds for this long
     drain_deadline_ms: int = 10_000  # promised in the DrainNotice: all tokens flushed by then
     register_timeout_s: float = 10.0  # wait this long for Registered after sending Register
+    auth: ClientAuth = ClientAuth()  # the worker token and the job CA ('' / None: an open manager)
 
 
 class _Link:
@@ -105,6 +108,7 @@ class WorkerSession:
         self._held_while_released: list[Assignment] = []  # assignments that arrived while the memory was released
         self._deferred_version = 0  # newest version announced while released: synced on resume
         self._memory_lock = asyncio.Lock()
+        self._session_token = ""  # from the manager's Registered: proves a reconnect is this worker
 
     # ---- public ------------------------------------------------------------------------------
 
@@ -189,7 +193,7 @@ class WorkerSession:
         """Register and serve one stream until it ends; raises _NotConnectedError if registration fails."""
         if self.draining:
             return
-        async with grpc.aio.insecure_channel(self.cfg.manager) as channel:
+        async with self.cfg.auth.aio_channel(self.cfg.manager) as channel:
             call = RolloutManagerStub(channel).Connect()
             registered = await self._register(call)
             link = self.link = _Link(call, registered)
@@ -226,15 +230,20 @@ class WorkerSession:
             self.engine.weight_version,
             self.cfg.engine,
         )
+        register = registration_to_pb(reg)
+        register.session_token = self._session_token
         try:
-            await call.write(pb.WorkerMessage(register=registration_to_pb(reg)))
+            await call.write(pb.WorkerMessage(register=register))
             first = await asyncio.wait_for(call.read(), self.cfg.register_timeout_s)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, TimeoutError) as err:
             call.cancel()
+            if isinstance(err, grpc.aio.AioRpcError) and err.code() in _REFUSED:  # retrying cannot help
+                raise ManagerUnreachableError(f"rollout-manager at {self.cfg.manager}: {_describe(err)}") from None
             raise _NotConnectedError(_describe(err)) from None
         if first is grpc.aio.EOF or first.WhichOneof("body") != "registered":
             call.cancel()
             raise _NotConnectedError("the manager did not answer Register with Registered")
+        self._session_token = first.registered.session_token
         return first.registered
 
     async def _reader(self, link: _Link) -> None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlboost.auth.grpc_auth import ClientAuth
 from rlboost.spec import JobSpec, effective_micro_batch
 from rlboost.wire.events import JobDone, StepReport, subject
 from rlboost.wire.rollout_io import PromptItem, RolloutRequest, SamplingParams, Trajectory
@@ -67,6 +68,7 @@ class TrainerOptions:
     colocation_timeout_s: float = 120.0  # wait this long for the colocated workers' release / resume acks
     checkpoint_dir: Path | None = None  # None: no checkpoints
     resume: bool = False  # continue from the newest valid checkpoint in checkpoint_dir
+    auth: ClientAuth = ClientAuth()  # the trainer token (the manager's Rollout) and the job CA (manager, weights)
 
 
 class StepContext:
@@ -229,11 +231,12 @@ class Trainer:
         await asyncio.to_thread(ranks.broadcast, {"op": "resume", "ckpt": str(ckpt) if ckpt else None})
         state = await asyncio.to_thread(self._restore, ckpt)
         streams = self.spec.weight_sync.streams
-        async with WeightClient(self.opts.weight_server, token=self.opts.token, streams=streams) as wc:
+        ca = self.opts.auth.ca
+        async with WeightClient(self.opts.weight_server, token=self.opts.token, streams=streams, ca=ca) as wc:
             publisher = WeightPublisher.from_spec(wc, self.spec.weight_sync)  # weightSync.mode: delta | full
             await self._publish_initial(publisher, state)
             del state
-            async with RolloutClient(self.opts.manager) as rc:
+            async with RolloutClient(self.opts.manager, self.opts.auth) as rc:
                 await rc.wait_ready(self.opts.connect_timeout_s)
                 await self._start_colocation()
                 for step in range(self.steps_done, self.steps):
