@@ -17,17 +17,11 @@ import pytest
 from rlboost.auth.grpc_auth import ClientAuth
 from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.rollout.v1 import rollout_pb2_grpc as pb_grpc
+from tests.e2e.test_local_e2e import CONFIG  # the small two-step job (1 reserved, 2 spot workers)
 from tests.helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = """
-model: {hiddenSize: 64, numLayers: 2, numHeads: 2, warmupSteps: 5}
-task: {numPrompts: 32}
-algorithm: {promptsPerStep: 4, groupSize: 4, maxNewTokens: 6, microBatchSize: 16}
-rollout:
-  reserved: {replicas: 1, capacity: 16}
-  spot: {replicas: 1, capacity: 16}
-"""
+WORKERS = 3
 
 
 def status(manager: str, auth: ClientAuth) -> pb.StatusReply:
@@ -37,7 +31,7 @@ def status(manager: str, auth: ClientAuth) -> pb.StatusReply:
 
 def workers_registered(manager: str, observer: ClientAuth) -> bool:
     try:
-        return len(status(manager, observer).workers) == 2
+        return len(status(manager, observer).workers) == WORKERS
     except grpc.RpcError:
         return False
 
@@ -63,7 +57,7 @@ def test_a_running_local_jobs_services_refuse_anonymous_clients(tmp_path: Path) 
         manager, weights = endpoints["manager"], endpoints["weight_server"]
         assert endpoints["nats"].startswith("nats://") and endpoints["metrics_ports"]["rollout-manager"] > 0
         observer = ClientAuth.for_role(endpoints["credentials"], "observer")
-        wait_until(lambda: workers_registered(manager, observer), 300, interval=0.5, what="both workers registered")
+        wait_until(lambda: workers_registered(manager, observer), 300, interval=0.5, what="every worker registered")
 
         with pytest.raises(grpc.RpcError) as anonymous_status:
             status(manager, ClientAuth())
@@ -71,7 +65,7 @@ def test_a_running_local_jobs_services_refuse_anonymous_clients(tmp_path: Path) 
         assert anonymous_connect(manager).code() == grpc.StatusCode.UNAUTHENTICATED
         for path in ("/v1/versions", "/v1/versions/0/manifest", "/v1/assets", "/v1/sync?to=1"):
             assert httpx.get(weights + path, timeout=10).status_code == 401, path
-        assert len(status(manager, observer).workers) == 2, "the probes ended no worker's stream"
+        assert len(status(manager, observer).workers) == WORKERS, "the probes ended no worker's stream"
 
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, out[-4000:]
