@@ -150,3 +150,19 @@ async def test_a_plan_that_skips_or_reorders_signed_versions_is_refused(tmp_path
                 assert err.value.reason == "plan"
             with pytest.raises(WeightsRejectedError, match="asked for version 2"):
                 verifier.check(d1, 2)  # a signed manifest, but of another version
+
+
+async def test_a_refusal_after_a_delta_applied_in_place_drops_the_held_state(tmp_path, creds) -> None:
+    states = chain(3)
+    ws = WeightServerProcess(tmp_path / "ws")
+    with ws:
+        await _publish(ws.url, creds, states)
+        _flip_payload(tmp_path / "ws" / "data" / "versions" / "2")  # payloads are read from disk on each request
+        async with WeightClient(ws.url, verifier=ManifestVerifier(creds.verify_key()), retries=2) as wc:
+            puller = WeightPuller(wc)
+            await puller.pull(0)
+            with pytest.raises(WeightsError, match="payload"):
+                await puller.pull(2)  # delta 1 applies in place, then delta 2's bytes are refused
+            assert puller.held is None  # that state is version 1's, not 0's: never a base again
+            full = await puller.pull(1)  # so the next pull starts from the signed snapshot
+            assert full.checksum == checksum(states[1]) and "full" in full.paths
