@@ -6,6 +6,11 @@
         await wc.upload_asset("config.json", text)  # the model's config, tokenizer... (before version 0)
         await wc.pull_assets(model_dir)    # every asset, sha256 verified, each written atomically
 
+With a `verifier` (rlboost.weights.signing.ManifestVerifier: the job's public key) every manifest a pull or a
+sync plan brings is checked against the trainer's signature before a byte is fetched, sync plans leave out the
+server-composed compacted deltas, and a chunk that never matches its signed sha256 is refused
+(WeightsRejectedError); uploads carry the trainer's signature when given one.
+
 A pull fetches the manifest's chunks over `streams` concurrent `Range` requests. A chunk whose
 connection drops is retried with exponential backoff (bounded), resuming from the bytes of that
 chunk already received; a chunk whose sha256 does not match is fetched again from its start.
@@ -31,12 +36,15 @@ import aiohttp
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from rlboost.weights.signing import ManifestVerifier, WeightsRejectedError
 from rlboost.wire.weights_io import (
     API_PREFIX,
     HEADER_BASE_VERSION,
     HEADER_CHECKSUM,
+    HEADER_CHUNK_BYTES,
     HEADER_FORMAT,
     HEADER_KIND,
+    HEADER_SIGNATURE,
     AssetInfo,
     AssetList,
     ChunkInfo,
@@ -58,6 +66,10 @@ class WeightServerError(Exception):
 
 class _RetryableError(Exception):
     """A chunk fetch that failed in a way worth retrying (connection drop, short read, bad sha256)."""
+
+
+class _ChunkMismatchError(_RetryableError):
+    """A chunk whose bytes arrived whole but do not match the manifest's sha256."""
 
 
 @dataclass
@@ -99,6 +111,7 @@ class WeightClient:
         retries: int = 6,
         backoff_max: float = 2.0,
         ca: bytes | None = None,
+        verifier: ManifestVerifier | None = None,
     ) -> None:
         """`token`: sent as `Authorization: Bearer` on every request (reads and uploads); `ca`: the job CA's PEM,
         which an https server's certificate must chain to (None: the system's trust store)."""
@@ -117,6 +130,7 @@ class WeightClient:
             limits=httpx.Limits(max_connections=streams + 2, max_keepalive_connections=streams + 2),
         )
         self.last_pull = PullStats()
+        self.verifier = verifier  # None: manifests are taken as served (no job credentials)
 
     async def __aenter__(self) -> WeightClient:
         return self
@@ -168,10 +182,13 @@ class WeightClient:
         and the full snapshot + deltas; a manifest's `sync_path` says which kind of payload it is.
         """
         params = {k: str(v) for k, v in (("from", from_version), ("to", to_version)) if v is not None}
-        if not compact:
+        if not compact or self.verifier is not None:  # a compacted delta carries no trainer signature
             params["compact"] = "0"
         resp = await self._get("/sync", params=params)
-        return [Manifest.model_validate(m) for m in resp.json()]
+        plan = [Manifest.model_validate(m) for m in resp.json()]
+        if self.verifier is not None:
+            self.verifier.check_plan(plan, from_version, to_version)
+        return plan
 
     async def compacted(self, base: int, version: int) -> Manifest:
         """The manifest of the server's compacted base->version delta (built on first request)."""
@@ -196,6 +213,8 @@ class WeightClient:
         """The payload of a version, fetched in chunks over `streams` connections and verified. A bytearray, not
         a copy of it as bytes: a snapshot is the size of the model (delta apply and safetensors take either)."""
         m = version if isinstance(version, Manifest) else await self.manifest(version)
+        if self.verifier is not None:  # before a byte is fetched; the chunks' sha256s are then signed ones
+            self.verifier.check(m, None if isinstance(version, Manifest) else version)
         started = time.monotonic()
         self.last_pull = stats = PullStats()
         buf = bytearray(m.total_bytes)
@@ -205,7 +224,8 @@ class WeightClient:
         if not _chunks_tile(m):  # then every byte was checked by its chunk's sha256; else check the whole
             whole = await asyncio.to_thread(lambda: hashlib.sha256(buf).hexdigest())
             if whole != m.sha256:
-                raise WeightServerError(0, f"version {m.version}: payload sha256 does not match its manifest")
+                message = f"version {m.version}: payload sha256 does not match its manifest"
+                raise WeightsRejectedError("payload", message) if self.verifier else WeightServerError(0, message)
         stats.bytes, stats.seconds = len(buf), time.monotonic() - started
         return buf
 
@@ -234,12 +254,14 @@ class WeightClient:
                     # Off the event loop (hashlib releases the GIL): the streams keep reading meanwhile.
                     if await asyncio.to_thread(lambda v=view: hashlib.sha256(v).hexdigest()) != chunk.sha256:
                         held[0] = 0
-                        raise _RetryableError(f"chunk {chunk.index} sha256 mismatch")
+                        raise _ChunkMismatchError(f"chunk {chunk.index} sha256 mismatch")
         except _RetryableError as err:
-            raise WeightServerError(
-                0,
-                f"version {m.version} ({m.sync_path}) chunk {chunk.index}: gave up after {self.retries} tries ({err})",
-            ) from None
+            message = (
+                f"version {m.version} ({m.sync_path}) chunk {chunk.index}: gave up after {self.retries} tries ({err})"
+            )
+            if self.verifier is not None and isinstance(err, _ChunkMismatchError):
+                raise WeightsRejectedError("payload", f"{message}: not the bytes the trainer signed") from None
+            raise WeightServerError(0, message) from None
 
     async def _fetch_from(
         self, m: Manifest, chunk: ChunkInfo, buf: bytearray, held: list[int], stats: PullStats
@@ -276,9 +298,16 @@ class WeightClient:
         checksum: str = "",
         base_version: int | None = None,
         fmt: str | None = None,
+        signature: str | None = None,
+        chunk_bytes: int | None = None,
     ) -> Manifest:
-        """PUT a version (bytes, or a file path streamed from disk); returns the server's manifest."""
+        """PUT a version (bytes, or a file path streamed from disk); returns the server's manifest. A `signature`
+        (rlboost.weights.signing.ManifestSigner) is of the manifest computed with `chunk_bytes` chunks."""
         headers = {HEADER_KIND: kind, HEADER_CHECKSUM: checksum}
+        if signature:
+            headers[HEADER_SIGNATURE] = signature
+        if chunk_bytes is not None:
+            headers[HEADER_CHUNK_BYTES] = str(chunk_bytes)
         if base_version is not None:
             headers[HEADER_BASE_VERSION] = str(base_version)
         if fmt:

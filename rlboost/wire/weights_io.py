@@ -12,6 +12,7 @@ Routes (all under the weight-server's base URL):
   PUT  /v1/versions/{v}                 <- payload bytes; headers below; needs `Authorization: Bearer <token>`.
                                            A second PUT of a held version in the other kind, with the same
                                            checksum, adds that payload beside the first (a companion).
+                                           With X-Rlboost-Signature the manifest keeps the trainer's signature.
   GET  /v1/assets                       -> AssetList: the model's non-weight files (config.json, tokenizer, chat
                                            template...), with sizes and sha256s
   GET  /v1/assets/{name}                -> one asset's bytes (ETag: its sha256)
@@ -33,6 +34,12 @@ HEADER_KIND = "X-Rlboost-Kind"  # "full" | "delta"
 HEADER_BASE_VERSION = "X-Rlboost-Base-Version"  # for deltas
 HEADER_CHECKSUM = "X-Rlboost-Checksum"  # checksum of the whole parameter state at this version
 HEADER_FORMAT = "X-Rlboost-Format"  # "safetensors" | "rlboost-delta"
+# Signed uploads (rlboost.weights.signing): the trainer's Ed25519 signature of the manifest it computed, and the
+# chunk size it computed the manifest's chunks with (the server chunks the payload the same way).
+HEADER_SIGNATURE = "X-Rlboost-Signature"  # base64 of the 64-byte signature
+HEADER_CHUNK_BYTES = "X-Rlboost-Chunk-Bytes"
+SIGNATURE_PATTERN = r"^[A-Za-z0-9+/]{86}==$"  # base64 of 64 bytes
+MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 4096, 1 << 30
 
 # Model assets: bounds the weight-server enforces (the largest real tokenizer.json files are ~35 MB).
 ASSET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # a plain file name: no directory, no '..'
@@ -70,6 +77,13 @@ class Manifest(BaseModel):
         description="The second payload of a version held in both kinds (e.g. the delta from the previous version "
         "stored beside a periodic full snapshot; same checksum); its payload is at "
         "/v1/versions/{version}/{kind}/payload.",
+    )
+    signature: str | None = Field(
+        None,
+        description="The trainer's Ed25519 signature (base64) of this manifest's canonical encoding "
+        "(rlboost.weights.signing), stored and served as uploaded; null when unsigned (no job credentials, or a "
+        "compacted delta, which the server composes and cannot sign). Not validated here: a worker refuses a "
+        "malformed one as a bad signature.",
     )
 
     @property

@@ -70,6 +70,7 @@ async def _amain(args: WorkerOptions) -> int:
             client = WeightClient(
                 args.weight_server, token=auth.token, streams=args.spec.weight_sync.streams, ca=auth.ca
             )
+            client.verifier = _manifest_verifier(args.credentials_dir)
             puller = WeightPuller(client)
             model_dir = args.model_dir
             if needs_assets(model_dir):
@@ -116,6 +117,19 @@ async def _amain(args: WorkerOptions) -> int:
             await client.aclose()
         if pulled_dir is not None and not args.model_dir:  # a temporary directory of ours
             shutil.rmtree(pulled_dir, ignore_errors=True)
+
+
+def _manifest_verifier(credentials_dir: str):
+    """The job's public key, which every weight version must be signed for; None without credentials."""
+    if not credentials_dir:
+        return None
+    from rlboost.auth.credentials import CredentialsError
+    from rlboost.weights.signing import ManifestVerifier
+
+    try:
+        return ManifestVerifier.from_credentials(credentials_dir)
+    except (CredentialsError, ValueError) as err:
+        raise StartupError(f"--credentials-dir: cannot load the job's manifest key: {err}") from None
 
 
 def needs_assets(model_dir: str) -> bool:

@@ -40,6 +40,11 @@ CHECKSUM_MISMATCHES = Counter(
 DELTA_REJECTED = Counter(
     "rlboost_worker_weight_deltas_rejected_total", "Deltas refused before any write (corrupt, wrong base or shape)."
 )
+WEIGHT_REJECTED = Counter(
+    "rlboost_worker_weight_rejected_total",
+    "Weight versions refused as not the trainer's (unsigned, bad_signature, plan, payload): nothing of them applied.",
+    ["reason"],
+)
 FALLBACKS = Counter(
     "rlboost_worker_weight_full_fallbacks_total", "Pulls that fell back to the full snapshot after a failure."
 )

@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         dump_rollouts=Path(args.dump_rollouts) if args.dump_rollouts else None, connect_timeout_s=args.connect_timeout,
         checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None, resume=args.resume,
         colocation_timeout_s=args.colocation_timeout, auth=auth,
+        credentials_dir=Path(args.credentials_dir) if args.credentials_dir else None,
     )  # fmt: skip
     try:
         trainer = loop.Trainer(args.spec, opts)

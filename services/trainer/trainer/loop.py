@@ -69,6 +69,7 @@ class TrainerOptions:
     checkpoint_dir: Path | None = None  # None: no checkpoints
     resume: bool = False  # continue from the newest valid checkpoint in checkpoint_dir
     auth: ClientAuth = ClientAuth()  # the trainer token (the manager's Rollout) and the job CA (manager, weights)
+    credentials_dir: Path | None = None  # the job's credentials: weight versions are signed with its key
 
 
 class StepContext:
@@ -94,6 +95,10 @@ class Trainer:
         from rlboost.tasks import load_reward, make_task
 
         self.spec, self.opts = spec, opts
+        if opts.credentials_dir is not None:  # a missing or unusable key fails the start, not the first publish
+            from rlboost.auth.credentials import JobCredentials
+
+            JobCredentials(opts.credentials_dir).signing_key()
         self.steps = opts.steps if opts.steps is not None else spec.algorithm.steps
         self.tokenizer = load_tokenizer(opts.model_dir)
         self._decode = decode_response
@@ -233,7 +238,9 @@ class Trainer:
         streams = self.spec.weight_sync.streams
         ca = self.opts.auth.ca
         async with WeightClient(self.opts.weight_server, token=self.opts.token, streams=streams, ca=ca) as wc:
-            publisher = WeightPublisher.from_spec(wc, self.spec.weight_sync)  # weightSync.mode: delta | full
+            publisher = WeightPublisher.from_spec(  # weightSync.mode: delta | full; signed with the job's key
+                wc, self.spec.weight_sync, credentials_dir=self.opts.credentials_dir
+            )
             await self._publish_initial(publisher, state)
             del state
             async with RolloutClient(self.opts.manager, self.opts.auth) as rc:

@@ -3,7 +3,8 @@
 Routes (rlboost.wire.weights_io): GET /v1/versions, GET /v1/versions/{v}/manifest[?kind=full|delta],
 GET /v1/versions/{v}/payload (Range), GET /v1/versions/{v}/{kind}/payload (a version's payload of that kind:
 a snapshot version may also hold the delta from the version before, its companion), PUT /v1/versions/{v}
-(trainer token; a second PUT of the other kind adds a companion, not announced again), GET /v1/sync?from=A&to=B[&compact=0],
+(trainer token; a second PUT of the other kind adds a companion, not announced again; the trainer's signature
+and chunk size headers are kept: rlboost.weights.signing), GET /v1/sync?from=A&to=B[&compact=0],
 GET /v1/compacted/{a}/{b}/manifest and /payload (Range; composed from the chain on first request),
 GET /v1/assets, GET /v1/assets/{name}, PUT /v1/assets/{name} (bearer token; the model's config, tokenizer and
 chat template: assets.py), GET /healthz, GET /metrics. Errors are JSON: {"error": "...", "field": "..."}.
@@ -26,8 +27,10 @@ from rlboost.wire.weights_io import (
     API_PREFIX,
     HEADER_BASE_VERSION,
     HEADER_CHECKSUM,
+    HEADER_CHUNK_BYTES,
     HEADER_FORMAT,
     HEADER_KIND,
+    HEADER_SIGNATURE,
     MAX_ASSET_BYTES,
     AssetInfo,
     AssetList,
@@ -244,6 +247,8 @@ def create_app(
             checksum=h.get(HEADER_CHECKSUM, ""),
             base_version=base,
             fmt=h.get(HEADER_FORMAT),
+            signature=h.get(HEADER_SIGNATURE),
+            chunk_bytes=_int_param(h.get(HEADER_CHUNK_BYTES), HEADER_CHUNK_BYTES),
         )
         try:
             result = await _receive(request, up)
