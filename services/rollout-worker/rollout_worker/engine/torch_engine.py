@@ -209,6 +209,8 @@ class TorchEngine(Engine):
 
     async def generate(self, assignment: Assignment) -> AsyncIterator[GenerationStep]:
         self._check_usable("generate")
+        if not self._state:
+            raise EngineError("generate: the engine started without weights; update_weights must give it a version")
         rid = assignment.request_id
         if rid in self._reqs:
             raise EngineError(f"request {rid} is already running")
