@@ -172,3 +172,19 @@ async def test_an_engine_started_from_the_pulled_assets_alone_takes_its_weights_
         assert (eng.weight_version, eng.weights_checksum) == (3, checksum)
         tokens, _, reason, _ = await collect(eng, assignment("first", PROMPT, len(PROMPT), n=12))
         assert tokens == hf_greedy(tiny_model_dir, PROMPT, 12) and reason == FINISH_LENGTH
+
+
+async def test_a_prompt_id_outside_the_vocabulary_is_refused_alone(engine):
+    """Checked at admission: the bad request ends at once with the cause; one beside it runs as alone."""
+    solo, _, _, _ = await collect(engine, assignment("alone", PROMPT, len(PROMPT), n=8))
+    bad = [5, 9, 64, 3]  # the tiny model's vocabulary is 0..63
+    (tokens, _, reason, steps), (good, _, _, _) = await asyncio.wait_for(
+        asyncio.gather(
+            collect(engine, assignment("bad", bad, len(bad))),
+            collect(engine, assignment("beside", PROMPT, len(PROMPT), n=8)),
+        ),
+        60,
+    )
+    assert (tokens, reason, steps[-1].invalid_input) == ([], FINISH_ABORT, True)
+    assert "input_ids[2] = 64 is outside the model's vocabulary (0..63)" in steps[-1].error
+    assert good == solo and engine.running == 0

@@ -71,6 +71,16 @@ def prompt_problem(input_ids: Sequence[int], vocab_size: int) -> str:
     return ""
 
 
+def refusal(a: Assignment, vocab_size: int, errors: RepeatedLog) -> GenerationStep | None:
+    """The one step of a request refused at admission (its ids are not the model's vocabulary), logged with
+    repeats counted; None when it may run. `vocab_size` 0: unknown, nothing is checked."""
+    problem = prompt_problem(a.input_ids, vocab_size) if vocab_size else ""
+    if not problem:
+        return None
+    errors.error("request refused: invalid input_ids", f"request refused: {problem}", request_id=a.request_id)
+    return GenerationStep(a.request_id, a.generated, [], [], True, FINISH_ABORT, problem, invalid_input=True)
+
+
 class RepeatedLog:
     """Logs an error once, then counts its repeats: identical errors (same key) within `period_s` of the last line
     logged become one line with their count, instead of a line per decode iteration or per request."""

@@ -45,8 +45,10 @@ from rollout_worker.engine.base import (
     Engine,
     EngineError,
     GenerationStep,
+    RepeatedLog,
     has_weights,
     read_model_state,
+    refusal,
 )
 
 if TYPE_CHECKING:
@@ -159,6 +161,8 @@ class SglangEngine(Engine):
         self.seeded_sampling = device != "cpu"
         self.startup_s = 0.0
         self.last_update: dict[str, float] = {}
+        self.vocab_size = 0  # config.json's vocab_size, set by start: prompt ids are checked against it (0: not)
+        self._errors = RepeatedLog(log)  # a refusal repeated per placement logs one line with a count
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -200,6 +204,7 @@ class SglangEngine(Engine):
             raise EngineError(f"--engine sglang: {reason}; build it with scripts/setup_sglang_env.sh (CPU)")
         t0 = time.perf_counter()
         weightless = not has_weights(model_dir)
+        self.vocab_size = int(_read_config(model_dir).get("vocab_size") or 0)
         # Blocking on purpose: SGLang installs signal handlers and forks children, which must happen on the
         # main thread; nothing else runs on the loop before the worker registers.
         self._sgl = self._launch(model_dir, dummy=weightless)
@@ -242,6 +247,7 @@ class SglangEngine(Engine):
         if self._sgl is None:
             return
         sgl, self._sgl = self._sgl, None
+        self._errors.flush()
         with contextlib.suppress(Exception):
             sgl.tokenizer_manager.abort_request(abort_all=True)
         await asyncio.to_thread(sgl.shutdown)  # kills SGLang's child processes
@@ -268,6 +274,10 @@ class SglangEngine(Engine):
         if not self._state:
             raise EngineError("generate: the engine started without weights; update_weights must give it a version")
         offset = assignment.generated
+        refused = refusal(assignment, self.vocab_size, self._errors)
+        if refused is not None:  # refused alone, before it joins a batch whose every step it would fail
+            yield refused
+            return
         if offset >= assignment.sampling.max_new_tokens:  # a migrated request that had used its whole budget
             yield GenerationStep(rid, offset, [], [], True, FINISH_LENGTH)
             return

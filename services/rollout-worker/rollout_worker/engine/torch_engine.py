@@ -41,8 +41,8 @@ from rollout_worker.engine.base import (
     GenerationStep,
     RepeatedLog,
     has_weights,
-    prompt_problem,
     read_model_state,
+    refusal,
 )
 
 log = logging.getLogger(__name__)
@@ -229,10 +229,9 @@ class TorchEngine(Engine):
         rid = assignment.request_id
         if rid in self._reqs:
             raise EngineError(f"request {rid} is already running")
-        problem = prompt_problem(assignment.input_ids, self.vocab_size)
-        if problem:  # refused alone, before it joins a batch whose every step it would fail
-            self._errors.error("request refused: invalid input_ids", f"request refused: {problem}", request_id=rid)
-            yield GenerationStep(rid, assignment.generated, [], [], True, FINISH_ABORT, problem, invalid_input=True)
+        refused = refusal(assignment, self.vocab_size, self._errors)
+        if refused is not None:  # refused alone, before it joins a batch whose every step it would fail
+            yield refused
             return
         req = _Request(
             assignment, self._epoch_requested, assignment.generated, frozenset(assignment.sampling.stop_token_ids)
