@@ -123,6 +123,8 @@ def chunk_to_pb(c: TokenChunk) -> pb.TokenChunk:
         logprobs=c.logprobs,
         finished=c.finished,
         finish_reason=c.finish_reason,
+        error=c.error,
+        invalid_input=c.invalid_input,
     )
 
 
@@ -134,7 +136,10 @@ def chunk_from_pb(m: pb.TokenChunk) -> TokenChunk:
         raise WireError(f"chunk.logprobs: {len(logprobs)} values for {len(token_ids)} tokens")
     if offset < 0:
         raise WireError(f"chunk.offset: must be >= 0, got {offset}")
-    return TokenChunk(m.request_id, m.lease_epoch, offset, token_ids, logprobs, m.finished, m.finish_reason)
+    chunk = TokenChunk(m.request_id, m.lease_epoch, offset, token_ids, logprobs, m.finished, m.finish_reason)
+    if m.finish_reason == "abort":  # only a last, aborted chunk carries an error: no extra reads on the hot path
+        chunk.error, chunk.invalid_input = m.error, m.invalid_input
+    return chunk
 
 
 def rollout_request_to_pb(r: RolloutRequest) -> pb.RolloutRequest:

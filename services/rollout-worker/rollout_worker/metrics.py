@@ -11,6 +11,12 @@ CHUNKS = Counter("rlboost_worker_chunks_sent_total", "Token chunks sent to the r
 BATCHES = Counter("rlboost_worker_chunk_batches_sent_total", "ChunkBatch messages sent to the rollout-manager.")
 ASSIGNED = Counter("rlboost_worker_assignments_total", "Requests assigned to this worker.")
 ABORTS = Counter("rlboost_worker_aborts_total", "Requests aborted (revoke, drain, disconnect).", ["reason"])
+REQUEST_ERRORS = Counter(
+    "rlboost_worker_request_errors_total",
+    "Requests that failed here by themselves, reported to the manager with the cause "
+    "(kind: invalid_input, refused at admission; failed_alone, failed again when retried without its batch).",
+    ["kind"],
+)
 WEIGHT_VERSION = Gauge("rlboost_worker_weight_version", "Weight version the engine generates with.")
 PULL_SECONDS = Histogram(
     "rlboost_worker_weight_pull_seconds",

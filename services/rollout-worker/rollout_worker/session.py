@@ -41,7 +41,7 @@ from rlboost.wire.rollout_io import Assignment, Pool, TokenChunk, WorkerRegistra
 from rlboost.wire.rollout_proto import WireError, assignment_from_pb, chunk_to_pb, registration_to_pb
 from rollout_worker import metrics
 from rollout_worker.chunker import Chunker
-from rollout_worker.engine.base import FINISH_ABORT, Engine, MemoryReport
+from rollout_worker.engine.base import FINISH_ABORT, Engine, MemoryReport, RepeatedLog
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,7 @@ class WorkerSession:
         self._deferred_version = 0  # newest version announced while released: synced on resume
         self._memory_lock = asyncio.Lock()
         self._session_token = ""  # from the manager's Registered: proves a reconnect is this worker
+        self._errors = RepeatedLog(log)  # a failure repeated per request logs one line with a count
 
     # ---- public ------------------------------------------------------------------------------
 
@@ -313,7 +314,7 @@ class WorkerSession:
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
         link.chunker.open(rid, a.lease_epoch, a.generated)
-        finished, reason = False, FINISH_ABORT
+        finished, reason, error, invalid_input = False, FINISH_ABORT, "", False
         try:
             async for step in self.engine.generate(a):
                 link.chunker.add(rid, step.token_ids, step.logprobs, monotonic_ms())
@@ -321,12 +322,16 @@ class WorkerSession:
                 metrics.TOKENS.inc(len(step.token_ids))
                 if step.finished:
                     finished, reason = step.finish_reason != FINISH_ABORT, step.finish_reason
+                    error, invalid_input = step.error, step.invalid_input
                 if step.finished or link.chunker.pending_tokens() >= link.chunker.max_tokens:
                     link.flush.set()
-        except Exception:
-            log.exception("generation failed", extra={"request_id": rid})
+        except Exception as err:  # the engine's trouble, not the request's: it goes back to the manager
+            what = f"generation failed: {type(err).__name__}"
+            self._errors.error(what, f"{what}: {err}", exc_info=err, request_id=rid)
         finally:
-            link.chunker.end(rid, finished, reason)
+            if error:  # the manager learns why this request ended here (the engine logged it)
+                metrics.REQUEST_ERRORS.labels("invalid_input" if invalid_input else "failed_alone").inc()
+            link.chunker.end(rid, finished, reason, error, invalid_input)
             if link.tasks.get(rid) is asyncio.current_task():
                 del link.tasks[rid]
             metrics.RUNNING.set(self.engine.running)
