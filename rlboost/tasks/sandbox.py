@@ -83,6 +83,19 @@ class _Process:
 
     def read_reply(self, deadline: float, outgoing: bytearray | None = None) -> dict[str, Any] | None:
         """The next reply line (writing `outgoing` meanwhile); None on timeout, EOF or a broken line."""
+        if b"\n" not in self._buffer:
+            self._fill(deadline, outgoing)
+        if b"\n" not in self._buffer:
+            return None
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            return None
+        return reply if isinstance(reply, dict) else None
+
+    def _fill(self, deadline: float, outgoing: bytearray | None) -> None:
+        """Read until the buffer holds a whole line, the deadline passes or the process ends."""
         with selectors.DefaultSelector() as sel:
             sel.register(self.stdout, selectors.EVENT_READ)
             while b"\n" not in self._buffer:
@@ -90,21 +103,15 @@ class _Process:
                     sel.register(self.stdin, selectors.EVENT_WRITE)
                 left = deadline - time.monotonic()
                 if left <= 0 or len(self._buffer) > _MAX_REPLY_BYTES:
-                    return None
+                    return
                 for key, _ in sel.select(left):
                     if key.fd == self.stdin:
                         if not self._write(outgoing):
                             sel.unregister(self.stdin)
                     elif not (chunk := os.read(self.stdout, 65536)):
-                        return None  # EOF: the process ended
+                        return  # EOF: the process ended
                     else:
                         self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        try:
-            reply = json.loads(line)
-        except ValueError:
-            return None
-        return reply if isinstance(reply, dict) else None
 
     def _write(self, outgoing: bytearray | None) -> bool:
         """Write what the pipe takes; False when nothing is left to write (or the process is gone)."""

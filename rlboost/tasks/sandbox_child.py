@@ -127,16 +127,17 @@ def main() -> None:
     except BaseException as err:  # noqa: BLE001 - reported to the parent, which fails the job clearly
         proto.write(json.dumps({"fail": "load", "detail": "".join(traceback.format_exception_only(err)).strip()}))
         proto.write("\n")
+        proto.flush()
         sys.exit(1)
     sys.addaudithook(_audit)
     proto.write(json.dumps({"ready": True, "netns": netns}) + "\n")
     for line in sys.stdin:
         for text, ex in json.loads(line)["items"]:
             reply = _score(fn, text, Example(**ex), config["cpu_seconds"])
-            proto.write(json.dumps(reply) + "\n")
+            proto.write(json.dumps(reply) + "\n")  # line-buffered: each reply goes out at once, so a hang or a
+            # crash is blamed on the sample that caused it, never on earlier ones still in a buffer
             if "fail" in reply:
                 os._exit(3)  # a failed call may have left the process in any state: the parent starts a new one
-
 
 if __name__ == "__main__":
     main()
