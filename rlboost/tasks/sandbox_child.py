@@ -139,5 +139,6 @@ def main() -> None:
             if "fail" in reply:
                 os._exit(3)  # a failed call may have left the process in any state: the parent starts a new one
 
+
 if __name__ == "__main__":
     main()
