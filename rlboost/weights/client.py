@@ -28,6 +28,7 @@ from pathlib import Path
 
 import aiohttp
 import httpx
+from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from rlboost.wire.weights_io import (
@@ -68,6 +69,14 @@ class PullStats:
     resumed_offsets: list[int] = field(default_factory=list)
     bytes: int = 0
     seconds: float = 0.0
+
+
+_SYNC_PLAN = TypeAdapter(list[Manifest])
+
+
+def parse_sync_plan(body: bytes) -> list[Manifest]:
+    """The manifests of a /sync answer; pydantic's ValidationError for anything but a JSON list of manifests."""
+    return _SYNC_PLAN.validate_json(body)
 
 
 def _raise_for(resp: httpx.Response) -> None:
@@ -162,8 +171,7 @@ class WeightClient:
         params = {k: str(v) for k, v in (("from", from_version), ("to", to_version)) if v is not None}
         if not compact:
             params["compact"] = "0"
-        resp = await self._get("/sync", params=params)
-        return [Manifest.model_validate(m) for m in resp.json()]
+        return parse_sync_plan((await self._get("/sync", params=params)).content)
 
     async def compacted(self, base: int, version: int) -> Manifest:
         """The manifest of the server's compacted base->version delta (built on first request)."""
