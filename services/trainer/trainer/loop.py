@@ -145,9 +145,9 @@ class Trainer:
             await asyncio.to_thread(self._follow)
             return JobDone(ok=True, steps=self.steps_done)
         try:
+            await self._connect_nats()  # first: a reward that cannot start is reported in JobDone
             self.rewards = RewardSandbox(self.spec.task.reward, SandboxLimits.from_task(self.spec.task))
             await asyncio.to_thread(self.rewards.start)
-            await self._connect_nats()
             self.engine = await asyncio.to_thread(self._make_engine)
             await self._train_all()
             await asyncio.to_thread(ranks.broadcast, {"op": "stop"})
