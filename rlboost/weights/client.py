@@ -34,6 +34,7 @@ from pathlib import Path
 
 import aiohttp
 import httpx
+from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from rlboost.weights.signing import ManifestVerifier, WeightsRejectedError
@@ -81,6 +82,14 @@ class PullStats:
     resumed_offsets: list[int] = field(default_factory=list)
     bytes: int = 0
     seconds: float = 0.0
+
+
+_SYNC_PLAN = TypeAdapter(list[Manifest])
+
+
+def parse_sync_plan(body: bytes) -> list[Manifest]:
+    """The manifests of a /sync answer; pydantic's ValidationError for anything but a JSON list of manifests."""
+    return _SYNC_PLAN.validate_json(body)
 
 
 def _raise_for(resp: httpx.Response) -> None:
@@ -184,8 +193,7 @@ class WeightClient:
         params = {k: str(v) for k, v in (("from", from_version), ("to", to_version)) if v is not None}
         if not compact or self.verifier is not None:  # a compacted delta carries no trainer signature
             params["compact"] = "0"
-        resp = await self._get("/sync", params=params)
-        plan = [Manifest.model_validate(m) for m in resp.json()]
+        plan = parse_sync_plan((await self._get("/sync", params=params)).content)
         if self.verifier is not None:
             self.verifier.check_plan(plan, from_version, to_version)
         return plan

@@ -39,6 +39,7 @@ from typing import Any
 
 from rlboost.auth.grpc_auth import ClientAuth
 from rlboost.spec import JobSpec, effective_micro_batch
+from rlboost.tasks.sandbox import RewardSandbox, SandboxLimits
 from rlboost.wire.events import JobDone, StepReport, subject
 from rlboost.wire.rollout_io import PromptItem, RolloutRequest, SamplingParams, Trajectory
 from trainer import metrics, ranks
@@ -92,7 +93,7 @@ class Trainer:
 
     def __init__(self, spec: JobSpec, opts: TrainerOptions) -> None:
         from rlboost.models import decode_response, load_tokenizer, stop_token_ids
-        from rlboost.tasks import load_reward, make_task
+        from rlboost.tasks import make_task
 
         self.spec, self.opts = spec, opts
         if opts.credentials_dir is not None:  # a missing or unusable key fails the start, not the first publish
@@ -104,7 +105,7 @@ class Trainer:
         self._decode = decode_response
         self.stop_ids = tuple(stop_token_ids(self.tokenizer))
         self.task = make_task(spec.task)
-        self.reward_fn = load_reward(spec.task.reward)
+        self.rewards: RewardSandbox | None = None  # rank 0 scores samples in the reward sandbox (see _step)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else (self.stop_ids[0] if self.stop_ids else 0)
         self.engine: Any = None
@@ -151,7 +152,9 @@ class Trainer:
             await asyncio.to_thread(self._follow)
             return JobDone(ok=True, steps=self.steps_done)
         try:
-            await self._connect_nats()
+            await self._connect_nats()  # first: a reward that cannot start is reported in JobDone
+            self.rewards = RewardSandbox(self.spec.task.reward, SandboxLimits.from_task(self.spec.task))
+            await asyncio.to_thread(self.rewards.start)
             self.engine = await asyncio.to_thread(self._make_engine)
             await self._train_all()
             await asyncio.to_thread(ranks.broadcast, {"op": "stop"})
@@ -166,6 +169,8 @@ class Trainer:
                 await self._publish_event("done", JobDone(ok=False, steps=self.steps_done, error=message))
             raise
         finally:
+            if self.rewards is not None:
+                await asyncio.to_thread(self.rewards.close)
             if self._nc is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._nc.drain(), 5)
@@ -315,9 +320,33 @@ class Trainer:
         )  # fmt: skip
         return RolloutRequest(step, self.version, prompts, alg.group_size, sampling), examples
 
-    def _reward(self, ctx: StepContext, traj: Trajectory) -> float:
-        text = self._decode(self.tokenizer, traj.response_ids)
-        return float(self.reward_fn(text, ctx.examples[traj.prompt_index]))
+    async def _score(self, ctx: StepContext, trajs: list[Trajectory]) -> list[float]:
+        """The rewards of a batch of the step's trajectories, from the reward sandbox (a failed call scores 0 and
+        is counted by reason). The trajectories were validated (their prompt_index is the step's)."""
+        assert self.rewards is not None
+        items = [(self._decode(self.tokenizer, t.response_ids), ctx.examples[t.prompt_index]) for t in trajs]
+        results = await asyncio.to_thread(self.rewards.score, items)
+        failed: dict[str, int] = {}
+        for r in results:
+            if r.failure is not None:
+                metrics.REWARD_FAILURES.labels(r.failure).inc()
+                failed[r.failure] = failed.get(r.failure, 0) + 1
+        if failed:
+            detail = next(r.detail for r in results if r.failure is not None)
+            log.warning("reward calls failed: those samples score 0", extra={"step": ctx.step, "failures": failed,
+                        "first": detail, "reward": self.spec.task.reward})  # fmt: skip
+        return [r.value for r in results]
+
+    @staticmethod
+    def _drain(queue: asyncio.Queue[Trajectory | None], first: Trajectory) -> tuple[list[Trajectory], bool]:
+        """`first` and every trajectory already queued (one reward batch); True when the end marker was reached."""
+        batch = [first]
+        while not queue.empty():
+            item = queue.get_nowait()
+            if item is None:
+                return batch, True
+            batch.append(item)
+        return batch, False
 
     def _classify(self, request: RolloutRequest, traj: Trajectory) -> tuple[bool, float]:
         """(stale, loss weight) of a trajectory: on-policy, stale within maxStaleness, or skipped."""
@@ -332,9 +361,7 @@ class Trainer:
         alg = self.spec.algorithm
         request, examples = self._request(step)
         ctx = StepContext(step, examples, [p.token_ids for p in request.prompts])
-        assembler = StepAssembler(
-            step, len(examples), alg.group_size, effective_micro_batch(self.spec), lambda t: self._reward(ctx, t)
-        )
+        assembler = StepAssembler(step, len(examples), alg.group_size, effective_micro_batch(self.spec))
         t0 = time.monotonic()
         queue: asyncio.Queue[Trajectory | None] = asyncio.Queue()
         reader = asyncio.create_task(self._read(rc, request, queue))
@@ -343,15 +370,21 @@ class Trainer:
         finish: dict[str, int] = {}
         pending: list[list[Sample]] = []  # ready micro-batches not yet sent in a round
         stream = self._streaming()
+        ended = False
         try:
-            while (traj := await queue.get()) is not None:
+            while not ended and (first := await queue.get()) is not None:
+                batch, ended = self._drain(queue, first)  # what arrived meanwhile is scored in one batch
                 first_at = first_at if first_at is not None else time.monotonic() - t0
-                is_stale, weight = self._classify(request, traj)
-                stale += is_stale
-                off_policy += weight == 0.0
-                finish[traj.finish_reason or "?"] = finish.get(traj.finish_reason or "?", 0) + 1
-                self._dump(traj)
-                pending += assembler.add(traj, stale=is_stale, weight=weight)
+                for traj in batch:
+                    assembler.validate(traj)
+                rewards = await self._score(ctx, batch)
+                for traj, reward in zip(batch, rewards, strict=True):
+                    is_stale, weight = self._classify(request, traj)
+                    stale += is_stale
+                    off_policy += weight == 0.0
+                    finish[traj.finish_reason or "?"] = finish.get(traj.finish_reason or "?", 0) + 1
+                    self._dump(traj)
+                    pending += assembler.add(traj, reward, stale=is_stale, weight=weight)
                 while stream and len(pending) >= ranks.world_size():
                     await self._train_round(ctx, pending[: ranks.world_size()], assembler.total)
                     pending = pending[ranks.world_size() :]
