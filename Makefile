@@ -54,7 +54,8 @@ test-fast: $(STAMP)
 SGLANG_VENV := .venv-sglang
 test-sglang:
 	bash scripts/setup_sglang_env.sh
-	$(SGLANG_VENV)/bin/python -m pytest -m sglang tests/rollout_worker/test_engine_contract.py tests/rollout_worker/test_colocation_contract.py $(PYTEST_ARGS)
+	$(SGLANG_VENV)/bin/python -m pytest -m sglang tests/rollout_worker/test_engine_contract.py tests/rollout_worker/test_colocation_contract.py \
+		tests/rollout_worker/test_worker_process.py $(PYTEST_ARGS)
 
 run-sglang:
 	bash scripts/setup_sglang_env.sh

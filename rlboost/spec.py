@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Literal, NamedTuple
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+
+from rlboost.reward_registry import check_reward_name
 
 
 class SpecFieldError(ValueError):
@@ -142,10 +144,30 @@ class TaskSpec(SpecModel):
     num_prompts: int = Field(400, ge=1, le=10**7, description="Size of the prompt set generated from the seed.")
     seed: int = Field(1234, ge=0, description="Seed of the prompt set and its order.")
     reward: str = Field(
-        "rlboost.tasks.rewards:exact_match",
-        description="Reward function as 'module:function' (pluggable entry point). Built-ins in rlboost.tasks.rewards: "
-        "exact_match, format_reward, math_answer (the final answer, compared as a number: 3/4 == 0.75).",
+        "exact_match",
+        max_length=128,
+        description="Reward function: the name of an entry point in the group 'rlboost.rewards' (a package registers "
+        "its own in pyproject.toml). Built-ins: exact_match, format_reward, math_answer (the final answer, compared "
+        "as a number: 3/4 == 0.75). It runs confined: a separate process with the limits below, no network, no exec.",
     )
+    reward_timeout_seconds: float = Field(
+        10.0, gt=0, le=3600, description="Wall time one reward call may take; past it the sample's reward is 0."
+    )
+    reward_cpu_seconds: int = Field(
+        10, ge=1, le=3600, description="CPU seconds one reward call may use (RLIMIT_CPU); past it the reward is 0."
+    )
+    reward_memory_mib: int = Field(
+        1024, ge=64, le=1 << 20, description="Address space of a reward process (RLIMIT_AS), MiB; a hog's reward is 0."
+    )
+    reward_processes: int = Field(
+        2, ge=1, le=64, description="Long-lived reward sandbox processes; a step's samples are scored in batches."
+    )
+
+    @field_validator("reward")
+    @classmethod
+    def _registered_reward(cls, name: str) -> str:
+        check_reward_name(name)  # RewardNameError (a ValueError): names task.reward, the choices and the fix
+        return name
 
 
 class AlgorithmSpec(SpecModel):
@@ -447,6 +469,8 @@ def spec_problems(err: ValidationError) -> list[SpecProblem]:
         cause = (e.get("ctx") or {}).get("error")
         if isinstance(cause, SpecFieldError):
             problems.append(SpecProblem(".".join([*path, cause.path]), str(cause)))
+        elif isinstance(cause, ValueError):  # a field validator's own message, without pydantic's "Value error, "
+            problems.append(SpecProblem(".".join(path), str(cause)))
         else:
             problems.append(SpecProblem(".".join(path), e["msg"]))
     return problems

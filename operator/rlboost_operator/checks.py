@@ -1,7 +1,7 @@
 """Pure validation of an RLJob spec beyond its schema: what the API server cannot check.
 
 `check_job(spec_dict, settings)` returns a JobSpec or raises SpecProblemError naming the field.
-The reward module is located without being imported (no heavy imports in the operator).
+The reward's entry point and module are located without being imported (no heavy imports in the operator).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import importlib.machinery
 import importlib.util
 from pathlib import Path
 
+from rlboost.reward_registry import RewardNameError, check_reward_name
 from rlboost.spec import JobSpec, JobSpecError, parse_job_spec
 from rlboost_operator.config import OperatorSettings
 
@@ -52,17 +53,21 @@ def _defines(origin: str, name: str) -> bool:
     return False
 
 
-def check_reward(entry: str) -> None:
-    module, sep, func = entry.partition(":")
-    if not sep or not module or not func:
-        raise SpecProblemError(
-            "task.reward", f"task.reward {entry!r} must be 'module:function', e.g. 'rlboost.tasks.rewards:exact_match'"
-        )
+def check_reward(name: str) -> None:
+    """`task.reward` names a registered entry point whose module is installed and defines the function (found in
+    package metadata and by parsing its source: nothing of the reward is imported or run in the operator)."""
+    try:
+        target = check_reward_name(name)
+    except RewardNameError as err:
+        raise SpecProblemError("task.reward", str(err)) from None
+    module, _, func = target.partition(":")
     origin = _module_origin(module)
     if origin is None:
-        raise SpecProblemError("task.reward", f"task.reward: module {module!r} is not installed in the job's images")
-    if origin != "namespace" and not _defines(origin, func):
-        raise SpecProblemError("task.reward", f"task.reward: module {module!r} defines no function {func!r}")
+        raise SpecProblemError(
+            "task.reward", f"task.reward {name!r}: its module {module!r} is not installed in the job's images"
+        )
+    if origin != "namespace" and not _defines(origin, func.split(".")[0]):
+        raise SpecProblemError("task.reward", f"task.reward {name!r}: module {module!r} defines no {func!r}")
 
 
 def check_job(data: object, settings: OperatorSettings) -> JobSpec:

@@ -6,6 +6,7 @@ reserved price, ready spot workers x gpusPerWorker at the spot price. CPU-only j
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -90,6 +91,12 @@ def cost_efficiency(tokens_per_second: float, rate_per_hour: float) -> float:
     return tokens_per_second * 3600.0 / rate_per_hour
 
 
+def _json_number(value: float, digits: int) -> float | None:
+    """Rounded, or None (the merge patch drops the field) when not finite: the API server takes strict JSON only,
+    and a StepReport may carry a NaN reward (values computed from the model are reported, not rejected)."""
+    return round(value, digits) if math.isfinite(value) else None
+
+
 def step_status(
     report: StepReport,
     spec: JobSpec,
@@ -114,12 +121,12 @@ def step_status(
         "phase": phase,
         "step": report.step,
         "weightVersion": report.weight_version,
-        "rewardMean": round(report.reward_mean, 6),
-        "tokensPerSecond": round(tps, 3),
+        "rewardMean": _json_number(report.reward_mean, 6),
+        "tokensPerSecond": _json_number(tps, 3),
         "workers": {**dict(previous.get("workers") or {}), "reserved": reserved, "spot": spot},
-        "costPerHour": round(rate, 6),
-        "costSoFar": round(so_far, 6),
-        "costEfficiency": round(cost_efficiency(tps, rate), 3),
+        "costPerHour": _json_number(rate, 6),
+        "costSoFar": _json_number(so_far, 6),
+        "costEfficiency": _json_number(cost_efficiency(tps, rate), 3),
         "updatedAt": now_iso(now),
         "conditions": set_condition(
             previous.get("conditions"),

@@ -111,6 +111,20 @@ class LocalPlan:
                     token_file=str(self.token_file), credentials_dir=str(self.credentials_dir),
                     log_level=o.log_level)  # fmt: skip
 
+    @property
+    def endpoints_file(self) -> Path:
+        return self.options.run_dir / "endpoints.json"
+
+    def endpoints(self) -> dict[str, object]:
+        """Where the run's services listen (endpoints.json): clients need the credentials directory's tokens.
+        Metrics (/metrics, /healthz; unauthenticated, for Prometheus) by child name; the weight-server serves
+        them on its own port."""
+        metrics = {"rollout-manager": self.manager_metrics_port, "trainer": self.trainer_metrics_port,
+                   "weight-server": self.weight_server_port}  # fmt: skip
+        metrics |= {c.name: c.ready_port for c in self.children if c.role == "rollout-worker"}
+        return {"manager": self.manager_address, "weight_server": self.weight_server_url, "nats": self.nats_url,
+                "credentials": str(self.credentials_dir), "metrics_ports": metrics}  # fmt: skip
+
     def worker(self, worker_id: str, pool: str) -> ChildPlan:
         """A rollout-worker child (also used to start spot workers later, with a fresh metrics port)."""
         metrics_port = self.port_fn()

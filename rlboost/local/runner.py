@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -66,6 +67,13 @@ def prepare_run_dir(spec: JobSpec, plan: LocalPlan) -> None:
         f.write(secrets.token_hex(32) + "\n")
     os.chmod(plan.token_file, 0o600)  # also when the file already existed
     ensure_credentials(plan.credentials_dir)
+
+
+def write_endpoints(plan: LocalPlan) -> None:
+    """`<run dir>/endpoints.json` while the run lasts: where each service listens, for an operator or a test."""
+    tmp = plan.endpoints_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(plan.endpoints(), indent=2) + "\n")
+    tmp.replace(plan.endpoints_file)
 
 
 def ensure_credentials(directory: Path) -> None:
@@ -236,13 +244,13 @@ class Run:
         await self.nc.subscribe(subject(o.namespace, o.job, "done"), cb=self._on_done)
 
     def _connect_manager(self) -> None:
-        import grpc
-
+        from rlboost.auth.grpc_auth import ClientAuth
         from rlboost.rollout.v1 import rollout_pb2_grpc
 
         # Short reconnect backoff: the status poll should see a restarted manager within a second.
         options = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000)]
-        self.channel = grpc.aio.insecure_channel(self.plan.manager_address, options=options)
+        auth = ClientAuth.for_role(self.plan.credentials_dir, "observer")  # status reads: the observer token
+        self.channel = auth.aio_channel(self.plan.manager_address, options=options)
         self.stub = rollout_pb2_grpc.RolloutManagerStub(self.channel)
 
     # ---- events ----
@@ -422,6 +430,7 @@ def run_local(spec: JobSpec, options: LocalOptions, console: Console, json_repor
     n_spot = initial_spot_workers(spec, first_count)
     plan = build_plan(spec, options, free_port, nats_server_binary(), spot_workers=n_spot)
     prepare_run_dir(spec, plan)
+    write_endpoints(plan)
     console.print(f"run directory: {options.run_dir}  (logs in {plan.log_dir})")
     previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     sup = Supervisor(plan.log_dir)
@@ -447,6 +456,7 @@ def run_local(spec: JobSpec, options: LocalOptions, console: Console, json_repor
         if code:
             console.print(f"[bold red]rlboost local: {error}[/]; stopping every child", highlight=False)
         sup.shutdown(SHUTDOWN_GRACE_S)
+        plan.endpoints_file.unlink(missing_ok=True)  # it says where a running job listens
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     report = build_report(run, status, time.monotonic() - started)

@@ -1,7 +1,8 @@
-"""Reward functions `(response_text, example) -> float` and the loader of `task.reward` entry points.
+"""The built-in reward functions `(response_text, example) -> float`.
 
-A reward is any importable callable named as 'module:function' in the job spec (field `task.reward`).
-Built-ins: `exact_match` (the answer, nothing else), `format_reward` (just an integer) and `math_answer`.
+A job names its reward in `task.reward` by entry point name (group `rlboost.rewards`, see rlboost.reward_registry);
+these are registered there as `exact_match` (the answer, nothing else), `format_reward` (just an integer) and
+`math_answer`. Rewards run in the reward sandbox (rlboost.tasks.sandbox), never in the trainer's process.
 
 `math_answer` verifies free-form solutions. The final answer is taken from, in order of precedence: the last
 `\\boxed{...}` (or `\\fbox{...}`), the text after the last `####`, the text after the last "answer is" /
@@ -16,7 +17,6 @@ characters of a response are read.
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable
 from fractions import Fraction
@@ -28,10 +28,6 @@ RewardFn = Callable[[str, Example], float]
 # End-of-turn markers a decoder may leave in the text; everything from the first one on is ignored.
 _END_MARKERS = ("<|im_end|>", "<|endoftext|>")
 _INTEGER = re.compile(r"-?\d+")
-
-
-class RewardLoadError(ValueError):
-    """`task.reward` names nothing callable; the message says what is wrong and how to fix it."""
 
 
 def _final_text(response_text: str) -> str:
@@ -163,28 +159,3 @@ def math_answer(response_text: str, example: Example) -> float:
         numbers = list(_IN_TEXT.finditer(candidate))
         got = parse_number(numbers[-1].group(0)) if numbers else None
     return 1.0 if got is not None and got == target else 0.0
-
-
-def load_reward(entry: str) -> RewardFn:
-    """Resolve 'module:function' to a callable, or raise RewardLoadError naming `task.reward`."""
-    module_name, sep, attr = entry.partition(":")
-    if not sep or not module_name or not attr:
-        raise RewardLoadError(
-            f"task.reward {entry!r} must be 'module:function', e.g. 'rlboost.tasks.rewards:exact_match'"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise RewardLoadError(
-            f"task.reward {entry!r}: cannot import module {module_name!r} ({err}); check the module path"
-        ) from None
-    fn = module
-    for part in attr.split("."):
-        if not hasattr(fn, part):
-            raise RewardLoadError(f"task.reward {entry!r}: module {module_name!r} has no attribute {attr!r}")
-        fn = getattr(fn, part)
-    if not callable(fn):
-        raise RewardLoadError(
-            f"task.reward {entry!r}: {attr!r} is a {type(fn).__name__}, not a function (response_text, example) -> float"
-        )
-    return fn

@@ -6,6 +6,11 @@
         await wc.upload_asset("config.json", text)  # the model's config, tokenizer... (before version 0)
         await wc.pull_assets(model_dir)    # every asset, sha256 verified, each written atomically
 
+With a `verifier` (rlboost.weights.signing.ManifestVerifier: the job's public key) every manifest a pull or a
+sync plan brings is checked against the trainer's signature before a byte is fetched, sync plans leave out the
+server-composed compacted deltas, and a chunk that never matches its signed sha256 is refused
+(WeightsRejectedError); uploads carry the trainer's signature when given one.
+
 A pull fetches the manifest's chunks over `streams` concurrent `Range` requests. A chunk whose
 connection drops is retried with exponential backoff (bounded), resuming from the bytes of that
 chunk already received; a chunk whose sha256 does not match is fetched again from its start.
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -28,14 +34,18 @@ from pathlib import Path
 
 import aiohttp
 import httpx
+from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from rlboost.weights.signing import ManifestVerifier, WeightsRejectedError
 from rlboost.wire.weights_io import (
     API_PREFIX,
     HEADER_BASE_VERSION,
     HEADER_CHECKSUM,
+    HEADER_CHUNK_BYTES,
     HEADER_FORMAT,
     HEADER_KIND,
+    HEADER_SIGNATURE,
     AssetInfo,
     AssetList,
     ChunkInfo,
@@ -59,6 +69,10 @@ class _RetryableError(Exception):
     """A chunk fetch that failed in a way worth retrying (connection drop, short read, bad sha256)."""
 
 
+class _ChunkMismatchError(_RetryableError):
+    """A chunk whose bytes arrived whole but do not match the manifest's sha256."""
+
+
 @dataclass
 class PullStats:
     """What the last pull did: requests sent, retries, and the offsets retries resumed from."""
@@ -68,6 +82,14 @@ class PullStats:
     resumed_offsets: list[int] = field(default_factory=list)
     bytes: int = 0
     seconds: float = 0.0
+
+
+_SYNC_PLAN = TypeAdapter(list[Manifest])
+
+
+def parse_sync_plan(body: bytes) -> list[Manifest]:
+    """The manifests of a /sync answer; pydantic's ValidationError for anything but a JSON list of manifests."""
+    return _SYNC_PLAN.validate_json(body)
 
 
 def _raise_for(resp: httpx.Response) -> None:
@@ -97,20 +119,27 @@ class WeightClient:
         timeout: float = 60.0,
         retries: int = 6,
         backoff_max: float = 2.0,
+        ca: bytes | None = None,
+        verifier: ManifestVerifier | None = None,
     ) -> None:
+        """`token`: sent as `Authorization: Bearer` on every request (reads and uploads); `ca`: the job CA's PEM,
+        which an https server's certificate must chain to (None: the system's trust store)."""
         if streams < 1:
             raise ValueError(f"streams must be >= 1, got {streams}")
         self.streams, self.retries, self.backoff_max = streams, retries, backoff_max
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._base_url, self._headers, self._timeout = base_url.rstrip("/"), headers, timeout
+        self._tls = ssl.create_default_context(cadata=ca.decode()) if ca else None
         self._bulk_http: aiohttp.ClientSession | None = None  # payload bytes; made on first use, in the event loop
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=headers,
+            verify=self._tls if self._tls is not None else True,
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
             limits=httpx.Limits(max_connections=streams + 2, max_keepalive_connections=streams + 2),
         )
         self.last_pull = PullStats()
+        self.verifier = verifier  # None: manifests are taken as served (no job credentials)
 
     async def __aenter__(self) -> WeightClient:
         return self
@@ -127,7 +156,9 @@ class WeightClient:
         if self._bulk_http is None:
             self._bulk_http = aiohttp.ClientSession(
                 headers=self._headers,
-                connector=aiohttp.TCPConnector(limit=self.streams + 2),
+                connector=aiohttp.TCPConnector(
+                    limit=self.streams + 2, ssl=self._tls if self._tls is not None else True
+                ),
                 timeout=aiohttp.ClientTimeout(connect=min(self._timeout, 10.0), sock_read=self._timeout),
                 auto_decompress=False,  # payload bytes are hashed as sent
             )
@@ -160,10 +191,12 @@ class WeightClient:
         and the full snapshot + deltas; a manifest's `sync_path` says which kind of payload it is.
         """
         params = {k: str(v) for k, v in (("from", from_version), ("to", to_version)) if v is not None}
-        if not compact:
+        if not compact or self.verifier is not None:  # a compacted delta carries no trainer signature
             params["compact"] = "0"
-        resp = await self._get("/sync", params=params)
-        return [Manifest.model_validate(m) for m in resp.json()]
+        plan = parse_sync_plan((await self._get("/sync", params=params)).content)
+        if self.verifier is not None:
+            self.verifier.check_plan(plan, from_version, to_version)
+        return plan
 
     async def compacted(self, base: int, version: int) -> Manifest:
         """The manifest of the server's compacted base->version delta (built on first request)."""
@@ -188,6 +221,8 @@ class WeightClient:
         """The payload of a version, fetched in chunks over `streams` connections and verified. A bytearray, not
         a copy of it as bytes: a snapshot is the size of the model (delta apply and safetensors take either)."""
         m = version if isinstance(version, Manifest) else await self.manifest(version)
+        if self.verifier is not None:  # before a byte is fetched; the chunks' sha256s are then signed ones
+            self.verifier.check(m, None if isinstance(version, Manifest) else version)
         started = time.monotonic()
         self.last_pull = stats = PullStats()
         buf = bytearray(m.total_bytes)
@@ -197,7 +232,8 @@ class WeightClient:
         if not _chunks_tile(m):  # then every byte was checked by its chunk's sha256; else check the whole
             whole = await asyncio.to_thread(lambda: hashlib.sha256(buf).hexdigest())
             if whole != m.sha256:
-                raise WeightServerError(0, f"version {m.version}: payload sha256 does not match its manifest")
+                message = f"version {m.version}: payload sha256 does not match its manifest"
+                raise WeightsRejectedError("payload", message) if self.verifier else WeightServerError(0, message)
         stats.bytes, stats.seconds = len(buf), time.monotonic() - started
         return buf
 
@@ -226,12 +262,14 @@ class WeightClient:
                     # Off the event loop (hashlib releases the GIL): the streams keep reading meanwhile.
                     if await asyncio.to_thread(lambda v=view: hashlib.sha256(v).hexdigest()) != chunk.sha256:
                         held[0] = 0
-                        raise _RetryableError(f"chunk {chunk.index} sha256 mismatch")
+                        raise _ChunkMismatchError(f"chunk {chunk.index} sha256 mismatch")
         except _RetryableError as err:
-            raise WeightServerError(
-                0,
-                f"version {m.version} ({m.sync_path}) chunk {chunk.index}: gave up after {self.retries} tries ({err})",
-            ) from None
+            message = (
+                f"version {m.version} ({m.sync_path}) chunk {chunk.index}: gave up after {self.retries} tries ({err})"
+            )
+            if self.verifier is not None and isinstance(err, _ChunkMismatchError):
+                raise WeightsRejectedError("payload", f"{message}: not the bytes the trainer signed") from None
+            raise WeightServerError(0, message) from None
 
     async def _fetch_from(
         self, m: Manifest, chunk: ChunkInfo, buf: bytearray, held: list[int], stats: PullStats
@@ -268,9 +306,16 @@ class WeightClient:
         checksum: str = "",
         base_version: int | None = None,
         fmt: str | None = None,
+        signature: str | None = None,
+        chunk_bytes: int | None = None,
     ) -> Manifest:
-        """PUT a version (bytes, or a file path streamed from disk); returns the server's manifest."""
+        """PUT a version (bytes, or a file path streamed from disk); returns the server's manifest. A `signature`
+        (rlboost.weights.signing.ManifestSigner) is of the manifest computed with `chunk_bytes` chunks."""
         headers = {HEADER_KIND: kind, HEADER_CHECKSUM: checksum}
+        if signature:
+            headers[HEADER_SIGNATURE] = signature
+        if chunk_bytes is not None:
+            headers[HEADER_CHUNK_BYTES] = str(chunk_bytes)
         if base_version is not None:
             headers[HEADER_BASE_VERSION] = str(base_version)
         if fmt:

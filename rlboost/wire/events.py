@@ -5,7 +5,7 @@ Subjects are per job: `rlboost.<namespace>.<job>.<topic>`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,9 +18,9 @@ def subject(namespace: str, job: str, topic: str) -> str:
 class WeightsAnnounced(BaseModel):
     """topic `weights`: a new version is on the weight-server."""
 
-    version: int
+    version: int = Field(ge=0)
     checksum: str
-    kind: str = Field(description="'full' or 'delta'.")
+    kind: Literal["full", "delta"] = Field(description="'full' or 'delta'.")
 
 
 class PreemptionNotice(BaseModel):
@@ -29,7 +29,9 @@ class PreemptionNotice(BaseModel):
     node: str = ""
     workers: list[str] = Field(default_factory=list, description="Worker ids (pod names) on that node.")
     reason: str = ""
-    deadline_s: float = Field(30.0, description="Seconds until the node is expected to vanish.")
+    deadline_s: float = Field(
+        30.0, ge=0, allow_inf_nan=False, description="Seconds until the node is expected to vanish."
+    )
 
 
 GAUGE_KEY = "gauge"  # json_schema_extra key of a StepReport field exported as a trainer gauge
@@ -111,7 +113,7 @@ class JobDone(BaseModel):
     """topic `done`: the trainer finished all steps (or failed)."""
 
     ok: bool
-    steps: int
+    steps: int = Field(ge=0)
     final_weights_checksum: str = ""
     error: str = ""
 
@@ -127,20 +129,20 @@ class ColocationCommand(BaseModel):
     `resume` after the step trained and its weights were published: take the memory back, ack, then sync to
     the newest announced weight version before taking work again."""
 
-    step: int = Field(description="Trainer step the command belongs to.")
+    step: int = Field(ge=0, description="Trainer step the command belongs to.")
     action: str = Field(description="'release' or 'resume'.")
-    weight_version: int = Field(0, description="Weight version published last (resume: the step's new version).")
+    weight_version: int = Field(0, ge=0, description="Weight version published last (resume: the step's new version).")
 
 
 class ColocationAck(BaseModel):
     """topic `colocation-acks` (worker -> trainer): one per worker and command."""
 
-    step: int = Field(description="Step of the command acknowledged.")
+    step: int = Field(ge=0, description="Step of the command acknowledged.")
     action: str = Field(description="'release' or 'resume'.")
     worker_id: str = Field(description="The acknowledging worker.")
     ok: bool = Field(True, description="False: the engine could not release/resume; `error` says why.")
     error: str = Field("", description="Why it failed (empty when ok).")
     released: bool = Field(description="Whether the engine's memory is released after the command.")
-    nbytes: int = Field(0, description="Engine bytes freed (release) or allocated again (resume).")
-    seconds: float = Field(0.0, description="Time the engine took.")
-    weight_version: int = Field(0, description="Weight version the engine holds.")
+    nbytes: int = Field(0, ge=0, description="Engine bytes freed (release) or allocated again (resume).")
+    seconds: float = Field(0.0, ge=0, allow_inf_nan=False, description="Time the engine took.")
+    weight_version: int = Field(0, ge=0, description="Weight version the engine holds.")

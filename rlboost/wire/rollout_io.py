@@ -69,6 +69,8 @@ class TokenChunk:
     logprobs: list[float]  # one per token
     finished: bool = False
     finish_reason: str = ""  # "stop" | "length" | "abort"
+    error: str = ""  # the request failed on the worker by itself (last chunk, "abort"): the cause, one line
+    invalid_input: bool = False  # with `error`: its input is refused (every worker of this model would refuse it)
 
 
 @dataclass

@@ -5,6 +5,9 @@ Only services' transport code imports this; their logic works on `rollout_io` ty
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.spec import MAX_WORKER_CAPACITY
 from rlboost.wire.rollout_io import (
@@ -62,14 +65,25 @@ def sampling_to_pb(s: SamplingParams) -> pb.SamplingParams:
     )
 
 
+def _no_negative_ids(ids: Sequence[int], what: str) -> None:
+    if ids and min(ids) < 0:
+        raise WireError(f"{what}: token ids must be >= 0, got {min(ids)}")
+
+
 def sampling_from_pb(m: pb.SamplingParams) -> SamplingParams:
-    if m.temperature < 0:
-        raise WireError(f"sampling.temperature: must be >= 0, got {m.temperature}")
+    if not (m.temperature >= 0 and math.isfinite(m.temperature)):  # `not >=` also refuses NaN
+        raise WireError(f"sampling.temperature: must be a finite number >= 0, got {m.temperature}")
+    top_p = m.top_p or 1.0  # 0: unset
+    if not 0 < top_p <= 1:
+        raise WireError(f"sampling.top_p: must be in (0, 1] (0 = off), got {m.top_p}")
+    if m.top_k < 0:
+        raise WireError(f"sampling.top_k: must be >= 0 (0 = off), got {m.top_k}")
     if m.max_new_tokens <= 0:
         raise WireError(f"sampling.max_new_tokens: must be > 0, got {m.max_new_tokens}")
+    _no_negative_ids(m.stop_token_ids, "sampling.stop_token_ids")
     return SamplingParams(
         temperature=m.temperature,
-        top_p=m.top_p or 1.0,
+        top_p=top_p,
         top_k=m.top_k,
         max_new_tokens=m.max_new_tokens,
         seed=m.seed,
@@ -136,6 +150,8 @@ def chunk_to_pb(c: TokenChunk) -> pb.TokenChunk:
         logprobs=c.logprobs,
         finished=c.finished,
         finish_reason=c.finish_reason,
+        error=c.error,
+        invalid_input=c.invalid_input,
     )
 
 
@@ -147,7 +163,13 @@ def chunk_from_pb(m: pb.TokenChunk) -> TokenChunk:
         raise WireError(f"chunk.logprobs: {len(logprobs)} values for {len(token_ids)} tokens")
     if offset < 0:
         raise WireError(f"chunk.offset: must be >= 0, got {offset}")
-    return TokenChunk(m.request_id, m.lease_epoch, offset, token_ids, logprobs, m.finished, m.finish_reason)
+    _no_negative_ids(token_ids, "chunk.token_ids")
+    if not math.isfinite(sum(logprobs)):  # one sum in C: NaN or an infinity anywhere makes it non-finite
+        raise WireError("chunk.logprobs: every log-probability must be finite")
+    chunk = TokenChunk(m.request_id, m.lease_epoch, offset, token_ids, logprobs, m.finished, m.finish_reason)
+    if m.finish_reason == "abort":  # only a last, aborted chunk carries an error: no extra reads on the hot path
+        chunk.error, chunk.invalid_input = m.error, m.invalid_input
+    return chunk
 
 
 def rollout_request_to_pb(r: RolloutRequest) -> pb.RolloutRequest:
@@ -166,6 +188,8 @@ def rollout_request_from_pb(m: pb.RolloutRequest) -> RolloutRequest:
         raise WireError(f"rollout.group_size: must be > 0, got {m.group_size}")
     if any(not p.token_ids for p in m.prompts):
         raise WireError("rollout.prompts: every prompt needs at least one token")
+    for p in m.prompts:
+        _no_negative_ids(p.token_ids, f"rollout.prompts[{p.prompt_index}].token_ids")
     if m.vocab_size < 0:
         raise WireError(f"rollout.vocab_size: must be >= 0 (0 = unchecked), got {m.vocab_size}")
     return RolloutRequest(

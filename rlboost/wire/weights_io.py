@@ -12,6 +12,7 @@ Routes (all under the weight-server's base URL):
   PUT  /v1/versions/{v}                 <- payload bytes; headers below; needs `Authorization: Bearer <token>`.
                                            A second PUT of a held version in the other kind, with the same
                                            checksum, adds that payload beside the first (a companion).
+                                           With X-Rlboost-Signature the manifest keeps the trainer's signature.
   GET  /v1/assets                       -> AssetList: the model's non-weight files (config.json, tokenizer, chat
                                            template...), with sizes and sha256s
   GET  /v1/assets/{name}                -> one asset's bytes (ETag: its sha256)
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 API_PREFIX = "/v1"
 # Upload headers (PUT /v1/versions/{v}).
@@ -33,6 +34,12 @@ HEADER_KIND = "X-Rlboost-Kind"  # "full" | "delta"
 HEADER_BASE_VERSION = "X-Rlboost-Base-Version"  # for deltas
 HEADER_CHECKSUM = "X-Rlboost-Checksum"  # checksum of the whole parameter state at this version
 HEADER_FORMAT = "X-Rlboost-Format"  # "safetensors" | "rlboost-delta"
+# Signed uploads (rlboost.weights.signing): the trainer's Ed25519 signature of the manifest it computed, and the
+# chunk size it computed the manifest's chunks with (the server chunks the payload the same way).
+HEADER_SIGNATURE = "X-Rlboost-Signature"  # base64 of the 64-byte signature
+HEADER_CHUNK_BYTES = "X-Rlboost-Chunk-Bytes"
+SIGNATURE_PATTERN = r"^[A-Za-z0-9+/]{86}==$"  # base64 of 64 bytes
+MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 4096, 1 << 30
 
 # Model assets: bounds the weight-server enforces (the largest real tokenizer.json files are ~35 MB).
 ASSET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # a plain file name: no directory, no '..'
@@ -41,22 +48,26 @@ MAX_ASSETS = 64
 MAX_ASSETS_TOTAL_BYTES = 256 << 20
 
 
+SHA256_HEX = r"^[0-9a-f]{64}$"
+MAX_PAYLOAD_BYTES = 1 << 42  # 4 TiB: no model's state is larger; a manifest saying more is not believed
+
+
 class ChunkInfo(BaseModel):
-    index: int = Field(description="Chunk number, from 0.")
-    offset: int = Field(description="Byte offset in the payload.")
-    length: int = Field(description="Byte length.")
-    sha256: str = Field(description="Hex SHA-256 of the chunk's bytes.")
+    index: int = Field(ge=0, description="Chunk number, from 0.")
+    offset: int = Field(ge=0, le=MAX_PAYLOAD_BYTES, description="Byte offset in the payload.")
+    length: int = Field(ge=0, le=MAX_PAYLOAD_BYTES, description="Byte length.")
+    sha256: str = Field(pattern=SHA256_HEX, description="Hex SHA-256 of the chunk's bytes.")
 
 
 class Manifest(BaseModel):
-    version: int = Field(description="Weight version this payload produces.")
+    version: int = Field(ge=0, description="Weight version this payload produces.")
     kind: Literal["full", "delta"] = Field(description="A full snapshot or a delta from base_version.")
-    base_version: int | None = Field(None, description="For deltas: the version it applies to.")
+    base_version: int | None = Field(None, ge=0, description="For deltas: the version it applies to.")
     format: str = Field("safetensors", description="'safetensors' (full) or 'rlboost-delta'.")
     checksum: str = Field(description="Checksum of the whole parameter state at `version` (rlboost.weights.checksum).")
-    total_bytes: int = Field(description="Payload size.")
-    sha256: str = Field(description="Hex SHA-256 of the whole payload.")
-    chunk_bytes: int = Field(description="Chunk size (the last chunk may be shorter).")
+    total_bytes: int = Field(ge=0, le=MAX_PAYLOAD_BYTES, description="Payload size.")
+    sha256: str = Field(pattern=SHA256_HEX, description="Hex SHA-256 of the whole payload.")
+    chunk_bytes: int = Field(ge=0, le=MAX_PAYLOAD_BYTES, description="Chunk size (the last chunk may be shorter).")
     chunks: list[ChunkInfo] = Field(default_factory=list, description="Chunks, in order.")
     created_at: float = Field(0.0, description="Unix time of the upload.")
     compacted: bool = Field(
@@ -71,6 +82,23 @@ class Manifest(BaseModel):
         "stored beside a periodic full snapshot; same checksum); its payload is at "
         "/v1/versions/{version}/{kind}/payload.",
     )
+    signature: str | None = Field(
+        None,
+        description="The trainer's Ed25519 signature (base64) of this manifest's canonical encoding "
+        "(rlboost.weights.signing), stored and served as uploaded; null when unsigned (no job credentials, or a "
+        "compacted delta, which the server composes and cannot sign). Not validated here: a worker refuses a "
+        "malformed one as a bad signature.",
+    )
+
+    @model_validator(mode="after")
+    def _chunks_inside(self) -> Manifest:
+        """A chunk past the payload's end would make a client write outside the buffer it allocated."""
+        for c in self.chunks:
+            if c.offset + c.length > self.total_bytes:
+                raise ValueError(
+                    f"chunks[{c.index}]: bytes {c.offset}..{c.offset + c.length} lie past total_bytes {self.total_bytes}"
+                )
+        return self
 
     @property
     def payload_path(self) -> str:

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlboost.spec import TaskSpec
-from rlboost.tasks import Example, RewardLoadError, load_reward, make_task
+from rlboost.tasks import Example, make_task
 from rlboost.tasks.rewards import exact_match, format_reward, math_answer, parse_number
 
 
@@ -88,27 +88,6 @@ def test_exact_match(text: str, expected: float) -> None:
 )
 def test_format_reward(text: str, expected: float) -> None:
     assert format_reward(text, Example("What is 5+7?", "12")) == expected
-
-
-def test_load_reward_resolves_builtins() -> None:
-    assert load_reward("rlboost.tasks.rewards:exact_match") is exact_match
-    assert load_reward(TaskSpec().reward)("3", Example("What is 1+2?", "3")) == 1.0
-
-
-@pytest.mark.parametrize(
-    ("entry", "message"),
-    [
-        ("rlboost.tasks.rewards", "must be 'module:function'"),
-        (":exact_match", "must be 'module:function'"),
-        ("no_such_module_xyz:fn", "cannot import module 'no_such_module_xyz'"),
-        ("rlboost.tasks.rewards:nope", "has no attribute 'nope'"),
-        ("rlboost.tasks.rewards:_END_MARKERS", "not a function"),
-    ],
-)
-def test_load_reward_errors_name_the_field(entry: str, message: str) -> None:
-    with pytest.raises(RewardLoadError, match="task.reward") as err:
-        load_reward(entry)
-    assert message in str(err.value)
 
 
 @pytest.mark.parametrize(

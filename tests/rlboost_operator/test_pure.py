@@ -178,7 +178,7 @@ def test_checks_name_the_field():
         ({"rollout": {"spot": {"minReplicas": 3, "maxReplicas": 1}}}, "rollout.spot.minReplicas"),
         ({"trainer": {"ranks": 3}}, "trainer.ranks"),  # a cross-field rule names the field it is about
         ({"task": {"reward": "rlboost.tasks.rewards:no_such_function"}}, "task.reward"),
-        ({"task": {"reward": "not-a-reference"}}, "task.reward"),
+        ({"task": {"reward": "not-a-registered-reward"}}, "task.reward"),
         ({"algorithm": {"groupSize": 1}}, "algorithm.groupSize"),
     ]
     for data, field in cases:
@@ -191,7 +191,7 @@ def test_reward_check_imports_nothing():
     import sys
 
     sys.modules.pop("rlboost.tasks.rewards", None)
-    check_reward("rlboost.tasks.rewards:exact_match")
+    check_reward("exact_match")
     assert "rlboost.tasks.rewards" not in sys.modules
 
 

@@ -7,6 +7,7 @@ import contextlib
 
 import grpc
 
+from rlboost.auth.grpc_auth import ClientAuth
 from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.rollout.v1 import rollout_pb2_grpc as pb_grpc
 
@@ -26,8 +27,10 @@ class WorkerClient:
         capacity: int = 4,
         version: int = 0,
         heartbeats: bool = True,
+        auth: ClientAuth | None = None,
     ) -> None:
-        self.target, self.worker_id = target, worker_id
+        """`auth`: the token and CA it presents (None: none, for a manager run without credentials)."""
+        self.target, self.worker_id, self.auth = target, worker_id, auth or ClientAuth()
         self.register = pb.Register(
             worker_id=worker_id, pool=pool, node=node, capacity=capacity, weight_version=version, engine="torch"
         )
@@ -39,7 +42,7 @@ class WorkerClient:
         self._hb_task: asyncio.Task | None = None
 
     async def connect(self, first: pb.WorkerMessage | None = None) -> WorkerClient:
-        self.channel = grpc.aio.insecure_channel(self.target)
+        self.channel = self.auth.aio_channel(self.target)
         self.call = pb_grpc.RolloutManagerStub(self.channel).Connect(self._requests())
         self.send(first or pb.WorkerMessage(register=self.register))
         if first is None:

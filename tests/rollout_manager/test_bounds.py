@@ -69,8 +69,9 @@ async def make_manager():
 @pytest.mark.parametrize(
     ("tokens", "logprobs", "problem"),
     [
-        ([-5, 2147483647, 0], [-0.1, -0.1, -0.1], "token_id"),
-        ([1, 2, 3], [math.nan, math.inf, 1e30], "logprob"),
+        ([VOCAB, 2147483647, 0], [-0.1, -0.1, -0.1], "token_id"),
+        ([1, 2, 3], [-0.1, 1e30, -0.1], "logprob"),
+        ([1, 2, 3], [-0.1, -1e30, -0.1], "logprob"),
     ],
 )
 async def test_forged_output_is_refused_and_the_request_continues_elsewhere(manager, tokens, logprobs, problem):
@@ -95,12 +96,52 @@ async def test_forged_output_is_refused_and_the_request_continues_elsewhere(mana
 
 
 @pytest.mark.parametrize(
+    ("tokens", "logprobs"), [([-5, 2147483647, 0], [-0.1] * 3), ([1, 2, 3], [math.nan, math.inf, 0])]
+)
+async def test_malformed_output_ends_the_forged_stream_and_never_reaches_the_trainer(manager, tokens, logprobs):
+    forged = await WorkerClient(manager.target, "forged", capacity=1).connect()
+    rollout = asyncio.create_task(collect_rollout(manager.target, _request(max_new_tokens=3)))
+    a1 = (await forged.expect("assign")).assign.assignments[0]
+    _send(forged, a1.request_id, a1.lease_epoch, 0, tokens, logprobs, finished=True, finish_reason="stop")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await forged.expect("assign")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "chunk." in err.value.details()
+    honest = await WorkerClient(manager.target, "honest", capacity=1).connect()
+    a2 = (await honest.expect("assign")).assign.assignments[0]
+    _send(honest, a2.request_id, a2.lease_epoch, 0, [4, 5, 6], [-0.2] * 3, finished=True, finish_reason="length")
+    (traj,) = await asyncio.wait_for(rollout, 5)
+    assert list(traj.response_ids) == [4, 5, 6] and list(traj.workers) == ["honest"]
+    await honest.close()
+    forged.stop_heartbeats()
+
+
+async def test_worker_reported_failure_migrates_and_refused_input_fails_at_once(make_manager):
+    manager = await make_manager(max_request_attempts=3, on_failed_request="drop")
+    rollout = asyncio.create_task(collect_rollout(manager.target, _request(group=2, max_new_tokens=2)))
+    w1 = await WorkerClient(manager.target, "w1", capacity=2).connect()
+    flaky, refused = await _assignments(w1, 2)
+    w2 = await WorkerClient(manager.target, "w2", capacity=2).connect()
+    _send(w1, flaky.request_id, flaky.lease_epoch, 0, [3], [-0.1], finish_reason="abort", error="CUDA error")
+    _send(w1, refused.request_id, refused.lease_epoch, 0, [], [], finish_reason="abort",
+          error="prompt token 99999 outside the vocabulary", invalid_input=True)  # fmt: skip
+    again = (await w2.expect("assign")).assign.assignments[0]  # not w1: it failed there
+    assert again.request_id == flaky.request_id and list(again.input_ids)[again.prompt_len :] == [3]
+    _send(w2, again.request_id, again.lease_epoch, 1, [4], [-0.1], finished=True, finish_reason="length")
+    trajs = {t.request_id: t for t in await asyncio.wait_for(rollout, 5)}
+    assert list(trajs[flaky.request_id].response_ids) == [3, 4] and trajs[flaky.request_id].finish_reason == "length"
+    assert trajs[refused.request_id].finish_reason == "failed"  # one attempt: every worker would refuse it
+    assert manager.state.migrations_by_reason["worker_failed"] == 2
+    await w1.close()
+    await w2.close()
+
+
+@pytest.mark.parametrize(
     ("change", "field"),
     [
         (lambda r: setattr(r, "group_size", 200_000), "rollout.group_size"),
         (lambda r: r.prompts[0].token_ids.extend([5] * 9000), "rollout.prompts[0]"),
         (lambda r: r.prompts[0].token_ids.append(VOCAB), "rollout.prompts[0]"),
-        (lambda r: r.prompts[0].token_ids.append(-1), "rollout.prompts[0]"),
+        (lambda r: r.prompts[0].token_ids.append(-1), "rollout.prompts[0]"),  # refused by the wire conversion
         (lambda r: setattr(r.sampling, "max_new_tokens", 1 << 30), "sampling.max_new_tokens"),
         (lambda r: setattr(r, "vocab_size", -3), "rollout.vocab_size"),
     ],

@@ -4,7 +4,8 @@ Each backend runs a real engine on the tiny Qwen3 model (conftest.tiny_model_dir
 behaviour: streamed chunks at contiguous offsets, greedy output equal to transformers, abort of one
 request while another continues, continuation from prompt + tokens equal to the uninterrupted run, stop
 ids, and greedy output after an in-place weight update (full and sparse delta) equal to transformers
-with the new weights.
+with the new weights, and a start from the pulled assets alone (a spot worker: no weights on disk) that takes
+its first state as an ordinary, verified update.
 
 The sglang parameter needs SGLang importable (CPU: `scripts/setup_sglang_env.sh`, then
 `.venv-sglang/bin/python -m pytest -m sglang tests/rollout_worker/test_engine_contract.py`); it is skipped
@@ -15,13 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 
 import pytest
 import pytest_asyncio
 import torch
 
+from rlboost.models.layout import asset_files
 from rlboost.weights.checksum import state_checksum
-from rollout_worker.engine.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, read_model_state
+from rollout_worker.engine.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, EngineError, read_model_state
 from tests.rollout_worker.engine_helpers import assignment, collect, hf_greedy, started_engine
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -142,3 +145,46 @@ async def test_greedy_after_weight_updates_equals_transformers_with_new_weights(
         await engine.update_weights(old, 0)  # the module shares one engine: leave the original weights
     restored, _, _, _ = await collect(engine, assignment("restored", PROMPT, len(PROMPT), n=12))
     assert restored == before
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_an_engine_started_from_the_pulled_assets_alone_takes_its_weights_as_a_verified_update(
+    backend, tiny_model_dir, tmp_path
+):
+    """A spot worker's model directory holds what it pulled from the weight-server's /v1/assets (config, no
+    weights): the engine starts from the config, takes no request and no partial state before its first whole
+    state, and with that (as the trainer publishes it) generates what transformers does with those weights."""
+    pulled = tmp_path / "pulled"
+    pulled.mkdir()
+    for path in asset_files(tiny_model_dir):
+        shutil.copy(path, pulled / path.name)
+    assert not list(pulled.glob("*.safetensors"))
+    files = read_model_state(str(tiny_model_dir))
+    published = {**files, "lm_head.weight": files["model.embed_tokens.weight"].clone()}  # state_dict(): both
+    async with started_engine(backend, pulled, capacity=2) as eng:
+        with pytest.raises(EngineError, match="without weights"):
+            await anext(eng.generate(assignment("too-early", PROMPT, len(PROMPT))))
+        name = next(k for k in published if k.endswith("mlp.down_proj.weight"))
+        with pytest.raises(EngineError, match="missing"):
+            await eng.update_weights({name: published[name]}, 2)
+        checksum = state_checksum(published)
+        await eng.update_weights(published, 3, checksum=checksum)
+        assert (eng.weight_version, eng.weights_checksum) == (3, checksum)
+        tokens, _, reason, _ = await collect(eng, assignment("first", PROMPT, len(PROMPT), n=12))
+        assert tokens == hf_greedy(tiny_model_dir, PROMPT, 12) and reason == FINISH_LENGTH
+
+
+async def test_a_prompt_id_outside_the_vocabulary_is_refused_alone(engine):
+    """Checked at admission: the bad request ends at once with the cause; one beside it runs as alone."""
+    solo, _, _, _ = await collect(engine, assignment("alone", PROMPT, len(PROMPT), n=8))
+    bad = [5, 9, 64, 3]  # the tiny model's vocabulary is 0..63
+    (tokens, _, reason, steps), (good, _, _, _) = await asyncio.wait_for(
+        asyncio.gather(
+            collect(engine, assignment("bad", bad, len(bad))),
+            collect(engine, assignment("beside", PROMPT, len(PROMPT), n=8)),
+        ),
+        60,
+    )
+    assert (tokens, reason, steps[-1].invalid_input) == ([], FINISH_ABORT, True)
+    assert "input_ids[2] = 64 is outside the model's vocabulary (0..63)" in steps[-1].error
+    assert good == solo and engine.running == 0

@@ -158,3 +158,18 @@ def _domain(rid: str, input_ids: list[int], n: int):
     from rlboost.wire.rollout_proto import assignment_from_pb
 
     return assignment_from_pb(pb_assignment(rid, input_ids, n))
+
+
+async def test_a_refused_request_ends_alone_and_its_last_chunk_carries_the_cause(rig):
+    """Over real gRPC: the stand-in manager receives the bad request's last chunk with `error` and
+    `invalid_input` (finished=false, "abort": a manager that ignores them migrates it as before); the good one
+    beside it finishes."""
+    manager, engine, _, _, _ = rig
+    manager.assign(pb_assignment("bad", [5, 9, 64, 3, 17], 6), pb_assignment("good", PROMPT, 6))
+    await eventually(lambda: manager.last_chunk("good") and manager.last_chunk("good").finished, what="good ends")
+    await eventually(lambda: manager.last_chunk("bad"), what="bad ends")
+    last = manager.last_chunk("bad")
+    assert (last.finished, last.finish_reason, last.invalid_input) == (False, "abort", True)
+    assert "input_ids[2] = 64 is outside the model's vocabulary" in last.error
+    assert manager.tokens("bad") == [] and len(manager.tokens("good")) == 6
+    assert manager.last_chunk("good").error == ""

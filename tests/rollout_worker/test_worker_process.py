@@ -23,6 +23,7 @@ from rlboost.weights.client import WeightClient
 from rlboost.weights.safetensors_io import state_to_bytes
 from rollout_worker.engine.torch_engine import read_model_state
 from tests.rollout_worker.standin_manager import StandInManager
+from tests.rollout_worker.test_engine_contract import BACKENDS
 from tests.rollout_worker.test_session import PROMPT, REGISTERED, eventually, pb_assignment
 from tests.rollout_worker.test_torch_engine import hf_greedy
 
@@ -166,9 +167,12 @@ def test_missing_model_dir_names_the_flag(tmp_path):
     assert out.returncode == 2 and "--model-dir" in out.stderr
 
 
-async def test_a_worker_without_a_model_dir_pulls_the_model_from_the_weight_server(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("engine", BACKENDS)
+async def test_a_worker_without_a_model_dir_pulls_the_model_from_the_weight_server(engine, tiny_model_dir, tmp_path):
     """A spot pod's worker: `--model-dir ''` and a weight-server holding the trainer's assets and version 0. It
-    pulls config, tokenizer and weights from there alone and generates what the model itself would."""
+    pulls config, tokenizer and weights from there alone and generates what the model itself would. The sglang
+    parameter runs in the SGLang lane (see test_engine_contract.py): SGLang starts on dummy weights, then takes
+    version 0 as a verified update."""
     from rlboost.models.layout import asset_files
 
     ws, ws_port = await spawn_weight_server(tmp_path, "--no-nats")
@@ -177,7 +181,7 @@ async def test_a_worker_without_a_model_dir_pulls_the_model_from_the_weight_serv
     worker = None
     try:
         url = f"http://127.0.0.1:{ws_port}"
-        argv = worker_argv("", mport, free_port(), weight_server=url, startup_timeout="60")
+        argv = worker_argv("", mport, free_port(), weight_server=url, startup_timeout="120", engine=engine)
         assert argv[argv.index("--model-dir") + 1] == ""
         worker = spawn(argv, tmp_path / "worker.log")  # before the trainer: it waits for the first version
         v0 = read_model_state(str(tiny_model_dir))
@@ -185,8 +189,8 @@ async def test_a_worker_without_a_model_dir_pulls_the_model_from_the_weight_serv
             for path in asset_files(tiny_model_dir):
                 await wc.upload_asset(path.name, path.read_bytes())
             await wc.upload(0, state_to_bytes(v0), kind="full", checksum=state_checksum(v0))
-        await eventually(lambda: manager.registrations, timeout=120, what="registration")
-        assert manager.registrations[0].weight_version == 0
+        await eventually(lambda: manager.registrations, timeout=240, what="registration")
+        assert (manager.registrations[0].weight_version, manager.registrations[0].engine) == (0, engine)
         assert "model assets pulled" in (tmp_path / "worker.log").read_text()
         await generates_then_drains(manager, worker, hf_greedy(tiny_model_dir, PROMPT, 12, state=v0))
     finally:

@@ -21,39 +21,43 @@ def reward(t: Trajectory) -> float:
     return float(t.sample_index % 2)  # a group of 2+ has variance
 
 
+def add(asm: StepAssembler, t: Trajectory) -> list:
+    return asm.add(t, reward(t))
+
+
 def test_micro_batch_released_as_soon_as_its_groups_complete():
-    asm = StepAssembler(0, num_prompts=3, group_size=2, micro_batch_size=2, reward_of=reward)
-    assert asm.add(traj(0, 1)) == []
-    ready = asm.add(traj(0, 0))
+    asm = StepAssembler(0, num_prompts=3, group_size=2, micro_batch_size=2)
+    assert add(asm, traj(0, 1)) == []
+    ready = add(asm, traj(0, 0))
     assert [[(s.trajectory.prompt_index, s.trajectory.sample_index) for s in mb] for mb in ready] == [[(0, 0), (0, 1)]]
     assert [s.advantage for s in ready[0]] == pytest.approx([-0.7071, 0.7071], rel=1e-3)
     # Prompt 2 completes before prompt 1: its micro-batch waits for micro-batch 1 (fixed order).
-    assert asm.add(traj(2, 0)) == [] and asm.add(traj(2, 1)) == []
-    asm.add(traj(1, 0))
-    ready = asm.add(traj(1, 1))
+    assert add(asm, traj(2, 0)) == [] and add(asm, traj(2, 1)) == []
+    add(asm, traj(1, 0))
+    ready = add(asm, traj(1, 1))
     assert [mb[0].trajectory.prompt_index for mb in ready] == [1, 2]
     assert asm.complete
 
 
 def test_micro_batches_straddling_groups_wait_for_both_groups():
-    asm = StepAssembler(0, num_prompts=2, group_size=3, micro_batch_size=4, reward_of=reward)
+    asm = StepAssembler(0, num_prompts=2, group_size=3, micro_batch_size=4)
     for g in range(3):
-        out = asm.add(traj(0, g))
+        out = add(asm, traj(0, g))
     assert out == []  # micro-batch 0 = (0,0),(0,1),(0,2),(1,0): group 1 incomplete
-    asm.add(traj(1, 0))
-    asm.add(traj(1, 2))
-    ready = asm.add(traj(1, 1))
+    add(asm, traj(1, 0))
+    add(asm, traj(1, 2))
+    ready = add(asm, traj(1, 1))
     assert [len(mb) for mb in ready] == [4, 2]
 
 
 def test_any_arrival_order_gives_the_same_micro_batches():
     def run(seed: int) -> list[list[tuple[int, int, float]]]:
-        asm = StepAssembler(0, num_prompts=4, group_size=4, micro_batch_size=3, reward_of=reward)
+        asm = StepAssembler(0, num_prompts=4, group_size=4, micro_batch_size=3)
         items = [traj(p, g) for p in range(4) for g in range(4)]
         random.Random(seed).shuffle(items)
         out = []
         for t in items:
-            for mb in asm.add(t):
+            for mb in add(asm, t):
                 out.append([(s.trajectory.prompt_index, s.trajectory.sample_index, s.advantage) for s in mb])
         assert asm.complete
         return out
@@ -62,12 +66,12 @@ def test_any_arrival_order_gives_the_same_micro_batches():
 
 
 def test_duplicates_are_ignored_and_foreign_trajectories_rejected():
-    asm = StepAssembler(5, num_prompts=1, group_size=2, micro_batch_size=8, reward_of=reward)
-    asm.add(traj(0, 0, step=5))
-    assert asm.add(traj(0, 0, step=5)) == []
+    asm = StepAssembler(5, num_prompts=1, group_size=2, micro_batch_size=8)
+    add(asm, traj(0, 0, step=5))
+    assert add(asm, traj(0, 0, step=5)) == []
     assert asm.duplicates == 1 and asm.received == 1
     assert asm.missing() == [(0, 1)]
     with pytest.raises(StreamError, match="step 4, expected 5"):
-        asm.add(traj(0, 1, step=4))
+        add(asm, traj(0, 1, step=4))
     with pytest.raises(StreamError, match="outside 1 prompts x 2 samples"):
-        asm.add(traj(1, 0, step=5))
+        add(asm, traj(1, 0, step=5))

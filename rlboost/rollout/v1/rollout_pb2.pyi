@@ -47,23 +47,25 @@ class WorkerMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., chunks: _Optional[_Union[ChunkBatch, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., drain: _Optional[_Union[DrainNotice, _Mapping]] = ..., weight_version: _Optional[_Union[WeightVersionReport, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("worker_id", "pool", "node", "capacity", "weight_version", "engine")
+    __slots__ = ("worker_id", "pool", "node", "capacity", "weight_version", "engine", "session_token")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     pool: Pool
     node: str
     capacity: int
     weight_version: int
     engine: str
-    def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., node: _Optional[str] = ..., capacity: _Optional[int] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ...) -> None: ...
+    session_token: str
+    def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., node: _Optional[str] = ..., capacity: _Optional[int] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ..., session_token: _Optional[str] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
-    __slots__ = ("request_id", "lease_epoch", "offset", "token_ids", "logprobs", "finished", "finish_reason")
+    __slots__ = ("request_id", "lease_epoch", "offset", "token_ids", "logprobs", "finished", "finish_reason", "error", "invalid_input")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +73,8 @@ class TokenChunk(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    INVALID_INPUT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     lease_epoch: int
     offset: int
@@ -78,7 +82,9 @@ class TokenChunk(_message.Message):
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     finished: bool
     finish_reason: str
-    def __init__(self, request_id: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., offset: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ...) -> None: ...
+    error: str
+    invalid_input: bool
+    def __init__(self, request_id: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., offset: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., error: _Optional[str] = ..., invalid_input: _Optional[bool] = ...) -> None: ...
 
 class ChunkBatch(_message.Message):
     __slots__ = ("chunks",)
@@ -127,16 +133,18 @@ class ManagerMessage(_message.Message):
     def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., assign: _Optional[_Union[AssignBatch, _Mapping]] = ..., revoke: _Optional[_Union[Revoke, _Mapping]] = ..., drain: _Optional[_Union[DrainCommand, _Mapping]] = ..., set_weight_version: _Optional[_Union[SetWeightVersion, _Mapping]] = ...) -> None: ...
 
 class Registered(_message.Message):
-    __slots__ = ("heartbeat_interval_ms", "lease_timeout_ms", "chunk_max_tokens", "chunk_max_ms")
+    __slots__ = ("heartbeat_interval_ms", "lease_timeout_ms", "chunk_max_tokens", "chunk_max_ms", "session_token")
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval_ms: int
     lease_timeout_ms: int
     chunk_max_tokens: int
     chunk_max_ms: int
-    def __init__(self, heartbeat_interval_ms: _Optional[int] = ..., lease_timeout_ms: _Optional[int] = ..., chunk_max_tokens: _Optional[int] = ..., chunk_max_ms: _Optional[int] = ...) -> None: ...
+    session_token: str
+    def __init__(self, heartbeat_interval_ms: _Optional[int] = ..., lease_timeout_ms: _Optional[int] = ..., chunk_max_tokens: _Optional[int] = ..., chunk_max_ms: _Optional[int] = ..., session_token: _Optional[str] = ...) -> None: ...
 
 class Assignment(_message.Message):
     __slots__ = ("request_id", "lease_epoch", "input_ids", "prompt_len", "sampling", "weight_version")

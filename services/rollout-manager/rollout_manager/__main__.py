@@ -3,7 +3,8 @@
     python -m rollout_manager --config job.yaml --port 50051 --metrics-port 9101 \
         --nats-url nats://127.0.0.1:4222 --namespace default --job local --host 127.0.0.1
 
-`--nats-url ''` runs without preemption notices. Adaptive partial-response offload starts from a
+`--nats-url ''` runs without preemption notices. With `--credentials-dir` every call needs its role's bearer token
+(identity.py) and the port serves TLS when the directory holds `tls-manager.crt`. Adaptive partial-response offload starts from a
 window of `rollout.offloadWindowS` seconds in the job spec (0 = off); `--offload-window S` overrides it. A port in use or an
 unreachable NATS prints one line and exits with code 1. The flags (each also RLBOOST_<FLAG>) are the fields of
 `rlboost.options.manager.ManagerOptions`.
@@ -30,8 +31,18 @@ def offload_window_s(args: ManagerOptions) -> float:
 
 async def serve(args: ManagerOptions, started: list | None = None) -> int:
     """Run until SIGTERM/SIGINT; the server is appended to `started` (what /healthz asks) once it exists."""
+    from rlboost.auth.credentials import CredentialsError
+    from rlboost.auth.grpc_auth import ServerAuth
+
+    from .identity import METHOD_ROLES
     from .preemption import NatsUnavailableError, PreemptionSubscriber
     from .server import PortInUseError, RolloutManagerServer
+
+    try:
+        auth = ServerAuth.from_dir(args.credentials_dir, "manager", METHOD_ROLES)
+    except CredentialsError as err:
+        print(f"rollout-manager: --credentials-dir: {err}", file=sys.stderr)
+        return 1
 
     offload = None
     window_s = offload_window_s(args)
@@ -39,7 +50,9 @@ async def serve(args: ManagerOptions, started: list | None = None) -> int:
         from rlboost.policies.offload import OffloadConfig, OffloadWindow
 
         offload = OffloadWindow(OffloadConfig(initial_s=window_s))
-    manager = RolloutManagerServer(args.spec.rollout, balance_interval_s=args.balance_interval, offload=offload)
+    manager = RolloutManagerServer(
+        args.spec.rollout, balance_interval_s=args.balance_interval, offload=offload, auth=auth
+    )
     if started is not None:
         started.append(manager)
     subscriber = None

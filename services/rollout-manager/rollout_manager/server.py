@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import grpc
 
+from rlboost.auth.grpc_auth import ServerAuth
 from rlboost.observability import LoopWatchdog
 from rlboost.policies.migration import MigrationReason
 from rlboost.policies.offload import OffloadWindow
@@ -30,6 +31,7 @@ from rlboost.spec import RolloutSpec
 from rlboost.wire import rollout_proto as wire
 from rlboost.wire.rollout_io import Trajectory
 
+from .identity import SessionRefused, WorkerSessions
 from .offload import OffloadController
 from .state import ManagerState, Outbox, RequestPolicy, StepError
 
@@ -63,9 +65,13 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         balance_interval_s: float = 1.0,
         offload: OffloadWindow | None = None,
         clock=time.monotonic,
+        auth: ServerAuth | None = None,
         health_max_lag_s: float = 10.0,
     ) -> None:
+        """`auth`: role tokens and TLS (identity.METHOD_ROLES); None = open and plaintext (no credentials dir)."""
         self.rollout = rollout
+        self.auth = auth or ServerAuth()
+        self.sessions = WorkerSessions()
         self.clock = clock
         self.state = ManagerState(
             lease_timeout_s=rollout.lease_timeout_ms / 1000, policy=RequestPolicy.from_spec(rollout)
@@ -84,10 +90,12 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
 
     async def start(self, host: str, port: int) -> int:
         """Bind and serve; returns the bound port. Raises PortInUseError when it cannot bind."""
-        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *wire.grpc_message_options()])
+        self._server = grpc.aio.server(
+            options=[("grpc.so_reuseport", 0), *wire.grpc_message_options()], interceptors=self.auth.interceptors
+        )
         pb_grpc.add_RolloutManagerServicer_to_server(self, self._server)
         try:
-            bound = self._server.add_insecure_port(f"{host}:{port}")
+            bound = self.auth.add_port(self._server, f"{host}:{port}")
         except RuntimeError as err:
             raise PortInUseError(f"cannot listen on {host}:{port}: {err}") from None
         if bound == 0:
@@ -180,8 +188,12 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         except wire.WireError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         wid = reg.worker_id
+        try:
+            session = self.sessions.admit(wid, first.register.session_token, self._live(wid))
+        except SessionRefused as err:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(err))
         old = self._conns.get(wid)
-        if old is not None:  # a new incarnation replaces the old stream
+        if old is not None:  # the same worker reconnecting (or a new one after its lease expired) replaces it
             old.queue.put_nowait(None)
         conn = self._conns[wid] = _WorkerConn()
         self.state.register(reg, self.clock())
@@ -193,6 +205,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
                 lease_timeout_ms=r.lease_timeout_ms,
                 chunk_max_tokens=r.chunk_max_tokens,
                 chunk_max_ms=r.chunk_max_ms,
+                session_token=session,
             )
         )
         self.kick()
@@ -206,9 +219,15 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
             reader.cancel()
             if self._conns.get(wid) is conn:
                 del self._conns[wid]
+                self.sessions.end(wid)
                 n = self.state.remove_worker(wid, MigrationReason.STREAM_BROKEN, self.clock())
                 log.info("worker stream ended", extra={"worker_id": wid, "migrated": n, "error": conn.error})
                 self.kick()
+
+    def _live(self, wid: str) -> bool:
+        """A stream is open for `wid` and its worker is not silent past its lease."""
+        worker = self.state.workers.get(wid)
+        return wid in self._conns and worker is not None and not worker.expired
 
     async def _read(self, wid: str, it: AsyncIterator[pb.WorkerMessage], conn: _WorkerConn) -> None:
         try:

@@ -120,6 +120,7 @@ class Request:
     revoke_reason: MigrationReason = MigrationReason.REVOKED
     progress_at: float = 0.0  # when it was assigned or last received a token (the stall deadline runs from here)
     failed_attempts: int = 0  # migrations for a FAILED_ATTEMPT reason
+    last_error: str = ""  # what its worker said when it last reported it failed
     failed_on: set[str] = field(default_factory=set)  # workers it failed on: not given back to them while others can
 
 
@@ -401,7 +402,9 @@ class ManagerState:
             budget = req.sampling.max_new_tokens
             if len(req.tokens) > budget:  # never deliver more than the response budget
                 del req.tokens[budget:], req.logprobs[budget:]
-        if aborted:
+        if aborted and c.error:  # the request failed on this worker by itself (the others of its batch go on)
+            self._failed_on_worker(w, req, c.error, c.invalid_input, now)
+        elif aborted:
             self._migrate(req, req.revoke_reason if req.phase is Phase.REVOKING else MigrationReason.DRAINED, now)
         elif len(req.tokens) >= req.sampling.max_new_tokens and not c.finished:
             self._finish(req, "length")
@@ -421,18 +424,25 @@ class ManagerState:
         metrics.REVOKES.labels(MigrationReason.INVALID_OUTPUT.value).inc()
         self._migrate(req, MigrationReason.INVALID_OUTPUT, now)
 
-    def on_request_failed(self, worker_id: str, request_id: str, lease_epoch: int, reason: str, now: float) -> bool:
-        """The worker reports that generating the request failed on it: a failed attempt. False if stale."""
+    def on_request_failed(
+        self, worker_id: str, request_id: str, lease_epoch: int, error: str, now: float, invalid_input: bool = False
+    ) -> bool:
+        """The worker reports that generating the request failed on it. False if the report is stale."""
         w = self._alive(worker_id, now)
         req = self.requests.get(request_id)
         if w is None or req is None or req.worker != w.id or req.lease_epoch != lease_epoch:
             metrics.STALE_CHUNKS.inc()
             return False
-        log.warning(
-            "worker reported a request failed", extra={"worker_id": w.id, "request_id": req.id, "reason": reason}
-        )
-        self._migrate(req, MigrationReason.WORKER_FAILED, now)
+        self._failed_on_worker(w, req, error, invalid_input, now)
         return True
+
+    def _failed_on_worker(self, w: Worker, req: Request, error: str, invalid_input: bool, now: float) -> None:
+        """A failed attempt (TokenChunk.error on the last, aborted chunk); with `invalid_input` the request's input
+        is refused by the model itself, so no other worker is tried: it is reported failed at once."""
+        log.warning("worker reported a request failed", extra={"worker_id": w.id, "request_id": req.id,
+                                                                "error": error, "invalid_input": invalid_input})  # fmt: skip
+        req.last_error = error
+        self._migrate(req, MigrationReason.WORKER_FAILED, now, final=invalid_input)
 
     def _keep_tokens(self, w: Worker, req: Request, c: TokenChunk) -> None:
         if not req.workers or req.workers[-1] != w.id:
@@ -469,8 +479,9 @@ class ManagerState:
         req.worker = None
         self.dirty = True
 
-    def _migrate(self, req: Request, reason: MigrationReason, now: float) -> None:
-        """Back to pending with every token received, first in line; or finished if nothing is left."""
+    def _migrate(self, req: Request, reason: MigrationReason, now: float, final: bool = False) -> None:
+        """Back to pending with every token received, first in line; or finished if nothing is left. A failed
+        attempt past rollout.maxRequestAttempts (or `final`) reports the request failed instead."""
         worker = req.worker
         if worker is not None:
             self._release(req)
@@ -481,7 +492,7 @@ class ManagerState:
             req.failed_attempts += 1
             if worker is not None:
                 req.failed_on.add(worker)
-            if req.failed_attempts >= self.policy.max_attempts:
+            if final or req.failed_attempts >= self.policy.max_attempts:
                 self._give_up(req, reason)
                 return
         done = finish_reason_if_done(req.tokens, req.sampling)
@@ -498,6 +509,7 @@ class ManagerState:
         metrics.FAILED_REQUESTS.labels(reason.value).inc()
         why = (
             f"request {req.id} failed {req.failed_attempts} attempts (rollout.maxRequestAttempts); last: {reason.value}"
+            + (f" ({req.last_error})" if req.last_error else "")
         )
         log.warning("request failed", extra={"request_id": req.id, "attempts": req.failed_attempts, "reason": reason.value,
                                              "dropped": self.policy.drop_failed})  # fmt: skip

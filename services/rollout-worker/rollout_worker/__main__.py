@@ -43,10 +43,17 @@ class StartupError(RuntimeError):
 
 
 async def _amain(args: WorkerOptions) -> int:
+    from rlboost.auth.credentials import CredentialsError
+    from rlboost.auth.grpc_auth import ClientAuth
     from rollout_worker.engine.base import EngineError
     from rollout_worker.session import ManagerUnreachableError, SessionConfig, WorkerSession
     from rollout_worker.weights import WeightPuller, WeightsError
 
+    try:
+        auth = ClientAuth.for_role(args.credentials_dir, "worker")  # the worker token and the job CA
+    except CredentialsError as err:
+        print(f"{PROG}: --credentials-dir: {err}", file=sys.stderr)
+        return 1
     pool_spec = getattr(args.spec.rollout, args.pool)
     engine = _make_engine(args.engine or pool_spec.engine, args.capacity or pool_spec.capacity, args)
     client = puller = nats = pulled_dir = None
@@ -60,7 +67,10 @@ async def _amain(args: WorkerOptions) -> int:
                 import rlboost.delta
 
                 rlboost.delta.warm_up_in_background()
-            client = WeightClient(args.weight_server, streams=args.spec.weight_sync.streams)
+            client = WeightClient(
+                args.weight_server, token=auth.token, streams=args.spec.weight_sync.streams, ca=auth.ca
+            )
+            client.verifier = _manifest_verifier(args.credentials_dir)
             puller = WeightPuller(client)
             model_dir = args.model_dir
             if needs_assets(model_dir):
@@ -72,7 +82,7 @@ async def _amain(args: WorkerOptions) -> int:
         cfg = SessionConfig(
             worker_id=args.worker_id, pool=Pool(args.pool), node=args.node, capacity=engine.capacity,
             manager=args.manager, engine=engine.name, reconnect_timeout_s=args.reconnect_timeout,
-            drain_deadline_ms=args.drain_deadline_ms,
+            drain_deadline_ms=args.drain_deadline_ms, auth=auth,
         )  # fmt: skip
         session = WorkerSession(cfg, engine, puller.pull if puller else None)
         _install_signals(session)
@@ -107,6 +117,19 @@ async def _amain(args: WorkerOptions) -> int:
             await client.aclose()
         if pulled_dir is not None and not args.model_dir:  # a temporary directory of ours
             shutil.rmtree(pulled_dir, ignore_errors=True)
+
+
+def _manifest_verifier(credentials_dir: str):
+    """The job's public key, which every weight version must be signed for; None without credentials."""
+    if not credentials_dir:
+        return None
+    from rlboost.auth.credentials import CredentialsError
+    from rlboost.weights.signing import ManifestVerifier
+
+    try:
+        return ManifestVerifier.from_credentials(credentials_dir)
+    except (CredentialsError, ValueError) as err:
+        raise StartupError(f"--credentials-dir: cannot load the job's manifest key: {err}") from None
 
 
 def needs_assets(model_dir: str) -> bool:

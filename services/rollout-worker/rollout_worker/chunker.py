@@ -20,6 +20,8 @@ class _Buffer:
     logprobs: list[float] = field(default_factory=list)
     since_ms: int | None = None  # when the oldest unsent token arrived
     end: tuple[bool, str] | None = None  # (finished, finish_reason) once the request's stream ended
+    error: str = ""  # the request failed here by itself (sent on its last chunk)
+    invalid_input: bool = False  # ... because its input is refused
 
 
 class Chunker:
@@ -42,9 +44,11 @@ class Chunker:
         buf.tokens += tokens
         buf.logprobs += logprobs
 
-    def end(self, request_id: str, finished: bool, reason: str) -> None:
-        """The request's stream ended; its last chunk carries (finished, reason) and leaves at the next `due`."""
-        self._buffers[request_id].end = (finished, reason)
+    def end(self, request_id: str, finished: bool, reason: str, error: str = "", invalid_input: bool = False) -> None:
+        """The request's stream ended; its last chunk carries (finished, reason), and the error of a request that
+        failed here by itself, and leaves at the next `due`."""
+        buf = self._buffers[request_id]
+        buf.end, buf.error, buf.invalid_input = (finished, reason), error, invalid_input
 
     def pending_tokens(self) -> int:
         return sum(len(b.tokens) for b in self._buffers.values())
@@ -78,6 +82,8 @@ class Chunker:
     def _cut(self, rid: str, buf: _Buffer, n: int, final: bool) -> TokenChunk:
         finished, reason = buf.end if final and buf.end else (False, "")
         chunk = TokenChunk(rid, buf.lease_epoch, buf.offset, buf.tokens[:n], buf.logprobs[:n], finished, reason)
+        if final:
+            chunk.error, chunk.invalid_input = buf.error, buf.invalid_input
         buf.offset += n
         buf.tokens, buf.logprobs = buf.tokens[n:], buf.logprobs[n:]
         return chunk

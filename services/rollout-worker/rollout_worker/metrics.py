@@ -11,6 +11,12 @@ CHUNKS = Counter("rlboost_worker_chunks_sent_total", "Token chunks sent to the r
 BATCHES = Counter("rlboost_worker_chunk_batches_sent_total", "ChunkBatch messages sent to the rollout-manager.")
 ASSIGNED = Counter("rlboost_worker_assignments_total", "Requests assigned to this worker.")
 ABORTS = Counter("rlboost_worker_aborts_total", "Requests aborted (revoke, drain, disconnect).", ["reason"])
+REQUEST_ERRORS = Counter(
+    "rlboost_worker_request_errors_total",
+    "Requests that failed here by themselves, reported to the manager with the cause "
+    "(kind: invalid_input, refused at admission; failed_alone, failed again when retried without its batch).",
+    ["kind"],
+)
 WEIGHT_VERSION = Gauge("rlboost_worker_weight_version", "Weight version the engine generates with.")
 PULL_SECONDS = Histogram(
     "rlboost_worker_weight_pull_seconds",
@@ -39,6 +45,11 @@ CHECKSUM_MISMATCHES = Counter(
 )
 DELTA_REJECTED = Counter(
     "rlboost_worker_weight_deltas_rejected_total", "Deltas refused before any write (corrupt, wrong base or shape)."
+)
+WEIGHT_REJECTED = Counter(
+    "rlboost_worker_weight_rejected_total",
+    "Weight versions refused as not the trainer's (unsigned, bad_signature, plan, payload): nothing of them applied.",
+    ["reason"],
 )
 FALLBACKS = Counter(
     "rlboost_worker_weight_full_fallbacks_total", "Pulls that fell back to the full snapshot after a failure."

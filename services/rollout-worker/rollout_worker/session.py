@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from rlboost.auth.grpc_auth import ClientAuth
 from rlboost.observability import monotonic_ms
 from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.rollout.v1.rollout_pb2_grpc import RolloutManagerStub
@@ -46,11 +47,12 @@ from rlboost.wire.rollout_proto import (
 )
 from rollout_worker import metrics
 from rollout_worker.chunker import Chunker
-from rollout_worker.engine.base import FINISH_ABORT, Engine, MemoryReport
+from rollout_worker.engine.base import FINISH_ABORT, Engine, MemoryReport, RepeatedLog
 
 log = logging.getLogger(__name__)
 
 _CLOSE = object()  # outbox sentinel: half-close the stream
+_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)  # the worker's credentials
 _SPEC_DEFAULTS = RolloutSpec()  # a Registered timing left at 0 (unset) means the job spec's default
 
 
@@ -73,6 +75,7 @@ class SessionConfig:
     reconnect_timeout_s: float = 60.0  # give up when no (re)connect succeeds for this long
     drain_deadline_ms: int = 10_000  # promised in the DrainNotice: all tokens flushed by then
     register_timeout_s: float = 10.0  # wait this long for Registered after sending Register
+    auth: ClientAuth = ClientAuth()  # the worker token and the job CA ('' / None: an open manager)
 
 
 class _Link:
@@ -111,6 +114,8 @@ class WorkerSession:
         self._held_while_released: list[Assignment] = []  # assignments that arrived while the memory was released
         self._deferred_version = 0  # newest version announced while released: synced on resume
         self._memory_lock = asyncio.Lock()
+        self._session_token = ""  # from the manager's Registered: proves a reconnect is this worker
+        self._errors = RepeatedLog(log)  # a failure repeated per request logs one line with a count
 
     # ---- public ------------------------------------------------------------------------------
 
@@ -195,7 +200,7 @@ class WorkerSession:
         """Register and serve one stream until it ends; raises _NotConnectedError if registration fails."""
         if self.draining:
             return
-        async with grpc.aio.insecure_channel(self.cfg.manager, options=grpc_message_options()) as channel:
+        async with self.cfg.auth.aio_channel(self.cfg.manager, options=grpc_message_options()) as channel:
             call = RolloutManagerStub(channel).Connect()
             registered = await self._register(call)
             link = self.link = _Link(call, registered)
@@ -232,15 +237,20 @@ class WorkerSession:
             self.engine.weight_version,
             self.cfg.engine,
         )
+        register = registration_to_pb(reg)
+        register.session_token = self._session_token
         try:
-            await call.write(pb.WorkerMessage(register=registration_to_pb(reg)))
+            await call.write(pb.WorkerMessage(register=register))
             first = await asyncio.wait_for(call.read(), self.cfg.register_timeout_s)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, TimeoutError) as err:
             call.cancel()
+            if isinstance(err, grpc.aio.AioRpcError) and err.code() in _REFUSED:  # retrying cannot help
+                raise ManagerUnreachableError(f"rollout-manager at {self.cfg.manager}: {_describe(err)}") from None
             raise _NotConnectedError(_describe(err)) from None
         if first is grpc.aio.EOF or first.WhichOneof("body") != "registered":
             call.cancel()
             raise _NotConnectedError("the manager did not answer Register with Registered")
+        self._session_token = first.registered.session_token
         return first.registered
 
     async def _reader(self, link: _Link) -> None:
@@ -310,7 +320,7 @@ class WorkerSession:
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
         link.chunker.open(rid, a.lease_epoch, a.generated)
-        finished, reason = False, FINISH_ABORT
+        finished, reason, error, invalid_input = False, FINISH_ABORT, "", False
         try:
             async for step in self.engine.generate(a):
                 link.chunker.add(rid, step.token_ids, step.logprobs, monotonic_ms())
@@ -318,12 +328,16 @@ class WorkerSession:
                 metrics.TOKENS.inc(len(step.token_ids))
                 if step.finished:
                     finished, reason = step.finish_reason != FINISH_ABORT, step.finish_reason
+                    error, invalid_input = step.error, step.invalid_input
                 if step.finished or link.chunker.pending_tokens() >= link.chunker.max_tokens:
                     link.flush.set()
-        except Exception:
-            log.exception("generation failed", extra={"request_id": rid})
+        except Exception as err:  # the engine's trouble, not the request's: it goes back to the manager
+            what = f"generation failed: {type(err).__name__}"
+            self._errors.error(what, f"{what}: {err}", exc_info=err, request_id=rid)
         finally:
-            link.chunker.end(rid, finished, reason)
+            if error:  # the manager learns why this request ended here (the engine logged it)
+                metrics.REQUEST_ERRORS.labels("invalid_input" if invalid_input else "failed_alone").inc()
+            link.chunker.end(rid, finished, reason, error, invalid_input)
             if link.tasks.get(rid) is asyncio.current_task():
                 del link.tasks[rid]
             metrics.RUNNING.set(self.engine.running)

@@ -15,6 +15,13 @@ the delta's table (`delta_state_checksum`: the verified apply already hashed eve
 read again); after a full snapshot `state_checksum` hashes the tensors. On a DeltaError, a bad payload or a checksum
 mismatch the puller refetches the full snapshot (+ deltas) once; if that fails too it raises WeightsError.
 The state it returns may be updated in place by later pulls: engines copy it into their own parameters.
+
+Authentic weights (a client with the job's public key: rlboost.weights.signing): the client checks every manifest
+of the plan against the trainer's signature before a byte is fetched, and every chunk against its signed sha256. A
+refusal (WeightsRejectedError) is logged, counted in rlboost_worker_weight_rejected_total{reason} and raised as a
+WeightsError, with no fallback: the engine keeps the weights it has and the next announced version is tried. A
+failure after a delta changed the held state in place drops that state (the next pull starts from a snapshot), so
+nothing half-applied ever serves as a base.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rlboost.weights.signing import WeightsRejectedError
 from rollout_worker import metrics
 
 if TYPE_CHECKING:
@@ -59,6 +67,7 @@ class WeightPuller:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.held: PulledWeights | None = None
+        self._touched = False  # a delta of the pull in progress changed a state in place
 
     async def wait_latest(self, timeout_s: float) -> int:
         """The newest version on the weight-server, waiting up to `timeout_s` for the first upload."""
@@ -79,9 +88,26 @@ class WeightPuller:
             delay = min(delay * 2, 1.0)
 
     async def pull(self, version: int) -> PulledWeights:
-        """Fetch, apply and verify `version`; on a bad delta or checksum mismatch refetch the full snapshot once."""
-        start = time.monotonic()
+        """Fetch, apply and verify `version`; on a bad delta or checksum mismatch refetch the full snapshot once;
+        a version the trainer did not sign is refused (WeightsError) with the held state untouched."""
         base = self.held.version if self.held is not None else None
+        self._touched = False
+        try:
+            return await self._pull(version, base)
+        except BaseException as err:
+            if self._touched:  # a delta changed the held state before the failure: it is no version's state now
+                self.held = None
+            if isinstance(err, WeightsRejectedError):
+                metrics.WEIGHT_REJECTED.labels(err.reason).inc()
+                log.error(
+                    "weight version refused: not signed by this job's trainer; keeping the current weights",
+                    extra={"weight_version": version, "from_version": base, "reason": err.reason, "error": str(err)},
+                )
+                raise WeightsError(f"weight version {version} refused ({err.reason}): {err}") from None
+            raise
+
+    async def _pull(self, version: int, base: int | None) -> PulledWeights:
+        start = time.monotonic()
         plan = await self.client.sync_plan(base, version)
         if not plan:
             if self.held is not None and base == version:
@@ -162,6 +188,7 @@ class WeightPuller:
         elif state is None:
             raise _BadPayloadError(f"version {m.version}: a delta from {m.base_version} but no state is held")
         else:
+            self._touched = True
             verified = await asyncio.to_thread(_apply_delta, state, payload)
             out = state
         metrics.APPLY_SECONDS.labels(m.sync_path).observe(time.monotonic() - t0)

@@ -39,8 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("trainer", args.log_level)
     if not args.model_dir or not (Path(args.model_dir) / "config.json").exists():
         _fail(prog, f"--model-dir {args.model_dir!r}: not a model directory (needs config.json + safetensors)")
-    token = ""
-    if args.token_file:
+    from rlboost.auth.credentials import CredentialsError
+    from rlboost.auth.grpc_auth import ClientAuth
+
+    try:  # with the job's credentials the trainer token is the upload token too; else --token-file's
+        auth = ClientAuth.for_role(args.credentials_dir, "trainer")
+    except CredentialsError as err:
+        _fail(prog, f"--credentials-dir: {err}")
+    token = auth.token
+    if not token and args.token_file:
         try:
             token = Path(args.token_file).read_text().strip()
         except OSError as err:
@@ -54,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps,
         dump_rollouts=Path(args.dump_rollouts) if args.dump_rollouts else None, connect_timeout_s=args.connect_timeout,
         checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None, resume=args.resume,
-        colocation_timeout_s=args.colocation_timeout,
+        colocation_timeout_s=args.colocation_timeout, auth=auth,
+        credentials_dir=Path(args.credentials_dir) if args.credentials_dir else None,
     )  # fmt: skip
     try:
         trainer = loop.Trainer(args.spec, opts)

@@ -9,8 +9,6 @@ arrive in: the run is reproducible (and resumable bit-exactly) given the same ro
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from rlboost.wire.rollout_io import Trajectory
 from trainer.grpo import Sample, group_advantages
 
@@ -28,12 +26,10 @@ class StepAssembler:
         num_prompts: int,
         group_size: int,
         micro_batch_size: int,
-        reward_of: Callable[[Trajectory], float],
     ) -> None:
         if num_prompts < 1 or group_size < 1 or micro_batch_size < 1:
             raise ValueError("num_prompts, group_size and micro_batch_size must all be >= 1")
         self.step, self.num_prompts, self.group_size = step, num_prompts, group_size
-        self._reward_of = reward_of
         order = [(p, g) for p in range(num_prompts) for g in range(group_size)]
         self._chunks = [order[i : i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
         self._samples: dict[tuple[int, int], Sample] = {}
@@ -53,15 +49,15 @@ class StepAssembler:
     def complete(self) -> bool:
         return self._next_chunk == len(self._chunks)
 
-    def add(self, traj: Trajectory, stale: bool = False, weight: float = 1.0) -> list[list[Sample]]:
-        """Take one trajectory; return the micro-batches that became ready (possibly none), in order.
+    def add(self, traj: Trajectory, reward: float, stale: bool = False, weight: float = 1.0) -> list[list[Sample]]:
+        """Take one trajectory and its reward; return the micro-batches that became ready (possibly none), in order.
 
         `stale`/`weight`: see `Sample` (bounded staleness; weight 0 skips a too-stale sample's loss)."""
-        key = self._validate(traj)
+        key = self.validate(traj)
         if key in self._samples:
             self.duplicates += 1  # a re-sent trajectory must not count twice
             return []
-        self._samples[key] = Sample(traj, float(self._reward_of(traj)), stale=stale, weight=weight)
+        self._samples[key] = Sample(traj, float(reward), stale=stale, weight=weight)
         self._maybe_finish_group(traj.prompt_index)
         return self._release()
 
@@ -76,7 +72,8 @@ class StepAssembler:
     def missing(self) -> list[tuple[int, int]]:
         return [k for chunk in self._chunks for k in chunk if k not in self._samples]
 
-    def _validate(self, traj: Trajectory) -> tuple[int, int]:
+    def validate(self, traj: Trajectory) -> tuple[int, int]:
+        """Its (prompt_index, sample_index), or StreamError when it does not belong to this step."""
         if traj.step != self.step:
             raise StreamError(f"trajectory {traj.request_id}: step {traj.step}, expected {self.step}")
         if not (0 <= traj.prompt_index < self.num_prompts and 0 <= traj.sample_index < self.group_size):

@@ -89,17 +89,18 @@ def _cut_at_stop(ids: list[int], stops: set[int]) -> list[int]:
     return ids
 
 
-def rollouts(engine: PolicyEngine, tokenizer: Any, task: Any, spec: JobSpec, step: int) -> tuple[list, float]:
-    """One step's samples with group advantages, and the mean reward of the sampled (not teacher-forced) ones."""
+def rollouts(
+    engine: PolicyEngine, tokenizer: Any, task: Any, spec: JobSpec, step: int, sandbox: Any
+) -> tuple[list, float]:
+    """One step's samples with group advantages, and the mean reward of the sampled (not teacher-forced) ones.
+    Rewards come from `sandbox` (rlboost.tasks.sandbox.RewardSandbox: the reward runs confined)."""
     import torch
 
     from rlboost.models import decode_response, encode_prompt, stop_token_ids
-    from rlboost.tasks import load_reward
     from rlboost.wire.rollout_io import Trajectory
     from trainer.grpo import Sample, group_advantages
 
     alg = spec.algorithm
-    reward_fn = load_reward(spec.task.reward)
     stops = set(stop_token_ids(tokenizer))
     im_end = tokenizer.eos_token_id  # <|im_end|>: how the warm-up teaches answers to end
     model = engine.engine.module
@@ -120,7 +121,7 @@ def rollouts(engine: PolicyEngine, tokenizer: Any, task: Any, spec: JobSpec, ste
             )
         responses = [_cut_at_stop(row[len(prompt) :].tolist(), stops) for row in out]
         responses.append(tokenizer.encode(ex.answer, add_special_tokens=False) + [im_end])  # teacher-forced
-        rewards = [float(reward_fn(decode_response(tokenizer, r), ex)) for r in responses]
+        rewards = [r.value for r in sandbox.score([(decode_response(tokenizer, resp), ex) for resp in responses])]
         sampled_rewards += rewards[:-1]
         for s, (resp, adv) in enumerate(zip(responses, group_advantages(rewards), strict=True)):
             t = Trajectory(f"s{step}-p{p}-g{s}", step, p, s, prompt, resp, [], "stop", step)
@@ -167,6 +168,7 @@ def model_dir_for(spec: JobSpec, args: argparse.Namespace) -> Path:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from rlboost.models import ensure_model, load_tokenizer
     from rlboost.tasks import make_task
+    from rlboost.tasks.sandbox import RewardSandbox, SandboxLimits
     from trainer.engine import PolicyEngine
 
     spec = job_spec(args)
@@ -180,15 +182,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     progress("model", params=params, steps=args.steps, seconds=round(time.monotonic() - t0, 2))
     nbytes = write_state(engine, args.out / "v0.safetensors")
     steps = []
-    for step in range(args.steps):
-        s0 = time.monotonic()
-        samples, reward = rollouts(engine, tokenizer, task, spec, step)
-        loss = train_step(engine, samples, tokenizer.pad_token_id, spec.algorithm.micro_batch_size)
-        write_state(engine, args.out / f"v{step + 1}.safetensors")
-        record = {"step": step + 1, "loss": round(loss, 6), "sampled_reward": round(reward, 4),
-                  "seconds": round(time.monotonic() - s0, 3)}  # fmt: skip
-        steps.append(record)
-        progress("step", steps=args.steps, **record)
+    with RewardSandbox(spec.task.reward, SandboxLimits.from_task(spec.task)) as sandbox:
+        for step in range(args.steps):
+            s0 = time.monotonic()
+            samples, reward = rollouts(engine, tokenizer, task, spec, step, sandbox)
+            loss = train_step(engine, samples, tokenizer.pad_token_id, spec.algorithm.micro_batch_size)
+            write_state(engine, args.out / f"v{step + 1}.safetensors")
+            record = {"step": step + 1, "loss": round(loss, 6), "sampled_reward": round(reward, 4),
+                      "seconds": round(time.monotonic() - s0, 3)}  # fmt: skip
+            steps.append(record)
+            progress("step", steps=args.steps, **record)
     summary = {
         "source": "real",
         "params": params,

@@ -37,8 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlboost.auth.grpc_auth import ClientAuth
 from rlboost.observability import LoopWatchdog
 from rlboost.spec import JobSpec, effective_micro_batch
+from rlboost.tasks.sandbox import RewardSandbox, SandboxLimits
 from rlboost.wire.events import JobDone, StepReport, subject
 from rlboost.wire.rollout_io import PromptItem, RolloutRequest, SamplingParams, Trajectory
 from trainer import metrics, ranks
@@ -74,6 +76,8 @@ class TrainerOptions:
     colocation_timeout_s: float = 120.0  # wait this long for the colocated workers' release / resume acks
     checkpoint_dir: Path | None = None  # None: no checkpoints
     resume: bool = False  # continue from the newest valid checkpoint in checkpoint_dir
+    auth: ClientAuth = ClientAuth()  # the trainer token (the manager's Rollout) and the job CA (manager, weights)
+    credentials_dir: Path | None = None  # the job's credentials: weight versions are signed with its key
 
 
 class StepContext:
@@ -96,16 +100,20 @@ class Trainer:
 
     def __init__(self, spec: JobSpec, opts: TrainerOptions) -> None:
         from rlboost.models import decode_response, load_tokenizer, stop_token_ids
-        from rlboost.tasks import load_reward, make_task
+        from rlboost.tasks import make_task
 
         self.spec, self.opts = spec, opts
+        if opts.credentials_dir is not None:  # a missing or unusable key fails the start, not the first publish
+            from rlboost.auth.credentials import JobCredentials
+
+            JobCredentials(opts.credentials_dir).signing_key()
         self.steps = opts.steps if opts.steps is not None else spec.algorithm.steps
         self.tokenizer = load_tokenizer(opts.model_dir)
         self.vocab_size = _vocab_size(opts.model_dir)
         self._decode = decode_response
         self.stop_ids = tuple(stop_token_ids(self.tokenizer))
         self.task = make_task(spec.task)
-        self.reward_fn = load_reward(spec.task.reward)
+        self.rewards: RewardSandbox | None = None  # rank 0 scores samples in the reward sandbox (see _step)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else (self.stop_ids[0] if self.stop_ids else 0)
         self.engine: Any = None
@@ -158,7 +166,9 @@ class Trainer:
             await asyncio.to_thread(self._follow)
             return JobDone(ok=True, steps=self.steps_done)
         try:
-            await self._connect_nats()
+            await self._connect_nats()  # first: a reward that cannot start is reported in JobDone
+            self.rewards = RewardSandbox(self.spec.task.reward, SandboxLimits.from_task(self.spec.task))
+            await asyncio.to_thread(self.rewards.start)
             self.engine = await asyncio.to_thread(self._make_engine)
             await self._train_all()
             await asyncio.to_thread(ranks.broadcast, {"op": "stop"})
@@ -173,6 +183,8 @@ class Trainer:
                 await self._publish_event("done", JobDone(ok=False, steps=self.steps_done, error=message))
             raise
         finally:
+            if self.rewards is not None:
+                await asyncio.to_thread(self.rewards.close)
             if self._nc is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._nc.drain(), 5)
@@ -243,11 +255,14 @@ class Trainer:
         await asyncio.to_thread(ranks.broadcast, {"op": "resume", "ckpt": str(ckpt) if ckpt else None})
         state = await asyncio.to_thread(self._restore, ckpt)
         streams = self.spec.weight_sync.streams
-        async with WeightClient(self.opts.weight_server, token=self.opts.token, streams=streams) as wc:
-            publisher = WeightPublisher.from_spec(wc, self.spec.weight_sync)  # weightSync.mode: delta | full
+        ca = self.opts.auth.ca
+        async with WeightClient(self.opts.weight_server, token=self.opts.token, streams=streams, ca=ca) as wc:
+            publisher = WeightPublisher.from_spec(  # weightSync.mode: delta | full; signed with the job's key
+                wc, self.spec.weight_sync, credentials_dir=self.opts.credentials_dir
+            )
             await self._publish_initial(publisher, state)
             del state
-            async with RolloutClient(self.opts.manager) as rc:
+            async with RolloutClient(self.opts.manager, self.opts.auth) as rc:
                 await rc.wait_ready(self.opts.connect_timeout_s)
                 await self._start_colocation()
                 for step in range(self.steps_done, self.steps):
@@ -320,11 +335,35 @@ class Trainer:
         request = RolloutRequest(step, self.version, prompts, alg.group_size, sampling, vocab_size=self.vocab_size)
         return request, examples
 
-    def _reward(self, ctx: StepContext, traj: Trajectory) -> float:
-        if traj.finish_reason == FAILED:  # dropped by the manager: no response to judge (and zero weight)
-            return 0.0
-        text = self._decode(self.tokenizer, traj.response_ids)
-        return float(self.reward_fn(text, ctx.examples[traj.prompt_index]))
+    async def _score(self, ctx: StepContext, trajs: list[Trajectory]) -> list[float]:
+        """The rewards of a batch of the step's trajectories, from the reward sandbox (a failed call scores 0 and
+        is counted by reason). The trajectories were validated (their prompt_index is the step's)."""
+        assert self.rewards is not None
+        judged = [t for t in trajs if t.finish_reason != FAILED]  # dropped by the manager: nothing to judge, 0
+        items = [(self._decode(self.tokenizer, t.response_ids), ctx.examples[t.prompt_index]) for t in judged]
+        results = await asyncio.to_thread(self.rewards.score, items) if items else []
+        failed: dict[str, int] = {}
+        for r in results:
+            if r.failure is not None:
+                metrics.REWARD_FAILURES.labels(r.failure).inc()
+                failed[r.failure] = failed.get(r.failure, 0) + 1
+        if failed:
+            detail = next(r.detail for r in results if r.failure is not None)
+            log.warning("reward calls failed: those samples score 0", extra={"step": ctx.step, "failures": failed,
+                        "first": detail, "reward": self.spec.task.reward})  # fmt: skip
+        values = iter(r.value for r in results)
+        return [0.0 if t.finish_reason == FAILED else next(values) for t in trajs]
+
+    @staticmethod
+    def _drain(queue: asyncio.Queue[Trajectory | None], first: Trajectory) -> tuple[list[Trajectory], bool]:
+        """`first` and every trajectory already queued (one reward batch); True when the end marker was reached."""
+        batch = [first]
+        while not queue.empty():
+            item = queue.get_nowait()
+            if item is None:
+                return batch, True
+            batch.append(item)
+        return batch, False
 
     def _classify(self, request: RolloutRequest, traj: Trajectory) -> tuple[bool, float]:
         """(stale, loss weight) of a trajectory: on-policy, stale within maxStaleness, or skipped."""
@@ -341,9 +380,7 @@ class Trainer:
         alg = self.spec.algorithm
         request, examples = self._request(step)
         ctx = StepContext(step, examples, [p.token_ids for p in request.prompts])
-        assembler = StepAssembler(
-            step, len(examples), alg.group_size, effective_micro_batch(self.spec), lambda t: self._reward(ctx, t)
-        )
+        assembler = StepAssembler(step, len(examples), alg.group_size, effective_micro_batch(self.spec))
         t0 = time.monotonic()
         queue: asyncio.Queue[Trajectory | None] = asyncio.Queue()
         reader = asyncio.create_task(self._read(rc, request, queue, assembler))
@@ -352,19 +389,26 @@ class Trainer:
         finish: dict[str, int] = {}
         pending: list[list[Sample]] = []  # ready micro-batches not yet sent in a round
         stream = self._streaming()
+        ended = False
         try:
-            while (traj := await queue.get()) is not None:
-                if assembler.has(traj):  # re-sent by a retried rollout (rollout.stepRetries)
+            while not ended and (first := await queue.get()) is not None:
+                batch, ended = self._drain(queue, first)  # what arrived meanwhile is scored in one batch
+                batch = [t for t in batch if not assembler.has(t)]  # re-sent by a retried rollout (stepRetries)
+                if not batch:
                     continue
                 first_at = first_at if first_at is not None else time.monotonic() - t0
-                is_stale, weight = self._classify(request, traj)
-                stale += is_stale
-                failed = traj.finish_reason == FAILED
-                metrics.FAILED.inc(failed)
-                off_policy += weight == 0.0 and not failed
-                finish[traj.finish_reason or "?"] = finish.get(traj.finish_reason or "?", 0) + 1
-                self._dump(traj)
-                pending += assembler.add(traj, stale=is_stale, weight=weight)
+                for traj in batch:
+                    assembler.validate(traj)
+                rewards = await self._score(ctx, batch)
+                for traj, reward in zip(batch, rewards, strict=True):
+                    is_stale, weight = self._classify(request, traj)
+                    stale += is_stale
+                    failed = traj.finish_reason == FAILED
+                    metrics.FAILED.inc(failed)
+                    off_policy += weight == 0.0 and not failed
+                    finish[traj.finish_reason or "?"] = finish.get(traj.finish_reason or "?", 0) + 1
+                    self._dump(traj)
+                    pending += assembler.add(traj, reward, stale=is_stale, weight=weight)
                 while stream and len(pending) >= ranks.world_size():
                     await self._train_round(ctx, pending[: ranks.world_size()], assembler.total)
                     pending = pending[ranks.world_size() :]

@@ -18,6 +18,12 @@ TOKENS = Counter("rlboost_trainer_tokens_total", "Response tokens trained on")
 TRAJECTORIES = Counter("rlboost_trainer_trajectories_total", "Trajectories received from the rollout-manager")
 OFF_POLICY = Counter("rlboost_trainer_off_policy_trajectories_total", "Trajectories skipped: older than maxStaleness")
 PUBLISHED_BYTES = Counter("rlboost_trainer_published_bytes_total", "Weight payload bytes uploaded")
+REWARD_FAILURES = Counter(
+    "rlboost_trainer_reward_failures_total",
+    "Samples whose reward call failed and scored 0 (rlboost.tasks.sandbox), by reason: timeout, crash, cpu, memory, "
+    "refused (network, a process or exec of text), exception, bad_value (not a finite number).",
+    ["reason"],
+)
 STALE = Counter("rlboost_trainer_stale_trajectories_total", "Trajectories accepted within algorithm.maxStaleness")
 FAILED = Counter(
     "rlboost_trainer_failed_trajectories_total",

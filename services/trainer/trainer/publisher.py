@@ -16,6 +16,10 @@ version as soon as the small delta lands, so workers one version behind pull it 
 the snapshot follows as the version's companion payload (same checksum), for new workers and to bound
 the chain. A refused or oversized companion delta is simply skipped.
 
+Signing (job credentials given: rlboost.weights.signing): each upload, companion included, carries the trainer's
+Ed25519 signature of the manifest the weight-server will compute for it (the payload hashed at weightSync.chunkBytes,
+in a thread, just before its upload), so workers refuse any byte the trainer did not produce.
+
 Pipelining: the bf16 cast runs in a thread, then checksum and encode run concurrently in two threads;
 version v+1 is encoded while version v's upload still streams (uploads stay in version order, since a
 delta's base must be on the server first). With `overlap=True`, `publish` returns as soon as the version
@@ -40,6 +44,7 @@ import torch
 from rlboost.models.layout import asset_files
 from rlboost.weights.checksum import state_checksum
 from rlboost.weights.safetensors_io import state_to_bytes, to_publish_dtype
+from rlboost.weights.signing import ManifestSigner
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +59,9 @@ class WeightUploader(Protocol):
     async def versions(self) -> Any: ...
 
     async def upload(
-        self, version: int, payload: bytes, kind: str, checksum: str, base_version: int | None = None, fmt: str = ...
-    ) -> Any: ...
+        self, version: int, payload: bytes, kind: str, checksum: str, base_version: int | None = None, fmt: str = ...,
+        **signed: Any,
+    ) -> Any: ...  # fmt: skip
 
     async def upload_asset(self, name: str, data: bytes) -> Any: ...
 
@@ -137,20 +143,28 @@ class WeightPublisher:
         mode: Literal["delta", "full"] = "delta",
         full_every: int = 10,
         overlap: bool = False,
+        signer: ManifestSigner | None = None,
     ) -> None:
         if mode not in ("delta", "full"):
             raise ValueError(f"weightSync.mode must be 'delta' or 'full', got {mode!r}")
         if full_every < 1:
             raise ValueError(f"weightSync.fullEvery must be >= 1, got {full_every}")
         self.client, self.mode, self.full_every, self.overlap = client, mode, full_every, overlap
+        self.signer = signer  # None: unsigned uploads (no job credentials)
         self.last_state: dict[str, torch.Tensor] | None = None
         self.last: Published | None = None
         self._inflight: asyncio.Task[None] | None = None
 
     @classmethod
-    def from_spec(cls, client: WeightUploader, weight_sync: Any, overlap: bool = False) -> WeightPublisher:
-        """A publisher configured by a JobSpec's `weight_sync` (rlboost.spec.WeightSyncSpec)."""
-        return cls(client, mode=weight_sync.mode, full_every=weight_sync.full_every, overlap=overlap)
+    def from_spec(
+        cls, client: WeightUploader, weight_sync: Any, overlap: bool = False, credentials_dir: Path | None = None
+    ) -> WeightPublisher:
+        """A publisher configured by a JobSpec's `weight_sync` (rlboost.spec.WeightSyncSpec); with the job's
+        `credentials_dir` it signs every upload with the job's key."""
+        signer = None
+        if credentials_dir is not None:
+            signer = ManifestSigner.from_credentials(credentials_dir, weight_sync.chunk_bytes)
+        return cls(client, weight_sync.mode, weight_sync.full_every, overlap, signer)
 
     async def held_versions(self) -> list[int]:
         listing = await self.client.versions()
@@ -272,10 +286,7 @@ class WeightPublisher:
         t0 = time.monotonic()
         if enc.kind == "delta":
             try:
-                await self.client.upload(
-                    pub.version, enc.payload, kind="delta", checksum=enc.checksum, base_version=enc.base_version,
-                    fmt="rlboost-delta",
-                )  # fmt: skip
+                await self._put(pub.version, enc.payload, "delta", enc.checksum, enc.base_version)
             except Exception as err:
                 if getattr(err, "field", None) != "base_version":
                     raise
@@ -287,7 +298,7 @@ class WeightPublisher:
         else:
             if enc.companion is not None:
                 await self._upload_companion(pub, enc)
-            await self.client.upload(pub.version, enc.payload, kind="full", checksum=enc.checksum, fmt="safetensors")
+            await self._put(pub.version, enc.payload, "full", enc.checksum, None)
         pub.kind, pub.base_version = enc.kind, enc.base_version
         pub.companion_base = enc.companion_base if enc.companion is not None else None
         pub.companion_nbytes = len(enc.companion) if enc.companion is not None else 0
@@ -299,14 +310,24 @@ class WeightPublisher:
                    "upload_seconds": round(pub.upload_seconds, 4)},
         )  # fmt: skip
 
+    async def _put(self, version: int, payload: bytes, kind: str, checksum: str, base_version: int | None) -> None:
+        """Upload one payload, signed when the publisher has the job's key (hashing it off the event loop)."""
+        fmt = "safetensors" if kind == "full" else "rlboost-delta"
+        signed: dict[str, Any] = {}
+        if self.signer is not None:
+            signature = await asyncio.to_thread(
+                self.signer.sign_payload, payload, version=version, kind=kind, base_version=base_version, fmt=fmt,
+                checksum=checksum,
+            )  # fmt: skip
+            signed = {"signature": signature, "chunk_bytes": self.signer.chunk_bytes}
+        await self.client.upload(version, payload, kind=kind, checksum=checksum, base_version=base_version, fmt=fmt,
+                                 **signed)  # fmt: skip
+
     async def _upload_companion(self, pub: Published, enc: _Encoded) -> None:
         """Upload a snapshot version's delta before its snapshot; a refused base just drops the companion."""
         assert enc.companion is not None
         try:
-            await self.client.upload(
-                pub.version, enc.companion, kind="delta", checksum=enc.checksum, base_version=enc.companion_base,
-                fmt="rlboost-delta",
-            )  # fmt: skip
+            await self._put(pub.version, enc.companion, "delta", enc.checksum, enc.companion_base)
         except Exception as err:
             if getattr(err, "field", None) != "base_version":
                 raise

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from rlboost.auth.grpc_auth import ClientAuth
 from rlboost.rollout.v1 import rollout_pb2_grpc
 from rlboost.wire.rollout_io import RolloutRequest, Trajectory
 from rlboost.wire.rollout_proto import grpc_message_options, rollout_request_to_pb, trajectory_from_pb
@@ -35,13 +36,15 @@ class RolloutError(RuntimeError):
 class RolloutClient:
     """An async gRPC channel to the rollout-manager."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, auth: ClientAuth | None = None) -> None:
+        """`auth`: the trainer token and the job CA (None: an open, plaintext manager)."""
         self.target = target
+        self.auth = auth or ClientAuth()
         self._channel: grpc.aio.Channel | None = None
         self._stub: rollout_pb2_grpc.RolloutManagerStub | None = None
 
     async def __aenter__(self) -> RolloutClient:
-        self._channel = grpc.aio.insecure_channel(self.target, options=grpc_message_options())
+        self._channel = self.auth.aio_channel(self.target, options=grpc_message_options())
         self._stub = rollout_pb2_grpc.RolloutManagerStub(self._channel)
         return self
 

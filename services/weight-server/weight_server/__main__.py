@@ -3,7 +3,9 @@
 Flags (each also RLBOOST_<FLAG>): the fields of `rlboost.options.weight_server.WeightServerOptions`, the
 shared service flags (--config, --namespace, --job, --nats-url, --host, --log-level) plus --port, --data-dir,
 --token-file (or RLBOOST_TOKEN), --read-token-file, --chunk-bytes (default: the job spec's
-weightSync.chunkBytes). One process, uvicorn run programmatically.
+weightSync.chunkBytes). With --credentials-dir the job's role tokens replace --token-file/--read-token-file
+(access.py: reads need a worker, trainer or observer token, uploads the trainer's) and it serves https when the
+directory holds tls-weight-server.crt. One process, uvicorn run programmatically.
 A bad data dir, a port in use, a missing token or an unreachable NATS exits non-zero with one clear line.
 """
 
@@ -47,6 +49,32 @@ def upload_token(args: WeightServerOptions) -> str:
     return token
 
 
+def _access(args: WeightServerOptions):
+    """The job's role tokens with --credentials-dir; else --token-file (or RLBOOST_TOKEN) and --read-token-file."""
+    from rlboost.auth.credentials import CredentialsError
+
+    from .access import Access
+
+    if args.credentials_dir:
+        try:
+            return Access.from_credentials(args.credentials_dir)
+        except CredentialsError as err:
+            raise StartupError(f"--credentials-dir: {err}") from None
+    reader = read_token(args.read_token_file, "--read-token-file") if args.read_token_file else None
+    return Access.tokens(upload_token(args), reader)
+
+
+def tls_files(credentials_dir: str) -> dict[str, str]:
+    """uvicorn's TLS options when the credentials hold the weight-server's certificate (Kubernetes), else none."""
+    directory = Path(credentials_dir) if credentials_dir else None
+    if directory is None or not (directory / "tls-weight-server.crt").is_file():
+        return {}
+    return {
+        "ssl_certfile": str(directory / "tls-weight-server.crt"),
+        "ssl_keyfile": str(directory / "tls-weight-server.key"),
+    }
+
+
 def check_data_dir(path: str) -> Path:
     """The data dir exists (created if needed) and is writable."""
     root = Path(path)
@@ -82,8 +110,7 @@ async def serve(args: WeightServerOptions) -> None:
     from .app import create_app
     from .store import VersionStore
 
-    token = upload_token(args)
-    reader = read_token(args.read_token_file, "--read-token-file") if args.read_token_file else None
+    access = _access(args)
     chunk = args.chunk_bytes or args.spec.weight_sync.chunk_bytes
     root = check_data_dir(args.data_dir)
     sock = bind(args.host, args.port)
@@ -97,11 +124,9 @@ async def serve(args: WeightServerOptions) -> None:
     store = VersionStore(root, int(chunk), args.spec.weight_sync.retain_versions, args.compacted_cache_bytes)
     watchdog = LoopWatchdog(max_lag_s=5.0)  # compaction and file reads run in threads: the loop only awaits
     watchdog.start()
-    app = create_app(store, token, reader, announcer, watchdog=watchdog)
-    config = uvicorn.Config(
-        app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=5,
-        timeout_keep_alive=int(IDLE_TIMEOUT_S),
-    )  # fmt: skip
+    app = create_app(store, access, announcer=announcer, watchdog=watchdog)
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=5,
+                            timeout_keep_alive=int(IDLE_TIMEOUT_S), **tls_files(args.credentials_dir))  # fmt: skip
     server = uvicorn.Server(config)
     log.info("weight-server listening", extra={"host": args.host, "port": args.port, "data_dir": str(root)})
     try:

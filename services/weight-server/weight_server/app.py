@@ -3,7 +3,8 @@
 Routes (rlboost.wire.weights_io): GET /v1/versions, GET /v1/versions/{v}/manifest[?kind=full|delta],
 GET /v1/versions/{v}/payload (Range), GET /v1/versions/{v}/{kind}/payload (a version's payload of that kind:
 a snapshot version may also hold the delta from the version before, its companion), PUT /v1/versions/{v}
-(bearer token; a second PUT of the other kind adds a companion, not announced again), GET /v1/sync?from=A&to=B[&compact=0],
+(trainer token; a second PUT of the other kind adds a companion, not announced again; the trainer's signature
+and chunk size headers are kept: rlboost.weights.signing), GET /v1/sync?from=A&to=B[&compact=0],
 GET /v1/compacted/{a}/{b}/manifest and /payload (Range; composed from the chain on first request),
 GET /v1/assets, GET /v1/assets/{name}, PUT /v1/assets/{name} (bearer token; the model's config, tokenizer and
 chat template: assets.py), GET /healthz, GET /metrics. Errors are JSON: {"error": "...", "field": "..."}.
@@ -12,7 +13,6 @@ chat template: assets.py), GET /healthz, GET /metrics. Errors are JSON: {"error"
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import re
 from pathlib import Path
@@ -28,8 +28,10 @@ from rlboost.wire.weights_io import (
     API_PREFIX,
     HEADER_BASE_VERSION,
     HEADER_CHECKSUM,
+    HEADER_CHUNK_BYTES,
     HEADER_FORMAT,
     HEADER_KIND,
+    HEADER_SIGNATURE,
     MAX_ASSET_BYTES,
     AssetInfo,
     AssetList,
@@ -37,6 +39,7 @@ from rlboost.wire.weights_io import (
     VersionList,
 )
 
+from .access import Access
 from .announce import Announcer
 from .assets import AssetStore
 from .errors import ErrorKind, StoreError
@@ -54,6 +57,7 @@ HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.CONFLICT: 409,
     ErrorKind.INVALID: 422,
     ErrorKind.UNAUTHORIZED: 401,
+    ErrorKind.FORBIDDEN: 403,
     ErrorKind.RANGE_NOT_SATISFIABLE: 416,
     ErrorKind.TOO_LARGE: 413,
 }
@@ -100,17 +104,16 @@ def _int_param(value: str | None, name: str) -> int | None:
 
 def create_app(
     store: VersionStore,
-    token: str,
+    token: str | Access,
     read_token: str | None = None,
     announcer: Announcer | None = None,
     metrics: WeightServerMetrics | None = None,
     assets: AssetStore | None = None,
     watchdog: LoopWatchdog | None = None,
 ) -> FastAPI:
-    """The app over a store; `token` guards uploads, `read_token` (if set) guards reads; `assets`: the model's
-    assets (default: `<data-dir>/assets`)."""
-    if not token:
-        raise ValueError("an upload token is required")
+    """The app over a store; `token` guards uploads, `read_token` (if set) guards reads, or `token` is the whole
+    Access (the job's role tokens: access.py); `assets`: the model's assets (default: `<data-dir>/assets`)."""
+    access = token if isinstance(token, Access) else Access.tokens(token, read_token)
     metrics = metrics or WeightServerMetrics()
     assets = assets if assets is not None else AssetStore(store.root / "assets")
     app = FastAPI(title="rlboost weight-server", docs_url=None, redoc_url=None, openapi_url=None)
@@ -132,11 +135,7 @@ def create_app(
         return _error(status, err.message, err.field)
 
     def check_read(request: Request) -> None:
-        if read_token is None:
-            return
-        given = _bearer(request)
-        if not (hmac.compare_digest(given, read_token) or hmac.compare_digest(given, token)):
-            raise StoreError(ErrorKind.UNAUTHORIZED, "reads need 'Authorization: Bearer <read token>'", "Authorization")
+        access.check_read(_bearer(request))
 
     @app.get("/healthz")
     async def healthz() -> Response:
@@ -219,10 +218,7 @@ def create_app(
         return StreamingResponse(body(), status_code=status, headers=headers, media_type="application/octet-stream")
 
     def check_upload(request: Request) -> None:
-        if not hmac.compare_digest(_bearer(request), token):
-            raise StoreError(
-                ErrorKind.UNAUTHORIZED, "uploads need 'Authorization: Bearer <job token>'", "Authorization"
-            )
+        access.check_upload(_bearer(request))
 
     @app.get(API_PREFIX + "/assets")
     async def asset_list(request: Request) -> AssetList:
@@ -257,6 +253,8 @@ def create_app(
             checksum=h.get(HEADER_CHECKSUM, ""),
             base_version=base,
             fmt=h.get(HEADER_FORMAT),
+            signature=h.get(HEADER_SIGNATURE),
+            chunk_bytes=_int_param(h.get(HEADER_CHUNK_BYTES), HEADER_CHUNK_BYTES),
         )
         try:
             result = await _receive(request, up)

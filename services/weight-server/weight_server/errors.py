@@ -15,6 +15,7 @@ class ErrorKind(StrEnum):
     CONFLICT = "conflict"  # clashes with what is held: immutable versions, another checksum, a base gone meanwhile
     INVALID = "invalid"  # the request itself is wrong: a field missing or out of its range
     UNAUTHORIZED = "unauthorized"  # no valid bearer token
+    FORBIDDEN = "forbidden"  # a valid token of a role that may not do this (a worker's upload)
     RANGE_NOT_SATISFIABLE = "range_not_satisfiable"  # a Range header that selects no bytes of the payload
     TOO_LARGE = "too_large"  # over a bound of what is held (a model asset, or all of them together)
 

@@ -24,10 +24,18 @@ request). Of the candidates, the fewest total bytes wins.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rlboost.wire.weights_io import Manifest
+from rlboost.wire.weights_io import (
+    HEADER_CHUNK_BYTES,
+    HEADER_SIGNATURE,
+    MAX_CHUNK_BYTES,
+    MIN_CHUNK_BYTES,
+    SIGNATURE_PATTERN,
+    Manifest,
+)
 
 from .errors import ErrorKind, StoreError
 
@@ -104,6 +112,21 @@ def admit_upload(
     if kind == "delta":
         check_delta_base(held, version, base_version)
     return companion
+
+
+def check_signed_layout(signature: str | None, chunk_bytes: int | None) -> None:
+    """A trainer's signature is well-formed (base64 of 64 bytes; whether it verifies is for workers, which hold
+    the key) and the chunk size it was computed with is within bounds."""
+    if signature and not re.fullmatch(SIGNATURE_PATTERN, signature):
+        raise StoreError(
+            ErrorKind.INVALID, f"{HEADER_SIGNATURE} must be the base64 of a 64-byte Ed25519 signature", "signature"
+        )
+    if chunk_bytes is not None and not MIN_CHUNK_BYTES <= chunk_bytes <= MAX_CHUNK_BYTES:
+        raise StoreError(
+            ErrorKind.INVALID,
+            f"{HEADER_CHUNK_BYTES} must be within {MIN_CHUNK_BYTES}..{MAX_CHUNK_BYTES}, got {chunk_bytes}",
+            "chunk_bytes",
+        )
 
 
 def _check_companion(primary: Manifest, has_second: bool, checksum: str) -> None:

@@ -66,6 +66,7 @@ class Upload:
     chunk_bytes: int
     tmp_dir: Path
     companion: bool = False  # the second payload (other kind, same checksum) of a version already held
+    signature: str | None = None  # the trainer's, kept in the manifest as uploaded (the server cannot check it)
     total: int = 0
     _whole: hashlib._Hash = field(default_factory=hashlib.sha256)
     _chunk: hashlib._Hash = field(default_factory=hashlib.sha256)
@@ -134,6 +135,7 @@ class Upload:
             created_at=time.time(),
             compacted=compacted,
             companion=self.companion,
+            signature=self.signature,
         )
         with open(self.tmp_dir / MANIFEST, "w") as f:
             f.write(manifest.model_dump_json(indent=1))
@@ -282,9 +284,18 @@ class VersionStore:
 
     # ---- uploads -----------------------------------------------------------------------------
     def begin_upload(
-        self, version: int, kind: str, checksum: str, base_version: int | None = None, fmt: str | None = None
+        self,
+        version: int,
+        kind: str,
+        checksum: str,
+        base_version: int | None = None,
+        fmt: str | None = None,
+        signature: str | None = None,
+        chunk_bytes: int | None = None,
     ) -> Upload:
-        """Validate an upload's metadata and reserve its version; raises StoreError with the field at fault."""
+        """Validate an upload's metadata and reserve its version; raises StoreError with the field at fault.
+        A signed upload names the chunk size its signed manifest was computed with (else the store's)."""
+        planning.check_signed_layout(signature, chunk_bytes)
         with self._lock:
             companion = planning.admit_upload(
                 self._held(), self._pending, self._pending_companions, version, kind, checksum, base_version
@@ -293,7 +304,8 @@ class VersionStore:
         fmt = fmt or ("safetensors" if kind == "full" else "rlboost-delta")
         tmp = self.incoming_dir / f"{version}-{uuid.uuid4().hex}"
         try:
-            return Upload(self, version, kind, base_version, checksum, fmt, self.chunk_bytes, tmp, companion)
+            chunks = chunk_bytes or self.chunk_bytes
+            return Upload(self, version, kind, base_version, checksum, fmt, chunks, tmp, companion, signature or None)
         except BaseException:
             with self._lock:
                 (self._pending_companions if companion else self._pending).discard(version)

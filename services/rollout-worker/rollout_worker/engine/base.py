@@ -12,9 +12,10 @@ ever talks to this interface.
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -51,6 +52,63 @@ class GenerationStep:
     logprobs: list[float] = field(default_factory=list)  # sampling-policy log-probability per token
     finished: bool = False  # no more steps follow for this request (also after an abort)
     finish_reason: str = ""  # FINISH_STOP | FINISH_LENGTH | FINISH_ABORT when finished
+    # The request failed here by itself (last step, FINISH_ABORT): the cause, one line. The others go on.
+    error: str = ""
+    invalid_input: bool = False  # with `error`: its input is refused (any engine of this model would refuse it)
+
+
+def prompt_problem(input_ids: Sequence[int], vocab_size: int) -> str:
+    """'' when every id of `input_ids` (prompt + tokens so far) indexes the model's vocabulary, else what is wrong:
+    checked at admission, so one bad request is refused alone instead of failing every step of its batch."""
+    if not input_ids:
+        return "input_ids: empty; a request needs at least one prompt token"
+    for position, token in enumerate(input_ids):
+        if not 0 <= token < vocab_size:
+            return (
+                f"input_ids[{position}] = {token} is outside the model's vocabulary (0..{vocab_size - 1}); "
+                "tokenize the prompt with this model's tokenizer"
+            )
+    return ""
+
+
+def refusal(a: Assignment, vocab_size: int, errors: RepeatedLog) -> GenerationStep | None:
+    """The one step of a request refused at admission (its ids are not the model's vocabulary), logged with
+    repeats counted; None when it may run. `vocab_size` 0: unknown, nothing is checked."""
+    problem = prompt_problem(a.input_ids, vocab_size) if vocab_size else ""
+    if not problem:
+        return None
+    errors.error("request refused: invalid input_ids", f"request refused: {problem}", request_id=a.request_id)
+    return GenerationStep(a.request_id, a.generated, [], [], True, FINISH_ABORT, problem, invalid_input=True)
+
+
+class RepeatedLog:
+    """Logs an error once, then counts its repeats: identical errors (same key) within `period_s` of the last line
+    logged become one line with their count, instead of a line per decode iteration or per request."""
+
+    def __init__(self, logger: logging.Logger, period_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        self.logger, self.period_s, self.clock = logger, period_s, clock
+        self._seen: dict[str, tuple[float, int]] = {}  # key -> (when its last line was logged, repeats since)
+
+    def error(self, key: str, message: str, exc_info: BaseException | None = None, **extra: object) -> bool:
+        """Log `message` (with `exc_info`'s traceback) unless the same key was logged less than `period_s` ago
+        (then count it); True if logged."""
+        now = self.clock()
+        last, repeats = self._seen.get(key, (float("-inf"), 0))
+        if now - last < self.period_s:
+            self._seen[key] = (last, repeats + 1)
+            return False
+        if repeats:
+            message = f"{message} (and {repeats} more like it in the last {now - last:.0f}s)"
+        self._seen[key] = (now, 0)
+        self.logger.error(message, exc_info=exc_info, extra={**extra, "repeats": repeats})
+        return True
+
+    def flush(self) -> None:
+        """Log the counts not logged yet (at close)."""
+        for key, (_, repeats) in self._seen.items():
+            if repeats:
+                self.logger.error(f"{key}: {repeats} more times", extra={"repeats": repeats})
+        self._seen.clear()
 
 
 class Engine(ABC):

@@ -33,7 +33,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rlboost.weights.checksum import state_checksum
@@ -45,7 +45,10 @@ from rollout_worker.engine.base import (
     Engine,
     EngineError,
     GenerationStep,
+    RepeatedLog,
+    has_weights,
     read_model_state,
+    refusal,
 )
 
 if TYPE_CHECKING:
@@ -145,7 +148,8 @@ class SglangEngine(Engine):
         self.extra_args = dict(extra_args or {})
         self._sgl = None  # sglang.Engine
         self._version = 0
-        self._state: Mapping[str, torch.Tensor] = {}
+        self._state: Mapping[str, torch.Tensor] = {}  # the exact state held; {} until a start without weights gets one
+        self._names: frozenset[str] = frozenset()  # the model's tensors (a tied pair once): what a whole state holds
         self._tied: dict[str, str] = {}  # alias -> source of tensors the model ties (stored once)
         self._checksum = ""
         self._running: set[str] = set()
@@ -157,6 +161,8 @@ class SglangEngine(Engine):
         self.seeded_sampling = device != "cpu"
         self.startup_s = 0.0
         self.last_update: dict[str, float] = {}
+        self.vocab_size = 0  # config.json's vocab_size, set by start: prompt ids are checked against it (0: not)
+        self._errors = RepeatedLog(log)  # a refusal repeated per placement logs one line with a count
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -191,31 +197,48 @@ class SglangEngine(Engine):
         return kwargs
 
     async def start(self, model_dir: str, state: Mapping[str, torch.Tensor] | None = None, version: int = 0) -> None:
+        """A model directory without weights (only the assets a spot worker pulled from the weight-server) starts
+        SGLang with dummy weights; the engine takes no request until update_weights gives it a whole state."""
         reason = sglang_available() if not self.on_cpu else self._cpu_import_reason()
         if reason:
             raise EngineError(f"--engine sglang: {reason}; build it with scripts/setup_sglang_env.sh (CPU)")
         t0 = time.perf_counter()
+        weightless = not has_weights(model_dir)
+        self.vocab_size = int(_read_config(model_dir).get("vocab_size") or 0)
         # Blocking on purpose: SGLang installs signal handlers and forks children, which must happen on the
         # main thread; nothing else runs on the loop before the worker registers.
-        self._sgl = self._launch(model_dir)
-        disk = read_model_state(model_dir)
-        self._tied = _tied_aliases(model_dir, disk)  # published states name both; the files store one
-        self._state, self._checksum = disk, state_checksum(disk)
+        self._sgl = self._launch(model_dir, dummy=weightless)
+        if weightless:  # the model's tensor names from its config; the weights come with the first update
+            names = _config_tensor_names(model_dir)
+            self._tied = _tied_aliases(model_dir, names)
+            self._names = frozenset(names)
+        else:
+            disk = read_model_state(model_dir)
+            self._tied = _tied_aliases(model_dir, disk)  # published states name both; the files store one
+            self._names = frozenset(disk)
+            self._state, self._checksum = disk, state_checksum(disk)
         self.startup_s = time.perf_counter() - t0
         if state is not None:
             await self.update_weights(state, version)
         self._version = version
-        log.info("sglang engine ready", extra={"startup_s": round(self.startup_s, 2), "device": self.device})
+        weights = "held" if self._state else "awaiting the first update"
+        log.info(
+            "sglang engine ready",
+            extra={"startup_s": round(self.startup_s, 2), "device": self.device, "weights": weights},
+        )
 
     def _cpu_import_reason(self) -> str:
         os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
         return sglang_available()
 
-    def _launch(self, model_dir: str):
+    def _launch(self, model_dir: str, dummy: bool = False):
         import sglang
 
+        kwargs = self.engine_kwargs(model_dir)
+        if dummy:  # random weights of the right shapes, replaced by the first (verified) update before any request
+            kwargs["load_format"] = "dummy"
         try:
-            return sglang.Engine(**self.engine_kwargs(model_dir))
+            return sglang.Engine(**kwargs)
         except Exception as err:
             first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise EngineError(f"cannot start SGLang on {model_dir}: {type(err).__name__}: {first_line}") from None
@@ -224,6 +247,7 @@ class SglangEngine(Engine):
         if self._sgl is None:
             return
         sgl, self._sgl = self._sgl, None
+        self._errors.flush()
         with contextlib.suppress(Exception):
             sgl.tokenizer_manager.abort_request(abort_all=True)
         await asyncio.to_thread(sgl.shutdown)  # kills SGLang's child processes
@@ -247,7 +271,13 @@ class SglangEngine(Engine):
             raise EngineError(f"request {rid} is already running")
         if self.memory_released:
             raise EngineError("generate: engine memory is released (colocation); call resume_memory() first")
+        if not self._state:
+            raise EngineError("generate: the engine started without weights; update_weights must give it a version")
         offset = assignment.generated
+        refused = refusal(assignment, self.vocab_size, self._errors)
+        if refused is not None:  # refused alone, before it joins a batch whose every step it would fail
+            yield refused
+            return
         if offset >= assignment.sampling.max_new_tokens:  # a migrated request that had used its whole budget
             yield GenerationStep(rid, offset, [], [], True, FINISH_LENGTH)
             return
@@ -304,9 +334,17 @@ class SglangEngine(Engine):
             try:
                 t0 = time.perf_counter()
                 names = list(state) if resend_all else changed_tensors(self._state, state)
-                unknown = [n for n in state if n not in self._state and n not in self._tied]
+                unknown = [n for n in state if n not in self._names and n not in self._tied]
                 if unknown:
                     raise EngineError(f"weights: {len(unknown)} tensors are not in the model, e.g. {unknown[0]!r}")
+                # A whole state replaces what is held (as in the torch engine); a partial one updates it.
+                whole = self._names <= set(state)
+                if not whole and not self._state:
+                    missing = sorted(self._names - set(state))
+                    raise EngineError(
+                        "weights: the engine started without weights, so its first update must be a whole state; "
+                        f"{len(missing)} tensors are missing, e.g. {missing[0]!r}"
+                    )
                 _check_tied(self._tied, state)
                 names = [n for n in names if n not in self._tied]  # SGLang holds one tensor for a tied pair
                 if names:
@@ -317,8 +355,6 @@ class SglangEngine(Engine):
                         await _checked(tm.update_weights_from_tensor(req, None), "update_weights_from_tensor")
                     finally:
                         await _checked(tm.end_weight_update(EndWeightUpdateReqInput(), None), "end_weight_update")
-                # A whole state replaces what is held (as in the torch engine); a partial one updates it.
-                whole = set(self._state) - set(self._tied) <= set(state)
                 merged = dict(state) if whole else {**self._state, **state}
                 self._state = merged
                 self._checksum = (checksum if whole and checksum else None) or state_checksum(merged)
@@ -392,14 +428,37 @@ async def _checked(coro, what: str) -> None:
         raise EngineError(f"SGLang {what} failed: {result[1] if len(result) > 1 else 'no message'}")
 
 
-def _tied_aliases(model_dir: str, disk: Mapping[str, torch.Tensor]) -> dict[str, str]:
-    """{"lm_head.weight": "model.embed_tokens.weight"} when the model ties them and the files store one copy."""
+def _tied_aliases(model_dir: str, names: Collection[str]) -> dict[str, str]:
+    """{"lm_head.weight": "model.embed_tokens.weight"} when the model ties them and the files (`names`) store one."""
+    config = _read_config(model_dir)
+    tied = config.get("tie_word_embeddings", False) and "lm_head.weight" not in names
+    return {"lm_head.weight": "model.embed_tokens.weight"} if tied and "model.embed_tokens.weight" in names else {}
+
+
+def _read_config(model_dir: str) -> dict[str, Any]:
     import json
     from pathlib import Path
 
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    tied = config.get("tie_word_embeddings", False) and "lm_head.weight" not in disk
-    return {"lm_head.weight": "model.embed_tokens.weight"} if tied and "model.embed_tokens.weight" in disk else {}
+    return json.loads((Path(model_dir) / "config.json").read_text())
+
+
+def _config_tensor_names(model_dir: str) -> set[str]:
+    """The names of a model's tensors as its files store them (a tied lm_head once, under the embedding), from
+    config.json alone: the model is built on the meta device (no memory, no weights) for its state_dict's keys."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(model_dir)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except (OSError, ValueError) as err:
+        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise EngineError(f"cannot build the model from {model_dir}/config.json: {first_line}") from None
+    names = set(model.state_dict())
+    if _read_config(model_dir).get("tie_word_embeddings", False) and "model.embed_tokens.weight" in names:
+        names.discard("lm_head.weight")
+    return names
 
 
 def _check_tied(tied: Mapping[str, str], state: Mapping[str, torch.Tensor]) -> None:

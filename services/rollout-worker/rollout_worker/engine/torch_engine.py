@@ -39,8 +39,10 @@ from rollout_worker.engine.base import (
     Engine,
     EngineError,
     GenerationStep,
+    RepeatedLog,
     has_weights,
     read_model_state,
+    refusal,
 )
 
 log = logging.getLogger(__name__)
@@ -67,10 +69,18 @@ class _Request:
     read_offset: int = 0  # response index of tokens[0]
     done: bool = False
     reason: str = ""
+    error: str = ""  # it failed here by itself (see _isolate)
+    history: list[int] = field(default_factory=list)  # every token produced here: a re-prefill continues after them
+    isolated: bool = False  # its batch failed: it is prefilled and decoded alone from now on
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def input_ids(self) -> list[int]:
+        """What a prefill of this request reads: its assignment's prompt + tokens, then the tokens made here."""
+        return list(self.a.input_ids) + self.history
 
     def push(self, token: int, logprob: float) -> None:
         self.tokens.append(token)
+        self.history.append(token)
         self.logprobs.append(logprob)
         self.produced += 1
         if token in self.stop:
@@ -79,15 +89,16 @@ class _Request:
             self.finish(FINISH_LENGTH)
         self.wake.set()
 
-    def finish(self, reason: str) -> None:
+    def finish(self, reason: str, error: str = "") -> None:
         if not self.done:
-            self.done, self.reason = True, reason
+            self.done, self.reason, self.error = True, reason, error
             self.wake.set()
 
     def take(self) -> GenerationStep:
         step = GenerationStep(
             self.a.request_id, self.read_offset, self.tokens, self.logprobs, self.done, self.reason if self.done else ""
         )
+        step.error = self.error
         self.read_offset += len(self.tokens)
         self.tokens, self.logprobs = [], []
         self.wake.clear()
@@ -139,6 +150,8 @@ class TorchEngine(Engine):
         self._closed = False
         self._compute = asyncio.Lock()  # held while the decode thread or an update touches the model
         self._shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}  # freed parameters, for resume
+        self.vocab_size = 0  # rows of the input embedding, set by start: prompt ids are checked against it
+        self._errors = RepeatedLog(log)  # a failure that repeats every iteration logs one line with a count
         self._params_sum = ""  # checksum of the compute parameters taken at release, checked at resume
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -147,6 +160,7 @@ class TorchEngine(Engine):
         """A model directory without weights (only the assets a worker pulled from the weight-server) builds the
         model from its config; it generates nothing sensible until update_weights gives it a version."""
         self.model = await asyncio.to_thread(self._load_model, model_dir)
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings
         if state is None and has_weights(model_dir):
             state = await asyncio.to_thread(read_model_state, model_dir)
         if state is not None:
@@ -200,6 +214,7 @@ class TorchEngine(Engine):
         if self._task:
             self._wake.set()
             await self._task
+        self._errors.flush()
 
     # ---- the interface ---------------------------------------------------------------------
 
@@ -209,9 +224,15 @@ class TorchEngine(Engine):
 
     async def generate(self, assignment: Assignment) -> AsyncIterator[GenerationStep]:
         self._check_usable("generate")
+        if not self._state:
+            raise EngineError("generate: the engine started without weights; update_weights must give it a version")
         rid = assignment.request_id
         if rid in self._reqs:
             raise EngineError(f"request {rid} is already running")
+        refused = refusal(assignment, self.vocab_size, self._errors)
+        if refused is not None:  # refused alone, before it joins a batch whose every step it would fail
+            yield refused
+            return
         req = _Request(
             assignment, self._epoch_requested, assignment.generated, frozenset(assignment.sampling.stop_token_ids)
         )
@@ -322,9 +343,10 @@ class TorchEngine(Engine):
                 continue
             try:
                 async with self._compute:
-                    results = await asyncio.to_thread(self._iterate, admitted)
-            except Exception:
-                log.exception("decode iteration failed; aborting its requests")
+                    results, failed = await asyncio.to_thread(self._iterate, admitted)
+            except Exception as err:  # outside any one batch's step (e.g. pruning a cache): every request goes
+                what = f"decode iteration failed: {type(err).__name__}"
+                self._errors.error(what, f"{what}: {_one_line(err)}; aborting its requests", exc_info=err)
                 for req in admitted + [r for c in self._cohorts for r in c.reqs]:
                     req.finish(FINISH_ABORT)
                 self._cohorts = []
@@ -332,6 +354,31 @@ class TorchEngine(Engine):
             for req, token, logprob in results:
                 if not req.done:  # aborted while the iteration ran: drop what it produced
                     req.push(token, logprob)
+            for reqs, err in failed:
+                self._isolate(reqs, err)
+
+    def _isolate(self, reqs: list[_Request], err: Exception) -> None:
+        """A batch's step failed: a request that was alone in it failed by itself (it ends with the error, the
+        manager decides what follows); the requests of a larger batch are prefilled again one at a time from
+        prompt + tokens so far (the same tokens: sampling depends on seed and position only), so the one at
+        fault fails alone and the others go on."""
+        live = [r for r in reqs if not r.done]
+        if len(reqs) == 1:
+            for req in live:
+                error = f"generation failed: {type(err).__name__}: {_one_line(err)}"
+                self._errors.error(f"request failed alone: {type(err).__name__}", error, request_id=req.a.request_id)
+                req.finish(FINISH_ABORT, error)
+            return
+        self._errors.error(
+            f"batch step failed: {type(err).__name__}",
+            f"a batch step failed ({type(err).__name__}: {_one_line(err)}); retrying its {len(live)} requests "
+            "one at a time",
+            exc_info=err,
+        )
+        for req in live:
+            req.isolated = True
+        self._waiting[:0] = live  # first in line: re-prefilled before anything new
+        self._wake.set()
 
     def _can_admit(self) -> bool:
         live = sum(len(c.reqs) for c in self._cohorts)
@@ -340,9 +387,14 @@ class TorchEngine(Engine):
     def _admit(self) -> list[_Request]:
         room = self.capacity - sum(len(c.reqs) for c in self._cohorts)
         admitted: list[_Request] = []
-        # Only requests of the weights held now; later ones wait behind the update barrier.
+        # Only requests of the weights held now; later ones wait behind the update barrier. An isolated request
+        # (its batch failed) is a cohort of its own.
         while self._waiting and len(admitted) < room and self._waiting[0].epoch == self._epoch_applied:
+            if self._waiting[0].isolated and admitted:
+                break
             admitted.append(self._waiting.pop(0))
+            if admitted[0].isolated:
+                break
         return admitted
 
     async def _maybe_apply_update(self) -> None:
@@ -366,18 +418,31 @@ class TorchEngine(Engine):
 
     # ---- the decode thread -----------------------------------------------------------------
 
-    def _iterate(self, admitted: list[_Request]) -> list[tuple[_Request, int, float]]:
-        """One scheduler iteration: prune, prefill the admitted cohort, decode every older cohort once."""
+    def _iterate(
+        self, admitted: list[_Request]
+    ) -> tuple[list[tuple[_Request, int, float]], list[tuple[list[_Request], Exception]]]:
+        """One scheduler iteration: prune, prefill the admitted cohort, decode every older cohort once. A cohort
+        whose step fails is dropped (its cache may be half written) and returned with the error; the others go on."""
         results: list[tuple[_Request, int, float]] = []
+        failed: list[tuple[list[_Request], Exception]] = []
         with torch.inference_mode():
             self._cohorts = [c for c in (self._prune(c) for c in self._cohorts) if c is not None]
+            healthy = []
             for cohort in self._cohorts:
-                results += self._decode(cohort)
+                try:
+                    results += self._decode(cohort)
+                    healthy.append(cohort)
+                except Exception as err:
+                    failed.append((cohort.reqs, err))
+            self._cohorts = healthy
             if admitted:
-                cohort, first = self._prefill(admitted)
-                self._cohorts.append(cohort)
-                results += first
-        return results
+                try:
+                    cohort, first = self._prefill(admitted)
+                    self._cohorts.append(cohort)
+                    results += first
+                except Exception as err:
+                    failed.append((admitted, err))
+        return results, failed
 
     def _prune(self, c: _Cohort) -> _Cohort | None:
         keep = [i for i, r in enumerate(c.reqs) if not r.done]
@@ -393,12 +458,13 @@ class TorchEngine(Engine):
     def _prefill(self, reqs: list[_Request]) -> tuple[_Cohort, list[tuple[_Request, int, float]]]:
         from transformers import DynamicCache
 
-        width = max(len(r.a.input_ids) for r in reqs)
+        inputs = [r.input_ids() for r in reqs]
+        width = max(len(x) for x in inputs)
         ids = torch.zeros((len(reqs), width), dtype=torch.long)
         mask = torch.zeros((len(reqs), width), dtype=torch.long)
-        for i, r in enumerate(reqs):
-            n = len(r.a.input_ids)
-            ids[i, width - n :] = torch.tensor(r.a.input_ids, dtype=torch.long)
+        for i, x in enumerate(inputs):
+            n = len(x)
+            ids[i, width - n :] = torch.tensor(x, dtype=torch.long)
             mask[i, width - n :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -441,6 +507,10 @@ class TorchEngine(Engine):
         tokens, logprobs = sample_next(logits, temperature, seed, position, top_p)
         c.last = tokens.to(self.device)
         return list(zip(c.reqs, tokens.tolist(), logprobs.tolist(), strict=True))
+
+
+def _one_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [""])[0][:300]
 
 
 def _trim_heap() -> None:

@@ -1,0 +1,242 @@
+"""Run a registered reward confined: a small pool of long-lived sandbox processes scoring batches of samples.
+
+`RewardSandbox(name, limits)` starts `limits.processes` processes (rlboost.tasks.sandbox_child: own network
+namespace where permitted, an audit hook refusing sockets, processes and exec of text, RLIMIT_AS and a per-call
+RLIMIT_CPU) and `score(items)` returns one `RewardResult` per (response_text, example), in order. A call that
+takes longer than `limits.timeout_seconds`, crashes its process, exceeds a limit, is refused, raises or returns a
+non-finite value or a non-number scores 0.0 with a `failure` reason (FAILURE_REASONS); its process is replaced
+and the rest of the batch goes on in the new one, so good samples keep their rewards. Replies are JSON, never
+pickle: nothing the reward's process writes is executed here. Torch-free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rlboost.tasks.base import Example
+
+FAILURE_REASONS = ("timeout", "crash", "cpu", "memory", "refused", "exception", "bad_value")
+_MAX_REPLY_BYTES = 64 * 1024  # a reply is a number; anything longer is a broken protocol
+_START_TIMEOUT_S = 120.0  # importing the reward's package may be slow on a busy machine
+
+
+class RewardSandboxError(RuntimeError):
+    """The reward cannot be run at all (its package fails to import, or no sandbox process starts)."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """What one reward call may use (from the job spec's task.reward* fields)."""
+
+    timeout_seconds: float = 10.0
+    cpu_seconds: int = 10
+    memory_mib: int = 1024
+    processes: int = 2
+
+    @classmethod
+    def from_task(cls, task: Any) -> SandboxLimits:
+        return cls(task.reward_timeout_seconds, task.reward_cpu_seconds, task.reward_memory_mib, task.reward_processes)
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """A sample's reward; `failure` is None, or the reason it scored 0.0 (one of FAILURE_REASONS)."""
+
+    value: float
+    failure: str | None = None
+    detail: str = ""
+
+
+class _Process:
+    """One sandbox process and its reply stream."""
+
+    def __init__(self, reward: str, limits: SandboxLimits) -> None:
+        config = json.dumps({"reward": reward, "memory_mib": limits.memory_mib, "cpu_seconds": limits.cpu_seconds})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rlboost.tasks.sandbox_child", config],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+        )  # fmt: skip
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.stdin, self.stdout = self.proc.stdin.fileno(), self.proc.stdout.fileno()
+        os.set_blocking(self.stdin, False)
+        self._buffer = b""
+        self.netns = False
+
+    def wait_ready(self, deadline: float) -> None:
+        reply = self.read_reply(deadline)
+        if reply is None or not reply.get("ready"):
+            detail = reply.get("detail", reply) if isinstance(reply, dict) else "no answer"
+            self.kill()
+            raise RewardSandboxError(f"task.reward: the reward sandbox did not start: {detail}")
+        self.netns = bool(reply.get("netns"))
+
+    def read_reply(self, deadline: float, outgoing: bytearray | None = None) -> dict[str, Any] | None:
+        """The next reply line (writing `outgoing` meanwhile); None on timeout, EOF or a broken line."""
+        if b"\n" not in self._buffer:
+            self._fill(deadline, outgoing)
+        if b"\n" not in self._buffer:
+            return None
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            return None
+        return reply if isinstance(reply, dict) else None
+
+    def _fill(self, deadline: float, outgoing: bytearray | None) -> None:
+        """Read until the buffer holds a whole line, the deadline passes or the process ends."""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.stdout, selectors.EVENT_READ)
+            while b"\n" not in self._buffer:
+                if outgoing and not _registered(sel, self.stdin):
+                    sel.register(self.stdin, selectors.EVENT_WRITE)
+                left = deadline - time.monotonic()
+                if left <= 0 or len(self._buffer) > _MAX_REPLY_BYTES:
+                    return
+                for key, _ in sel.select(left):
+                    if key.fd == self.stdin:
+                        if not self._write(outgoing):
+                            sel.unregister(self.stdin)
+                    elif not (chunk := os.read(self.stdout, 65536)):
+                        return  # EOF: the process ended
+                    else:
+                        self._buffer += chunk
+
+    def _write(self, outgoing: bytearray | None) -> bool:
+        """Write what the pipe takes; False when nothing is left to write (or the process is gone)."""
+        if not outgoing:
+            return False
+        try:
+            sent = os.write(self.stdin, outgoing)
+        except BlockingIOError:
+            return True
+        except BrokenPipeError:  # the process ended; its EOF on stdout tells the reader
+            outgoing.clear()
+            return False
+        del outgoing[:sent]
+        return bool(outgoing)
+
+    def kill(self) -> int:
+        """End the process (if still running) and return how it ended (negative: by that signal)."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                stream.close()  # type: ignore[union-attr]
+        return self.proc.wait()
+
+
+def _registered(sel: selectors.BaseSelector, fd: int) -> bool:
+    try:
+        sel.get_key(fd)
+    except KeyError:
+        return False
+    return True
+
+
+def _why_ended(returncode: int, reply: dict[str, Any] | None, timed_out: bool) -> tuple[str, str]:
+    if reply is not None and reply.get("fail") in FAILURE_REASONS:
+        return str(reply["fail"]), str(reply.get("detail", ""))[:500]
+    if reply is not None:
+        return "bad_value", f"unexpected reply {str(reply)[:200]}"
+    if timed_out:
+        return "timeout", "no reply within task.rewardTimeoutSeconds"
+    if returncode == -signal.SIGXCPU:
+        return "cpu", "CPU time over task.rewardCpuSeconds"
+    return "crash", f"the reward process exited with {returncode}"
+
+
+class RewardSandbox:
+    """A pool of sandbox processes for one reward. Use as a context manager, or start() / close()."""
+
+    def __init__(self, reward: str, limits: SandboxLimits | None = None) -> None:
+        self.reward, self.limits = reward, limits or SandboxLimits()
+        self._idle: list[_Process] = []
+        self._pool = ThreadPoolExecutor(self.limits.processes, thread_name_prefix="reward-sandbox")
+        self.replaced = 0  # processes replaced after a failed call
+
+    def __enter__(self) -> RewardSandbox:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def network_isolated(self) -> bool:
+        """Whether the processes run in their own network namespace (else only the audit hook refuses sockets)."""
+        return all(p.netns for p in self._idle)
+
+    def start(self) -> None:
+        """Start every process and wait until each has loaded the reward (RewardSandboxError if one cannot)."""
+        procs = [_Process(self.reward, self.limits) for _ in range(self.limits.processes)]
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        try:
+            for p in procs:
+                p.wait_ready(deadline)
+        except RewardSandboxError:
+            for p in procs:
+                p.kill()
+            raise
+        self._idle = procs
+
+    def close(self) -> None:
+        for p in self._idle:
+            p.kill()
+        self._idle = []
+        self._pool.shutdown(wait=True)
+
+    def score(self, items: Sequence[tuple[str, Example]]) -> list[RewardResult]:
+        """One result per (response_text, example), in order; the batch is split over the processes."""
+        if not items:
+            return []
+        if not self._idle:
+            raise RewardSandboxError("the reward sandbox is not started (use it as a context manager)")
+        n = min(len(self._idle), len(items))
+        size = -(-len(items) // n)
+        chunks = [list(items[i : i + size]) for i in range(0, len(items), size)]
+        procs, self._idle = self._idle[: len(chunks)], self._idle[len(chunks) :]
+        if len(chunks) == 1:
+            outcomes = [self._run_chunk(procs[0], chunks[0])]
+        else:
+            outcomes = list(self._pool.map(self._run_chunk, procs, chunks))
+        self._idle += [proc for proc, _ in outcomes]
+        return [r for _, results in outcomes for r in results]
+
+    def _run_chunk(self, proc: _Process, items: list[tuple[str, Example]]) -> tuple[_Process, list[RewardResult]]:
+        """Score `items` in order on `proc`; after a failure the rest go to a fresh process."""
+        results: list[RewardResult] = []
+        while len(results) < len(items):
+            rest = items[len(results) :]
+            request = {"items": [[text, asdict(ex)] for text, ex in rest]}
+            outgoing = bytearray(json.dumps(request).encode() + b"\n")
+            for _ in rest:
+                deadline = time.monotonic() + self.limits.timeout_seconds
+                reply = proc.read_reply(deadline, outgoing)
+                value = reply.get("r") if reply is not None else None
+                if isinstance(value, float) and value == value and abs(value) != float("inf"):
+                    results.append(RewardResult(value))
+                    continue
+                timed_out = reply is None and time.monotonic() >= deadline
+                reason, detail = _why_ended(proc.kill(), reply, timed_out)
+                results.append(RewardResult(0.0, reason, detail))
+                proc = self._replacement()
+                break
+        return proc, results
+
+    def _replacement(self) -> _Process:
+        self.replaced += 1
+        proc = _Process(self.reward, self.limits)
+        proc.wait_ready(time.monotonic() + _START_TIMEOUT_S)
+        return proc

@@ -1,0 +1,95 @@
+"""The reward sandbox with real processes: every way a reward can misbehave costs that sample a 0 and a
+reason, the process is replaced, and the good samples of the same batch keep their rewards."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rlboost.tasks.base import Example
+from rlboost.tasks.sandbox import RewardSandbox, RewardSandboxError, SandboxLimits
+from tests.rlboost import reward_plugins
+
+GOOD = Example("What is 1+2?", "3")
+
+
+@pytest.fixture
+def plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test reward package, installed for this process (spec checks) and the sandbox processes."""
+    root = reward_plugins.install(tmp_path / "site")
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    return root
+
+
+@pytest.fixture
+def chaos(plugins: Path) -> Iterator[RewardSandbox]:
+    limits = SandboxLimits(timeout_seconds=3.0, cpu_seconds=1, memory_mib=512, processes=2)
+    with RewardSandbox("chaos", limits) as sandbox:
+        yield sandbox
+
+
+def _listener() -> socket.socket:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    return server
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("hang", "timeout"),
+        ("exit", "crash"),
+        ("segfault", "crash"),
+        ("hog", "memory"),
+        ("burn", "cpu"),
+        ("import os; os.system('touch PWNED')", "refused"),
+        ("socket", "refused"),
+        ("process", "refused"),
+        ("caught", "refused"),
+        ("nan", "bad_value"),
+        ("string", "bad_value"),
+        ("raise", "exception"),
+    ],
+)
+def test_a_misbehaving_call_scores_zero_and_the_batch_goes_on(
+    chaos: RewardSandbox, text: str, reason: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with _listener() as server:
+        bad = Example(str(server.getsockname()[1]), "3")
+        results = chaos.score([("3", GOOD), (text, bad), ("3", GOOD), ("4", GOOD), ("3", GOOD)])
+        server.settimeout(0)
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nothing connected
+    assert [r.value for r in results] == [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert [r.failure for r in results] == [None, reason, None, None, None], results[1].detail
+    assert chaos.replaced == 1
+    assert not (tmp_path / "PWNED").exists()
+    assert [r.value for r in chaos.score([("3", GOOD)] * 4)] == [1.0] * 4  # the replacement works
+
+
+def test_every_failure_in_one_batch_is_counted_separately(chaos: RewardSandbox) -> None:
+    texts = ["exit", "3", "raise", "nan", "3", "exit"]
+    results = chaos.score([(t, GOOD) for t in texts])
+    assert [r.failure for r in results] == ["crash", None, "exception", "bad_value", None, "crash"]
+    assert [r.value for r in results] == [0.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+
+
+def test_builtins_score_as_in_process(plugins: Path) -> None:
+    from rlboost.tasks.rewards import exact_match, math_answer
+
+    samples = [("3", GOOD), ("x = \\boxed{3}", GOOD), ("4", GOOD), ("3<|im_end|>", GOOD)]
+    for name, fn in (("exact_match", exact_match), ("math_answer", math_answer)):
+        with RewardSandbox(name, SandboxLimits(processes=1)) as sandbox:
+            assert [r.value for r in sandbox.score(samples)] == [fn(t, e) for t, e in samples]
+
+
+def test_a_reward_that_does_not_import_fails_clearly_at_start(plugins: Path) -> None:
+    with pytest.raises(RewardSandboxError, match="task.reward.*this reward package is broken"):
+        RewardSandbox("broken", SandboxLimits(processes=1)).start()
