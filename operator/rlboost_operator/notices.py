@@ -25,11 +25,10 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
-from rlboost.wire.events import PreemptionNotice, subject
+from rlboost.wire.events import STATUS_STREAM, PreemptionNotice, subject
 
 log = logging.getLogger(__name__)
 
-STATUS_STREAM = "RLBOOST_STATUS"
 STATUS_TOPICS = ("steps", "done")  # what the RLJob's status is made of: kept, newest per job
 
 

@@ -114,9 +114,16 @@ class Trainer:
     async def _connect_nats(self) -> None:
         import nats
 
+        from rlboost.auth.nats import connect_options
+
         try:
             self._nc = await asyncio.wait_for(
-                nats.connect(self.opts.nats_url, allow_reconnect=True, max_reconnect_attempts=-1),
+                nats.connect(
+                    self.opts.nats_url,
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    **connect_options(self.opts.credentials_dir, "trainer"),
+                ),
                 self.opts.connect_timeout_s,
             )
         except (TimeoutError, OSError, nats.errors.NoServersError) as err:
