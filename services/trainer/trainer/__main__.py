@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps,
         dump_rollouts=Path(args.dump_rollouts) if args.dump_rollouts else None, connect_timeout_s=args.connect_timeout,
         checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None, resume=args.resume,
-        colocation_timeout_s=args.colocation_timeout,
+        colocation_timeout_s=args.colocation_timeout, credentials_dir=args.credentials_dir,
     )  # fmt: skip
     try:
         trainer = loop.Trainer(args.spec, opts)

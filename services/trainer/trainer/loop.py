@@ -67,6 +67,7 @@ class TrainerOptions:
     colocation_timeout_s: float = 120.0  # wait this long for the colocated workers' release / resume acks
     checkpoint_dir: Path | None = None  # None: no checkpoints
     resume: bool = False  # continue from the newest valid checkpoint in checkpoint_dir
+    credentials_dir: str = ""  # the job's credentials (rlboost.auth): NATS as user trainer; '' = anonymous
 
 
 class StepContext:
