@@ -171,6 +171,12 @@ class Lane:
             run("podman", "build", "-t", self.image(NATS_IMAGE), context)
         say(f"built {self.image(NATS_IMAGE)} for the jobs' NATS")
 
+    def hold_network(self) -> None:
+        """Podman brings the network's bridge (and the gateway address the API server binds) up only while a
+        container is attached: one that sleeps holds it from the start (the shared NATS container used to)."""
+        argv = ["--network", self.network, "--entrypoint", "sleep", self.image("rollout-manager"), "infinity"]
+        self.container("network-holder", argv)
+
     def job_nats(self, job: str) -> tuple[str, dict[str, Any]] | None:
         """(URL, nats.connect options as user observer) of the job's own NATS, once its pod runs; else None."""
         from rlboost.auth.nats import client_options
@@ -623,6 +629,7 @@ def main(argv: list[str] | None = None) -> int:
         lane.ensure_images()
         lane.create_network()
         lane.ensure_nats_image()
+        lane.hold_network()
         lane.start_api()
         lane.apply_crds()
         lane.start_podlet()
