@@ -48,11 +48,16 @@ def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen |
 
 
 class NatsServer:
-    """A nats-server child process with JetStream, storing under `store_dir`."""
+    """A nats-server child process with JetStream, storing under `store_dir`; `config`: a configuration file's
+    text (rlboost.auth.nats_config), written to store_dir/nats.conf, that must listen on host:port and store
+    under store_dir (anonymous clients are welcome without one)."""
 
-    def __init__(self, store_dir: str | Path, port: int | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, store_dir: str | Path, port: int | None = None, host: str = "127.0.0.1", config: str | None = None
+    ) -> None:
         self.host, self.port = host, port or free_port(host)
         self.store_dir = Path(store_dir)
+        self.config = config
         self.proc: subprocess.Popen | None = None
         self._log = None
 
@@ -63,6 +68,10 @@ class NatsServer:
     def start(self, timeout: float = 15.0) -> NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         cmd = [nats_server_binary(), "-a", self.host, "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
+        if self.config is not None:
+            path = self.store_dir / "nats.conf"
+            path.write_text(self.config)
+            cmd = [nats_server_binary(), "-c", str(path)]
         self._log = open(self.store_dir / "nats-server.log", "ab")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
         wait_for_port(self.host, self.port, timeout, self.proc)

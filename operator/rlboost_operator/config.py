@@ -5,10 +5,11 @@ The Helm chart sets them on the operator Deployment; tests set them before start
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 ENV_PREFIX = "RLBOOST_OPERATOR_"
 
@@ -19,7 +20,21 @@ class OperatorSettings(BaseModel):
     image_registry: str = Field("ghcr.io/rlboost", description="Registry and path prefix of the rlboost images.")
     image_tag: str = Field("0.1.0", description="Tag of every rlboost image.")
     image_pull_policy: str = Field("IfNotPresent", description="imagePullPolicy of the job's containers.")
-    nats_url: str = Field("nats://rlboost-nats:4222", description="NATS URL given to the job's services and used here.")
+    nats_url: str = Field(
+        "",
+        description="Where the operator reaches each job's own NATS: '' = the job's Service "
+        "(nats://<job>-nats.<namespace>.svc:4222, what the job's pods use); else a URL that may hold {job} and "
+        "{namespace} (a port-forward, tests). TLS is verified against the Service's name either way.",
+    )
+    nats_image: str = Field("nats:2.10.29-alpine", min_length=1, description="Image of each job's NATS server.")
+    network_policy: bool = Field(True, description="Give every job a NetworkPolicy (only its own pods reach it).")
+    metrics_namespace_labels: dict[str, str] = Field(
+        default_factory=lambda: {"kubernetes.io/metadata.name": "monitoring"},
+        description="Labels (JSON) of the namespaces whose pods may scrape job pods' metrics ports; {} = none.",
+    )
+    operator_namespace: str = Field(
+        "", description="Namespace of the operator's pods (they reach each job's NATS); '' = any namespace."
+    )
     max_trainer_ranks: int = Field(64, ge=1, description="Most trainer ranks the trainer pool can hold.")
     max_trainer_gpus: int = Field(512, ge=0, description="Most accelerators the trainer pool can hold.")
     weights_storage: str = Field("20Gi", description="Size of the weight-server's PVC.")
@@ -43,6 +58,12 @@ class OperatorSettings(BaseModel):
     spot_probe_workers: int = Field(
         1, ge=0, description="Autoscaler sizing: pods asked for beyond those placed while backing off."
     )
+
+    @field_validator("metrics_namespace_labels", mode="before")
+    @classmethod
+    def _json_labels(cls, value: object) -> object:
+        """An environment variable holds the labels as JSON."""
+        return json.loads(value) if isinstance(value, str) else value
 
 
 def load_settings(environ: dict[str, str] | None = None) -> OperatorSettings:

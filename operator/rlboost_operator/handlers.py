@@ -28,6 +28,8 @@ from typing import Any
 
 import kopf
 
+from rlboost.auth.credentials import CA_CERT, generate_items
+from rlboost.auth.nats import client_options
 from rlboost.spec import JobSpec, SpotPoolSpec
 from rlboost.wire.events import JobDone, PreemptionNotice, StepReport
 from rlboost_operator import children, model_source, spot, spot_ask, status
@@ -80,7 +82,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     STATE.reset()
     _cancel_rechecks()
     _zero_counters()
-    STATE.nats = NatsLink(STATE.settings.nats_url)
+    STATE.nats = {}  # a link per job, made with its credentials (_ensure_credentials)
     STATE.background = asyncio.create_task(rescale_loop(), name="rescale-loop")
 
 
@@ -110,8 +112,11 @@ async def cleanup(**_: Any) -> None:
         STATE.background.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await STATE.background
-    if STATE.nats is not None:
-        await STATE.nats.close()
+    for namespace, job in list(STATE.followers):
+        _stop_following(namespace, job)
+    for link in STATE.nats.values():
+        await link.close()
+    STATE.nats.clear()
     if STATE.kube is not None:
         await STATE.kube.close()
 
@@ -165,6 +170,37 @@ async def _ensure_token(namespace: str, job: str, body: kopf.Body) -> None:
         secret = children.token_secret(job, namespace, secrets.token_urlsafe(32))
         kopf.adopt(secret, owner=body)
         await kube.create(secret)
+
+
+async def _ensure_credentials(namespace: str, job: str, body: kopf.Body) -> None:
+    """The job's credentials and its NATS configuration: made once, never rewritten (running pods hold them); and
+    the operator's link to the job's NATS, as its user `operator`."""
+    kube, n = _kube(), children.names(job)
+    found = await kube.get("Secret", namespace, n["credentials"])
+    if found is None:
+        items = generate_items(children.tls_hosts(job, namespace))
+        await _create_adopted(children.credentials_secret(job, namespace, items), body)
+    else:
+        items = children.secret_items(found)
+    if await kube.get("Secret", namespace, n["nats_config"]) is None:
+        await _create_adopted(children.nats_config_secret(job, namespace, items), body)
+    if (namespace, job) not in STATE.nats:
+        STATE.nats[(namespace, job)] = _nats_link(namespace, job, items)
+
+
+async def _create_adopted(obj: dict[str, Any], body: kopf.Body) -> None:
+    kopf.adopt(obj, owner=body)
+    await _kube().create(obj)
+
+
+def _nats_link(namespace: str, job: str, credentials: dict[str, bytes]) -> NatsLink:
+    """A link to the job's NATS (its Service, or the operator's nats_url template), TLS checked against the
+    Service's name."""
+    template = STATE.settings.nats_url
+    url = template.format(job=job, namespace=namespace) if template else children.nats_url(job, namespace)
+    password, ca = children.operator_nats_password(credentials), credentials.get(CA_CERT)
+    options = client_options("operator", password, ca, tls_hostname=children.nats_host(job, namespace))
+    return NatsLink(url, options=options)
 
 
 def _autoscaled(pool: SpotPoolSpec) -> bool:
@@ -240,7 +276,7 @@ async def reconcile(body: kopf.Body, spec_data: Any) -> None:
     async with _status_lock(namespace, job):  # judged on the status as it is now, not as the event saw it
         ended = await _apply_children(body, spec)
     if not ended:
-        await _follow_status(namespace, job, spec, status.parse_iso(body.metadata.get("creationTimestamp")))
+        _follow_status_soon(namespace, job, spec, status.parse_iso(body.metadata.get("creationTimestamp")))
     RECONCILIATIONS.labels("ok").inc()
 
 
@@ -253,6 +289,7 @@ async def _apply_children(body: kopf.Body, spec: JobSpec) -> bool:
     decision = None if ended else _spot_decision(namespace, job, spec)
     replicas = decision.replicas if decision else 0
     await _ensure_token(namespace, job, body)
+    await _ensure_credentials(namespace, job, body)
     for child in children.build_children(job, namespace, spec, STATE.settings, replicas, finished=ended):
         if children.adopted(child):
             kopf.adopt(child, owner=body)
@@ -324,6 +361,11 @@ async def rljob_event(event: dict[str, Any], namespace: str, name: str, **_: Any
     for sub in STATE.subscriptions.pop((namespace, name), []):
         with contextlib.suppress(Exception):  # the connection may be gone
             await sub.unsubscribe()
+    _stop_following(namespace, name)
+    link = STATE.nats.pop((namespace, name), None)
+    if link is not None:
+        with contextlib.suppress(Exception):
+            await link.close()
     STATE.status_locks.pop((namespace, name), None)
     STATE.trainer_failures = {k: v for k, v in STATE.trainer_failures.items() if (k[0], v[0]) != (namespace, name)}
 
@@ -384,8 +426,10 @@ async def announce(signal: spot.Preemption) -> None:
     for (namespace, job), pods in STATE.pods_on(signal.node).items():
         notice = PreemptionNotice(node=signal.node, workers=pods, reason=signal.reason, deadline_s=signal.deadline_s)
         try:
-            assert STATE.nats is not None
-            await STATE.nats.publish_notice(namespace, job, notice)
+            link = STATE.nats.get((namespace, job))
+            if link is None:
+                raise RuntimeError("no link to the job's NATS yet: the RLJob was not reconciled")
+            await link.publish_notice(namespace, job, notice)
         except Exception:
             ERRORS.labels("nats").inc()
             STATE.notified.discard((signal.node, signal.reason))  # try again on the node's next event
@@ -579,16 +623,44 @@ async def watch_trainer(event: dict[str, Any], pod: kopf.Body, namespace: str, n
         await _end(current, outcome, "BackoffLimitExceeded", ("BackoffLimitExceeded", message), ok=False)
 
 
+def _follow_status_soon(namespace: str, job: str, spec: JobSpec, since: datetime | None) -> None:
+    """Follow the job's status subjects from a task that retries until subscribed: the job's own NATS starts with
+    the job (a new pod, maybe an image pull), and the reconcile must not wait for it."""
+    key = (namespace, job)
+    running = STATE.followers.get(key)
+    if key in STATE.subscriptions or (running is not None and not running.done()):
+        return
+    STATE.followers[key] = asyncio.create_task(_follow_until_subscribed(namespace, job, spec, since))
+
+
+async def _follow_until_subscribed(namespace: str, job: str, spec: JobSpec, since: datetime | None) -> None:
+    pause = 1.0
+    while (namespace, job) not in STATE.subscriptions:
+        try:
+            await _follow_status(namespace, job, spec, since)
+        except kopf.TemporaryError as err:
+            extra = {"job": job, "namespace": namespace, "error": str(err), "in_s": pause}
+            log.warning("cannot follow the job's status yet; trying again", extra=extra)
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, 10.0)
+
+
+def _stop_following(namespace: str, job: str) -> None:
+    task = STATE.followers.pop((namespace, job), None)
+    if task is not None:
+        task.cancel()
+
+
 async def _follow_status(namespace: str, job: str, spec: JobSpec, since: datetime | None) -> None:
     """Subscribe to the job's `steps` and `done` subjects, once per job (kept in STATE until the RLJob goes);
     `since`: the RLJob's creation (older kept messages are an earlier RLJob's of the same name)."""
     if (namespace, job) in STATE.subscriptions:
         return
-    if STATE.nats is None:
-        raise kopf.TemporaryError("NATS link not ready", delay=1)
+    link = STATE.nats.get((namespace, job))
+    if link is None:
+        raise kopf.TemporaryError("no link to the job's NATS yet", delay=1)
     subs: list[Any] = []
     try:
-        link = STATE.nats
         subs.append(await link.subscribe(namespace, job, "steps", lambda d: on_step(namespace, job, spec, d), since))
         subs.append(await link.subscribe(namespace, job, "done", lambda d: on_done(namespace, job, d), since))
     except Exception as err:
@@ -596,5 +668,5 @@ async def _follow_status(namespace: str, job: str, spec: JobSpec, since: datetim
         for sub in subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-        raise kopf.TemporaryError(f"cannot subscribe to NATS at {STATE.settings.nats_url}: {err}", delay=5) from err
+        raise kopf.TemporaryError(f"cannot subscribe to the job's NATS at {link.url}: {err}", delay=5) from err
     STATE.subscriptions[(namespace, job)] = subs

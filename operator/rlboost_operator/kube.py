@@ -24,6 +24,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
     "Deployment": ("/apis/apps/v1", "deployments"),
     "StatefulSet": ("/apis/apps/v1", "statefulsets"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "RLJob": ("/apis/rlboost.io/v1alpha1", "rljobs"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
 }

@@ -1,5 +1,6 @@
 """NATS publisher of preemption notices (rlboost.wire.events.PreemptionNotice on `<ns>.<job>.nodes`)
-and subscriber of the job's step reports, for the operator.
+and subscriber of the job's step reports, for the operator: one link per job, to that job's own NATS, as its
+user `operator` (the only user that may publish notices).
 
 The connection is opened lazily and retried, so the operator runs (and reconciles) while NATS is down.
 
@@ -18,6 +19,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from typing import Any
 
 import nats
 from nats.aio.client import Client
@@ -25,11 +27,10 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
-from rlboost.wire.events import PreemptionNotice, subject
+from rlboost.wire.events import STATUS_STREAM, PreemptionNotice, subject
 
 log = logging.getLogger(__name__)
 
-STATUS_STREAM = "RLBOOST_STATUS"
 STATUS_TOPICS = ("steps", "done")  # what the RLJob's status is made of: kept, newest per job
 
 
@@ -45,19 +46,30 @@ def status_stream_config() -> StreamConfig:
 
 
 class NatsLink:
-    """One NATS connection shared by the operator's publishers and subscribers."""
+    """One connection to a job's NATS, shared by the operator's publisher and subscribers of that job; `options`:
+    nats.connect's user, password and TLS (rlboost.auth.nats.client_options)."""
 
-    def __init__(self, url: str, connect_timeout: float = 2.0) -> None:
+    def __init__(self, url: str, connect_timeout: float = 2.0, options: dict[str, Any] | None = None) -> None:
         self.url = url
         self.connect_timeout = connect_timeout
+        self.options = options or {}
         self._nc: Client | None = None
         self._lock = asyncio.Lock()
 
     async def client(self) -> Client:
         async with self._lock:
             if self._nc is None or self._nc.is_closed:
-                self._nc = await nats.connect(
-                    self.url, connect_timeout=self.connect_timeout, max_reconnect_attempts=-1, allow_reconnect=True
+                # nats-py with endless reconnects retries a first connect forever: bounded here, so a job whose
+                # NATS is not up yet costs its handler a retry, not a hang
+                self._nc = await asyncio.wait_for(
+                    nats.connect(
+                        self.url,
+                        connect_timeout=self.connect_timeout,
+                        max_reconnect_attempts=-1,
+                        allow_reconnect=True,
+                        **self.options,
+                    ),
+                    3 * self.connect_timeout,
                 )
             return self._nc
 
@@ -110,7 +122,11 @@ class NatsLink:
         if topic in STATUS_TOPICS and await self.ensure_status_stream():
             js = nc.jetstream(timeout=self.connect_timeout)
             sub = await js.subscribe(
-                subj, cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT
+                subj,
+                stream=STATUS_STREAM,  # named: no stream lookup, which the job's NATS does not allow the operator
+                cb=on_msg,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
             )
         else:
             sub = await nc.subscribe(subj, cb=on_msg)

@@ -40,13 +40,14 @@ class JobRef:
 class State:
     settings: OperatorSettings
     kube: Kube | None = None
-    nats: NatsLink | None = None
+    nats: dict[tuple[str, str], NatsLink] = field(default_factory=dict)  # (ns, job) -> the link to its NATS
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     pods: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # (ns, pod) -> (job, node)
     jobs: dict[tuple[str, str], JobRef] = field(default_factory=dict)
     notified: set[tuple[str, str]] = field(default_factory=set)  # (node, reason) already announced
     status_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     subscriptions: dict[tuple[str, str], list[Any]] = field(default_factory=dict)  # (ns, job) -> its NATS subs
+    followers: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)  # (ns, job) -> subscribing
     trainer_failures: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)  # (ns, pod) -> (job, n)
     background: asyncio.Task[None] | None = None  # the operator-wide rescale loop
     spot_pods: dict[tuple[str, str], tuple[str, SpotPod]] = field(default_factory=dict)  # (ns, pod) -> (job, pod)
@@ -63,6 +64,7 @@ class State:
             self.status_locks,
             self.spot_pods,
             self.spot_asks,
+            self.followers,
         ):
             seen.clear()
         self.subscriptions.clear(), self.trainer_failures.clear()

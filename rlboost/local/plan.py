@@ -95,6 +95,20 @@ class LocalPlan:
         return f"nats://{HOST}:{self.nats_port}"
 
     @property
+    def nats_config_file(self) -> Path:
+        return self.options.run_dir / "nats.conf"
+
+    def nats_config_text(self) -> str:
+        """The nats-server configuration (rlboost.auth.nats_config) from the job's credentials, which must exist."""
+        from rlboost.auth.credentials import JobCredentials
+        from rlboost.auth.nats_config import passwords_of, render_nats_config
+
+        passwords = passwords_of(JobCredentials(self.credentials_dir))
+        o = self.options
+        listen, store = f"{HOST}:{self.nats_port}", str(o.run_dir / "nats")
+        return render_nats_config(passwords, o.namespace, o.job, listen=listen, store_dir=store)
+
+    @property
     def manager_address(self) -> str:
         return f"{HOST}:{self.manager_port}"
 
@@ -145,9 +159,9 @@ class LocalPlan:
 
 
 def _nats(plan: LocalPlan, nats_binary: str) -> ChildPlan:
-    store = plan.options.run_dir / "nats"
-    argv = [nats_binary, "-a", HOST, "-p", str(plan.nats_port), "-js", "-sd", str(store)]
-    return ChildPlan("nats", argv, "nats", plan.nats_port)
+    # Listen address, JetStream store and one user per role with its job's subjects: the runner writes the file
+    # from the job's credentials (nats_config_text) before starting it.
+    return ChildPlan("nats", [nats_binary, "-c", str(plan.nats_config_file)], "nats", plan.nats_port)
 
 
 def _weight_server(plan: LocalPlan) -> ChildPlan:

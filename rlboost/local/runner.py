@@ -67,6 +67,9 @@ def prepare_run_dir(spec: JobSpec, plan: LocalPlan) -> None:
         f.write(secrets.token_hex(32) + "\n")
     os.chmod(plan.token_file, 0o600)  # also when the file already existed
     ensure_credentials(plan.credentials_dir)
+    fd = os.open(plan.nats_config_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds passwords
+    with os.fdopen(fd, "w") as f:
+        f.write(plan.nats_config_text())
 
 
 def write_endpoints(plan: LocalPlan) -> None:
@@ -78,9 +81,10 @@ def write_endpoints(plan: LocalPlan) -> None:
 
 def ensure_credentials(directory: Path) -> None:
     """The job's credentials, made on the first run and kept by later ones (a resumed job keeps its keys)."""
-    from rlboost.auth.credentials import TOKEN_ROLES, generate, token_file
+    from rlboost.auth.credentials import NATS_USERS, TOKEN_ROLES, generate, nats_password_file, token_file
 
-    if not all((directory / token_file(r)).is_file() for r in TOKEN_ROLES):
+    wanted = [token_file(r) for r in TOKEN_ROLES] + [nats_password_file(u) for u in NATS_USERS]
+    if not all((directory / name).is_file() for name in wanted):
         generate(directory)
 
 
@@ -239,7 +243,10 @@ class Run:
         import nats
 
         o = self.plan.options
-        self.nc = await nats.connect(self.plan.nats_url, connect_timeout=5, max_reconnect_attempts=3)
+        from rlboost.auth.nats import connect_options
+
+        auth = connect_options(self.plan.credentials_dir, "observer")  # reads step reports and `done` only
+        self.nc = await nats.connect(self.plan.nats_url, connect_timeout=5, max_reconnect_attempts=3, **auth)
         await self.nc.subscribe(subject(o.namespace, o.job, "steps"), cb=self._on_step)
         await self.nc.subscribe(subject(o.namespace, o.job, "done"), cb=self._on_done)
 

@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+STATUS_STREAM = "RLBOOST_STATUS"  # JetStream stream the operator keeps each job's newest step report and `done` in
+
 
 def subject(namespace: str, job: str, topic: str) -> str:
     """`rlboost.<namespace>.<job>.<topic>`; topics: weights, nodes, steps, done, colocation, colocation-acks."""

@@ -43,6 +43,8 @@ BUILTIN: dict[str, dict[str, Any]] = {
     "apps/v1/deployments": dict(kind="Deployment", namespaced=True, subresources={"status", "scale"}),
     "apps/v1/statefulsets": dict(kind="StatefulSet", namespaced=True, subresources={"status", "scale"}),
     "coordination.k8s.io/v1/leases": dict(kind="Lease", namespaced=True),
+    # stored for the operator; the podlet enforces no NetworkPolicy (every lane container shares one network)
+    "networking.k8s.io/v1/networkpolicies": dict(kind="NetworkPolicy", namespaced=True),
 }
 
 

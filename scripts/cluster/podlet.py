@@ -33,7 +33,9 @@ Init containers run in order, each to exit 0 (retried with back-off), in the pod
 Not emulated: ClusterIPs and kube-proxy (a Service name resolves to every matching pod, ready or not),
 pods of more than one container (refused, logged), resource limits and requests, image pulls, ConfigMap
 and Secret updates after a pod started, hostPath and projected volumes, rolling-update surge, pod
-disruption budgets, garbage collection of owned objects, QoS and eviction under pressure.
+disruption budgets, garbage collection of owned objects, QoS and eviction under pressure, NetworkPolicy
+(every lane container shares one podman network: a job's NetworkPolicy is stored by the API, not enforced),
+automountServiceAccountToken (no pod gets a service-account token either way).
 
 Outputs under --state-dir: `logs/<pod>.log` (every container run of the pod, appended as they end, then
 the live one at exit), `endpoints.json` (each Service's pods with IP, readiness and ports) and `pods.json` (every

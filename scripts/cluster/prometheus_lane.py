@@ -24,6 +24,7 @@ import httpx
 # What the chart's PodMonitor selects (tests/cluster/test_prometheus_lane.py keeps these in step with it).
 POD_MONITOR_SELECTOR = {"app.kubernetes.io/part-of": "rlboost", "app.kubernetes.io/managed-by": "rlboost-operator"}
 POD_MONITOR_PORTS = ("metrics", "http")
+POD_MONITOR_SCHEME = {"http": "https"}  # the PodMonitor scrapes the weight-server's API port over TLS
 POD_MONITOR_NAME = "rlboost-jobs"
 RELABEL = {"rlboost.io/job": "rljob", "rlboost.io/pool": "pool", "app.kubernetes.io/component": "component"}
 SCRAPE_INTERVAL_S = 5
@@ -44,6 +45,7 @@ def targets_from_pods(pods: list[dict[str, Any]], namespace: str) -> list[dict[s
                 "namespace": namespace,
                 "pod": pod["name"],
                 "endpoint": port_name,
+                "__scheme__": POD_MONITOR_SCHEME.get(port_name, "http"),
             }
             target_labels.update({new: labels[old] for old, new in RELABEL.items() if old in labels})
             groups.append({"targets": [f"{pod['ip']}:{pod['ports'][port_name]}"], "labels": target_labels})
@@ -90,6 +92,7 @@ class Prometheus:
                         {
                             "job_name": "servicemonitor",
                             "file_sd_configs": [{"files": [str(self.targets_file)], "refresh_interval": "5s"}],
+                            "tls_config": {"insecure_skip_verify": True},  # as the PodMonitor's tlsConfig
                         }
                     ],
                 }

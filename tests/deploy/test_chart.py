@@ -79,24 +79,27 @@ def test_chart_renders_and_every_manifest_validates(values_file):
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["containers"][0]["command"][:3] == ["python", "-m", "rlboost_operator"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
-    assert env["RLBOOST_OPERATOR_NATS_URL"] == "nats://rlboost-nats.rlboost-system.svc:4222"
+    assert "RLBOOST_OPERATOR_NATS_URL" not in env  # each job's own NATS, at its Service
+    assert env["RLBOOST_OPERATOR_OPERATOR_NAMESPACE"] == "rlboost-system"
     if values_file:
         registry = yaml.safe_load((CHART / values_file).read_text())["images"]["registry"]
         assert env["RLBOOST_OPERATOR_IMAGE_REGISTRY"] == registry
     # Every setting the chart gives the operator is valid; cloud presets size spot pools for their autoscaler.
     settings = load_settings({k: v for k, v in env.items() if v is not None})
+    assert settings.metrics_namespace_labels == {"kubernetes.io/metadata.name": "monitoring"}
+    assert settings.network_policy and settings.nats_image.startswith("nats:")
     assert settings.spot_sizing == ("capacity" if values_file is None else "autoscaler")
     monitored = values_file in ("values-eks.yaml", "values-karpenter.yaml")
     assert ("ServiceMonitor" in kinds) == ("PodMonitor" in kinds) == monitored
 
 
 def test_toggles_and_dashboard():
-    docs = render(
-        None, {"nats": {"enabled": False, "url": "nats://elsewhere:4222"}, "operator": {"watchNamespaces": ["ml"]}}
-    )
-    assert not any(d["kind"] == "Service" and d["metadata"]["name"] == "rlboost-nats" for d in docs)
-    assert any(d["kind"] == "NetworkPolicy" and d["metadata"]["namespace"] == "ml" for d in docs)
+    docs = render(None, {"operator": {"watchNamespaces": ["ml"]}, "networkPolicy": {"enabled": False}})
+    assert not any(d["kind"] == "Service" and d["metadata"]["name"] == "rlboost-nats" for d in docs)  # per job now
+    assert not any(d["kind"] == "NetworkPolicy" for d in docs)
     operator = next(d for d in docs if d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert load_settings({k: v for k, v in env.items() if v is not None}).network_policy is False
     assert operator["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["--namespace", "ml"]
     dash = next(d for d in render(None) if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "rlboost-dashboard")
     panels = json.loads(dash["data"]["rlboost.json"])["panels"]
@@ -162,12 +165,43 @@ def test_helm_lint_is_clean():
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
+def _rules(doc: dict[str, Any]) -> dict[str, set[str]]:
+    """Verbs by resource of a Role or ClusterRole."""
+    out: dict[str, set[str]] = {}
+    for rule in doc["rules"]:
+        for resource in rule["resources"]:
+            out.setdefault(resource, set()).update(rule["verbs"])
+    return out
+
+
 def test_rbac_is_least_privilege():
     role = next(d for d in render(None) if d["kind"] == "ClusterRole")
     verbs = {v for rule in role["rules"] for v in rule["verbs"]}
     assert "*" not in verbs and "delete" not in verbs
-    secrets = next(r for r in role["rules"] if "secrets" in r["resources"])
-    assert sorted(secrets["verbs"]) == ["create", "get"]
+    rules = _rules(role)
+    assert rules["secrets"] == {"create", "get"}  # by name only: no list or watch of Secrets
+    assert rules["networkpolicies"] == {"get", "create", "patch"}  # each job's own
+
+
+def test_a_namespaced_install_reads_secrets_and_makes_workloads_only_in_its_namespaces():
+    docs = render(None, {"operator": {"watchNamespaces": ["ml", "research"]}})
+    cluster = _rules(next(d for d in docs if d["kind"] == "ClusterRole"))
+    assert set(cluster) == {"nodes", "namespaces", "customresourcedefinitions"}  # cluster-scoped only
+    assert not {"get", "list", "watch", "create"} & {v for r in ("secrets", "deployments") for v in cluster.get(r, ())}
+    roles = {
+        d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role" and "leader" not in d["metadata"]["name"]
+    }
+    assert set(roles) == {"ml", "research"}
+    for namespace, role in roles.items():
+        rules = _rules(role)
+        assert rules["secrets"] == {"create", "get"} and "deployments" in rules and "rljobs" in rules, namespace
+        binding = next(d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["namespace"] == namespace)
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "rlboost-operator",
+        }
+        assert binding["subjects"][0]["namespace"] == "rlboost-system"
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

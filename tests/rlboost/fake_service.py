@@ -68,9 +68,10 @@ def serve_manager(port: int) -> object:
 async def publish_steps(args: argparse.Namespace) -> None:
     import nats
 
+    from rlboost.auth.nats import connect_options
     from rlboost.wire.events import JobDone, StepReport, subject
 
-    nc = await nats.connect(args.nats_url)
+    nc = await nats.connect(args.nats_url, **connect_options(args.credentials_dir or "", "trainer"))
     for step in (1, 2):
         rep = StepReport(step=step, reward_mean=0.25 * step, tokens=100, rollout_seconds=0.5, train_seconds=0.2,
                          sync_seconds=0.1, weight_version=step, weights_checksum=f"c{step}")  # fmt: skip
@@ -86,7 +87,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     for flag in ("--port", "--metrics-port"):
         p.add_argument(flag, type=int)
-    for flag in ("--nats-url", "--namespace", "--job"):
+    for flag in ("--nats-url", "--namespace", "--job", "--credentials-dir"):
         p.add_argument(flag)
     args, _ = p.parse_known_args(sys.argv[3:])
     with open(os.path.join(os.environ["FAKE_PID_DIR"], f"{module}-{os.getpid()}"), "w"):

@@ -33,7 +33,22 @@ def test_children_in_start_order_with_distinct_ports(tmp_path: Path) -> None:
     assert names == ["nats", "weight-server", "rollout-manager", "reserved-0", "spot-0", "spot-1", "trainer"]
     ports = [c.ready_port for c in plan.children]
     assert len(set(ports)) == len(ports)
-    assert plan.child("nats").argv[:1] == ["/bin/nats-server"] and "-js" in plan.child("nats").argv
+    assert plan.child("nats").argv == ["/bin/nats-server", "-c", str(plan.nats_config_file)]
+
+
+def test_nats_configuration_listens_on_the_plan_port_with_the_job_users(tmp_path: Path) -> None:
+    import json
+
+    from rlboost.auth.credentials import generate
+
+    plan = _plan(tmp_path)
+    generate(plan.credentials_dir)
+    config = json.loads(plan.nats_config_text())
+    assert config["listen"] == f"127.0.0.1:{plan.nats_port}"
+    assert config["jetstream"]["store_dir"] == str(plan.options.run_dir / "nats")
+    users = {u["user"]: u for u in config["authorization"]["users"]}
+    assert set(users) == {"operator", "trainer", "manager", "worker", "weight-server", "observer"}
+    assert users["trainer"]["password"] == (plan.credentials_dir / "nats-trainer.pass").read_text().strip()
 
 
 def test_service_flags_follow_the_contract(tmp_path: Path) -> None:

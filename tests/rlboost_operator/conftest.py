@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ import kmock
 import pytest
 from aiohttp import web
 
+from rlboost.nats_server import NatsServer, free_port
 from tests.helpers import wait_until
 
 VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
@@ -44,6 +46,7 @@ RESOURCES = {
     "v1/persistentvolumeclaims": dict(kind="PersistentVolumeClaim", namespaced=True),
     "apps/v1/deployments": dict(kind="Deployment", namespaced=True),
     "apps/v1/statefulsets": dict(kind="StatefulSet", namespaced=True),
+    "networking.k8s.io/v1/networkpolicies": dict(kind="NetworkPolicy", namespaced=True),
     "coordination.k8s.io/v1/leases": dict(kind="Lease", namespaced=True),
 }
 
@@ -174,12 +177,65 @@ def kube_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeAp
     thread.join(10)
 
 
+@dataclass
+class JobNats:
+    """A job's own NATS as the operator made it: a real nats-server running the configuration of the job's
+    `<job>-nats-config` Secret with its credentials Secret's TLS files, on a loopback port fixed before the
+    operator starts (its RLBOOST_OPERATOR_NATS_URL). Only where it listens and stores is changed."""
+
+    port: int
+    root: Path
+    server: NatsServer | None = None
+    credentials: dict[str, bytes] | None = None
+    host: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, api: KubeApi, namespace: str, job: str) -> None:
+        from rlboost_operator import children
+
+        config_secret = wait_until(lambda: api.get("Secret", namespace, f"{job}-nats-config"), timeout=20,
+                                   what="the job's NATS configuration")  # fmt: skip
+        secret = wait_until(lambda: api.get("Secret", namespace, f"{job}-credentials"), what="the credentials")
+        self.credentials, self.host = children.secret_items(secret), children.nats_host(job, namespace)
+        files = self.root / job / "credentials"
+        files.mkdir(parents=True)
+        for name, data in self.credentials.items():
+            (files / name).write_bytes(data)
+        config = json.loads(children.secret_items(config_secret)["nats.conf"])
+        config.pop("http_port")
+        config["listen"], config["jetstream"]["store_dir"] = f"127.0.0.1:{self.port}", str(self.root / job / "js")
+        config["tls"] = {**config["tls"], **{k: str(files / Path(config["tls"][k]).name) for k in TLS_FILES}}
+        self.server = NatsServer(self.root / job, port=self.port, config=json.dumps(config)).start()
+
+    def options(self, user: str) -> dict[str, Any]:
+        """nats.connect arguments of `user` of the started job (TLS checked against the job's Service name)."""
+        from rlboost.auth.nats import client_options
+
+        assert self.credentials is not None, "start() first"
+        password = self.credentials[f"nats-{user}.pass"].decode()
+        return client_options(user, password, self.credentials["ca.crt"], tls_hostname=self.host)
+
+
+TLS_FILES = ("cert_file", "key_file", "ca_file")
+
+
 @pytest.fixture
-def operator(kube_api: KubeApi, nats_server, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeApi]:
-    """The operator (kopf, standalone, cluster-wide) running against kube_api, with a real nats-server."""
+def job_nats(tmp_path: Path) -> Iterator[JobNats]:
+    nats = JobNats(free_port(), tmp_path / "job-nats")
+    yield nats
+    if nats.server is not None:
+        nats.server.stop()
+
+
+@pytest.fixture
+def operator(kube_api: KubeApi, job_nats: JobNats, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeApi]:
+    """The operator (kopf, standalone, cluster-wide) running against kube_api; each job's NATS is job_nats."""
     from kopf.testing import KopfRunner
 
-    monkeypatch.setenv("RLBOOST_OPERATOR_NATS_URL", nats_server.url)
+    monkeypatch.setenv("RLBOOST_OPERATOR_NATS_URL", job_nats.url)
     monkeypatch.setenv("RLBOOST_OPERATOR_MAX_TRAINER_RANKS", "8")
     args = ["run", "-A", "--standalone", "-m", "rlboost_operator.handlers"]
     with KopfRunner(args, timeout=30) as runner:

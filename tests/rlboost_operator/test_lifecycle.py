@@ -48,18 +48,19 @@ def _start(api, monkeypatch, nats_url: str) -> KopfRunner:
 
 
 def test_done_scales_the_job_to_zero_and_it_stays_there_after_an_edit_and_an_operator_restart(
-    kube_api, nats_server, monkeypatch
+    kube_api, job_nats, monkeypatch
 ):
     api = kube_api
-    with _start(api, monkeypatch, nats_server.url) as first:
+    with _start(api, monkeypatch, job_nats.url) as first:
         wait_until(lambda: api.watched("rljobs"), timeout=20, what="the operator's watch")
         api.create("RLJob", rljob("finisher"))
         wait_until(lambda: status_of(api, "finisher").get("phase") == "Pending", timeout=20, what="Pending")
+        job_nats.start(api, NS, "finisher")
         assert 0 not in replicas(api, "finisher").values()
         done = (subject(NS, "finisher", "done"), JobDone(ok=True, steps=60).model_dump_json().encode())
 
         def ended() -> bool:  # the subscription is made asynchronously: publish until the job ends
-            _publish(nats_server.url, [done])
+            _publish(job_nats, [done])
             return status_of(api, "finisher").get("phase") == "Succeeded"
 
         wait_until(ended, timeout=20, interval=0.3, what="phase Succeeded")
@@ -86,7 +87,7 @@ def test_done_scales_the_job_to_zero_and_it_stays_there_after_an_edit_and_an_ope
 
     # While no operator runs, something scales the manager up again; the next operator puts it back to zero.
     api.patch("Deployment", NS, "finisher-manager", {"spec": {"replicas": 1}})
-    with _start(api, monkeypatch, nats_server.url) as second:
+    with _start(api, monkeypatch, job_nats.url) as second:
         wait_until(lambda: all_zero(api, "finisher"), timeout=20, what="every workload back at zero")
         assert status_of(api, "finisher")["phase"] == "Succeeded"
     assert second.exception is None, second.output
@@ -147,57 +148,75 @@ def finalizers(api, name: str) -> list[str]:
     return (api.get("RLJob", NS, name) or {}).get("metadata", {}).get("finalizers") or []
 
 
-def test_rljobs_carry_no_finalizer_and_delete_when_no_operator_runs(kube_api, nats_server, monkeypatch):
+def test_rljobs_carry_no_finalizer_and_delete_when_no_operator_runs(kube_api, job_nats, monkeypatch):
     """Before, kopf put `rlboost.io/operator` on every RLJob (for the status daemon and the spot timer): with the
     operator uninstalled, a deleted RLJob stayed in Terminating. Now none is added, and an older operator's is
-    removed; the status subscriptions are the operator's own, dropped when the RLJob goes."""
+    removed; the links to each job's NATS (and its status subscriptions) are the operator's own, dropped when the
+    RLJob goes."""
     from rlboost_operator.handlers import STATE  # the operator runs in this process (KopfRunner's thread)
 
     api = kube_api
     legacy = rljob("legacy")
     legacy["metadata"]["finalizers"] = ["rlboost.io/operator"]  # as an older operator left it
-    with _start(api, monkeypatch, nats_server.url) as runner:
+    with _start(api, monkeypatch, job_nats.url) as runner:
         wait_until(lambda: api.watched("rljobs"), timeout=20, what="the operator's watch")
         api.create("RLJob", rljob("plain"))
         api.create("RLJob", legacy)
         for name in ("plain", "legacy"):
             wait_until(lambda n=name: status_of(api, n).get("phase") == "Pending", timeout=20, what=f"{name} Pending")
-            wait_until(lambda n=name: (NS, n) in STATE.subscriptions, timeout=20, what=f"{name}'s subscriptions")
+            wait_until(lambda n=name: (NS, n) in STATE.nats, timeout=20, what=f"{name}'s NATS link")
         wait_until(lambda: finalizers(api, "legacy") == [], timeout=20, what="the old finalizer removed")
         assert finalizers(api, "plain") == []
         api.delete("RLJob", NS, "legacy")
         assert api.get("RLJob", NS, "legacy") is None
-        wait_until(lambda: (NS, "legacy") not in STATE.subscriptions, timeout=20, what="legacy forgotten")
+        wait_until(lambda: (NS, "legacy") not in STATE.nats, timeout=20, what="legacy forgotten")
+        assert (NS, "legacy") not in STATE.subscriptions
         assert (NS, "legacy") not in STATE.jobs and (NS, "plain") in STATE.jobs
     assert runner.exception is None, runner.output
     api.delete("RLJob", NS, "plain")  # no operator runs
     assert api.get("RLJob", NS, "plain") is None  # gone, not Terminating
 
 
-def test_a_new_rljob_under_an_old_name_ignores_the_old_jobs_kept_done(operator, nats_server):
+def test_a_new_rljob_under_an_old_name_ignores_the_old_jobs_kept_done(operator, job_nats):
     """JetStream keeps the newest `done` of a job name for a week; an RLJob created again under that name must
     not start out Succeeded (and scaled to zero): kept messages older than its creationTimestamp are skipped."""
     from datetime import UTC, datetime, timedelta
 
-    from tests.rlboost_operator.test_operator import _stream_exists
+    from rlboost_operator.notices import status_stream_config
 
     api = operator
-    api.create("RLJob", rljob("first-life"))  # any job: its subscription creates the status stream
-    wait_until(lambda: _stream_exists(nats_server.url), timeout=20, what="the status stream")
-    old_done = JobDone(ok=True, steps=60).model_dump_json().encode()
-    _publish(nats_server.url, [(subject(NS, "reborn", "done"), old_done)])  # an earlier "reborn" ended
     reborn = rljob("reborn")
-    created = datetime.now(UTC) + timedelta(seconds=2)  # the API server's clock: after that message
+    created = datetime.now(UTC) + timedelta(seconds=2)  # the API server's clock: after the old `done` below
     reborn["metadata"]["creationTimestamp"] = created.strftime("%Y-%m-%dT%H:%M:%SZ")
     api.create("RLJob", reborn)
     wait_until(lambda: status_of(api, "reborn").get("phase") == "Pending", timeout=20, what="Pending")
+    job_nats.start(api, NS, "reborn")
+    _add_stream(job_nats, status_stream_config())  # kept from the start, whenever the operator subscribes
+    old_done = JobDone(ok=True, steps=60).model_dump_json().encode()
+    _publish(job_nats, [(subject(NS, "reborn", "done"), old_done)])  # an earlier "reborn" ended
     new_done = JobDone(ok=False, steps=1, error="second life").model_dump_json().encode()
 
     def ended() -> bool:
-        _publish(nats_server.url, [(subject(NS, "reborn", "done"), new_done)])
+        _publish(job_nats, [(subject(NS, "reborn", "done"), new_done)])
         return status_of(api, "reborn").get("phase") in ("Succeeded", "Failed")
 
     wait_until(ended, timeout=20, interval=0.3, what="the new job's end")
     # Had the old `done` been taken, the job would be Succeeded: the first end is kept.
     assert status_of(api, "reborn")["phase"] == "Failed"
     assert "second life" in condition(api, "reborn", "Failed")["message"]
+
+
+def _add_stream(job_nats, config) -> None:
+    """Make the status stream as the operator would (as its NATS user)."""
+    import asyncio
+
+    import nats
+
+    async def add() -> None:
+        nc = await nats.connect(job_nats.url, **job_nats.options("operator"))
+        try:
+            await nc.jetstream().add_stream(config)
+        finally:
+            await nc.close()
+
+    asyncio.run(add())

@@ -77,7 +77,7 @@ def test_spot_workers_get_no_model_and_pull_from_the_weight_server(source: str) 
     assert not any(v["name"] == "model" for v in spot["volumes"])
     command = spot["containers"][0]["command"]
     assert _flag(command, "--model-dir") == ""
-    assert _flag(command, "--weight-server") == "http://job1-weights.ns1.svc:8000"
+    assert _flag(command, "--weight-server") == "https://job1-weights.ns1.svc:8000"
 
 
 def test_a_path_model_is_refused_on_kubernetes_naming_the_field() -> None:

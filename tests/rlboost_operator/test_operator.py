@@ -1,5 +1,6 @@
 """The operator end to end against a Kubernetes API served by kmock (real HTTP on loopback),
-kopf running it under KopfRunner, and a real nats-server for notices and step reports.
+kopf running it under KopfRunner, and a real nats-server for notices and step reports (the job's own NATS,
+configured from the Secrets the operator made: conftest.JobNats).
 
 kmock runs no controllers: Pods are created by the tests, garbage collection is checked through
 ownerReferences, and Deployment readiness is written by the tests as the kubelet would.
@@ -68,6 +69,11 @@ def test_create_builds_adopted_children_and_update_patches_them(operator):
         ("Deployment", "demo-weights"),
         ("Service", "demo-weights"),
         ("Deployment", "demo-workers-reserved"),
+        ("Secret", "demo-credentials"),
+        ("Secret", "demo-nats-config"),
+        ("Deployment", "demo-nats"),
+        ("Service", "demo-nats"),
+        ("NetworkPolicy", "demo-pods"),
     ]:
         child = wait_until(lambda k=kind, n=name: api.get(k, NS, n), timeout=10, what=f"{kind} {name}")
         owners = child["metadata"].get("ownerReferences") or []
@@ -80,6 +86,8 @@ def test_create_builds_adopted_children_and_update_patches_them(operator):
 
     sts = api.get("StatefulSet", NS, "demo-trainer")
     assert sts["spec"]["replicas"] == 1
+    credentials = api.get("Secret", NS, "demo-credentials")["data"]
+    assert {"token-worker", "nats-operator.pass", "manifest.key", "ca.crt", "tls-nats.key"} <= set(credentials)
     api.patch("RLJob", NS, "demo", {"spec": {"trainer": {"ranks": 2}}})
     wait_until(lambda: api.get("StatefulSet", NS, "demo-trainer")["spec"]["replicas"] == 2, timeout=20, what="2 ranks")
     env = {
@@ -88,6 +96,8 @@ def test_create_builds_adopted_children_and_update_patches_them(operator):
     }
     assert env["WORLD_SIZE"] == "2"
     assert "ranks: 2" in api.get("ConfigMap", NS, "demo-config")["data"]["job.yaml"]
+    # The credentials were made once: the reconcile of the edit kept them (running pods hold them).
+    assert api.get("Secret", NS, "demo-credentials")["data"] == credentials
 
 
 def test_spot_nodes_appearing_and_vanishing_scale_the_spot_workers(operator):
@@ -171,9 +181,9 @@ def test_autoscaled_spot_pool_asks_for_max_shrinks_on_pending_pods_and_retries(s
                            for e in events(api, "SpotAskingAutoscaler")), timeout=20, what="the retry")  # fmt: skip
 
 
-def _collect(url: str, subj: str, received: list[bytes], ready: threading.Event, stop: threading.Event) -> None:
+def _collect(job_nats, user: str, subj: str, received: list[bytes], ready: threading.Event, stop: threading.Event):
     async def main() -> None:
-        nc = await nats.connect(url)
+        nc = await nats.connect(job_nats.url, **job_nats.options(user))
 
         async def on_msg(msg) -> None:
             received.append(msg.data)
@@ -188,10 +198,11 @@ def _collect(url: str, subj: str, received: list[bytes], ready: threading.Event,
     asyncio.run(main())
 
 
-def test_preemption_taint_sends_a_nats_notice_naming_the_jobs_pods(operator, nats_server):
+def test_preemption_taint_sends_a_nats_notice_naming_the_jobs_pods(operator, job_nats):
     api = operator
     api.create("RLJob", rljob("preempt"))
     wait_until(lambda: spot_replicas(api, "preempt") is not None, timeout=20, what="children")
+    job_nats.start(api, NS, "preempt")
     api.create("Node", spot_node("spot-x"))
     pod = {
         "apiVersion": "v1",
@@ -208,7 +219,7 @@ def test_preemption_taint_sends_a_nats_notice_naming_the_jobs_pods(operator, nat
     received: list[bytes] = []
     ready, stop = threading.Event(), threading.Event()
     thread = threading.Thread(
-        target=_collect, args=(nats_server.url, subject(NS, "preempt", "nodes"), received, ready, stop)
+        target=_collect, args=(job_nats, "manager", subject(NS, "preempt", "nodes"), received, ready, stop)
     )
     thread.start()
     try:
@@ -228,9 +239,9 @@ def test_preemption_taint_sends_a_nats_notice_naming_the_jobs_pods(operator, nat
     wait_until(lambda: spot_replicas(api, "preempt") == 1, timeout=20, what="spot workers back to min")
 
 
-def _publish(url: str, messages: list[tuple[str, bytes]]) -> None:
+def _publish(job_nats, messages: list[tuple[str, bytes]], user: str = "trainer") -> None:
     async def main() -> None:
-        nc = await nats.connect(url)
+        nc = await nats.connect(job_nats.url, **job_nats.options(user))
         for subj, data in messages:
             await nc.publish(subj, data)
         await nc.flush()
@@ -239,7 +250,7 @@ def _publish(url: str, messages: list[tuple[str, bytes]]) -> None:
     asyncio.run(main())
 
 
-def test_step_reports_and_done_are_written_to_status(operator, nats_server):
+def test_step_reports_and_done_are_written_to_status(operator, job_nats):
     api = operator
     spec = {
         "trainer": {"ranks": 1, "gpusPerRank": 1},
@@ -248,6 +259,7 @@ def test_step_reports_and_done_are_written_to_status(operator, nats_server):
     }
     api.create("RLJob", rljob("reporter", spec))
     wait_until(lambda: status_of(api, "reporter").get("phase") == "Pending", timeout=20, what="phase Pending")
+    job_nats.start(api, NS, "reporter")
     api.patch("Deployment", NS, "reporter-workers-reserved", {"status": {"readyReplicas": 1}})
     # The daemon subscribes asynchronously: publish until a report lands.
     report = StepReport(
@@ -263,7 +275,7 @@ def test_step_reports_and_done_are_written_to_status(operator, nats_server):
     steps = subject(NS, "reporter", "steps")
 
     def reported() -> bool:
-        _publish(nats_server.url, [(steps, report.model_dump_json().encode())])
+        _publish(job_nats, [(steps, report.model_dump_json().encode())])
         return status_of(api, "reporter").get("step") == 3
 
     wait_until(reported, timeout=20, interval=0.3, what="status.step == 3")
@@ -274,7 +286,7 @@ def test_step_reports_and_done_are_written_to_status(operator, nats_server):
     assert st["workers"]["reserved"] == 1 and st["workers"]["spot"] == 0
     assert st["costPerHour"] == 20.0  # trainer GPU + reserved worker GPU at $10
     assert st["costEfficiency"] == 500.0 * 3600 / 20.0
-    _publish(nats_server.url, [(subject(NS, "reporter", "done"), JobDone(ok=True, steps=3).model_dump_json().encode())])
+    _publish(job_nats, [(subject(NS, "reporter", "done"), JobDone(ok=True, steps=3).model_dump_json().encode())])
     wait_until(lambda: status_of(api, "reporter").get("phase") == "Succeeded", timeout=20, what="phase Succeeded")
 
 
@@ -297,13 +309,13 @@ def test_inconsistent_rljob_fails_with_a_condition_and_no_children(operator):
     assert any("spec.task.reward" in e["message"] for e in events), json.dumps(events)[:500]
 
 
-def test_status_written_while_the_operator_was_down_reaches_the_rljob(kube_api, nats_server, monkeypatch):
+def test_status_written_while_the_operator_was_down_reaches_the_rljob(kube_api, job_nats, monkeypatch):
     """Status survives the operator: stop it mid-job, let a step finish and the job end while it is down (the
     trainer publishes as usual), start a new operator: the RLJob gets the newest step and Succeeded (JetStream
     keeps the newest report and `done` per job; the new operator's consumer starts with them)."""
     from kopf.testing import KopfRunner
 
-    monkeypatch.setenv("RLBOOST_OPERATOR_NATS_URL", nats_server.url)
+    monkeypatch.setenv("RLBOOST_OPERATOR_NATS_URL", job_nats.url)
     args = ["run", "-A", "--standalone", "-m", "rlboost_operator.handlers"]
     report = StepReport(step=7, reward_mean=0.5, tokens=10, rollout_seconds=1.0, train_seconds=0.0,
                         sync_seconds=0.0, weight_version=7, weights_checksum="c")  # fmt: skip
@@ -311,9 +323,10 @@ def test_status_written_while_the_operator_was_down_reaches_the_rljob(kube_api, 
         wait_until(lambda: kube_api.watched("rljobs"), timeout=20, what="the first operator's watch")
         kube_api.create("RLJob", rljob("durable"))
         wait_until(lambda: status_of(kube_api, "durable").get("phase") == "Pending", timeout=20, what="Pending")
-        wait_until(lambda: _stream_exists(nats_server.url), timeout=20, what="the status stream")
+        job_nats.start(kube_api, NS, "durable")
+        wait_until(lambda: _stream_exists(job_nats), timeout=20, what="the status stream")
     assert first.exception is None, first.output
-    _publish(nats_server.url, [(subject(NS, "durable", "steps"), report.model_dump_json().encode()),
+    _publish(job_nats, [(subject(NS, "durable", "steps"), report.model_dump_json().encode()),
                                (subject(NS, "durable", "done"), JobDone(ok=True, steps=8).model_dump_json().encode())])  # fmt: skip
     assert status_of(kube_api, "durable").get("phase") == "Pending"  # nobody wrote it meanwhile
     with KopfRunner(args, timeout=30) as second:
@@ -322,11 +335,11 @@ def test_status_written_while_the_operator_was_down_reaches_the_rljob(kube_api, 
     assert second.exception is None, second.output
 
 
-def _stream_exists(url: str) -> bool:
+def _stream_exists(job_nats) -> bool:
     from rlboost_operator.notices import STATUS_STREAM
 
     async def look() -> bool:
-        nc = await nats.connect(url)
+        nc = await nats.connect(job_nats.url, **job_nats.options("operator"))
         try:
             await nc.jetstream().stream_info(STATUS_STREAM)
             return True

@@ -9,6 +9,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
+from rlboost.auth.credentials import ROLE_ITEMS, generate_items
 from rlboost.spec import JobSpec, JobSpecError, PoolSpec, parse_job_spec
 from rlboost.wire.events import JobDone, StepReport
 from rlboost_operator import children, crd, spot, status
@@ -231,7 +232,9 @@ def test_children_are_valid_kubernetes_objects_with_the_services_flags():
     spec = gpu_spec()
     settings = OperatorSettings(nats_url="nats://nats:4222")
     objs = children.build_children("job1", "ns1", spec, settings, spot_replicas=3)
-    objs.append(children.token_secret("job1", "ns1", "s3cret"))
+    items = generate_items(children.tls_hosts("job1", "ns1"))
+    objs += [children.token_secret("job1", "ns1", "s3cret"), children.credentials_secret("job1", "ns1", items),
+             children.nats_config_secret("job1", "ns1", items)]  # fmt: skip
     for obj in objs:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
     by = {(o["kind"], o["metadata"]["name"]): o for o in objs}
@@ -246,7 +249,7 @@ def test_children_are_valid_kubernetes_objects_with_the_services_flags():
     cmd = worker["containers"][0]["command"]
     assert cmd[:3] == ["python", "-m", "rollout_worker"]
     assert cmd[cmd.index("--pool") + 1] == "spot" and cmd[cmd.index("--worker-id") + 1] == "$(POD_NAME)"
-    assert cmd[cmd.index("--nats-url") + 1] == "nats://nats:4222"
+    assert cmd[cmd.index("--nats-url") + 1] == "nats://job1-nats.ns1.svc:4222"  # the job's own NATS
     assert worker["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert "affinity" in worker and worker["tolerations"]
     mgr = by[("Deployment", "job1-manager")]["spec"]["template"]["spec"]["containers"][0]["command"]
@@ -293,7 +296,7 @@ def test_entry_point_help_runs_without_heavy_imports():
 
 
 def test_only_spot_workers_may_land_on_spot_nodes():
-    """The trainer, manager and weight-server carry the off-spot affinity (a preemption must not take the job's
+    """The trainer, manager, weight-server and NATS carry the off-spot affinity (a preemption must not take the job's
     control plane down); spot workers require spot nodes; reserved workers avoid them."""
     spec = parse_job_spec({})
     kids = children.build_children("j", "ns", spec, OperatorSettings(), 1)
@@ -307,5 +310,91 @@ def test_only_spot_workers_may_land_on_spot_nodes():
                for e in t["matchExpressions"]}
         for name, a in affinity.items()
     }  # fmt: skip
-    assert operators == {"j-trainer": {"NotIn"}, "j-manager": {"NotIn"}, "j-weights": {"NotIn"},
+    assert operators == {"j-trainer": {"NotIn"}, "j-manager": {"NotIn"}, "j-weights": {"NotIn"}, "j-nats": {"NotIn"},
                          "j-workers-reserved": {"NotIn"}, "j-workers-spot": {"In"}}  # fmt: skip
+
+
+def _pods(objs):
+    """(name, pod spec) of every workload."""
+    return [
+        (o["metadata"]["name"], o["spec"]["template"]["spec"])
+        for o in objs
+        if o["kind"] in ("Deployment", "StatefulSet")
+    ]
+
+
+def test_job_pods_are_locked_down_and_ask_for_cpu_and_memory():
+    spec = parse_job_spec({"rollout": {"spot": {"resources": {"cpu": "3", "memory": "6Gi"}}}})
+    objs = children.build_children("job1", "ns1", spec, OperatorSettings(), spot_replicas=1)
+    pods = _pods(objs)
+    assert {name for name, _ in pods} >= {"job1-nats", "job1-manager", "job1-weights", "job1-trainer"}
+    for name, pod in pods:
+        assert pod["automountServiceAccountToken"] is False, name
+        for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            assert c["securityContext"]["readOnlyRootFilesystem"] is True, (name, c["name"])
+            assert set(c["resources"]["requests"]) == {"cpu", "memory"}, (name, c["name"])
+            writable = {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
+            assert writable <= {"/tmp", "/data", children.MODEL_ROOT}, (name, writable)
+    spot = dict(pods)["job1-workers-spot"]["containers"][0]
+    assert spot["resources"]["requests"] == {"cpu": "3", "memory": "6Gi"}
+    assert {"name": "HOME", "value": "/tmp"} in spot["env"]
+
+
+@pytest.mark.parametrize(
+    ("workload", "role"),
+    [("job1-trainer", "trainer"), ("job1-workers-spot", "worker"), ("job1-workers-reserved", "worker"),
+     ("job1-manager", "manager"), ("job1-weights", "weight-server"), ("job1-nats", "nats")],
+)  # fmt: skip
+def test_each_role_mounts_only_its_credentials(workload, role):
+    objs = children.build_children("job1", "ns1", JobSpec(), OperatorSettings(), spot_replicas=1)
+    pod = dict(_pods(objs))[workload]
+    secret = next(v["secret"] for v in pod["volumes"] if v["name"] == "credentials")
+    assert secret["secretName"] == "job1-credentials"
+    assert [i["key"] for i in secret["items"]] == list(ROLE_ITEMS[role])
+    if role != "nats":
+        cmd = pod["containers"][0]["command"]
+        assert cmd[cmd.index("--credentials-dir") + 1] == children.CREDENTIALS_DIR
+
+
+def test_the_jobs_nats_configuration_gives_each_role_its_users_over_tls():
+    import json
+
+    items = generate_items(children.tls_hosts("job1", "ns1"))
+    conf = json.loads(children.secret_items(children.nats_config_secret("job1", "ns1", items))["nats.conf"])
+    assert conf["tls"]["cert_file"] == f"{children.CREDENTIALS_DIR}/tls-nats.crt"
+    users = {u["user"]: u for u in conf["authorization"]["users"]}
+    assert users["operator"]["password"] == items["nats-operator.pass"].decode()
+    assert users["operator"]["permissions"]["publish"]["allow"][0] == "rlboost.ns1.job1.nodes"
+    assert "rlboost.ns1.job1.steps" in users["trainer"]["permissions"]["publish"]["allow"]
+
+
+def test_tls_certificates_name_the_jobs_services():
+    from cryptography import x509
+
+    items = generate_items(children.tls_hosts("job1", "ns1"))
+    for service, host in [("nats", "job1-nats.ns1.svc"), ("manager", "job1-manager.ns1.svc"),
+                          ("weight-server", "job1-weights.ns1.svc")]:  # fmt: skip
+        cert = x509.load_pem_x509_certificate(items[f"tls-{service}.crt"])
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert host in names.get_values_for_type(x509.DNSName), service
+
+
+def test_network_policy_lets_in_only_the_jobs_pods_the_operator_to_nats_and_metrics_scrapes():
+    settings = OperatorSettings(operator_namespace="rlboost-system")
+    policy = next(
+        o for o in children.build_children("job1", "ns1", JobSpec(), settings, 1) if o["kind"] == "NetworkPolicy"
+    )
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"rlboost.io/job": "job1"}} and spec["policyTypes"] == ["Ingress"]
+    own, operator, metrics = spec["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": {"rlboost.io/job": "job1"}}}]}
+    assert operator["from"][0]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "rlboost-system"}
+    }
+    assert operator["ports"] == [{"port": children.NATS_PORT, "protocol": "TCP"}]
+    assert metrics["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    env = {"RLBOOST_OPERATOR_NETWORK_POLICY": "false", "RLBOOST_OPERATOR_METRICS_NAMESPACE_LABELS": "{}"}
+    off = load_settings(env)
+    assert off.metrics_namespace_labels == {}
+    assert not any(o["kind"] == "NetworkPolicy" for o in children.build_children("job1", "ns1", JobSpec(), off, 1))
+    assert len(children.network_policy("job1", "ns1", off)["spec"]["ingress"]) == 2  # no metrics rule

@@ -17,6 +17,7 @@ import logging
 import signal
 import sys
 
+from rlboost.auth.nats import connect_options
 from rlboost.observability import serve_http, setup_logging
 from rlboost.options.base import parse_service_args
 from rlboost.options.manager import ManagerOptions
@@ -59,7 +60,12 @@ async def serve(args: ManagerOptions, started: list | None = None) -> int:
     try:
         if args.nats_url:
             subscriber = PreemptionSubscriber(
-                args.nats_url, args.namespace, args.job, manager.state.drain, manager.kick
+                args.nats_url,
+                args.namespace,
+                args.job,
+                manager.state.drain,
+                manager.kick,
+                nats_options=connect_options(args.credentials_dir, "manager"),
             )
             await subscriber.start(wait_s=args.nats_wait)
         port = await manager.start(args.host, args.port)

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -49,8 +50,10 @@ class PreemptionSubscriber:
         job: str,
         drain: Callable[[str, list[str], str], list[str]],
         on_change: Callable[[], None] = lambda: None,
+        nats_options: dict[str, Any] | None = None,
     ) -> None:
         self.url, self.subject = url, subject(namespace, job, "nodes")
+        self._options = nats_options or {}  # user, password, TLS: rlboost.auth.nats.connect_options
         self._drain, self._on_change = drain, on_change
         self._nc = None
 
@@ -82,13 +85,19 @@ class PreemptionSubscriber:
                 max_reconnect_attempts=1,
                 reconnect_time_wait=0.2,
                 error_cb=_quiet,
+                **self._options,
             )
             await probe.close()
         except (NoServersError, OSError, TimeoutError) as err:
             raise NatsUnavailableError(f"cannot reach NATS at {self.url}: {err or type(err).__name__}") from None
         # the long-lived connection rides out NATS restarts
         self._nc = await nats.connect(
-            self.url, connect_timeout=connect_timeout, max_reconnect_attempts=-1, reconnect_time_wait=1, error_cb=_quiet
+            self.url,
+            connect_timeout=connect_timeout,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=1,
+            error_cb=_quiet,
+            **self._options,
         )
         await self._nc.subscribe(self.subject, cb=self._on_msg)
         await self._nc.flush()

@@ -204,6 +204,7 @@ async def _subscribe_weights(args: WorkerOptions, session):
     """Pull and apply each version announced on rlboost.<ns>.<job>.weights."""
     import nats
 
+    from rlboost.auth.nats import connect_options
     from rlboost.wire.events import WeightsAnnounced, subject
 
     async def on_message(msg) -> None:
@@ -215,7 +216,10 @@ async def _subscribe_weights(args: WorkerOptions, session):
         session.schedule_update(event.version)
 
     try:
-        nc = await nats.connect(args.nats_url, connect_timeout=5, max_reconnect_attempts=-1, allow_reconnect=True)
+        auth = connect_options(args.credentials_dir, "worker")
+        nc = await nats.connect(
+            args.nats_url, connect_timeout=5, max_reconnect_attempts=-1, allow_reconnect=True, **auth
+        )
     except Exception as err:
         raise StartupError(f"cannot connect to NATS at {args.nats_url}: {type(err).__name__}: {err}") from None
     await nc.subscribe(subject(args.namespace, args.job, "weights"), cb=on_message)

@@ -77,7 +77,9 @@ class TrainerOptions:
     checkpoint_dir: Path | None = None  # None: no checkpoints
     resume: bool = False  # continue from the newest valid checkpoint in checkpoint_dir
     auth: ClientAuth = ClientAuth()  # the trainer token (the manager's Rollout) and the job CA (manager, weights)
-    credentials_dir: Path | None = None  # the job's credentials: weight versions are signed with its key
+    credentials_dir: Path | None = (
+        None  # the job's credentials: versions signed with its key, NATS as user trainer; None = anonymous
+    )
 
 
 class StepContext:
@@ -135,9 +137,16 @@ class Trainer:
     async def _connect_nats(self) -> None:
         import nats
 
+        from rlboost.auth.nats import connect_options
+
         try:
             self._nc = await asyncio.wait_for(
-                nats.connect(self.opts.nats_url, allow_reconnect=True, max_reconnect_attempts=-1),
+                nats.connect(
+                    self.opts.nats_url,
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    **connect_options(self.opts.credentials_dir or "", "trainer"),
+                ),
                 self.opts.connect_timeout_s,
             )
         except (TimeoutError, OSError, nats.errors.NoServersError) as err:

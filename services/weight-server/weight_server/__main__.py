@@ -19,6 +19,7 @@ import socket
 import sys
 from pathlib import Path
 
+from rlboost.auth.nats import connect_options
 from rlboost.observability import IDLE_TIMEOUT_S, LoopWatchdog, setup_logging
 from rlboost.options.base import parse_service_args
 from rlboost.options.weight_server import WeightServerOptions
@@ -116,7 +117,9 @@ async def serve(args: WeightServerOptions) -> None:
     sock = bind(args.host, args.port)
     announcer = None
     if not args.no_nats:
-        announcer = Announcer(args.nats_url, args.namespace, args.job)
+        announcer = Announcer(
+            args.nats_url, args.namespace, args.job, connect_options(args.credentials_dir, "weight-server")
+        )
         try:
             await announcer.connect_within(args.nats_wait)
         except AnnounceError as err:

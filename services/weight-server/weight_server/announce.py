@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 from urllib.parse import urlparse
 
 import nats
@@ -27,8 +28,9 @@ class AnnounceError(Exception):
 class Announcer:
     """Publishes WeightsAnnounced events for one job."""
 
-    def __init__(self, url: str, namespace: str, job: str) -> None:
+    def __init__(self, url: str, namespace: str, job: str, nats_options: dict[str, Any] | None = None) -> None:
         self.url = url
+        self._options = nats_options or {}  # user, password, TLS: rlboost.auth.nats.connect_options
         self.subject = subject(namespace, job, "weights")
         self._nc: Client | None = None
 
@@ -63,6 +65,7 @@ class Announcer:
                     error_cb=self._on_error,
                     disconnected_cb=self._on_disconnect,
                     reconnected_cb=self._on_reconnect,
+                    **self._options,
                 ),
                 timeout,
             )

@@ -16,10 +16,3 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
 
-{{- define "rlboost.natsUrl" -}}
-{{- if .Values.nats.url -}}
-{{ .Values.nats.url }}
-{{- else -}}
-nats://{{ include "rlboost.fullname" . }}-nats.{{ .Release.Namespace }}.svc:4222
-{{- end -}}
-{{- end -}}
