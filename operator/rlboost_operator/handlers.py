@@ -5,9 +5,10 @@ Run: `kopf run -A -m rlboost_operator.handlers` (or `python -m rlboost_operator`
   exists (model_source.py), build children (children.py), adopt them (ownerReferences: deletion is garbage
   collection), create or patch, and subscribe to the job's `steps` and `done` subjects (once per job; the
   subscriptions live in STATE) to write .status.
-- Job pods: a `fetch-model` init container that failed (no such repo, refused credentials, unreachable URI)
-  makes the RLJob Failed with a ModelReady condition naming the spec.model field, instead of a silent crash loop.
-- The end of a job (`done`, or trainer.backoffLimit exceeded by the trainer pods' restarts): its workloads are
+- Job pods: a `fetch-model` init container that gave up (no such repo, refused credentials; unreachable after
+  model_source.FETCH_ATTEMPTS tries) ends the RLJob: Failed with a ModelReady condition naming the spec.model
+  field, scaled to zero like any ended job, instead of a silent crash loop.
+- The end of a job (`done`, trainer.backoffLimit exceeded by the trainer pods' restarts, a failed fetch): its workloads are
   scaled to zero and stay there on every later reconcile; PVCs, Secret, ConfigMap and status are kept.
 - Nodes and spot worker Pods: the spot Deployment is sized by spot_ask.py (to the spot nodes present, or, for
   autoscaled spot pools, to maxReplicas with a shrink and back-off while pods stay unschedulable);
@@ -467,11 +468,21 @@ async def rescale_loop() -> None:
 
 
 async def _fetch_failed(namespace: str, job: str, pod: str, problem: model_source.ModelProblem) -> None:
-    current = await _kube().get("RLJob", namespace, job)
-    if current is None:
-        return
-    log.warning("model fetch failed", extra={"job": job, "pod": pod, "field": problem.field, "reason": problem.reason})
-    await _write_model_failure(current, problem)
+    """A job pod's fetcher gave up: the job ends Failed (ModelReady=False naming the spec.model field) and is
+    scaled to zero, so no pod crash-loops on a source that cannot work."""
+    async with _status_lock(namespace, job):
+        current = await _kube().get("RLJob", namespace, job)
+        if current is None or status.finished(current.get("status") or {}):
+            return  # gone, or ended already (every failing pod of the job reports it)
+        log.warning(
+            "model fetch failed", extra={"job": job, "pod": pod, "field": problem.field, "reason": problem.reason}
+        )
+        previous, generation = current.get("status") or {}, _generation(current)
+        outcome = status.model_failed_status(
+            problem.field, problem.reason, problem.message, previous, generation=generation, ended=True
+        )
+        message = f"spec.model.{problem.field}: {problem.message}"
+        await _end(current, outcome, "ModelUnavailable", (problem.reason, message), ok=False)
 
 
 # --- Status from the job's services ---------------------------------------------------------

@@ -127,6 +127,26 @@ def test_model_failed_status_names_the_field() -> None:
     assert [c["type"] for c in cleared] == ["Valid"]
 
 
+def test_a_fetch_that_gave_up_ends_the_job_and_a_reconcile_keeps_it_failed() -> None:
+    """A failed fetch is an end (spec.model cannot change): a later reconcile, as after an operator restart, keeps
+    Failed instead of turning the job Pending and crash-looping the fetcher again; a missing claim is no end."""
+    running = {"phase": "Running", "conditions": [status.condition("Valid", True, "SpecAccepted", "ok")]}
+    patch = status.model_failed_status("uri", "NotFound", "s3://nope does not exist", running, generation=2, ended=True)
+    merged = {**running, **patch}
+    assert merged["phase"] == "Failed" and status.finished(merged)
+    conds = {c["type"]: c for c in merged["conditions"]}
+    assert (conds["ModelReady"]["status"], conds["ModelReady"]["reason"]) == ("False", "NotFound")
+    assert conds["ModelReady"]["message"] == "spec.model.uri: s3://nope does not exist"
+    assert (conds["Failed"]["status"], conds["Failed"]["reason"]) == ("True", "ModelUnavailable")
+    assert (
+        conds["Failed"]["message"].startswith("spec.model.uri: ")
+        and "re-create the RLJob" in conds["Failed"]["message"]
+    )
+    assert "phase" not in status.reconcile_status(merged, 0, 2)
+    precheck = status.model_failed_status("claimName", "ClaimNotFound", "no claim", running)
+    assert not status.finished({**running, **precheck})
+
+
 def _getter(objects: dict[tuple[str, str], dict[str, Any]]):
     async def get(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return objects.get((kind, name))
