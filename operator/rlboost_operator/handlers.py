@@ -180,15 +180,19 @@ def _ask_settings() -> spot_ask.AskSettings:
     )
 
 
-def _spot_decision(namespace: str, job: str, spec: JobSpec) -> spot_ask.Decision:
-    """The spot ask now: the capacity present, or the job's autoscaler state machine fed its pods."""
+def _spot_decision(namespace: str, job: str, spec: JobSpec, saved: dict[str, Any] | None = None) -> spot_ask.Decision:
+    """The spot ask now: the capacity present, or the job's autoscaler state machine fed its pods. `saved`: the
+    state machine as the RLJob's status kept it (status.workers.spotAsk), taken up when this operator has none
+    (it restarted, or a new leader took over), so a back-off or pending bound carries on."""
     pool, pods = spec.rollout.spot, STATE.spot_pods_of(namespace, job)
     SPOT_UNSCHEDULABLE.labels(namespace, job).set(sum(1 for p in pods if p.unschedulable_since is not None))
     if not _autoscaled(pool):
         STATE.spot_asks.pop((namespace, job), None)
         _recheck_later(namespace, job, None)
         return spot_ask.capacity_decision(STATE.nodes.values(), pool)
-    ask = STATE.spot_asks.setdefault((namespace, job), spot_ask.SpotAsk(_ask_settings()))
+    ask = STATE.spot_asks.get((namespace, job))
+    if ask is None:
+        ask = STATE.spot_asks[(namespace, job)] = spot_ask.SpotAsk.from_status(_ask_settings(), saved)
     doomed = {name for name, node in STATE.nodes.items() if spot.preemption(node) is not None}
     decision = ask.decide(time.time(), pool, pods, doomed)
     if decision.shrunk:
@@ -216,8 +220,15 @@ async def _recheck(namespace: str, job: str, delay_s: float) -> None:
         await rescale_job(ref)
 
 
-def _spot_status(decision: spot_ask.Decision) -> dict[str, Any]:
-    return {"spotDesired": decision.replicas, "spotReason": decision.reason, "spotMessage": decision.message}
+def _spot_status(namespace: str, job: str, decision: spot_ask.Decision) -> dict[str, Any]:
+    """status.workers' spot fields: the ask, why, and the autoscaler state machine (null in capacity mode)."""
+    ask = STATE.spot_asks.get((namespace, job))
+    return {
+        "spotDesired": decision.replicas,
+        "spotReason": decision.reason,
+        "spotMessage": decision.message,
+        "spotAsk": ask.to_status() if ask is not None else None,
+    }
 
 
 def _announce_spot(ref: JobRef, before: int | None, decision: spot_ask.Decision) -> None:
@@ -251,7 +262,7 @@ async def _apply_children(body: kopf.Body, spec: JobSpec) -> bool:
     kube = _kube()
     previous = ((await kube.get("RLJob", namespace, job)) or {}).get("status") or {}
     ended = status.finished(previous)
-    decision = None if ended else _spot_decision(namespace, job, spec)
+    decision = None if ended else _spot_decision(namespace, job, spec, (previous.get("workers") or {}).get("spotAsk"))
     replicas = decision.replicas if decision else 0
     await _ensure_token(namespace, job, body)
     for child in children.build_children(job, namespace, spec, STATE.settings, replicas, finished=ended):
@@ -266,7 +277,7 @@ async def _apply_children(body: kopf.Body, spec: JobSpec) -> bool:
     previous = {**previous, "conditions": model_source.without_precheck_failure(previous.get("conditions"))}
     patch = status.reconcile_status(previous, replicas, _generation(body))
     if decision is not None:
-        patch["workers"].update(_spot_status(decision))
+        patch["workers"].update(_spot_status(namespace, job, decision))
     await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
     return ended
 
@@ -275,6 +286,7 @@ def _remember_job(body: kopf.Body, spec: JobSpec, decision: spot_ask.Decision) -
     """Keep a running job for rescaling; say so when its spot ask is new or changed."""
     namespace, job = body.metadata.namespace or "default", body.metadata.name or ""
     ref = JobRef(namespace, job, body.metadata.uid or "", spec, decision.replicas, decision.reason)
+    ref.spot_ask = _spot_status(namespace, job, decision)["spotAsk"]
     known = STATE.jobs.get((namespace, job))
     STATE.jobs[(namespace, job)] = ref
     if known is None or (known.spot_replicas, known.spot_reason) != (decision.replicas, decision.reason):
@@ -338,15 +350,18 @@ async def rescale(ref: JobRef, force: bool = False) -> None:
     `force` writes the ask even if it did not change (the timer's safety net)."""
     decision = _spot_decision(ref.namespace, ref.name, ref.spec)
     before, reason = ref.spot_replicas, ref.spot_reason
-    if not force and (before, reason) == (decision.replicas, decision.reason):
+    workers_status = _spot_status(ref.namespace, ref.name, decision)
+    unchanged = (before, reason, ref.spot_ask) == (decision.replicas, decision.reason, workers_status["spotAsk"])
+    if not force and unchanged:
         return
     ref.spot_replicas, ref.spot_reason = decision.replicas, decision.reason
+    ref.spot_ask = workers_status["spotAsk"]
     kube = _kube()
     name = children.names(ref.name)["spot"]
     if STATE.jobs.get((ref.namespace, ref.name)) is not ref:
         return  # the job ended (scaled to zero) or was reconciled anew meanwhile: its own write wins
     await kube.patch("Deployment", ref.namespace, name, {"spec": {"replicas": decision.replicas}})
-    await kube.patch("RLJob", ref.namespace, ref.name, {"status": {"workers": _spot_status(decision)}}, sub="status")
+    await kube.patch("RLJob", ref.namespace, ref.name, {"status": {"workers": workers_status}}, sub="status")
     DESIRED_SPOT.labels(ref.namespace, ref.name).set(decision.replicas)
     if (before, reason) != (decision.replicas, decision.reason):
         _announce_spot(ref, before, decision)
