@@ -80,6 +80,15 @@ def test_spot_workers_get_no_model_and_pull_from_the_weight_server(source: str) 
     assert _flag(command, "--weight-server") == "http://job1-weights.ns1.svc:8000"
 
 
+def test_workers_wait_for_the_trainers_first_version_as_long_as_a_model_fetch_may_take() -> None:
+    """The trainer publishes version 0 only after its own fetch-model init container (minutes for a large model; the
+    cluster lane's spot worker gave up after the local 120 s and restarted while `tiny` was still being made)."""
+    pods = _pods(SOURCES["huggingface"])
+    for pool in ("reserved", "spot"):
+        command = pods[pool]["containers"][0]["command"]
+        assert float(_flag(command, "--startup-timeout")) == children.WORKER_STARTUP_TIMEOUT_S >= 1800
+
+
 def test_a_path_model_is_refused_on_kubernetes_naming_the_field() -> None:
     with pytest.raises(SpecProblemError) as info:
         check_job({"model": {"source": "path", "path": "/models/qwen"}}, OperatorSettings())
