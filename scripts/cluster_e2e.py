@@ -483,12 +483,18 @@ def counter(samples: dict[str, float], name: str) -> float:
 
 
 def pod_table(pods: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each pod's readiness and restarts. `restarts` counts restarts after failures: restartCount less one when the
+    last exit was clean (code 0: a trainer that finished, restarted by its StatefulSet before the operator scaled it
+    to zero, only re-publishes `done`), as the operator counts a trainer's failures (status.trainer_failures)."""
     out = {}
     for pod in pods:
         cs = (pod.get("status", {}).get("containerStatuses") or [{}])[0]
+        count = int(cs.get("restartCount") or 0)
+        clean = ((cs.get("lastState") or {}).get("terminated") or {}).get("exitCode") == 0
         out[pod["metadata"]["name"]] = {
             "ready": bool(cs.get("ready")),
-            "restarts": int(cs.get("restartCount") or 0),
+            "restarts": max(0, count - 1) if clean else count,
+            "restart_count": count,
             "phase": pod.get("status", {}).get("phase"),
             "node": pod.get("spec", {}).get("nodeName"),
         }

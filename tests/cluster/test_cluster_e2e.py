@@ -33,6 +33,7 @@ EXAMPLE = ROOT / "examples" / "rljob.yaml"
 PLAIN_S, CHAOS_S, BAD_MODEL_S = 720, 720, 300
 LANE_RESERVE_S = 150  # of each run's time: network, NATS, the API, the operator's image, tear-down
 BAD_URI = "s3://rlboost-lane-no-such-bucket/models/tiny"
+SUMMARIES = ROOT / "build" / "cluster"  # each run's summary, kept for a look (and docs/benchmarks.md)
 
 
 def podman_problem() -> str | None:
@@ -49,6 +50,7 @@ def podman_problem() -> str | None:
 
 def run_lane(out: Path, *flags: str, timeout: int, rljob: Path = EXAMPLE) -> dict:
     """scripts/cluster_e2e.py on `rljob`; its summary (the lane's own output says where it stopped)."""
+    out.unlink(missing_ok=True)  # an earlier run's summary must not pass for this one's
     cmd = [sys.executable, "scripts/cluster_e2e.py", "--rljob", str(rljob), "--json", str(out), *flags]
     proc = subprocess.run([*cmd, "--timeout", str(timeout - LANE_RESERVE_S)], cwd=ROOT, timeout=timeout)
     assert out.exists(), f"the lane wrote no summary (exit {proc.returncode}); its output above says where it stopped"
@@ -61,12 +63,12 @@ def where(summary: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def plain() -> dict:
     """examples/rljob.yaml run once, uninterrupted: its own checks and the chaos run's reference checksum."""
     problem = podman_problem()
     if problem:
         pytest.skip(problem)
-    return run_lane(tmp_path_factory.mktemp("plain") / "summary.json", timeout=PLAIN_S)
+    return run_lane(SUMMARIES / "plain.json", timeout=PLAIN_S)
 
 
 @pytest.mark.cluster
@@ -89,8 +91,8 @@ def test_example_rljob_reaches_succeeded_in_real_containers(plain: dict) -> None
 
 @pytest.mark.cluster
 @pytest.mark.timeout(PLAIN_S + CHAOS_S + 60)
-def test_faults_lose_no_sample_and_end_on_the_uninterrupted_checksum(plain: dict, tmp_path: Path) -> None:
-    chaos = run_lane(tmp_path / "chaos.json", "--chaos", timeout=CHAOS_S)
+def test_faults_lose_no_sample_and_end_on_the_uninterrupted_checksum(plain: dict) -> None:
+    chaos = run_lane(SUMMARIES / "chaos.json", "--chaos", timeout=CHAOS_S)
     assert chaos["phase"] == "Succeeded", f"the faulted job did not succeed:\n{where(chaos)}"
     assert len(chaos["chaos"]) >= 3, chaos["chaos"]  # pod deleted, trainer killed, node tainted (then deleted)
     assert chaos["samples_lost"] == 0
@@ -110,7 +112,7 @@ def test_an_impossible_model_source_fails_the_rljob_naming_spec_model(tmp_path: 
     job["spec"]["model"] = {"source": "uri", "uri": BAD_URI}
     manifest = tmp_path / "bad-model.yaml"
     manifest.write_text(yaml.safe_dump(job))
-    summary = run_lane(tmp_path / "bad.json", timeout=BAD_MODEL_S, rljob=manifest)
+    summary = run_lane(SUMMARIES / "bad-model.json", timeout=BAD_MODEL_S, rljob=manifest)
     assert summary["phase"] == "Failed", f"the job did not fail:\n{where(summary)}"
     conditions = {c["type"]: c for c in summary["conditions"] or []}
     model = conditions.get("ModelReady") or {}
