@@ -330,12 +330,13 @@ class Lane:
 
     # --- chaos (--chaos)
 
-    def chaos_tick(self, status: dict[str, Any], pods: dict[str, dict[str, Any]]) -> None:
+    def chaos_tick(self, step: int, pods: dict[str, dict[str, Any]]) -> None:
         """--chaos, one fault per finished step from step 1: delete a Ready spot pod (kubectl delete pod), SIGKILL
-        the trainer's container, taint a spot node with GKE's preemption taint and delete the Node 30 s later."""
+        the trainer's container, taint a spot node with GKE's preemption taint and delete the Node 30 s later.
+        `step`: the last step the trainer reported over NATS (the RLJob's status.step can lag far behind it: in two
+        lane runs it stayed at 3 while the trainer finished, and the job ended before the taint)."""
         if not self.args.chaos:
             return
-        step = int(status.get("step") or 0)
         stage = len(self.chaos_log)
         spot = [n for n, p in pods.items() if "-workers-spot-" in n and p["ready"]]
         if stage == 0 and step >= 1 and spot:
@@ -546,7 +547,7 @@ def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: 
             say(f"stopping: pods restarting in a loop {crashing} (--max-restarts {lane.args.max_restarts})")
             return {**status, "stoppedBecause": f"pods restarting in a loop: {crashing}"}
         lane.refresh_targets()
-        lane.chaos_tick(status, pods)
+        lane.chaos_tick(max(progress.steps, default=-1), pods)
         time.sleep(3)
     return {**status, "timedOut": True}
 
