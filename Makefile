@@ -73,17 +73,18 @@ push-images:
 lock:
 	bash scripts/lock.sh
 
-# The cluster lane (issue 13): examples/rljob.yaml through kmock, the podlet (kubelet stand-in), the operator's
-# image and every pod as a podman container. Root and podman; installs what it needs (scripts/cluster/setup.sh).
+# The cluster lane (issue 13), CI's: examples/rljob.yaml through kmock, the podlet (kubelet stand-in), the
+# operator's image and every pod as a podman container; run uninterrupted, then with faults (a spot pod deleted,
+# the trainer killed, a spot node tainted and deleted: same final weights checksum, no sample lost), then with an
+# impossible model source (Failed naming spec.model). Root and podman; installs what it needs.
 test-cluster: $(STAMP)
 	bash scripts/cluster/setup.sh
 	timeout 1800 $(PY) -m pytest -m cluster tests/cluster/test_cluster_e2e.py -p no:cacheprovider $(PYTEST_ARGS)
 
-# The lane's faults (not in CI's lane: about 5 more minutes): an uninterrupted run, then one with a spot pod
-# deleted, the trainer killed and a spot node tainted and deleted; same final weights checksum, no sample lost.
+# Only the faulted run and the uninterrupted one it is compared with (part of test-cluster)
 test-cluster-chaos: $(STAMP)
 	bash scripts/cluster/setup.sh
-	timeout 1800 $(PY) -m pytest -m cluster tests/cluster/test_cluster_chaos.py -p no:cacheprovider $(PYTEST_ARGS)
+	timeout 1800 $(PY) -m pytest -m cluster tests/cluster/test_cluster_e2e.py -k faults -p no:cacheprovider $(PYTEST_ARGS)
 
 # The GPU lane: the CPU example's shape on a GPU (SGLang on CUDA, NCCL, bf16). Skips, saying why, without a GPU.
 # Run it in the environment that has CUDA torch and sglang (e.g. `pip install -c requirements/lock.txt '.[dev]'

@@ -7,9 +7,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PATH=/opt/rl
 RUN python3 -m venv /opt/rlboost
 WORKDIR /app
 # Dependencies first, from pyproject and the lock only: this layer survives code edits.
-COPY pyproject.toml README.md ./
+# pyproject.toml names README.md as the long description; an empty stand-in here keeps the dependency
+# layers below depending only on pyproject.toml and the lock (a README edit rebuilds none of them).
+COPY pyproject.toml ./
+RUN touch README.md
 COPY requirements/lock.txt requirements/
 RUN pip install -c requirements/lock.txt '.[operator]'
+COPY README.md ./
 COPY rlboost ./rlboost
 COPY operator ./operator
 COPY services ./services

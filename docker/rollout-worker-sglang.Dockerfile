@@ -20,12 +20,16 @@ WORKDIR /app
 # The same extras and lock as the CPU worker (`worker`, plus `sglang`), but the image's own torch, CUDA
 # libraries, transformers and sglang stay: scripts/lock_over_base.py pins what the image already holds at
 # its installed versions, so pip adds only what the image lacks, at the lock's versions.
-COPY pyproject.toml README.md ./
+# pyproject.toml names README.md as the long description; an empty stand-in here keeps the dependency
+# layers below depending only on pyproject.toml and the lock (a README edit rebuilds none of them).
+COPY pyproject.toml ./
+RUN touch README.md
 COPY requirements/lock.txt requirements/
 COPY scripts/lock_over_base.py scripts/
 RUN python3 -c "import sglang; assert sglang.__version__ == '0.5.23', sglang.__version__" \
  && python3 scripts/lock_over_base.py requirements/lock.txt > /tmp/constraints.txt \
  && python3 -m pip install -c /tmp/constraints.txt '.[worker,sglang]'
+COPY README.md ./
 COPY rlboost ./rlboost
 COPY operator ./operator
 COPY services ./services

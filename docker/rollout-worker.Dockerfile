@@ -16,8 +16,12 @@ COPY requirements/lock.txt requirements/
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 RUN pip install -c requirements/lock.txt ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} torch
 # The service's dependencies, from pyproject and the lock only: this layer survives code edits.
-COPY pyproject.toml README.md ./
+# pyproject.toml names README.md as the long description; an empty stand-in here keeps the dependency
+# layers below depending only on pyproject.toml and the lock (a README edit rebuilds none of them).
+COPY pyproject.toml ./
+RUN touch README.md
 RUN pip install -c requirements/lock.txt '.[worker]'
+COPY README.md ./
 COPY rlboost ./rlboost
 COPY operator ./operator
 COPY services ./services

@@ -10,11 +10,15 @@ WORKDIR /app
 # The same extra and lock as the CPU trainer, but the image's own torch and CUDA libraries stay:
 # scripts/lock_over_base.py pins what the image already holds at its installed versions, so pip adds only
 # what the image lacks, at the lock's versions.
-COPY pyproject.toml README.md ./
+# pyproject.toml names README.md as the long description; an empty stand-in here keeps the dependency
+# layers below depending only on pyproject.toml and the lock (a README edit rebuilds none of them).
+COPY pyproject.toml ./
+RUN touch README.md
 COPY requirements/lock.txt requirements/
 COPY scripts/lock_over_base.py scripts/
 RUN python3 scripts/lock_over_base.py requirements/lock.txt > /tmp/constraints.txt \
  && python3 -m pip install -c /tmp/constraints.txt '.[trainer]'
+COPY README.md ./
 COPY rlboost ./rlboost
 COPY operator ./operator
 COPY services ./services

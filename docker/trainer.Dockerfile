@@ -18,8 +18,12 @@ RUN pip install -c requirements/lock.txt ${TORCH_INDEX_URL:+--extra-index-url "$
 # The service's dependencies, from pyproject and the lock only: this layer survives code edits.
 # No compiler: the trainer keeps DeepSpeed from building its shm all-reduce op (trainer.engine), and
 # training uses torch's AdamW, not DeepSpeed's fused one.
-COPY pyproject.toml README.md ./
+# pyproject.toml names README.md as the long description; an empty stand-in here keeps the dependency
+# layers below depending only on pyproject.toml and the lock (a README edit rebuilds none of them).
+COPY pyproject.toml ./
+RUN touch README.md
 RUN pip install -c requirements/lock.txt '.[trainer]'
+COPY README.md ./
 COPY rlboost ./rlboost
 COPY operator ./operator
 COPY services ./services

@@ -90,7 +90,8 @@ class Lane:
         self.chaos_log: list[str] = []
         self.node_deadline = 0.0
         self.restarts_seen: dict[str, int] = {}  # every pod of the run: the most restarts seen
-        self.last_running_at: float | None = None  # halfway through the run, every pod Ready (dashboard time)
+        self.dashboard_check: dict[str, Any] = {}  # when and how the dashboard was judged (for the summary)
+        self.halfway_all_ready = False  # a poll saw the RLJob's status half-way with every pod Ready (diagnostic)
         self.nodes = ["lane-reserved-0", *(f"lane-spot-{i}={SPOT_LABEL}" for i in range(args.spot_nodes))]
 
     # --- set-up
@@ -322,22 +323,26 @@ class Lane:
         if self.prometheus is not None:
             self.prometheus.stop()
 
-    def dashboard_panels_empty(self) -> list[str] | None:
-        """Panels of the Grafana dashboard whose queries return nothing while the job ran: evaluated as of halfway
-        through the run with every pod Ready (a finished job is scaled to zero: at the end nothing is scraped)."""
+    def dashboard_panels_empty(self, progress: Progress) -> list[str] | None:
+        """Panels of the Grafana dashboard that drew nothing while the job ran: each panel's queries as a range
+        query over the job's steps (first to last step report), as Grafana draws that time range. (Judging one
+        instant picked by the lane's polling was flaky: when no poll saw the RLJob's status half-way with every pod
+        Ready, the check fell back to the end of the run, when the job is scaled to zero and every gauge stale.)"""
         if self.prometheus is None:
             return None
-        if self.last_running_at is not None:
-            return self.prometheus.panels_without_data(self.dashboard(), at=self.last_running_at)
-        self.refresh_targets()
-        expected = len(json.loads(self.prometheus.targets_file.read_text()))
-        with contextlib.suppress(LaneError):
-            self.wait(lambda: len(self.prometheus.query("up")) >= expected, 60, "Prometheus to scrape every target")
-        time.sleep(2 * SCRAPE_INTERVAL_S)  # rate() needs two samples of each new target
-        down = [r["metric"].get("pod") or r["metric"].get("job") for r in self.prometheus.query("up == 0")]
-        if down:
-            self.notes.append(f"scrape targets down: {down}")
-        return self.prometheus.panels_without_data(self.dashboard())
+        if progress.first_step_at is None or progress.last_step_at is None:
+            self.notes.append("no step was reported: the dashboard is judged as of now")
+            return self.prometheus.panels_without_data(self.dashboard())
+        start, end = progress.first_step_at, progress.last_step_at + 2 * SCRAPE_INTERVAL_S
+        mid = (start + end) / 2
+        self.dashboard_check = {
+            "from": time.strftime("%H:%M:%S", time.localtime(start)),
+            "seconds": round(end - start, 1),
+            "empty_at_mid_run": self.prometheus.panels_without_data(self.dashboard(), at=mid),
+            "failed_scrapes": self.prometheus.failed_scrapes(start, end),
+            "a_poll_saw_half_way_all_ready": self.halfway_all_ready,
+        }
+        return self.prometheus.panels_without_data(self.dashboard(), between=(start, end))
 
     def counter_over_run(self, name: str) -> float | None:
         """A manager counter's highest value over the run, from Prometheus: at the end the manager is scaled to
@@ -353,12 +358,13 @@ class Lane:
 
     # --- chaos (--chaos)
 
-    def chaos_tick(self, status: dict[str, Any], pods: dict[str, dict[str, Any]]) -> None:
+    def chaos_tick(self, step: int, pods: dict[str, dict[str, Any]]) -> None:
         """--chaos, one fault per finished step from step 1: delete a Ready spot pod (kubectl delete pod), SIGKILL
-        the trainer's container, taint a spot node with GKE's preemption taint and delete the Node 30 s later."""
+        the trainer's container, taint a spot node with GKE's preemption taint and delete the Node 30 s later.
+        `step`: the last step the trainer reported over NATS (the RLJob's status.step can lag far behind it: in two
+        lane runs it stayed at 3 while the trainer finished, and the job ended before the taint)."""
         if not self.args.chaos:
             return
-        step = int(status.get("step") or 0)
         stage = len(self.chaos_log)
         spot = [n for n, p in pods.items() if "-workers-spot-" in n and p["ready"]]
         if stage == 0 and step >= 1 and spot:
@@ -457,6 +463,8 @@ class Progress:
     def __init__(self) -> None:
         self.steps: dict[int, dict[str, Any]] = {}
         self.done: dict[str, Any] | None = None
+        self.first_step_at: float | None = None  # when the first and the last step report arrived (unix s)
+        self.last_step_at: float | None = None
         self.error = ""
 
     def follow(self, lane: Lane, namespace: str, job: str, stop: Any) -> None:
@@ -481,6 +489,8 @@ class Progress:
         async def on_step(msg: Any) -> None:
             data = json.loads(msg.data)
             self.steps[int(data["step"])] = data
+            self.last_step_at = time.time()
+            self.first_step_at = self.first_step_at or self.last_step_at
 
         async def on_done(msg: Any) -> None:
             self.done = json.loads(msg.data)
@@ -509,12 +519,18 @@ def counter(samples: dict[str, float], name: str) -> float:
 
 
 def pod_table(pods: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each pod's readiness and restarts. `restarts` counts restarts after failures: restartCount less one when the
+    last exit was clean (code 0: a trainer that finished, restarted by its StatefulSet before the operator scaled it
+    to zero, only re-publishes `done`), as the operator counts a trainer's failures (status.trainer_failures)."""
     out = {}
     for pod in pods:
         cs = (pod.get("status", {}).get("containerStatuses") or [{}])[0]
+        count = int(cs.get("restartCount") or 0)
+        clean = ((cs.get("lastState") or {}).get("terminated") or {}).get("exitCode") == 0
         out[pod["metadata"]["name"]] = {
             "ready": bool(cs.get("ready")),
-            "restarts": int(cs.get("restartCount") or 0),
+            "restarts": max(0, count - 1) if clean else count,
+            "restart_count": count,
             "phase": pod.get("status", {}).get("phase"),
             "node": pod.get("spec", {}).get("nodeName"),
         }
@@ -554,10 +570,8 @@ def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: 
             last_line = line
         if status.get("phase") in ("Succeeded", "Failed"):
             return status
-        trainer_up = any("-trainer-" in n and p["ready"] for n, p in pods.items())
         halfway = int(status.get("step") or 0) >= max(1, total // 2) and status.get("phase") == "Running"
-        if lane.last_running_at is None and halfway and trainer_up and ready == len(pods):
-            lane.last_running_at = time.time()  # mid-run, every pod up: the dashboard is judged as of then
+        lane.halfway_all_ready = lane.halfway_all_ready or (halfway and ready == len(pods))
         if not pods and time.monotonic() - started > lane.args.no_pods_after:
             say(
                 f"stopping: no pod {lane.args.no_pods_after:.0f}s after the RLJob was applied (the operator's log says why)"
@@ -568,7 +582,7 @@ def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: 
             say(f"stopping: pods restarting in a loop {crashing} (--max-restarts {lane.args.max_restarts})")
             return {**status, "stoppedBecause": f"pods restarting in a loop: {crashing}"}
         lane.refresh_targets()
-        lane.chaos_tick(status, pods)
+        lane.chaos_tick(max(progress.steps, default=-1), pods)
         time.sleep(3)
     return {**status, "timedOut": True}
 
@@ -589,10 +603,12 @@ def summary(lane: Lane, progress: Progress, job: dict[str, Any], status: dict[st
         "rewards": [round(progress.steps[s]["reward_mean"], 4) for s in steps],
         "pods": pod_table(lane.pods()),
         "restarts_during_run": {n: r for n, r in lane.restarts_seen.items() if r},
-        "dashboard_panels_empty": lane.dashboard_panels_empty(),
+        "dashboard_panels_empty": lane.dashboard_panels_empty(progress),
+        "dashboard_check": lane.dashboard_check,
         "samples_lost": lost if steps else None,
         "tokens_lost": lane.counter_over_run("rlboost_manager_tokens_lost_total"),
         "tokens_regenerated": lane.counter_over_run("rlboost_manager_tokens_regenerated_total"),
+        "preemption_notices": lane.counter_over_run("rlboost_manager_preemption_notices_total"),
         "final_weights_checksum": (progress.done or {}).get("final_weights_checksum"),
         "conditions": status.get("conditions"),
         "chaos": lane.chaos_log,

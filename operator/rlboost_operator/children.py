@@ -52,6 +52,7 @@ CONFIG_HASH = "rlboost.io/config-hash"  # pod template annotation: what the pods
 # steps since its last checkpoint for nothing).
 OPERATOR_ONLY_FIELDS = ("prices", "retention", "trainer.backoffLimit")
 MODEL_ROOT, MODEL_DIR = "/models", "/models/policy"  # the model volume's mount, and the model directory in it
+WORKER_STARTUP_TIMEOUT_S = 1800.0  # a worker waits this long for the trainer's first weight version
 FETCH_CONTAINER = "fetch-model"  # the init container that makes the model ready (handlers watch it)
 TERMINATION_LOG = "/dev/termination-log"
 CREDENTIALS_DIR = "/etc/rlboost/credentials"  # each role's items of the job's credentials Secret
@@ -556,7 +557,7 @@ def worker(
     )
     where = site(job, namespace, settings)
     local = model if pool_name == "reserved" else None
-    cmd = worker_options(
+    options = worker_options(
         where,
         "$(POD_NAME)",
         pool_name,
@@ -564,7 +565,10 @@ def worker(
         model_dir(local) if local else "",
         METRICS_PORT,
         accelerated=pool.gpus_per_worker > 0,
-    ).command()
+    )
+    # The first weight version comes only once the trainer's own init container has fetched the model (minutes
+    # for a large one; 2 min for `tiny` on a loaded CPU node): a worker giving up after the local 120 s restarts.
+    cmd = options.model_copy(update={"startup_timeout": WORKER_STARTUP_TIMEOUT_S}).command()
     container = {
         "name": "rollout-worker",
         "image": image(settings, pool.engine),

@@ -94,6 +94,18 @@ def status_schema() -> dict[str, Any]:
                 "(maxReplicas, for the autoscaler) or SpotPendingBackoff (pods stayed unschedulable; retrying later).",
             },
             "spotMessage": {"type": "string", "description": "The spot ask in words, e.g. when it retries."},
+            "spotAsk": {
+                "type": "object",
+                "nullable": True,
+                "description": "Autoscaler sizing's state, kept here so a restarted operator or a new leader "
+                "carries on with it: when the current ask for maxReplicas began, when a back-off retries, the "
+                "next back-off.",
+                "properties": {
+                    "askedAt": {"type": "string", "nullable": True, "description": "RFC 3339."},
+                    "retryAt": {"type": "string", "nullable": True, "description": "RFC 3339; set while backing off."},
+                    "backoffSeconds": {"type": "number", "nullable": True, "description": "The next back-off."},
+                },
+            },
         },
     }
     return {

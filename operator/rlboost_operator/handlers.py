@@ -5,9 +5,10 @@ Run: `kopf run -A -m rlboost_operator.handlers` (or `python -m rlboost_operator`
   exists (model_source.py), build children (children.py), adopt them (ownerReferences: deletion is garbage
   collection), create or patch, and subscribe to the job's `steps` and `done` subjects (once per job; the
   subscriptions live in STATE) to write .status.
-- Job pods: a `fetch-model` init container that failed (no such repo, refused credentials, unreachable URI)
-  makes the RLJob Failed with a ModelReady condition naming the spec.model field, instead of a silent crash loop.
-- The end of a job (`done`, or trainer.backoffLimit exceeded by the trainer pods' restarts): its workloads are
+- Job pods: a `fetch-model` init container that gave up (no such repo, refused credentials; unreachable after
+  model_source.FETCH_ATTEMPTS tries) ends the RLJob: Failed with a ModelReady condition naming the spec.model
+  field, scaled to zero like any ended job, instead of a silent crash loop.
+- The end of a job (`done`, trainer.backoffLimit exceeded by the trainer pods' restarts, a failed fetch): its workloads are
   scaled to zero and stay there on every later reconcile; PVCs, Secret, ConfigMap and status are kept.
 - Nodes and spot worker Pods: the spot Deployment is sized by spot_ask.py (to the spot nodes present, or, for
   autoscaled spot pools, to maxReplicas with a shrink and back-off while pods stay unschedulable);
@@ -215,15 +216,19 @@ def _ask_settings() -> spot_ask.AskSettings:
     )
 
 
-def _spot_decision(namespace: str, job: str, spec: JobSpec) -> spot_ask.Decision:
-    """The spot ask now: the capacity present, or the job's autoscaler state machine fed its pods."""
+def _spot_decision(namespace: str, job: str, spec: JobSpec, saved: dict[str, Any] | None = None) -> spot_ask.Decision:
+    """The spot ask now: the capacity present, or the job's autoscaler state machine fed its pods. `saved`: the
+    state machine as the RLJob's status kept it (status.workers.spotAsk), taken up when this operator has none
+    (it restarted, or a new leader took over), so a back-off or pending bound carries on."""
     pool, pods = spec.rollout.spot, STATE.spot_pods_of(namespace, job)
     SPOT_UNSCHEDULABLE.labels(namespace, job).set(sum(1 for p in pods if p.unschedulable_since is not None))
     if not _autoscaled(pool):
         STATE.spot_asks.pop((namespace, job), None)
         _recheck_later(namespace, job, None)
         return spot_ask.capacity_decision(STATE.nodes.values(), pool)
-    ask = STATE.spot_asks.setdefault((namespace, job), spot_ask.SpotAsk(_ask_settings()))
+    ask = STATE.spot_asks.get((namespace, job))
+    if ask is None:
+        ask = STATE.spot_asks[(namespace, job)] = spot_ask.SpotAsk.from_status(_ask_settings(), saved)
     doomed = {name for name, node in STATE.nodes.items() if spot.preemption(node) is not None}
     decision = ask.decide(time.time(), pool, pods, doomed)
     if decision.shrunk:
@@ -251,8 +256,15 @@ async def _recheck(namespace: str, job: str, delay_s: float) -> None:
         await rescale_job(ref)
 
 
-def _spot_status(decision: spot_ask.Decision) -> dict[str, Any]:
-    return {"spotDesired": decision.replicas, "spotReason": decision.reason, "spotMessage": decision.message}
+def _spot_status(namespace: str, job: str, decision: spot_ask.Decision) -> dict[str, Any]:
+    """status.workers' spot fields: the ask, why, and the autoscaler state machine (null in capacity mode)."""
+    ask = STATE.spot_asks.get((namespace, job))
+    return {
+        "spotDesired": decision.replicas,
+        "spotReason": decision.reason,
+        "spotMessage": decision.message,
+        "spotAsk": ask.to_status() if ask is not None else None,
+    }
 
 
 def _announce_spot(ref: JobRef, before: int | None, decision: spot_ask.Decision) -> None:
@@ -286,7 +298,7 @@ async def _apply_children(body: kopf.Body, spec: JobSpec) -> bool:
     kube = _kube()
     previous = ((await kube.get("RLJob", namespace, job)) or {}).get("status") or {}
     ended = status.finished(previous)
-    decision = None if ended else _spot_decision(namespace, job, spec)
+    decision = None if ended else _spot_decision(namespace, job, spec, (previous.get("workers") or {}).get("spotAsk"))
     replicas = decision.replicas if decision else 0
     await _ensure_token(namespace, job, body)
     await _ensure_credentials(namespace, job, body)
@@ -302,7 +314,7 @@ async def _apply_children(body: kopf.Body, spec: JobSpec) -> bool:
     previous = {**previous, "conditions": model_source.without_precheck_failure(previous.get("conditions"))}
     patch = status.reconcile_status(previous, replicas, _generation(body))
     if decision is not None:
-        patch["workers"].update(_spot_status(decision))
+        patch["workers"].update(_spot_status(namespace, job, decision))
     await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
     return ended
 
@@ -311,6 +323,7 @@ def _remember_job(body: kopf.Body, spec: JobSpec, decision: spot_ask.Decision) -
     """Keep a running job for rescaling; say so when its spot ask is new or changed."""
     namespace, job = body.metadata.namespace or "default", body.metadata.name or ""
     ref = JobRef(namespace, job, body.metadata.uid or "", spec, decision.replicas, decision.reason)
+    ref.spot_ask = _spot_status(namespace, job, decision)["spotAsk"]
     known = STATE.jobs.get((namespace, job))
     STATE.jobs[(namespace, job)] = ref
     if known is None or (known.spot_replicas, known.spot_reason) != (decision.replicas, decision.reason):
@@ -379,15 +392,18 @@ async def rescale(ref: JobRef, force: bool = False) -> None:
     `force` writes the ask even if it did not change (the timer's safety net)."""
     decision = _spot_decision(ref.namespace, ref.name, ref.spec)
     before, reason = ref.spot_replicas, ref.spot_reason
-    if not force and (before, reason) == (decision.replicas, decision.reason):
+    workers_status = _spot_status(ref.namespace, ref.name, decision)
+    unchanged = (before, reason, ref.spot_ask) == (decision.replicas, decision.reason, workers_status["spotAsk"])
+    if not force and unchanged:
         return
     ref.spot_replicas, ref.spot_reason = decision.replicas, decision.reason
+    ref.spot_ask = workers_status["spotAsk"]
     kube = _kube()
     name = children.names(ref.name)["spot"]
     if STATE.jobs.get((ref.namespace, ref.name)) is not ref:
         return  # the job ended (scaled to zero) or was reconciled anew meanwhile: its own write wins
     await kube.patch("Deployment", ref.namespace, name, {"spec": {"replicas": decision.replicas}})
-    await kube.patch("RLJob", ref.namespace, ref.name, {"status": {"workers": _spot_status(decision)}}, sub="status")
+    await kube.patch("RLJob", ref.namespace, ref.name, {"status": {"workers": workers_status}}, sub="status")
     DESIRED_SPOT.labels(ref.namespace, ref.name).set(decision.replicas)
     if (before, reason) != (decision.replicas, decision.reason):
         _announce_spot(ref, before, decision)
@@ -511,11 +527,21 @@ async def rescale_loop() -> None:
 
 
 async def _fetch_failed(namespace: str, job: str, pod: str, problem: model_source.ModelProblem) -> None:
-    current = await _kube().get("RLJob", namespace, job)
-    if current is None:
-        return
-    log.warning("model fetch failed", extra={"job": job, "pod": pod, "field": problem.field, "reason": problem.reason})
-    await _write_model_failure(current, problem)
+    """A job pod's fetcher gave up: the job ends Failed (ModelReady=False naming the spec.model field) and is
+    scaled to zero, so no pod crash-loops on a source that cannot work."""
+    async with _status_lock(namespace, job):
+        current = await _kube().get("RLJob", namespace, job)
+        if current is None or status.finished(current.get("status") or {}):
+            return  # gone, or ended already (every failing pod of the job reports it)
+        log.warning(
+            "model fetch failed", extra={"job": job, "pod": pod, "field": problem.field, "reason": problem.reason}
+        )
+        previous, generation = current.get("status") or {}, _generation(current)
+        outcome = status.model_failed_status(
+            problem.field, problem.reason, problem.message, previous, generation=generation, ended=True
+        )
+        message = f"spec.model.{problem.field}: {problem.message}"
+        await _end(current, outcome, "ModelUnavailable", (problem.reason, message), ok=False)
 
 
 # --- Status from the job's services ---------------------------------------------------------

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from rlboost.spec import PoolSpec
@@ -82,6 +82,27 @@ class SpotAsk:
     retry_at: float | None = None  # set while backing off
     backoff_s: float | None = None  # the next back-off; None = settings.retry_backoff_s
 
+    def to_status(self) -> dict[str, Any]:
+        """The state as RLJob status.workers.spotAsk (RFC 3339 times), so a new operator or leader goes on with
+        the same pending bound and back-off instead of asking for the maximum from scratch."""
+        return {
+            "askedAt": _iso(self.asked_at),
+            "retryAt": _iso(self.retry_at),
+            "backoffSeconds": self.backoff_s,
+        }
+
+    @classmethod
+    def from_status(cls, settings: AskSettings, saved: Mapping[str, Any] | None) -> SpotAsk:
+        """The state to_status() wrote (missing or unreadable parts: a fresh start)."""
+        saved = saved or {}
+        backoff = saved.get("backoffSeconds")
+        return cls(
+            settings,
+            asked_at=_epoch(saved.get("askedAt")),
+            retry_at=_epoch(saved.get("retryAt")),
+            backoff_s=float(backoff) if isinstance(backoff, int | float) and backoff > 0 else None,
+        )
+
     def decide(self, now: float, pool: PoolSpec, pods: Iterable[SpotPod], doomed_nodes: set[str]) -> Decision:
         """The ask at `now` for the job's spot pods; `doomed_nodes` carry a preemption signal."""
         pods = list(pods)
@@ -132,6 +153,12 @@ def capacity_decision(nodes: Iterable[Mapping[str, Any]], pool: PoolSpec) -> Dec
     """Capacity mode: the spot nodes present decide, clamped to [min, max]."""
     n = spot.desired_spot_replicas(nodes, pool)
     return Decision(n, CAPACITY, f"{n} spot workers: capacity on spot nodes")
+
+
+def _iso(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _epoch(timestamp: str | None) -> float | None:

@@ -29,6 +29,7 @@ class JobRef:
     spec: JobSpec
     spot_replicas: int | None = None  # last value written to the spot Deployment
     spot_reason: str | None = None  # why (spot_ask's decision reason), for an Event when it changes
+    spot_ask: dict[str, Any] | None = None  # the autoscaler state last written to status.workers.spotAsk
 
     def body(self) -> dict[str, Any]:
         """A minimal object reference for kopf.event()."""

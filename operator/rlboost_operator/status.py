@@ -167,8 +167,9 @@ def invalid_status(
 
 
 def finished(status: Mapping[str, Any]) -> bool:
-    """Whether the job ran to its end (the trainer's `done`, or its back-off exhausted): it stays scaled to zero
-    for good. Failed for an invalid spec is not an end: fixing the spec runs the job."""
+    """Whether the job ran to its end (the trainer's `done`, its back-off exhausted, or its model fetcher gave up):
+    it stays scaled to zero for good. Failed for an invalid spec, or for a claim or Secret not there yet, is not an
+    end: fixing the spec, or creating what is missing, runs the job."""
     if status.get("phase") not in TERMINAL:
         return False
     conditions = status.get("conditions") or []
@@ -250,8 +251,21 @@ def model_failed_status(
     previous: Mapping[str, Any],
     now: datetime | None = None,
     generation: int | None = None,
+    ended: bool = False,
 ) -> dict[str, Any]:
     """The .status of an RLJob whose model cannot be had (no such claim, refused token, unreachable URI...): Failed,
-    with a ModelReady=False condition whose message names the spec.model field."""
-    cond = condition("ModelReady", False, reason, f"spec.model.{field}: {message}", now, generation)
-    return {"phase": FAILED, "updatedAt": now_iso(now), "conditions": set_condition(previous.get("conditions"), cond)}
+    with a ModelReady=False condition whose message names the spec.model field.
+
+    `ended`: the job's `fetch-model` init container gave up (the source cannot be used, or stayed unreachable), so
+    Failed=True (reason ModelUnavailable) as well: the job has ended like one past its back-off limit, scaled to zero
+    and Failed for good (an operator restart does not revive it; spec.model cannot change, so the fix is a new
+    RLJob once the source or its credentials are right). Without it (a claim or Secret not there yet) the job
+    starts once what it missed exists."""
+    conditions = set_condition(
+        previous.get("conditions"),
+        condition("ModelReady", False, reason, f"spec.model.{field}: {message}", now, generation),
+    )
+    if ended:
+        text = f"spec.model.{field}: {message}; fix the source or its credentials, then re-create the RLJob"
+        conditions = set_condition(conditions, condition("Failed", True, "ModelUnavailable", text, now, generation))
+    return {"phase": FAILED, "updatedAt": now_iso(now), "conditions": conditions}

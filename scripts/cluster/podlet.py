@@ -28,7 +28,9 @@ controllers and a kubelet would do for the namespace's Deployments and StatefulS
   restartCount, state, lastState), so the operator sees what it would on a cluster. Pods carry a finalizer
   of the podlet, so a `kubectl delete pod` shows the pod Terminating until its container has stopped.
 
-Init containers run in order, each to exit 0 (retried with back-off), in the pod's address and volumes.
+Init containers run in order, each to exit 0 (retried with back-off), in the pod's address and volumes. Every
+container gets a file at its terminationMessagePath; a failed init container's exit code and termination
+message (that file, or its log's tail with FallbackToLogsOnError) show in initContainerStatuses' lastState.
 
 Not emulated: ClusterIPs and kube-proxy (a Service name resolves to every matching pod, ready or not),
 pods of more than one container (refused, logged), resource limits and requests, image pulls, ConfigMap
@@ -68,6 +70,7 @@ import httpx
 
 log = logging.getLogger("podlet")
 FINALIZER = "lane.rlboost.io/podlet"
+TERMINATION_PATH = "/dev/termination-log"  # terminationMessagePath's default
 BACKOFF_START_S, BACKOFF_MAX_S, BACKOFF_RESET_S = 10.0, 300.0, 600.0
 PROBE_DEFAULTS = {"initialDelaySeconds": 0, "periodSeconds": 10, "timeoutSeconds": 1, "failureThreshold": 3}
 MERGE = {"Content-Type": "application/merge-patch+json"}
@@ -333,6 +336,8 @@ class Pod:
     terminating: bool = False
     initializing: bool = False
     init_restarts: int = 0
+    init_last_state: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # init container -> last end
+    last_logs: str = ""  # the last container run's logs (a termination message falls back to them)
     gone: bool = False
     task: asyncio.Task[None] | None = None
     started_at: float = 0.0
@@ -352,6 +357,19 @@ class Pod:
         if self.initializing:
             return "Pending"
         return "Running" if self.running or self.restarts else "Pending"
+
+
+def terminated_state(exit_code: int, written: str, logs: str, container: Mapping[str, Any]) -> dict[str, Any]:
+    """A terminated state as the kubelet reports it: exit code, reason and the termination message: what the
+    container wrote at terminationMessagePath (cut at 4096 bytes), else, with FallbackToLogsOnError and a failure,
+    the last 80 lines of its log (cut at 2048 bytes)."""
+    out: dict[str, Any] = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error"}
+    message = written[:4096]
+    if not message.strip() and exit_code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+        message = "\n".join(logs.splitlines()[-80:])[-2048:]
+    if message.strip():
+        out["message"] = message
+    return out
 
 
 class Podlet:
@@ -707,6 +725,7 @@ class Podlet:
                 if exit_code == 0:
                     log.info("pod %s: init container %s completed", pod.name, init.get("name"))
                     break
+                pod.init_last_state[init.get("name", "")] = {"terminated": self.terminated(pod, init, exit_code)}
                 pod.init_restarts += 1
                 log.warning(
                     "pod %s: init container %s failed (exit %s); retry in %.0fs",
@@ -724,6 +743,18 @@ class Podlet:
         deadline = time.monotonic() + seconds
         while not pod.terminating and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
+
+    def termination_file(self, pod: Pod, container: dict[str, Any]) -> Path:
+        """The host file bind-mounted at the container's terminationMessagePath (as the kubelet does)."""
+        return self.pod_dir(pod) / "termination" / container.get("name", "")
+
+    def terminated(self, pod: Pod, container: dict[str, Any], exit_code: int) -> dict[str, Any]:
+        """The container's terminated state, from the file it wrote at terminationMessagePath and its last logs."""
+        try:
+            written = self.termination_file(pod, container).read_text(errors="replace")
+        except OSError:
+            written = ""
+        return {**terminated_state(exit_code, written, pod.last_logs, container), "finishedAt": now_iso()}
 
     def grace(self, pod: Pod) -> int:
         return int(pod.spec.get("terminationGracePeriodSeconds", 30))
@@ -830,6 +861,7 @@ class Podlet:
                 "inspect", "--format", "{{.State.Running}} {{.State.ExitCode}}", name, check=False
             )
         _, logs = await podman("logs", name, check=False, timeout=60)
+        pod.last_logs = logs
         logs_dir = self.state / "logs"
         logs_dir.mkdir(parents=True, exist_ok=True)
         with (logs_dir / f"{pod.name}.log").open("a") as f:
@@ -856,6 +888,7 @@ class Podlet:
         for key, value in env.items():
             argv += ["--env", f"{key}={value}"]
         argv += self.volume_args(pod, container)
+        argv += self.termination_args(pod, container)
         if container.get("workingDir"):
             argv += ["--workdir", container["workingDir"]]
         command = [expand(c, env) for c in container.get("command") or []]
@@ -864,6 +897,14 @@ class Podlet:
             argv += ["--entrypoint", json.dumps(command)]
         argv.append(container["image"])
         return argv + args
+
+    def termination_args(self, pod: Pod, container: dict[str, Any]) -> list[str]:
+        """A fresh, empty termination message file, writable by any user, at terminationMessagePath."""
+        host = self.termination_file(pod, container)
+        host.parent.mkdir(parents=True, exist_ok=True)
+        host.write_text("")
+        host.chmod(0o666)
+        return ["--volume", f"{host}:{container.get('terminationMessagePath') or TERMINATION_PATH}:rw"]
 
     def security_args(self, spec: dict[str, Any], container: dict[str, Any]) -> list[str]:
         psc, csc = spec.get("securityContext") or {}, container.get("securityContext") or {}
@@ -1047,6 +1088,7 @@ class Podlet:
                         "ready": not pod.initializing,
                         "restartCount": pod.init_restarts,
                         "state": pod.state if pod.initializing else done,
+                        "lastState": pod.init_last_state.get(c.get("name", ""), {}),
                     }
                     for c in inits
                 ]

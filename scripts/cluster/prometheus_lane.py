@@ -125,12 +125,31 @@ class Prometheus:
         resp = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=10).raise_for_status()
         return resp.json()["data"]["result"]
 
-    def panels_without_data(self, dashboard: dict[str, Any], at: float | None = None) -> list[str]:
-        """Titles of the panels none of whose queries returns a series, now or as of `at`."""
+    def query_range(self, expr: str, start: float, end: float) -> list[dict[str, Any]]:
+        """A range query over [start, end] at the scrape interval, as a Grafana panel over that time asks it."""
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{SCRAPE_INTERVAL_S}s"}
+        resp = httpx.get(f"{self.url}/api/v1/query_range", params=params, timeout=30).raise_for_status()
+        return [series for series in resp.json()["data"]["result"] if series.get("values")]
+
+    def panels_without_data(
+        self, dashboard: dict[str, Any], at: float | None = None, between: tuple[float, float] | None = None
+    ) -> list[str]:
+        """Titles of the panels none of whose queries returns a series: now, as of `at`, or (what a dashboard
+        showing that time range draws) at any point `between` (start, end)."""
         results: dict[str, bool] = {}
         for title, expr in panel_queries(dashboard):
-            results[title] = results.get(title, False) or bool(self.query(expr, at))
+            found = self.query_range(expr, *between) if between else self.query(expr, at)
+            results[title] = results.get(title, False) or bool(found)
         return [title for title, has_data in results.items() if not has_data]
+
+    def failed_scrapes(self, start: float, end: float) -> dict[str, int]:
+        """Scrapes that failed (up == 0) per target between start and end: a target that timed out leaves gaps,
+        and each failed scrape marks the target's series stale."""
+        out: dict[str, int] = {}
+        for series in self.query_range("up == 0", start, end):
+            name = series["metric"].get("pod") or series["metric"].get("job", "?")
+            out[name] = out.get(name, 0) + len(series["values"])
+        return out
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

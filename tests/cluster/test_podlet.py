@@ -6,7 +6,16 @@ The podlet's container side runs in the cluster lane (tests/cluster/test_cluster
 from __future__ import annotations
 
 import pytest
-from podlet import container_port, dns_aliases, expand, field_ref, node_fits, service_link_env, template_hash
+from podlet import (
+    container_port,
+    dns_aliases,
+    expand,
+    field_ref,
+    node_fits,
+    service_link_env,
+    template_hash,
+    terminated_state,
+)
 
 from rlboost.spec import PoolSpec
 from rlboost_operator import spot
@@ -77,3 +86,16 @@ def test_named_probe_ports_and_template_hashes() -> None:
     with pytest.raises(ValueError, match="named port"):
         container_port(container, "http")
     assert template_hash({"a": 1, "b": 2}) == template_hash({"b": 2, "a": 1}) != template_hash({"a": 2})
+
+
+def test_a_failed_containers_termination_message_is_its_file_else_its_logs_tail() -> None:
+    """As the kubelet: the file written at terminationMessagePath wins; FallbackToLogsOnError takes the log's tail
+    only for a failure; the operator reads the fetcher's line from here (rlboost_operator.model_source)."""
+    fetcher = {"name": "fetch-model", "terminationMessagePolicy": "FallbackToLogsOnError"}
+    line = "spec.model.uri: NotFound: s3://nope/model does not exist\n"
+    assert terminated_state(3, line, "lots of log", fetcher) == {"exitCode": 3, "reason": "Error", "message": line}
+    logs = "\n".join(f"line {i}" for i in range(200))
+    fallback = terminated_state(1, "", logs, fetcher)["message"]
+    assert fallback.endswith("line 199") and "line 119" not in fallback
+    assert "message" not in terminated_state(1, "", logs, {"name": "plain"})  # policy File: the file only
+    assert terminated_state(0, "", logs, fetcher) == {"exitCode": 0, "reason": "Completed"}

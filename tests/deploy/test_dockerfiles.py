@@ -178,6 +178,23 @@ def test_every_dockerfile_installs_its_extras_from_the_lock(dockerfile: str) -> 
         assert not re.search(r"[\w\]\"'](==|>=|<=|~=)", line.split("-c ", 1)[-1].split(" ", 1)[-1]), line
 
 
+# What the dependency layers may be built from: a file copied before the extras' install that is not one of these
+# (README.md, say) makes every edit of it reinstall the service's dependencies.
+DEPENDENCY_INPUTS = {"pyproject.toml", "requirements/lock.txt", "scripts/lock_over_base.py"}
+
+
+@pytest.mark.parametrize("dockerfile", sorted(DOCKERFILES))
+def test_dependency_layers_depend_only_on_pyproject_and_the_lock(dockerfile: str) -> None:
+    lines = run_lines(dockerfile)
+    _, extras, _ = DOCKERFILES[dockerfile]
+    extra_spec = f"'.[{','.join(extras)}]'"
+    install = next(i for i, line in enumerate(lines) if re.search(r"\bpip install\b", line) and extra_spec in line)
+    copied = {src for line in lines[:install] if line.startswith("COPY ") for src in line.split()[1:-1]}
+    assert copied <= DEPENDENCY_INPUTS, (
+        f"{dockerfile}: the dependency layer also depends on {copied - DEPENDENCY_INPUTS}"
+    )
+
+
 @pytest.mark.parametrize("dockerfile", sorted(DOCKERFILES))
 def test_every_image_smoke_tests_its_service_as_its_own_user(dockerfile: str) -> None:
     service, _, without = DOCKERFILES[dockerfile]

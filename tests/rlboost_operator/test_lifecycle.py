@@ -220,3 +220,33 @@ def _add_stream(job_nats, config) -> None:
             await nc.close()
 
     asyncio.run(add())
+
+
+def test_a_new_operator_carries_on_with_the_spot_back_off_kept_in_the_status(kube_api, job_nats, monkeypatch):
+    """Autoscaler sizing backing off (pods stayed unschedulable): a restarted operator (or a new leader) takes the
+    state up from status.workers.spotAsk and keeps the shrunk ask until the same retry time, instead of asking for
+    maxReplicas again and waiting out the pending bound from scratch."""
+    from tests.rlboost_operator.test_operator import spot_pod, spot_replicas
+
+    monkeypatch.setenv("RLBOOST_OPERATOR_SPOT_PENDING_TIMEOUT_S", "2")
+    monkeypatch.setenv("RLBOOST_OPERATOR_SPOT_RETRY_BACKOFF_S", "600")
+    api = kube_api
+    for name, node in [("a", "spot-a"), ("b", "spot-a"), ("c", None), ("d", None)]:
+        api.create("Pod", spot_pod("ask", f"ask-workers-spot-{name}", node))
+    spec = {"rollout": {"spot": {"minReplicas": 0, "maxReplicas": 4, "gpusPerWorker": 1, "sizing": "autoscaler"}}}
+    with _start(api, monkeypatch, job_nats.url) as first:
+        wait_until(lambda: api.watched("pods"), timeout=20, what="the operator's watch")
+        api.create("RLJob", rljob("ask", spec))
+        wait_until(lambda: spot_replicas(api, "ask") == 3, timeout=20, what="the ask shrunk to 2 placed + 1 probe")
+        backing_off = lambda: status_of(api, "ask")["workers"].get("spotReason") == "SpotPendingBackoff"  # noqa: E731
+        wait_until(backing_off, timeout=20, what="the back-off in the status")
+    assert first.exception is None, first.output
+    saved = status_of(api, "ask")["workers"]["spotAsk"]
+    assert saved["retryAt"] and saved["backoffSeconds"] == 1200
+
+    api.patch("Deployment", NS, "ask-workers-spot", {"spec": {"replicas": 9}})  # whatever the next operator writes
+    with _start(api, monkeypatch, job_nats.url) as second:
+        wait_until(lambda: spot_replicas(api, "ask") != 9, timeout=20, what="the new operator's spot ask")
+        assert spot_replicas(api, "ask") == 3, "the new operator asked for the maximum again"
+        wait_until(lambda: backing_off() and status_of(api, "ask")["workers"]["spotAsk"] == saved, timeout=10)
+    assert second.exception is None, second.output

@@ -80,6 +80,15 @@ def test_spot_workers_get_no_model_and_pull_from_the_weight_server(source: str) 
     assert _flag(command, "--weight-server") == "https://job1-weights.ns1.svc:8000"
 
 
+def test_workers_wait_for_the_trainers_first_version_as_long_as_a_model_fetch_may_take() -> None:
+    """The trainer publishes version 0 only after its own fetch-model init container (minutes for a large model; the
+    cluster lane's spot worker gave up after the local 120 s and restarted while `tiny` was still being made)."""
+    pods = _pods(SOURCES["huggingface"])
+    for pool in ("reserved", "spot"):
+        command = pods[pool]["containers"][0]["command"]
+        assert float(_flag(command, "--startup-timeout")) == children.WORKER_STARTUP_TIMEOUT_S >= 1800
+
+
 def test_a_path_model_is_refused_on_kubernetes_naming_the_field() -> None:
     with pytest.raises(SpecProblemError) as info:
         check_job({"model": {"source": "path", "path": "/models/qwen"}}, OperatorSettings())
@@ -125,6 +134,26 @@ def test_model_failed_status_names_the_field() -> None:
     assert cond["message"] == "spec.model.claimName: no claim" and cond["observedGeneration"] == 4
     cleared = model_source.without_precheck_failure([cond, {"type": "Valid", "reason": "SpecAccepted"}])
     assert [c["type"] for c in cleared] == ["Valid"]
+
+
+def test_a_fetch_that_gave_up_ends_the_job_and_a_reconcile_keeps_it_failed() -> None:
+    """A failed fetch is an end (spec.model cannot change): a later reconcile, as after an operator restart, keeps
+    Failed instead of turning the job Pending and crash-looping the fetcher again; a missing claim is no end."""
+    running = {"phase": "Running", "conditions": [status.condition("Valid", True, "SpecAccepted", "ok")]}
+    patch = status.model_failed_status("uri", "NotFound", "s3://nope does not exist", running, generation=2, ended=True)
+    merged = {**running, **patch}
+    assert merged["phase"] == "Failed" and status.finished(merged)
+    conds = {c["type"]: c for c in merged["conditions"]}
+    assert (conds["ModelReady"]["status"], conds["ModelReady"]["reason"]) == ("False", "NotFound")
+    assert conds["ModelReady"]["message"] == "spec.model.uri: s3://nope does not exist"
+    assert (conds["Failed"]["status"], conds["Failed"]["reason"]) == ("True", "ModelUnavailable")
+    assert (
+        conds["Failed"]["message"].startswith("spec.model.uri: ")
+        and "re-create the RLJob" in conds["Failed"]["message"]
+    )
+    assert "phase" not in status.reconcile_status(merged, 0, 2)
+    precheck = status.model_failed_status("claimName", "ClaimNotFound", "no claim", running)
+    assert not status.finished({**running, **precheck})
 
 
 def _getter(objects: dict[tuple[str, str], dict[str, Any]]):

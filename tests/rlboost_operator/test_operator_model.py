@@ -11,9 +11,11 @@ import base64
 from typing import Any
 
 import pytest
+from kopf.testing import KopfRunner
 
 from rlboost_operator import children
 from tests.helpers import wait_until
+from tests.rlboost_operator.test_lifecycle import ARGS, all_zero
 from tests.rlboost_operator.test_operator import NS, rljob, status_of
 
 
@@ -35,8 +37,27 @@ def _failed_fetch_pod(job: str, line: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def test_a_failed_fetcher_init_container_makes_the_rljob_failed_naming_spec_model(operator):
-    api = operator
+def test_a_failed_fetcher_init_container_ends_the_rljob_failed_naming_spec_model(kube_api, nats_server, monkeypatch):
+    """Failed with ModelReady=False naming the field, every workload scaled to zero (no pod crash-loops on the
+    fetch), and Failed still after the operator restarts (it used to turn Pending and start the pods again)."""
+    api = kube_api
+    with _operator(api, monkeypatch, nats_server.url) as first:
+        _fail_a_fetch(api)
+    assert first.exception is None, first.output
+    api.patch("Deployment", NS, "hfjob-manager", {"spec": {"replicas": 1}})  # undone only by a reconcile
+    with _operator(api, monkeypatch, nats_server.url) as second:
+        wait_until(lambda: all_zero(api, "hfjob"), timeout=20, what="the restarted operator's reconcile")
+        assert status_of(api, "hfjob")["phase"] == "Failed"
+    assert second.exception is None, second.output
+
+
+def _operator(api, monkeypatch, nats_url: str) -> KopfRunner:
+    monkeypatch.setenv("RLBOOST_OPERATOR_NATS_URL", nats_url)
+    return KopfRunner(ARGS, timeout=30)
+
+
+def _fail_a_fetch(api) -> None:
+    wait_until(lambda: api.watched("pods"), timeout=20, what="the operator's watch on pods")
     token = base64.b64encode(b"hf_expired").decode()
     api.create("Secret", {"apiVersion": "v1", "kind": "Secret",
                           "metadata": {"name": "hf", "namespace": NS, "resourceVersion": "1"}, "data": {"token": token}})  # fmt: skip
@@ -54,6 +75,9 @@ def test_a_failed_fetcher_init_container_makes_the_rljob_failed_naming_spec_mode
         timeout=20,
         what="a Warning event",
     )
+    wait_until(lambda: all_zero(api, "hfjob"), timeout=20, what="every workload at zero")
+    stopped = next(c for c in status_of(api, "hfjob")["conditions"] if c["type"] == "Stopped")
+    assert stopped["reason"] == "ModelUnavailable"
 
 
 def test_a_missing_claim_fails_the_rljob_before_any_child_and_it_starts_once_the_claim_exists(

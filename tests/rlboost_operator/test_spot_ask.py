@@ -124,3 +124,42 @@ def test_pods_as_the_policy_sees_them():
     assert not spot_ask.counts_as_spot_worker({**unschedulable, "status": {"phase": "Failed"}})
     deleting = {"metadata": {"labels": {"rlboost.io/pool": "spot"}, "deletionTimestamp": "2024-01-01T00:00:00Z"}}
     assert not spot_ask.counts_as_spot_worker(deleting)
+
+
+def restarted(ask: SpotAsk) -> SpotAsk:
+    """The state machine as a new operator (restarted, or a new leader) takes it up from the RLJob's status."""
+    return SpotAsk.from_status(SETTINGS, ask.to_status())
+
+
+def test_a_new_operator_carries_on_with_the_back_off_the_status_kept():
+    """Epoch times as RLJob status keeps them: a restart mid-back-off keeps backing off until the same retry time
+    and doubles the next back-off, instead of asking for the maximum (and waiting out the bound) from scratch."""
+    t0 = 1_800_000_000.0
+    ask = SpotAsk(SETTINGS)
+    ask.decide(t0, POOL, [], set())
+    ask.decide(t0 + 400, POOL, pods(4, unschedulable_since=t0 + 50, waiting=4), set())  # shrunk, retry at t0+1000
+    saved = ask.to_status()
+    assert saved == {"askedAt": None, "retryAt": "2027-01-15T08:16:40.000000Z", "backoffSeconds": 1200.0}
+    new = restarted(ask)
+    held = new.decide(t0 + 500, POOL, pods(4, unschedulable_since=t0 + 50, waiting=1), set())
+    assert (held.replicas, held.reason, held.recheck_s) == (5, spot_ask.BACKING_OFF, 500.0)
+    asking = restarted(new)
+    retry = asking.decide(t0 + 1000, POOL, pods(4), set())
+    assert (retry.replicas, retry.reason) == (8, spot_ask.ASKING)
+    assert retry.message.startswith("retrying: ")
+    again = restarted(asking).decide(t0 + 1400, POOL, pods(4, unschedulable_since=t0 + 1001, waiting=4), set())
+    assert again.shrunk and again.recheck_s == 1200.0  # the doubled back-off survived the restarts
+
+
+def test_an_ask_for_the_maximum_keeps_its_pending_bound_across_a_restart():
+    t0 = 1_800_000_000.0
+    ask = SpotAsk(SETTINGS)
+    ask.decide(t0, POOL, [], set())
+    shrink = restarted(ask).decide(t0 + 301, POOL, pods(0, unschedulable_since=t0 - 100, waiting=8), set())
+    assert shrink.shrunk  # the bound counted from the first ask, not from the restart
+
+
+def test_a_missing_or_unreadable_saved_state_is_a_fresh_start():
+    for saved in (None, {}, {"askedAt": "yesterday", "retryAt": None, "backoffSeconds": "x"}):
+        ask = SpotAsk.from_status(SETTINGS, saved)
+        assert (ask.asked_at, ask.retry_at, ask.backoff_s) == (None, None, None)
