@@ -94,7 +94,10 @@ def _expected_pod_options(spec: JobSpec, settings: OperatorSettings) -> dict[typ
     return {
         ManagerOptions: manager_options(site, children.MANAGER_PORT, port),
         WeightServerOptions: weight_server_options(site, children.WEIGHTS_PORT, "/data"),
-        WorkerOptions: worker_options(site, "$(POD_NAME)", "spot", "$(NODE_NAME)", "", port),  # pulls its model
+        # pulls its model; waits longer for the first version than locally (it follows the trainer's model fetch)
+        WorkerOptions: worker_options(site, "$(POD_NAME)", "spot", "$(NODE_NAME)", "", port).model_copy(
+            update={"startup_timeout": children.WORKER_STARTUP_TIMEOUT_S}
+        ),
         TrainerOptions: trainer_options(
             site,
             children.model_dir(spec.model),
@@ -133,7 +136,7 @@ def test_pod_and_local_commands_differ_only_in_deployment_facts(tmp_path: Path) 
     # checkpoint_dir, resume: a pod's trainer always resumes from its PVC; `rlboost local` only when asked.
     facts = {"config", "nats_url", "namespace", "job", "host", "port", "metrics_port", "manager", "weight_server",
              "token_file", "credentials_dir", "model_dir", "run_dir", "data_dir", "worker_id", "node", "pool",
-             "checkpoint_dir", "resume"}  # fmt: skip
+             "checkpoint_dir", "resume", "startup_timeout"}  # fmt: skip
     for options in SERVICES:
         differ = {f for f in options.model_fields if getattr(local[options], f) != getattr(pods[options], f)}
         assert differ <= facts, (options.__name__, differ - facts)
