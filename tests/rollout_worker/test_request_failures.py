@@ -148,8 +148,10 @@ async def test_with_a_real_manager_seven_of_eight_are_delivered_and_the_bad_one_
     from tests.rollout_worker.test_worker_process import spawn, stop, worker_argv
 
     mport, worker_metrics = free_port(), free_port()
+    job = tmp_path / "job.yaml"  # drop, not fail (the default), so the step delivers the seven and the dropped one
+    job.write_text("rollout: {onFailedRequest: drop}\n")
     argv = [sys.executable, "-m", "rollout_manager", "--port", str(mport), "--metrics-port", "0", "--nats-url", "",
-            "--host", "127.0.0.1"]  # fmt: skip
+            "--host", "127.0.0.1", "--config", str(job)]  # fmt: skip
     manager = spawn(argv, tmp_path / "manager.log")
     worker = None
     try:
@@ -165,12 +167,14 @@ async def test_with_a_real_manager_seven_of_eight_are_delivered_and_the_bad_one_
             async with grpc.aio.insecure_channel(f"127.0.0.1:{mport}") as ch:
                 async for batch in pb_grpc.RolloutManagerStub(ch).Rollout(request):
                     delivered.extend(batch.trajectories)
-                    if len(delivered) >= 7:
+                    if len(delivered) >= 8:
                         return
 
         await asyncio.wait_for(seven(), 120)
-        assert sorted(t.prompt_index for t in delivered) == [0, 1, 2, 3, 4, 6, 7]
-        assert all(len(t.response_ids) == 8 for t in delivered)
+        good = [t for t in delivered if t.prompt_index != 5]
+        assert sorted(t.prompt_index for t in good) == [0, 1, 2, 3, 4, 6, 7]
+        assert all(len(t.response_ids) == 8 for t in good)
+        assert [t.finish_reason for t in delivered if t.prompt_index == 5] == ["failed"]  # refused, dropped
         body = (await asyncio.to_thread(httpx.get, f"http://127.0.0.1:{worker_metrics}/metrics")).text
         refused = _metric(body, 'rlboost_worker_request_errors_total{kind="invalid_input"}')
         assert refused >= 1
