@@ -7,14 +7,13 @@ their streams end (or when they flush them as aborted chunks).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
+from rlboost.backoff import keep_trying
 from rlboost.wire.events import PreemptionNotice, subject
 
 from . import metrics
@@ -59,16 +58,7 @@ class PreemptionSubscriber:
 
     async def start(self, connect_timeout: float = 3.0, wait_s: float = 0.0) -> None:
         """Subscribe; NATS may come up (or its name resolve) up to `wait_s` seconds late: tried with back-off."""
-        deadline, pause = time.monotonic() + wait_s, 0.5
-        while True:
-            try:
-                return await self._start(connect_timeout)
-            except NatsUnavailableError as err:
-                if time.monotonic() + pause > deadline:
-                    raise
-                log.warning("NATS not reachable yet; trying again", extra={"error": str(err), "in_s": pause})
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 5.0)
+        await keep_trying(lambda: self._start(connect_timeout), NatsUnavailableError, wait_s, log)
 
     async def _start(self, connect_timeout: float) -> None:
         import nats  # lazy: only the entry point and tests need it

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 from urllib.parse import urlparse
 
 import nats
 from nats.aio.client import Client
 
+from rlboost.backoff import keep_trying
 from rlboost.wire.events import WeightsAnnounced, subject
 
 log = logging.getLogger(__name__)
@@ -37,16 +37,7 @@ class Announcer:
     async def connect_within(self, wait_s: float, timeout: float = 5.0) -> None:
         """Connect, trying again with back-off (0.5 s doubling to 5 s) for `wait_s` seconds: NATS may start after
         us, or its Service name may not resolve yet (a new pod's DNS); then raise the last AnnounceError."""
-        deadline, pause = time.monotonic() + wait_s, 0.5
-        while True:
-            try:
-                return await self.connect(timeout)
-            except AnnounceError as err:
-                if time.monotonic() + pause > deadline:
-                    raise
-                log.warning("NATS not reachable yet; trying again", extra={"error": str(err), "in_s": pause})
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 5.0)
+        await keep_trying(lambda: self.connect(timeout), AnnounceError, wait_s, log)
 
     async def connect(self, timeout: float = 5.0) -> None:
         """Connect or raise AnnounceError naming the URL."""
