@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 
-import nats
 import pytest
 
 from rlboost.models import load_tokenizer, stop_token_ids
 from rlboost.spec import dump_job_spec
 from tests.trainer.conftest import tiny_spec
-from tests.trainer.peers import StandInManager, WeightServerProcess, child_env, start_manager, wait_process
-from tests.trainer.test_loop import _collect, _setup, _trainer_cmd
+from tests.trainer.peers import StandInManager
+from tests.trainer.test_loop import _setup, run_trainer
 from trainer.loop import _listed, _vocab_size
 
 
@@ -30,19 +29,7 @@ async def _run(tmp_path, tiny_model_dir, nats_server, stand_in: StandInManager, 
     for name, value in rollout.items():
         setattr(spec.rollout, name, value)
     config.write_text(dump_job_spec(spec))
-    server, target = await start_manager(stand_in)
-    nc = await nats.connect(nats_server.url)
-    events = await _collect(nc, job)
-    try:
-        with WeightServerProcess(tmp_path / "ws", nats_server.url, job=job) as ws:
-            cmd = _trainer_cmd(tmp_path, config, target, ws, nats_server.url, job, steps=1)
-            proc = await asyncio.create_subprocess_exec(*cmd, stderr=asyncio.subprocess.PIPE, env=child_env())
-            code, err = await wait_process(proc, 240)
-        await nc.flush()
-    finally:
-        await nc.close()
-        await server.stop(None)
-    return code, err, events
+    return await run_trainer(tmp_path, config, stand_in, nats_server.url, job, steps=1)
 
 
 @pytest.mark.slow

@@ -66,6 +66,24 @@ def _setup(tmp_path, tiny_model_dir):
     return config, tok
 
 
+async def run_trainer(tmp_path, config, stand_in: StandInManager, nats_url: str, job: str, steps: int):
+    """`python -m trainer` for `steps` against the stand-in manager, a real weight-server and NATS, to its exit:
+    (exit code, stderr, the job's NATS events)."""
+    server, target = await start_manager(stand_in)
+    nc = await nats.connect(nats_url)
+    events = await _collect(nc, job)
+    try:
+        with WeightServerProcess(tmp_path / "ws", nats_url, job=job) as ws:
+            cmd = _trainer_cmd(tmp_path, config, target, ws, nats_url, job, steps=steps)
+            proc = await asyncio.create_subprocess_exec(*cmd, stderr=asyncio.subprocess.PIPE, env=child_env())
+            code, err = await wait_process(proc, 240)
+        await nc.flush()
+    finally:
+        await nc.close()
+        await server.stop(None)
+    return code, err, events
+
+
 @pytest.mark.slow
 async def test_two_steps_end_to_end(tmp_path, tiny_model_dir, nats_server):
     config, tok = _setup(tmp_path, tiny_model_dir)
@@ -148,18 +166,7 @@ async def _scrape_after_step0(port: int, proc) -> dict[str, float]:
 async def test_manager_failure_publishes_job_done_not_ok_and_exits_nonzero(tmp_path, tiny_model_dir, nats_server):
     config, tok = _setup(tmp_path, tiny_model_dir)
     stand_in = StandInManager(tok, stop_token_ids(tok)[0], fail_at_step=0)
-    server, target = await start_manager(stand_in)
-    nc = await nats.connect(nats_server.url)
-    events = await _collect(nc, "tf")
-    try:
-        with WeightServerProcess(tmp_path / "ws", nats_server.url, job="tf") as ws:
-            cmd = _trainer_cmd(tmp_path, config, target, ws, nats_server.url, "tf", steps=2)
-            proc = await asyncio.create_subprocess_exec(*cmd, stderr=asyncio.subprocess.PIPE, env=child_env())
-            code, err = await wait_process(proc, 240)
-        await nc.flush()
-    finally:
-        await nc.close()
-        await server.stop(None)
+    code, err, events = await run_trainer(tmp_path, config, stand_in, nats_server.url, "tf", steps=2)
     assert code == 1
     last = err.strip().splitlines()[-1]
     assert last.startswith("rlboost serve trainer: failed: RolloutError:") and "no workers left" in last
