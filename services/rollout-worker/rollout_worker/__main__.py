@@ -96,8 +96,10 @@ async def _amain(args: WorkerOptions) -> int:
 
         metrics.WEIGHT_VERSION.set(engine.weight_version)
         log.info(
-            "worker ready", extra={"worker_id": cfg.worker_id, "weight_version": version, "capacity": cfg.capacity}
-        )
+            "worker ready",
+            extra={"worker_id": cfg.worker_id, "weight_version": version, "capacity": cfg.capacity,
+                   "engine": args.engine or pool_spec.engine, "device": args.device, "dtype": args.dtype},
+        )  # fmt: skip
         await session.run()
         log.info("worker stopped", extra={"worker_id": cfg.worker_id})
         return 0
