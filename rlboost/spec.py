@@ -409,6 +409,77 @@ class RetentionSpec(SpecModel):
     )
 
 
+class LoggingSpec(SpecModel):
+    """Where the trainer sends each step's metrics (rlboost.tracking): every numeric field of the step report."""
+
+    backends: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: ["jsonl"],
+        max_length=4,
+        description="Tracking backends: 'jsonl' (metrics.jsonl in `dir`), 'tensorboard' (event files in "
+        "`dir`/tensorboard), 'wandb' (a run in `dir`/wandb; WANDB_MODE=offline works without network, WANDB_API_KEY "
+        "and WANDB_PROJECT from the environment otherwise), 'mlflow' (`mlflowTrackingUri`, default a file store in "
+        "`dir`/mlruns). wandb and mlflow need their library in the trainer's image (pip install 'rlboost[tracking]').",
+    )
+    dir: str = Field(
+        "",
+        max_length=4096,
+        description="Directory of the local backends' files; empty = 'tracking' in the trainer's run directory, a "
+        "relative path is relative to it.",
+    )
+    run_name: str = Field("", max_length=256, description="Run name shown by W&B and MLflow; empty = the job's name.")
+    project: str = Field(
+        "rlboost",
+        min_length=1,
+        max_length=256,
+        description="W&B project and MLflow experiment the run is logged under.",
+    )
+    mlflow_tracking_uri: str = Field(
+        "",
+        max_length=4096,
+        pattern=r"^$|^(file:|sqlite:|https?://)",
+        description="MLflow tracking server ('http://host:5000', checked before the first step), file store "
+        "('file:/path') or database ('sqlite:///path'); empty = a file store in `dir`/mlruns.",
+    )
+
+    @field_validator("backends")
+    @classmethod
+    def _distinct(cls, backends: list[str]) -> list[str]:
+        repeated = sorted({b for b in backends if backends.count(b) > 1})
+        if repeated:
+            raise ValueError(f"logging.backends names {', '.join(repeated)} twice; list each backend once")
+        return backends
+
+
+class ExportSpec(SpecModel):
+    """The trained policy written as a Hugging Face model directory (rlboost.export)."""
+
+    path: str = Field(
+        "",
+        max_length=4096,
+        description="Where the trainer writes the policy as a Hugging Face model directory (safetensors, config.json, "
+        "tokenizer, generation_config.json) that transformers and SGLang load as is: a directory (a PVC mount on "
+        "Kubernetes; a relative path is relative to the trainer's run directory) or 's3://bucket/prefix' / "
+        "'gs://bucket/prefix'. Empty = no export.",
+    )
+    every_checkpoints: int = Field(
+        0,
+        ge=0,
+        le=10**6,
+        description="Also export at every N-th checkpoint (every N x trainer.checkpointEvery steps, with or without a "
+        "checkpoint directory), beside `path` as `path`-step-<steps done, 8 digits>; 0 = only at the end of training.",
+    )
+
+    @model_validator(mode="after")
+    def _path_for_every(self) -> ExportSpec:
+        if self.every_checkpoints and not self.path:
+            raise SpecFieldError("everyCheckpoints", "export.everyCheckpoints needs export.path: set where to write")
+        if "://" in self.path and not self.path.startswith(URI_SCHEMES):
+            raise SpecFieldError(
+                "path", f"export.path {self.path!r}: use a directory, s3://bucket/prefix or gs://bucket/prefix"
+            )
+        return self
+
+
 class JobSpec(SpecModel):
     """An RL post-training job: the RLJob custom resource's spec."""
 
@@ -426,6 +497,10 @@ class JobSpec(SpecModel):
     )
     services: ServicesSpec = Field(
         default_factory=ServicesSpec, description="Requests of the manager, weight-server and NATS pods (Kubernetes)."
+    )
+    logging: LoggingSpec = Field(default_factory=LoggingSpec, description="Metrics tracking backends.")
+    export: ExportSpec = Field(
+        default_factory=ExportSpec, description="Export of the trained policy as a Hugging Face model directory."
     )
 
     @model_validator(mode="after")

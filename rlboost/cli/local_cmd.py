@@ -139,11 +139,13 @@ def _check_inputs(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rlboost.local.spot_trace import TraceError
+    from rlboost.tracking import TrackingError, check_backends
 
     try:
         spec = resolve_spec(args)
         _check_inputs(args)
-    except (JobSpecError, TraceError) as err:
+        check_backends(spec.logging)  # a missing library or a silent MLflow server: before any process starts
+    except (JobSpecError, TraceError, TrackingError) as err:
         print(f"rlboost local: error: {err}", file=sys.stderr)
         return 2
     from rich.console import Console

@@ -49,6 +49,9 @@ class LocalReport(BaseModel):
     )
     workers: list[WorkerRecord] = Field(default_factory=list, description="Workers registered at the end.")
     wall_seconds: float = Field(0.0, description="Wall time from the first child start to completion.")
+    export_path: str = Field(
+        "", description="Where the trainer exported the trained policy as a Hugging Face model directory, or ''."
+    )
     error: str = Field("", description="Why the run failed (empty when ok).")
 
 

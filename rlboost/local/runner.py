@@ -407,6 +407,7 @@ def build_report(run: Run, status: ManagerStatus | None, wall_s: float) -> Local
     return LocalReport(
         ok=bool(done and done.ok), steps=[by_step[k] for k in sorted(by_step)],
         final_weights_checksum=done.final_weights_checksum if done else "",
+        export_path=done.export_path if done else "",
         preemptions=run.spot.preemptions, **counters_from_status(status),
         spot_events=list(run.spot.events), workers=workers_from_status(status), wall_seconds=round(wall_s, 3),
     )  # fmt: skip
@@ -424,6 +425,8 @@ def _print_summary(console: Console, report: LocalReport, plot: Path | None, jso
         f"tokens regenerated {report.tokens_regenerated}"
     )
     console.print(f"final weights checksum: {report.final_weights_checksum or '(none)'}")
+    if report.export_path:
+        console.print(f"exported model: {report.export_path}")
     for what, path in (("reward plot", plot), ("json report", json_report)):
         if path is not None:
             console.print(f"{what}: {path}")

@@ -98,6 +98,22 @@ class StepReport(BaseModel):
     finish_reasons: dict[str, int] = Field(
         default_factory=dict, description="Trajectories per finish reason ('stop', 'length', ...)."
     )
+    response_length: dict[str, float] = Field(
+        default_factory=dict, description="Response length in tokens of the step's samples: p50, p90, max."
+    )
+    sync_bytes: int = Field(0, ge=0, description="Bytes of the step's weight publication (delta or snapshot).")
+    pool_tokens_per_second: dict[str, float] = Field(
+        default_factory=dict,
+        description="Tokens generated per second by each pool's workers since the previous step (manager status).",
+    )
+    pool_workers: dict[str, int] = Field(default_factory=dict, description="Workers per pool at the step's end.")
+    workers_lost: int = Field(
+        0, ge=0, description="Workers gone from the manager since the previous step (preempted, crashed, drained)."
+    )
+    migrations: int = Field(0, ge=0, description="Requests the manager moved to another worker, job total so far.")
+    cost_so_far: float = Field(
+        0.0, ge=0, description="USD at spec.prices for the accelerators in use, since the trainer process started."
+    )
 
 
 def step_gauges() -> dict[str, tuple[str, str]]:
@@ -118,6 +134,7 @@ class JobDone(BaseModel):
     steps: int = Field(ge=0)
     final_weights_checksum: str = ""
     error: str = ""
+    export_path: str = Field("", description="Where the trained policy was exported (spec.export.path), or ''.")
 
 
 COLOCATION_RELEASE = "release"

@@ -13,9 +13,11 @@ from trainer import metrics
 # Numeric fields that are not a gauge of their own, and where they go instead. A new numeric field fails
 # test_every_numeric_field_is_a_gauge_or_said_otherwise until it is declared with `gauge(...)` or listed here.
 DERIVED = {"step", "tokens", "rollout_seconds", "train_seconds", "sync_seconds"}  # step count, tokens, tokens/s, phases
-COUNTED_DURING_THE_STEP = {"trajectories", "off_policy", "stale"}  # *_total counters, per trajectory
+# *_total counters, per trajectory (sync_bytes: rlboost_trainer_published_bytes_total)
+COUNTED_DURING_THE_STEP = {"trajectories", "off_policy", "stale", "sync_bytes"}
+# workers_lost, migrations, cost_so_far: the manager's and the operator's own metrics say these
 RECORD_ONLY = {"first_trajectory_seconds", "ranks", "colocation_released", "colocation_resumed",
-               "colocation_wait_seconds"}  # fmt: skip
+               "colocation_wait_seconds", "workers_lost", "migrations", "cost_so_far"}  # fmt: skip
 
 
 def _report() -> StepReport:

@@ -46,6 +46,7 @@ from rlboost.wire.rollout_io import PromptItem, RolloutRequest, SamplingParams, 
 from trainer import metrics, ranks
 from trainer.batching import StepAssembler
 from trainer.grpo import LossStats, MicroBatch, Sample, collate
+from trainer.pool_metrics import PoolMeter, length_percentiles
 from trainer.publisher import WeightPublisher, upload_model_assets
 from trainer.rollout_client import RolloutClient, RolloutError
 
@@ -127,6 +128,16 @@ class Trainer:
         self._nc: Any = None
         self._colocation: Any = None  # trainer.colocation.Colocation when trainer.colocateReserved
         opts.run_dir.mkdir(parents=True, exist_ok=True)
+        self.pool_meter = PoolMeter(spec, time.monotonic())
+        self.export_path = ""  # where the last export went (JobDone.export_path)
+        self.trackers: Any = None  # rank 0: rlboost.tracking.Trackers of spec.logging
+        if ranks.rank() == 0:  # last: a backend that cannot work (a TrackingError) fails the start, not a step
+            from rlboost.export import check_export_path
+            from rlboost.tracking import open_trackers
+
+            if spec.export.path:
+                check_export_path(self._export_dest(self.steps))
+            self.trackers = open_trackers(spec.logging, opts.run_dir, opts.job)
 
     def is_healthy(self) -> bool:
         """For /healthz (any thread): the job has not failed and the loop makes progress."""
@@ -181,7 +192,8 @@ class Trainer:
             self.engine = await asyncio.to_thread(self._make_engine)
             await self._train_all()
             await asyncio.to_thread(ranks.broadcast, {"op": "stop"})
-            done = JobDone(ok=True, steps=self.steps_done, final_weights_checksum=self.checksum)
+            done = JobDone(ok=True, steps=self.steps_done, final_weights_checksum=self.checksum,
+                           export_path=self.export_path)  # fmt: skip
             await self._publish_event("done", done)
             return done
         except BaseException as err:
@@ -194,6 +206,8 @@ class Trainer:
         finally:
             if self.rewards is not None:
                 await asyncio.to_thread(self.rewards.close)
+            if self.trackers is not None:
+                await asyncio.to_thread(self.trackers.close)
             if self._nc is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._nc.drain(), 5)
@@ -291,6 +305,35 @@ class Trainer:
         return TrainerState(steps_done=steps_done, weight_version=version, weights_checksum=checksum,
                             world_size=ranks.world_size(), zero_stage=self.spec.trainer.zero_stage,
                             task_seed=self.spec.task.seed, prompts_per_step=self.spec.algorithm.prompts_per_step)  # fmt: skip
+
+    # ---- export (spec.export) ----
+
+    def _export_due(self, steps_done: int) -> bool:
+        """At the end of training, and every export.everyCheckpoints x trainer.checkpointEvery steps (whether or
+        not the trainer writes checkpoints: a run without a checkpoint directory exports on the same steps)."""
+        exp = self.spec.export
+        if not exp.path:
+            return False
+        period = exp.every_checkpoints * self.spec.trainer.checkpoint_every
+        return steps_done == self.steps or (period > 0 and steps_done % period == 0)
+
+    def _export_dest(self, steps_done: int) -> str:
+        """export.path at the end; beside it, suffixed -step-<steps done>, for a periodic export."""
+        from rlboost.export import resolve_export_path
+
+        dest = resolve_export_path(self.spec.export.path, self.opts.run_dir).rstrip("/")
+        return dest if steps_done == self.steps else f"{dest}-step-{steps_done:08d}"
+
+    def _export(self, state: dict[str, Any], steps_done: int) -> None:
+        """Rank 0 (in a thread): write the published bf16 state as a Hugging Face model directory."""
+        from rlboost.export import export_model
+
+        start = time.monotonic()
+        self.export_path = export_model(
+            state, self.opts.model_dir, self._export_dest(steps_done), stop_ids=self.stop_ids, pad_id=self.pad_id
+        )
+        log.info("export done", extra={"export_path": self.export_path, "steps_done": steps_done,
+                                       "seconds": round(time.monotonic() - start, 3)})  # fmt: skip
 
     # ---- followers (ranks > 0) ----
 
@@ -443,12 +486,15 @@ class Trainer:
         train_end = time.monotonic()
         ctx.compute_s += train_end - t_step
         published = await publisher.publish(version, state, skip_if_present=True)
-        del state
         resumed = await self._colocation_resume(step, published.version)
         if save is not None:
             save.weights_checksum = published.checksum
             await asyncio.to_thread(self._checkpoint, save)
         sync_end = time.monotonic()
+        if self._export_due(step + 1):
+            await asyncio.to_thread(self._export, state, step + 1)
+        del state
+        pools = self.pool_meter.update(await rc.status(), time.monotonic())
         self.version, self.checksum = published.version, published.checksum
         metrics.OFF_POLICY.inc(off_policy)
         metrics.STALE.inc(stale)
@@ -469,6 +515,9 @@ class Trainer:
             entropy=stats.entropy_sum / n_tok if n_tok else 0.0,
             trainer_idle_seconds=max(0.0, (train_end - t0) - ctx.compute_s), ranks=ranks.world_size(),
             finish_reasons=finish,
+            response_length=length_percentiles([len(s.trajectory.response_ids) for s in samples]),
+            sync_bytes=published.nbytes, pool_tokens_per_second=pools.tokens_per_second, pool_workers=pools.workers,
+            workers_lost=pools.workers_lost, migrations=pools.migrations, cost_so_far=pools.cost_so_far,
         )  # fmt: skip
         return _with_colocation(record, released, resumed)
 
@@ -581,6 +630,10 @@ class Trainer:
         with (self.opts.run_dir / "steps.jsonl").open("a") as f:
             f.write(r.model_dump_json() + "\n")
         metrics.export_step(r)
+        if self.trackers is not None:
+            from rlboost.tracking import step_metrics
+
+            await asyncio.to_thread(self.trackers.log, r.step, step_metrics(r))
         log.info(
             "step done",
             extra={"step": r.step, "reward_mean": round(r.reward_mean, 4), "loss": round(r.loss, 5),

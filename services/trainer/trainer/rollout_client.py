@@ -10,14 +10,23 @@ Protobuf stays at this edge (`rlboost.wire.rollout_proto`); callers see `rlboost
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 import grpc
 
 from rlboost.auth.grpc_auth import ClientAuth
+from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.rollout.v1 import rollout_pb2_grpc
-from rlboost.wire.rollout_io import RolloutRequest, Trajectory
-from rlboost.wire.rollout_proto import grpc_message_options, rollout_request_to_pb, trajectory_from_pb
+from rlboost.wire.rollout_io import ManagerStatus, RolloutRequest, Trajectory
+from rlboost.wire.rollout_proto import (
+    grpc_message_options,
+    rollout_request_to_pb,
+    status_from_pb,
+    trajectory_from_pb,
+)
+
+log = logging.getLogger(__name__)
 
 
 class RolloutError(RuntimeError):
@@ -79,3 +88,13 @@ class RolloutClient:
             ) from None
         finally:
             call.cancel()
+
+    async def status(self, timeout: float = 2.0) -> ManagerStatus | None:
+        """The manager's status (workers per pool, counters) for the step's metrics; None when it does not answer
+        in time: metrics are not worth failing or delaying a step for."""
+        assert self._stub is not None, "use `async with RolloutClient(...)`"
+        try:
+            return status_from_pb(await self._stub.GetStatus(pb.StatusRequest(), timeout=timeout))
+        except grpc.aio.AioRpcError as err:
+            log.debug("manager status unavailable", extra={"error": err.code().name})
+            return None

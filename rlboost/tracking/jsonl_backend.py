@@ -1,0 +1,32 @@
+"""The `jsonl` tracking backend (the default): one JSON object per step in `<logging.dir>/metrics.jsonl`."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from rlboost.spec import LoggingSpec
+from rlboost.tracking import make_dir
+
+FILE_NAME = "metrics.jsonl"
+
+
+class JsonlTracker:
+    """Appends {"step", "time", <metric>: value, ...} lines; a resumed run appends to the same file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = path.open("a")
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._file.write(json.dumps({"step": step, "time": round(time.time(), 3), **metrics}) + "\n")
+        self._file.flush()  # a line per step, readable while the run goes on
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def open_jsonl(spec: LoggingSpec, directory: Path, run_name: str) -> JsonlTracker:
+    return JsonlTracker(make_dir(directory, "the jsonl backend") / FILE_NAME)

@@ -1,0 +1,82 @@
+"""Per-step metrics the trainer reads from the rollout-manager's status (GetStatus after each step) and from the
+step's responses, for the step report and so for every tracking backend (spec.logging):
+
+- tokens/s per pool: the growth of the pool's workers' `tokens_generated` since the previous step, over the time
+  between the two status reads (a worker gone meanwhile takes its last tokens with it: an undercount);
+- workers per pool, workers lost since the previous step (gone from the status: preempted, crashed, drained);
+- migrations (the manager's total) and the cost so far at `spec.prices` (accelerators in use, integrated per step
+  at the rate of its end, since this trainer process started);
+- response length percentiles of the step's samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rlboost.spec import JobSpec
+from rlboost.wire.rollout_io import ManagerStatus
+
+
+@dataclass
+class PoolStep:
+    """What one status read adds to the step report (empty dicts and zeros when the manager did not answer)."""
+
+    tokens_per_second: dict[str, float] = field(default_factory=dict)
+    workers: dict[str, int] = field(default_factory=dict)
+    workers_lost: int = 0
+    migrations: int = 0
+    cost_so_far: float = 0.0
+
+
+class PoolMeter:
+    """Keeps the previous status read, so each step's rates are differences."""
+
+    def __init__(self, spec: JobSpec, now: float) -> None:
+        self.spec = spec
+        self._tokens: dict[str, int] = {}  # worker id -> tokens_generated at the previous read
+        self._at = now
+        self._cost = 0.0
+        self._rate = self.cost_per_hour({})
+
+    def cost_per_hour(self, workers: dict[str, int]) -> float:
+        """USD per hour: the trainer's and reserved workers' accelerators at the reserved price, spot's at spot's."""
+        s = self.spec
+        reserved = (
+            s.trainer.ranks * s.trainer.gpus_per_rank + workers.get("reserved", 0) * s.rollout.reserved.gpus_per_worker
+        )
+        spot = workers.get("spot", 0) * s.rollout.spot.gpus_per_worker
+        return reserved * s.prices.reserved_per_gpu_hour + spot * s.prices.spot_per_gpu_hour
+
+    def update(self, status: ManagerStatus | None, now: float) -> PoolStep:
+        elapsed = max(now - self._at, 1e-9)
+        if status is None:
+            self._cost += self._rate * elapsed / 3600
+            self._at = now
+            return PoolStep(cost_so_far=self._cost)
+        grown: dict[str, float] = {}
+        workers: dict[str, int] = {}
+        for w in status.workers:
+            pool = w.pool.value
+            workers[pool] = workers.get(pool, 0) + 1
+            grown[pool] = grown.get(pool, 0.0) + max(0, w.tokens_generated - self._tokens.get(w.worker_id, 0))
+        lost = len(set(self._tokens) - {w.worker_id for w in status.workers})
+        self._tokens = {w.worker_id: w.tokens_generated for w in status.workers}
+        self._rate = self.cost_per_hour(workers)
+        self._cost += self._rate * elapsed / 3600
+        self._at = now
+        rates = {pool: n / elapsed for pool, n in grown.items()}
+        return PoolStep(rates, workers, lost, status.migrations, self._cost)
+
+
+def length_percentiles(lengths: Sequence[int]) -> dict[str, float]:
+    """p50, p90 and max of the responses' lengths in tokens (nearest rank); zeros for no responses."""
+    if not lengths:
+        return {"p50": 0.0, "p90": 0.0, "max": 0.0}
+    ordered = sorted(lengths)
+
+    def rank(q: float) -> float:
+        return float(ordered[max(0, math.ceil(q * len(ordered)) - 1)])
+
+    return {"p50": rank(0.5), "p90": rank(0.9), "max": float(ordered[-1])}
