@@ -258,11 +258,12 @@ class WorkerSession:
         register.session_token = self._session_token
         held = self.held.report(time.monotonic())
         register.held.extend(held_to_pb(h) for h in held)
-        try:
-            await call.write(pb.WorkerMessage(register=register))
+        try:  # the write is bounded too: a connection half set up (the manager restarting) must not hang it
+            await asyncio.wait_for(call.write(pb.WorkerMessage(register=register)), self.cfg.register_timeout_s)
             first = await asyncio.wait_for(call.read(), self.cfg.register_timeout_s)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, TimeoutError) as err:
             call.cancel()
+            log.debug("registration failed; retrying", extra={"error": _describe(err)})
             if isinstance(err, grpc.aio.AioRpcError) and err.code() in _REFUSED:  # retrying cannot help
                 raise ManagerUnreachableError(f"rollout-manager at {self.cfg.manager}: {_describe(err)}") from None
             raise _NotConnectedError(_describe(err)) from None
