@@ -49,6 +49,11 @@ READY_TIMEOUT_S = {
 }
 SETTLE_TIMEOUT_S = 60.0  # after JobDone: how long workers get to report the final weight version
 TRAINER_DONE_GRACE_S = 10.0  # a trainer that exits 0 may have published `done` a moment before
+# Roles started again, on the same ports, when they die: the others reconnect to them (the rollout-manager's workers
+# re-report the responses they hold and the trainer re-attaches to its step). One that dies within
+# MIN_UPTIME_S of its start is failing, not being killed: the run fails instead of restarting it forever.
+RESTARTED_ROLES = {"rollout-manager"}
+MIN_UPTIME_S = 5.0
 SHUTDOWN_GRACE_S = 10.0
 EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}
 
@@ -294,12 +299,23 @@ class Run:
             if child.role == "trainer" and child.proc.returncode == 0:
                 self._trainer_exited_at = time.monotonic()
                 continue
+            if child.role in RESTARTED_ROLES and time.monotonic() - child.started_at >= MIN_UPTIME_S:
+                self.restart_child(child.name)
+                continue
             raise self.sup.failure(child)
         exited = getattr(self, "_trainer_exited_at", None)
         if exited is not None and self.state.done is None and time.monotonic() - exited > TRAINER_DONE_GRACE_S:
             raise ChildFailedError(
                 "trainer", 0, "exited without announcing that the job is done", self.sup.tail("trainer")
             )
+
+    def restart_child(self, name: str) -> None:
+        """Start a child that died again with its own command line (so on the same ports)."""
+        child = self.plan.child(name)
+        code = self.sup.children[name].proc.returncode
+        log.warning("child died: restarting it", extra={"child": name, "returncode": code})
+        self.spot.events.append(f"restarted {name} (exit {code})")
+        self._start(child)
 
     async def follow(self) -> None:
         """Until JobDone: watch children, poll the manager, drive the spot pool, refresh the display."""

@@ -53,6 +53,7 @@ class Assignment:
     prompt_len: int  # input_ids[:prompt_len] is the prompt
     sampling: SamplingParams
     weight_version: int  # version the request must be generated with
+    prior_logprobs: list[float] = field(default_factory=list)  # of input_ids[prompt_len:] (may be absent: [])
 
     @property
     def generated(self) -> int:
@@ -87,6 +88,20 @@ class RolloutRequest:
     group_size: int
     sampling: SamplingParams  # seed: the step's base seed
     vocab_size: int = 0  # token ids must lie in [0, vocab_size); 0 = not checked against a vocabulary
+    received_request_ids: list[str] = field(default_factory=list)  # re-attaching: already delivered, not again
+
+
+@dataclass
+class HeldResponse:
+    """A response a worker kept across a broken stream (Register.held): everything generated so far."""
+
+    request_id: str
+    weight_version: int  # version its tokens were generated with
+    prompt_ids: list[int]
+    token_ids: list[int]  # the whole response so far
+    logprobs: list[float]  # one per token
+    finished: bool = False  # generation ended; otherwise paused mid-response
+    finish_reason: str = ""  # "stop" | "length" when finished
 
 
 @dataclass

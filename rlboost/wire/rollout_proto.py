@@ -12,6 +12,7 @@ from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.spec import MAX_WORKER_CAPACITY
 from rlboost.wire.rollout_io import (
     Assignment,
+    HeldResponse,
     ManagerStatus,
     Pool,
     PromptItem,
@@ -32,6 +33,9 @@ _POOL_FROM_PB = {v: k for k, v in _POOL_TO_PB.items()}
 GRPC_MAX_MESSAGE_BYTES = 64 << 20
 # The manager cuts the trajectories it streams to the trainer into batches of at most this many bytes.
 TRAJECTORY_BATCH_BYTES = 4 << 20
+# A re-registering worker reports at most this many held responses per unit of capacity (paused ones fill its
+# capacity; the rest are responses that finished shortly before its stream broke).
+MAX_HELD_PER_CAPACITY = 8
 
 
 def grpc_message_options(max_bytes: int = GRPC_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -125,12 +129,18 @@ def assignment_to_pb(a: Assignment) -> pb.Assignment:
         prompt_len=a.prompt_len,
         sampling=sampling_to_pb(a.sampling),
         weight_version=a.weight_version,
+        prior_logprobs=a.prior_logprobs,
     )
 
 
 def assignment_from_pb(m: pb.Assignment) -> Assignment:
     if not 0 < m.prompt_len <= len(m.input_ids):
         raise WireError(f"assignment.prompt_len: {m.prompt_len} is outside 1..len(input_ids)={len(m.input_ids)}")
+    prior = list(m.prior_logprobs)
+    if prior and len(prior) != len(m.input_ids) - m.prompt_len:
+        raise WireError(
+            f"assignment.prior_logprobs: {len(prior)} values for {len(m.input_ids) - m.prompt_len} generated tokens"
+        )
     return Assignment(
         request_id=m.request_id,
         lease_epoch=m.lease_epoch,
@@ -138,7 +148,53 @@ def assignment_from_pb(m: pb.Assignment) -> Assignment:
         prompt_len=m.prompt_len,
         sampling=sampling_from_pb(m.sampling),
         weight_version=m.weight_version,
+        prior_logprobs=prior,
     )
+
+
+def held_to_pb(h: HeldResponse) -> pb.HeldResponse:
+    return pb.HeldResponse(
+        request_id=h.request_id,
+        weight_version=h.weight_version,
+        prompt_ids=h.prompt_ids,
+        token_ids=h.token_ids,
+        logprobs=h.logprobs,
+        finished=h.finished,
+        finish_reason=h.finish_reason,
+    )
+
+
+def held_from_pb(m: pb.Register) -> list[HeldResponse]:
+    """The responses a re-registering worker holds; WireError names the first malformed one."""
+    if len(m.held) > MAX_HELD_PER_CAPACITY * max(1, m.capacity):
+        raise WireError(
+            f"register.held: {len(m.held)} responses is over {MAX_HELD_PER_CAPACITY} x capacity ({m.capacity})"
+        )
+    out = []
+    for i, h in enumerate(m.held):
+        what = f"register.held[{i}]"
+        if not h.request_id:
+            raise WireError(f"{what}.request_id: must not be empty")
+        if len(h.logprobs) != len(h.token_ids):
+            raise WireError(f"{what}.logprobs: {len(h.logprobs)} values for {len(h.token_ids)} tokens")
+        _no_negative_ids(h.token_ids, f"{what}.token_ids")
+        _no_negative_ids(h.prompt_ids, f"{what}.prompt_ids")
+        if not math.isfinite(sum(h.logprobs)):
+            raise WireError(f"{what}.logprobs: every log-probability must be finite")
+        if h.finished and h.finish_reason not in ("stop", "length"):
+            raise WireError(f"{what}.finish_reason: a finished response ends with 'stop' or 'length'")
+        out.append(
+            HeldResponse(
+                h.request_id,
+                h.weight_version,
+                list(h.prompt_ids),
+                list(h.token_ids),
+                list(h.logprobs),
+                h.finished,
+                h.finish_reason,
+            )  # fmt: skip
+        )
+    return out
 
 
 def chunk_to_pb(c: TokenChunk) -> pb.TokenChunk:
@@ -180,6 +236,7 @@ def rollout_request_to_pb(r: RolloutRequest) -> pb.RolloutRequest:
         sampling=sampling_to_pb(r.sampling),
         prompts=[pb.Prompt(prompt_index=p.prompt_index, token_ids=p.token_ids) for p in r.prompts],
         vocab_size=r.vocab_size,
+        received_request_ids=r.received_request_ids,
     )
 
 
@@ -199,6 +256,7 @@ def rollout_request_from_pb(m: pb.RolloutRequest) -> RolloutRequest:
         sampling=sampling_from_pb(m.sampling),
         prompts=[PromptItem(prompt_index=p.prompt_index, token_ids=list(p.token_ids)) for p in m.prompts],
         vocab_size=m.vocab_size,
+        received_request_ids=list(m.received_request_ids),
     )
 
 

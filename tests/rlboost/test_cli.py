@@ -10,12 +10,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from rlboost.cli.main import main
 from rlboost.cli.serve_cmd import COMPONENTS, UnknownComponentError, command_for
+from rlboost.local.runner import MIN_UPTIME_S
 from tests.helpers import wait_until
 
 PY = sys.executable
@@ -226,3 +228,28 @@ def test_delta_bench_real_source_bad_input_is_one_clear_line(tmp_path: Path) -> 
         assert proc.returncode == 2, proc.stderr[-2000:]
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], proc.stderr[-2000:]
+
+
+def test_a_killed_manager_is_restarted_on_its_port_and_the_run_completes(tmp_path: Path) -> None:
+    env, argv = _fake_env(tmp_path, "slow")
+    env["FAKE_DELAY"] = "15"  # the trainer's steps come after the manager was killed and restarted
+    proc = subprocess.Popen([PY, "-c", DRIVER, *argv, "-"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    pids = tmp_path / "pids"
+
+    def managers() -> list[Path]:
+        return sorted(pids.glob("rollout_manager-*"), key=lambda p: p.stat().st_mtime)
+
+    try:
+        first = wait_until(managers, timeout=60, what="manager started")[0]
+        # killed once it has been up MIN_UPTIME_S: dying sooner counts as failing to start, which is not restarted
+        wait_until(lambda: time.time() - first.stat().st_mtime > MIN_UPTIME_S + 0.5, timeout=30, what="uptime")
+        os.kill(int(first.name.split("-")[1]), signal.SIGKILL)
+        wait_until(lambda: len(managers()) == 2, timeout=30, what="manager restarted")
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out.decode()
+    events = json.loads((tmp_path / "report.json").read_text())["spot_events"]
+    assert [e for e in events if e.startswith("restarted rollout-manager")], events
+    assert _run_processes(tmp_path / "run") == []

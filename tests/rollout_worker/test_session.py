@@ -126,6 +126,12 @@ async def test_reconnects_when_the_manager_restarts(rig):
     await manager.start(port)  # same port: a restarted manager
     # The manager records a Register before answering it: wait for the worker's side of the handshake too.
     await eventually(lambda: session.registrations == 2 and len(manager.registrations) == 2, what="re-registration")
+    # the response it was generating is paused and handed to the new manager whole: every token received, and
+    # those the old manager never got (unflushed when the stream broke)
+    (held,) = manager.registrations[1].held
+    received = manager.tokens("long")
+    assert (held.request_id, list(held.prompt_ids), held.finished) == ("long", PROMPT, False)
+    assert list(held.token_ids[: len(received)]) == received and len(held.logprobs) == len(held.token_ids)
     manager.assign(pb_assignment("after", PROMPT, 5))
     await eventually(lambda: manager.last_chunk("after") and manager.last_chunk("after").finished, what="end")
 

@@ -96,7 +96,8 @@ class StandInManager(rollout_pb2_grpc.RolloutManagerServicer):
         if req.step in self.gates:
             await asyncio.wait_for(self.gates[req.step].wait(), 120)
         if self.fail_at_step is not None and req.step == self.fail_at_step:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "stand-in manager: no workers left")
+            # not UNAVAILABLE: the trainer re-attaches to a manager that went away
+            await context.abort(grpc.StatusCode.ABORTED, "stand-in manager: no workers left")
         trajs = []
         for p in req.prompts:
             for g in range(req.group_size):

@@ -47,7 +47,7 @@ class WorkerMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., chunks: _Optional[_Union[ChunkBatch, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., drain: _Optional[_Union[DrainNotice, _Mapping]] = ..., weight_version: _Optional[_Union[WeightVersionReport, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("worker_id", "pool", "node", "capacity", "weight_version", "engine", "session_token")
+    __slots__ = ("worker_id", "pool", "node", "capacity", "weight_version", "engine", "session_token", "held")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class Register(_message.Message):
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     pool: Pool
     node: str
@@ -62,7 +63,26 @@ class Register(_message.Message):
     weight_version: int
     engine: str
     session_token: str
-    def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., node: _Optional[str] = ..., capacity: _Optional[int] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ..., session_token: _Optional[str] = ...) -> None: ...
+    held: _containers.RepeatedCompositeFieldContainer[HeldResponse]
+    def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., node: _Optional[str] = ..., capacity: _Optional[int] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ..., session_token: _Optional[str] = ..., held: _Optional[_Iterable[_Union[HeldResponse, _Mapping]]] = ...) -> None: ...
+
+class HeldResponse(_message.Message):
+    __slots__ = ("request_id", "weight_version", "prompt_ids", "token_ids", "logprobs", "finished", "finish_reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    weight_version: int
+    prompt_ids: _containers.RepeatedScalarFieldContainer[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    finished: bool
+    finish_reason: str
+    def __init__(self, request_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
     __slots__ = ("request_id", "lease_epoch", "offset", "token_ids", "logprobs", "finished", "finish_reason", "error", "invalid_input")
@@ -147,20 +167,22 @@ class Registered(_message.Message):
     def __init__(self, heartbeat_interval_ms: _Optional[int] = ..., lease_timeout_ms: _Optional[int] = ..., chunk_max_tokens: _Optional[int] = ..., chunk_max_ms: _Optional[int] = ..., session_token: _Optional[str] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("request_id", "lease_epoch", "input_ids", "prompt_len", "sampling", "weight_version")
+    __slots__ = ("request_id", "lease_epoch", "input_ids", "prompt_len", "sampling", "weight_version", "prior_logprobs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LEN_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PRIOR_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     lease_epoch: int
     input_ids: _containers.RepeatedScalarFieldContainer[int]
     prompt_len: int
     sampling: SamplingParams
     weight_version: int
-    def __init__(self, request_id: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., prompt_len: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., weight_version: _Optional[int] = ...) -> None: ...
+    prior_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, request_id: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., prompt_len: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., weight_version: _Optional[int] = ..., prior_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class AssignBatch(_message.Message):
     __slots__ = ("assignments",)
@@ -197,20 +219,22 @@ class Prompt(_message.Message):
     def __init__(self, prompt_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RolloutRequest(_message.Message):
-    __slots__ = ("step", "weight_version", "prompts", "group_size", "sampling", "vocab_size")
+    __slots__ = ("step", "weight_version", "prompts", "group_size", "sampling", "vocab_size", "received_request_ids")
     STEP_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     step: int
     weight_version: int
     prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
     group_size: int
     sampling: SamplingParams
     vocab_size: int
-    def __init__(self, step: _Optional[int] = ..., weight_version: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., group_size: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., vocab_size: _Optional[int] = ...) -> None: ...
+    received_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, step: _Optional[int] = ..., weight_version: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., group_size: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., vocab_size: _Optional[int] = ..., received_request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Trajectory(_message.Message):
     __slots__ = ("request_id", "step", "prompt_index", "sample_index", "prompt_ids", "response_ids", "logprobs", "finish_reason", "weight_version", "workers")

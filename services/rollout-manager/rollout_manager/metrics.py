@@ -28,6 +28,11 @@ FAILED_REQUESTS = Counter(
     "Requests reported failed after rollout.maxRequestAttempts failed attempts, by the last attempt's reason",
     ["reason"],
 )
+ADOPTED = Counter(
+    "rlboost_manager_adopted_requests_total",
+    "Responses re-registering workers held across a manager restart: 'adopted' with their tokens, or 'refused'",
+    ["result"],
+)
 TOKENS_LOST = Counter("rlboost_manager_tokens_lost_total", "Tokens received but not kept (offset gaps)")
 TOKENS_REGENERATED = Counter(
     "rlboost_manager_tokens_regenerated_total",

@@ -185,6 +185,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "body: the first message must be register")
         try:
             reg = wire.registration_from_pb(first.register)
+            held = wire.held_from_pb(first.register)
         except wire.WireError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         wid = reg.worker_id
@@ -197,7 +198,9 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
             old.queue.put_nowait(None)
         conn = self._conns[wid] = _WorkerConn()
         self.state.register(reg, self.clock())
-        log.info("worker registered", extra={"worker_id": wid, "pool": reg.pool.value, "capacity": reg.capacity})
+        self.state.on_held(wid, held, self.clock())  # after a manager restart: what it kept of its responses
+        log.info("worker registered", extra={"worker_id": wid, "pool": reg.pool.value, "capacity": reg.capacity,
+                                             "held": len(held)})  # fmt: skip
         r = self.rollout
         yield pb.ManagerMessage(
             registered=pb.Registered(
@@ -282,7 +285,8 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         # grpc.aio does not interrupt a handler blocked on our queue when the client cancels: wake it
         context.add_done_callback(lambda _: sink.put_nowait(None))
         self.offload.start_step(self.clock())
-        log.info("rollout step started", extra={"step": req.step, "requests": total, "version": req.weight_version})
+        log.info("rollout step started", extra={"step": req.step, "requests": total, "version": req.weight_version,
+                                                "already_received": len(req.received_request_ids)})  # fmt: skip
         self.kick()
         delivered = 0
         try:

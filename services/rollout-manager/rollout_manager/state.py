@@ -9,6 +9,10 @@ A request: PENDING -> RUNNING on a worker under a lease (lease_epoch += 1 on eve
 -> FINISHED; or RUNNING -> REVOKING (the worker was asked to stop and flush) -> PENDING again with
 every token received, continued elsewhere from exactly there. Chunks whose (worker, lease_epoch)
 is not the request's current lease are stale and discarded, so a zombie never duplicates tokens.
+
+A restarted manager knows nothing: workers re-register reporting the responses they hold (`on_held`), kept as
+orphans until the trainer re-attaches to their step (`add_step` with the ids it already received); then each
+orphan is adopted with its tokens (continued from there, or finished) and the rest of the step runs afresh.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from rlboost.policies.placement import VersionView, WorkerLoad, place, version_m
 from rlboost.spec import MAX_GROUP_SIZE, MAX_NEW_TOKENS, RolloutSpec
 from rlboost.wire.rollout_io import (
     Assignment,
+    HeldResponse,
     ManagerStatus,
     Pool,
     RolloutRequest,
@@ -145,6 +150,15 @@ class Worker:
         return not (self.draining or self.expired or self.memory_released)
 
 
+@dataclass(slots=True)
+class Orphan:
+    """A response a re-registered worker holds, for a step this manager has not been asked for (yet)."""
+
+    held: HeldResponse
+    worker: str
+    since: float
+
+
 @dataclass
 class Outbox:
     """Commands for one worker, batched until the server flushes them."""
@@ -164,8 +178,12 @@ class ManagerState:
         revoke_timeout_s: float | None = None,
         balance_min_excess: int = 2,
         policy: RequestPolicy | None = None,
+        orphan_ttl_s: float = 300.0,
     ):
         self.policy = policy or RequestPolicy()
+        self.orphan_ttl_s = orphan_ttl_s  # held responses of a step nobody re-attaches to are forgotten after this
+        self._orphans: dict[str, Orphan] = {}  # request id -> a held response waiting for its step
+        self.adopted = 0  # held responses adopted with their tokens
         self.lease_timeout_s = lease_timeout_s
         self.revoke_timeout_s = revoke_timeout_s if revoke_timeout_s is not None else lease_timeout_s
         self.balance_min_excess = balance_min_excess
@@ -284,15 +302,19 @@ class ManagerState:
     # ---- steps -------------------------------------------------------------------------------------
 
     def add_step(self, r: RolloutRequest, now: float) -> int:
-        """Expand prompts x group_size into pending requests. Returns how many trajectories the step yields."""
+        """Expand prompts x group_size into pending requests, less those the trainer already received (it
+        re-attached), adopting the responses workers hold. Returns how many trajectories the step yields."""
         if r.step in self._steps:
             raise StepError(f"rollout.step: step {r.step} is already being rolled out; wait for it or cancel it")
         self._check_step(r)
+        received = set(r.received_request_ids)
         ids: set[str] = set()
         queue = self._pending.setdefault(r.weight_version, deque())
         for p in r.prompts:
             for g in range(r.group_size):
                 rid = request_id(r.step, p.prompt_index, g)
+                if rid in received:
+                    continue
                 seed = sample_seed(r.sampling.seed, r.step, p.prompt_index, g)
                 sampling = SamplingParams(**{**r.sampling.__dict__, "seed": seed})
                 self.requests[rid] = Request(
@@ -308,10 +330,15 @@ class ManagerState:
                 )
                 queue.append(rid)
                 ids.add(rid)
-        self._pending_count[r.weight_version] += len(ids)
-        self._steps[r.step] = ids
+        total = len(ids)
+        self._pending_count[r.weight_version] += total
+        if ids:
+            self._steps[r.step] = ids  # the same set: adopted responses that finished leave it below
+        for rid in [rid for rid in ids if rid in self._orphans]:
+            orphan = self._orphans.pop(rid)
+            self._adopt(self.requests[rid], orphan.held, orphan.worker, now)
         self.dirty = True
-        return len(ids)
+        return total
 
     def _check_step(self, r: RolloutRequest) -> None:
         """Bounds on one Rollout call, checked before it costs anything; StepError names the field."""
@@ -326,6 +353,11 @@ class ManagerState:
         if r.sampling.max_new_tokens > MAX_NEW_TOKENS:
             raise StepError(
                 f"sampling.max_new_tokens: {r.sampling.max_new_tokens} is over the limit of {MAX_NEW_TOKENS}"
+            )
+        if len(r.received_request_ids) > p.max_step_requests:
+            raise StepError(
+                f"rollout.received_request_ids: {len(r.received_request_ids)} ids is over the limit of "
+                f"{p.max_step_requests} requests per step (rollout.maxStepRequests)"
             )
         indices = [q.prompt_index for q in r.prompts]
         if len(set(indices)) != len(indices):
@@ -356,6 +388,71 @@ class ManagerState:
                 metrics.REVOKES.labels("cancelled").inc()
         self.dirty = True
         return len(ids)
+
+    # ---- held responses (a restarted manager) -------------------------------------------------------
+
+    def on_held(self, worker_id: str, held: list[HeldResponse], now: float) -> None:
+        """A (re-)registered worker reports responses it kept across its broken stream: adopt those of known
+        requests now; keep the others until the trainer re-attaches to their step (or orphan_ttl_s passes)."""
+        for h in held:
+            req = self.requests.get(h.request_id)
+            if req is not None:
+                self._adopt(req, h, worker_id, now)
+            elif len(self._orphans) < self.policy.max_step_requests:
+                self._orphans[h.request_id] = Orphan(h, worker_id, now)
+        if held:
+            log.info("worker reported held responses", extra={"worker_id": worker_id, "held": len(held),
+                                                              "orphans": len(self._orphans)})  # fmt: skip
+
+    def _adopt(self, req: Request, h: HeldResponse, worker_id: str, now: float) -> None:
+        """Continue `req` from the held response's tokens when it holds more than we do (its tokens are the same
+        prefix: token-level continuation is deterministic per seed and position)."""
+        if len(h.token_ids) <= len(req.tokens):
+            return
+        problem = self._adoption_problem(req, h)
+        if problem is not None:
+            metrics.ADOPTED.labels("refused").inc()
+            log.warning("held response refused", extra={"worker_id": worker_id, "request_id": req.id,
+                                                         "problem": problem})  # fmt: skip
+            return
+        if req.phase is Phase.PENDING:
+            self._pending_count[req.weight_version] -= 1  # its queue entry goes stale once it is finished below
+        elif req.worker is not None:  # running afresh elsewhere, behind the held tokens: stop that run
+            self._box(req.worker).revoke.setdefault("adopted", []).append(req.id)
+            metrics.REVOKES.labels("adopted").inc()
+            self._release(req)
+            self._pending.setdefault(req.weight_version, deque()).appendleft(req.id)
+        req.tokens, req.logprobs = list(h.token_ids), list(h.logprobs)
+        if not req.workers or req.workers[-1] != worker_id:
+            req.workers.append(worker_id)
+        req.phase, req.pending_since = Phase.PENDING, now
+        self.adopted += 1
+        metrics.ADOPTED.labels("adopted").inc()
+        log.info("held response adopted", extra={"worker_id": worker_id, "request_id": req.id,
+                                                 "tokens": len(req.tokens), "finished": h.finished})  # fmt: skip
+        done = finish_reason_if_done(req.tokens, req.sampling) or (h.finish_reason if h.finished else None)
+        if done is not None:
+            self._finish(req, done)
+        else:
+            self._pending_count[req.weight_version] += 1
+        self.dirty = True
+
+    def _adoption_problem(self, req: Request, h: HeldResponse) -> str | None:
+        """Why the held response cannot continue `req` (another version or prompt, too long, bad output)."""
+        if h.weight_version != req.weight_version:
+            return f"weight_version {h.weight_version}, the step's is {req.weight_version}"
+        if h.prompt_ids != req.prompt:
+            return "prompt_ids differ from the step's prompt"
+        if len(h.token_ids) > req.sampling.max_new_tokens:
+            return f"{len(h.token_ids)} tokens is over max_new_tokens {req.sampling.max_new_tokens}"
+        return invalid_output(h.token_ids, h.logprobs, req.vocab_size)
+
+    def _forget_orphans(self, now: float) -> None:
+        old = [rid for rid, o in self._orphans.items() if now - o.since > self.orphan_ttl_s]
+        for rid in old:
+            del self._orphans[rid]
+        if old:
+            log.info("held responses forgotten: no step re-attached", extra={"requests": len(old)})
 
     # ---- chunks ------------------------------------------------------------------------------------
 
@@ -464,7 +561,9 @@ class ManagerState:
         self._held_count[req.weight_version] += 1
         input_ids, prompt_len = continuation(req.prompt, req.tokens)
         self._box(w.id).assign.append(
-            Assignment(req.id, req.lease_epoch, input_ids, prompt_len, req.sampling, req.weight_version)
+            Assignment(
+                req.id, req.lease_epoch, input_ids, prompt_len, req.sampling, req.weight_version, list(req.logprobs)
+            )  # fmt: skip
         )
         metrics.ASSIGNMENTS.inc()
         metrics.ASSIGN_LATENCY.observe(max(0.0, now - req.pending_since))
@@ -577,6 +676,7 @@ class ManagerState:
         if now >= self._next_stall_check:
             self._next_stall_check = now + min(1.0, self.policy.stall_timeout_s / 4)
             self._revoke_stalled(now)
+            self._forget_orphans(now)
         self._update_gauges(now)
 
     def _revoke_stalled(self, now: float) -> int:

@@ -55,6 +55,13 @@ FALLBACKS = Counter(
     "rlboost_worker_weight_full_fallbacks_total", "Pulls that fell back to the full snapshot after a failure."
 )
 CONNECTS = Counter("rlboost_worker_manager_connects_total", "Connect streams opened to the rollout-manager.")
+RECONNECTS = Counter(
+    "rlboost_worker_manager_reconnects_total", "Connect streams re-opened after one ended (e.g. the manager restarted)."
+)
+HELD_REPORTED = Counter(
+    "rlboost_worker_held_responses_reported_total",
+    "Responses kept across a broken stream and reported on re-registration (a restarted manager adopts them).",
+)
 # Colocation (trainer.colocateReserved): the engine's memory released while the trainer trains.
 MEMORY_RELEASED = Gauge("rlboost_worker_memory_released", "1 while the engine's memory is released for training.")
 RELEASE_SECONDS = Histogram(

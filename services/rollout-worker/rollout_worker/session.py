@@ -10,7 +10,8 @@ generated here has been sent and the request may continue elsewhere from prompt 
 
 Drain (SIGTERM or DrainCommand): stop taking work (new assignments are answered with an empty abort chunk),
 send a DrainNotice (SIGTERM only), abort running requests, flush every token, close the stream. A stream
-that breaks aborts the running requests (the manager requeues them) and reconnects with backoff.
+that breaks pauses the running requests, keeping their tokens (held.py), and reconnects with backoff; the next
+Register reports them (`held`), so a restarted manager continues them from there instead of from scratch.
 
 Colocation (`trainer.colocateReserved`, reserved workers): release() stops taking work (assignments that
 arrive are held; every heartbeat says `memory_released` from then on, read from the engine), aborts whatever still runs (the manager requeues it; normally nothing, the step's batch
@@ -43,11 +44,13 @@ from rlboost.wire.rollout_proto import (
     assignment_from_pb,
     chunk_to_pb,
     grpc_message_options,
+    held_to_pb,
     registration_to_pb,
 )
 from rollout_worker import metrics
 from rollout_worker.chunker import Chunker
 from rollout_worker.engine.base import FINISH_ABORT, Engine, MemoryReport, RepeatedLog
+from rollout_worker.held import HeldResponses
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,7 @@ class SessionConfig:
     reconnect_timeout_s: float = 60.0  # give up when no (re)connect succeeds for this long
     drain_deadline_ms: int = 10_000  # promised in the DrainNotice: all tokens flushed by then
     register_timeout_s: float = 10.0  # wait this long for Registered after sending Register
+    keep_finished_s: float = 30.0  # finished responses are kept this long for a manager that restarts
     auth: ClientAuth = ClientAuth()  # the worker token and the job CA ('' / None: an open manager)
 
 
@@ -92,6 +96,7 @@ class _Link:
         self.flush = asyncio.Event()
         self.tasks: dict[str, asyncio.Task] = {}
         self.drained = False  # this stream was drained: flushed and half-closed
+        self.lost = False  # this stream broke: requests that stop now are paused and kept (held.py)
 
 
 class WorkerSession:
@@ -116,6 +121,7 @@ class WorkerSession:
         self._memory_lock = asyncio.Lock()
         self._session_token = ""  # from the manager's Registered: proves a reconnect is this worker
         self._errors = RepeatedLog(log)  # a failure repeated per request logs one line with a count
+        self.held = HeldResponses(cfg.capacity, cfg.keep_finished_s)  # responses a restarted manager adopts
 
     # ---- public ------------------------------------------------------------------------------
 
@@ -206,7 +212,9 @@ class WorkerSession:
             link = self.link = _Link(call, registered)
             self.registrations += 1
             metrics.CONNECTS.inc()
-            log.info("registered", extra={"manager": self.cfg.manager, "weight_version": self.engine.weight_version})
+            metrics.RECONNECTS.inc(self.registrations > 1)
+            log.info("registered", extra={"manager": self.cfg.manager, "weight_version": self.engine.weight_version,
+                                          "reconnect": self.registrations > 1})  # fmt: skip
             workers = [
                 asyncio.create_task(self._writer(link)),
                 asyncio.create_task(self._flusher(link)),
@@ -218,8 +226,7 @@ class WorkerSession:
                 await self._reader(link)
             finally:
                 self.link = None
-                self._held.clear()  # the manager requeues what this stream held
-                self._held_while_released.clear()
+                self._keep_for_next_manager(link)
                 await self._abort_all(link, "disconnect")
                 for t in workers:
                     t.cancel()
@@ -227,6 +234,16 @@ class WorkerSession:
                 call.cancel()
         if not self.draining:  # run() starts a fresh retry window: a lost stream is not a failed attempt
             log.warning("stream to the manager ended; reconnecting", extra={"manager": self.cfg.manager})
+
+    def _keep_for_next_manager(self, link: _Link) -> None:
+        """The stream ended: unless draining, what stops now is paused with its tokens (the manager may have
+        restarted and know nothing of it); assignments that never started are kept the same way."""
+        link.lost = not self.draining
+        if link.lost:
+            for a in self._held + self._held_while_released:
+                self.held.pause_waiting(a)
+        self._held.clear()  # a manager that did not restart requeues them itself
+        self._held_while_released.clear()
 
     async def _register(self, call: grpc.aio.StreamStreamCall) -> pb.Registered:
         reg = WorkerRegistration(
@@ -239,11 +256,14 @@ class WorkerSession:
         )
         register = registration_to_pb(reg)
         register.session_token = self._session_token
-        try:
-            await call.write(pb.WorkerMessage(register=register))
+        held = self.held.report(time.monotonic())
+        register.held.extend(held_to_pb(h) for h in held)
+        try:  # the write is bounded too: a connection half set up (the manager restarting) must not hang it
+            await asyncio.wait_for(call.write(pb.WorkerMessage(register=register)), self.cfg.register_timeout_s)
             first = await asyncio.wait_for(call.read(), self.cfg.register_timeout_s)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, TimeoutError) as err:
             call.cancel()
+            log.debug("registration failed; retrying", extra={"error": _describe(err)})
             if isinstance(err, grpc.aio.AioRpcError) and err.code() in _REFUSED:  # retrying cannot help
                 raise ManagerUnreachableError(f"rollout-manager at {self.cfg.manager}: {_describe(err)}") from None
             raise _NotConnectedError(_describe(err)) from None
@@ -251,6 +271,11 @@ class WorkerSession:
             call.cancel()
             raise _NotConnectedError("the manager did not answer Register with Registered")
         self._session_token = first.registered.session_token
+        if held:
+            self.held.clear()  # the manager owns them now
+            metrics.HELD_REPORTED.inc(len(held))
+            log.info("reported held responses", extra={"responses": len(held),
+                                                       "tokens": sum(len(h.token_ids) for h in held)})  # fmt: skip
         return first.registered
 
     async def _reader(self, link: _Link) -> None:
@@ -306,6 +331,7 @@ class WorkerSession:
         previous = link.tasks.get(a.request_id)
         if previous is not None:  # re-assigned under a new lease: finish the old one first
             self.engine.abort(a.request_id)
+        self.held.start(a)
         link.tasks[a.request_id] = asyncio.create_task(self._run_request(link, a, previous))
         metrics.RUNNING.set(self.engine.running)
 
@@ -324,6 +350,7 @@ class WorkerSession:
         try:
             async for step in self.engine.generate(a):
                 link.chunker.add(rid, step.token_ids, step.logprobs, monotonic_ms())
+                self.held.add(a, step.token_ids, step.logprobs)
                 self._tokens_total += len(step.token_ids)
                 metrics.TOKENS.inc(len(step.token_ids))
                 if step.finished:
@@ -338,6 +365,7 @@ class WorkerSession:
             if error:  # the manager learns why this request ended here (the engine logged it)
                 metrics.REQUEST_ERRORS.labels("invalid_input" if invalid_input else "failed_alone").inc()
             link.chunker.end(rid, finished, reason, error, invalid_input)
+            self.held.end(a, finished, reason, lost=link.lost and not error, now=time.monotonic())
             if link.tasks.get(rid) is asyncio.current_task():
                 del link.tasks[rid]
             metrics.RUNNING.set(self.engine.running)

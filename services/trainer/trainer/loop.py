@@ -594,7 +594,8 @@ class Trainer:
         waits = 8 if again else 0
         for attempt in range(waits + 1):
             try:
-                async for traj in rc.rollout(request):
+                # a manager lost mid-step is waited for (connect_timeout) and re-attached to, within the deadline
+                async for traj in rc.rollout(request, reattach_s=self.opts.connect_timeout_s):
                     yield traj
                 return
             except RolloutError as err:

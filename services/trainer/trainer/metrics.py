@@ -16,6 +16,10 @@ STEP_SECONDS = Gauge("rlboost_trainer_step_seconds", "Wall time of the last step
 TOKENS = Counter("rlboost_trainer_tokens_total", "Response tokens trained on")
 # Counted as they happen, during the step.
 TRAJECTORIES = Counter("rlboost_trainer_trajectories_total", "Trajectories received from the rollout-manager")
+ROLLOUT_REATTACHES = Counter(
+    "rlboost_trainer_rollout_reattaches_total",
+    "Rollout calls made again after the rollout-manager was lost mid-step (it restarted): only missing samples",
+)
 OFF_POLICY = Counter("rlboost_trainer_off_policy_trajectories_total", "Trajectories skipped: older than maxStaleness")
 PUBLISHED_BYTES = Counter("rlboost_trainer_published_bytes_total", "Weight payload bytes uploaded")
 REWARD_FAILURES = Counter(

@@ -5,12 +5,19 @@
             ...
 
 Protobuf stays at this edge (`rlboost.wire.rollout_proto`); callers see `rlboost.wire.rollout_io` types.
+
+With `reattach_s`, a manager lost mid-step (UNAVAILABLE: it was killed, restarted or is shutting down) does not
+fail the step: the client waits up to `reattach_s` for a manager on the same address and makes the call again
+with the ids of the trajectories it already received, so the new manager rolls out only the rest (adopting the
+tokens its workers kept) and nothing is delivered twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -25,8 +32,11 @@ from rlboost.wire.rollout_proto import (
     status_from_pb,
     trajectory_from_pb,
 )
+from trainer import metrics
 
 log = logging.getLogger(__name__)
+# Re-attaching: pauses between calls (the new manager may still be starting, or ending the old call).
+FIRST_PAUSE_S, MAX_PAUSE_S = 0.1, 2.0
 
 
 class RolloutError(RuntimeError):
@@ -73,8 +83,33 @@ class RolloutClient:
         except TimeoutError:
             raise RolloutError(f"rollout-manager at {self.target} not reachable after {timeout:.0f}s") from None
 
-    async def rollout(self, request: RolloutRequest) -> AsyncIterator[Trajectory]:
-        """Ask for a step's rollouts; yield each finished trajectory as it streams in."""
+    async def rollout(self, request: RolloutRequest, reattach_s: float = 0.0) -> AsyncIterator[Trajectory]:
+        """Ask for a step's rollouts; yield each finished trajectory as it streams in. `reattach_s` > 0: when the
+        manager is lost mid-step, wait up to that long for it and re-attach (module docstring)."""
+        received = list(request.received_request_ids)
+        pause, lost_at = FIRST_PAUSE_S, None  # lost_at: when the manager was lost (None: no loss since progress)
+        while True:
+            call_request = dataclasses.replace(request, received_request_ids=list(received))
+            try:
+                async for traj in self._call(call_request):
+                    received.append(traj.request_id)
+                    pause, lost_at = FIRST_PAUSE_S, None  # progress: the next loss starts afresh
+                    yield traj
+                return
+            except RolloutError as err:
+                now, again = time.monotonic(), lost_at is not None
+                lost_at = lost_at if again else now
+                if reattach_s <= 0 or not _may_reattach(err, again) or now + pause > lost_at + reattach_s:
+                    raise
+                metrics.ROLLOUT_REATTACHES.inc()
+                log.warning("rollout-manager lost mid-step: re-attaching", extra={
+                    "step": request.step, "received": len(received), "error": str(err), "in_s": pause})  # fmt: skip
+            await asyncio.sleep(pause)  # back-off between calls, not synchronisation
+            pause = min(pause * 2, MAX_PAUSE_S)
+            await self.wait_ready(max(0.1, lost_at + reattach_s - time.monotonic()))
+
+    async def _call(self, request: RolloutRequest) -> AsyncIterator[Trajectory]:
+        """One Rollout call."""
         assert self._stub is not None, "use `async with RolloutClient(...)`"
         call = self._stub.Rollout(rollout_request_to_pb(request), wait_for_ready=True)
         try:
@@ -98,3 +133,8 @@ class RolloutClient:
         except grpc.aio.AioRpcError as err:
             log.debug("manager status unavailable", extra={"error": err.code().name})
             return None
+
+
+def _may_reattach(err: RolloutError, again: bool) -> bool:
+    """The manager went away (UNAVAILABLE), or, `again` after a loss, still ends our previous call (ALREADY_EXISTS)."""
+    return err.code == grpc.StatusCode.UNAVAILABLE or (again and err.step_in_progress)

@@ -1,0 +1,44 @@
+"""The worker's held responses (pure): what a re-registration reports after the stream broke."""
+
+from __future__ import annotations
+
+from rlboost.wire.rollout_io import Assignment, SamplingParams
+from rollout_worker.held import HeldResponses
+
+
+def _assignment(rid: str, generated: list[int], prior_logprobs: list[float] | None = None) -> Assignment:
+    logprobs = [-1.0] * len(generated) if prior_logprobs is None else prior_logprobs
+    return Assignment(rid, 1, [7, 7, *generated], 2, SamplingParams(max_new_tokens=9), 3, logprobs)
+
+
+def test_paused_and_recently_finished_are_reported_with_the_whole_response():
+    held = HeldResponses(capacity=2, keep_finished_s=10.0)
+    paused, done, revoked = _assignment("p", [1]), _assignment("d", []), _assignment("r", [])
+    for a in (paused, done, revoked):
+        held.start(a)
+        held.add(a, [4, 5], [-0.1, -0.2])
+    held.end(done, finished=True, reason="stop", lost=False, now=1.0)
+    held.end(revoked, finished=False, reason="abort", lost=False, now=1.0)  # handed back: forgotten
+    held.end(paused, finished=False, reason="abort", lost=True, now=2.0)
+    p, d = held.report(now=3.0)
+    assert (p.request_id, p.prompt_ids, p.token_ids, p.logprobs, p.finished) == ("p", [7, 7], [1, 4, 5],
+                                                                                 [-1.0, -0.1, -0.2], False)  # fmt: skip
+    assert (d.request_id, d.token_ids, d.finished, d.finish_reason, d.weight_version) == ("d", [4, 5], True, "stop", 3)
+    assert [h.request_id for h in held.report(now=20.0)] == ["p"]  # finished ones are kept keep_finished_s
+    held.clear()
+    assert held.report(now=20.0) == [] and len(held) == 0
+
+
+def test_unknown_prior_logprobs_are_not_reported_and_a_newer_lease_replaces_the_old():
+    held = HeldResponses(capacity=1)
+    a = _assignment("x", [1, 2], prior_logprobs=[])
+    held.start(a)
+    held.end(a, finished=False, reason="abort", lost=True, now=0.0)
+    assert held.report(now=0.0) == []  # its earlier tokens' log-probs are unknown: the manager starts it afresh
+    old, new = _assignment("y", []), _assignment("y", [3])
+    held.start(old)
+    held.start(new)
+    held.add(old, [8], [-0.3])  # the old lease's late token is not the new one's
+    held.end(old, finished=False, reason="abort", lost=False, now=0.0)
+    held.end(new, finished=False, reason="abort", lost=True, now=0.0)
+    assert [h.token_ids for h in held.report(now=0.0)] == [[3]]
