@@ -1,6 +1,10 @@
 """Rollout-manager ingest benchmark: N simulated workers streaming token chunks into a real manager.
 
-    .venv/bin/python bench/manager_bench.py [--workers 1000] [--seconds 20] [--json] [--procs 1]
+    .venv/bin/python bench/manager_bench.py [--workers 1000] [--seconds 20] [--json [OUT]] [--procs 1]
+
+`--json OUT` writes the report (issue 16's interface: "workers", "tokens_per_s", "manager_cpu_us_per_token",
+"assign_latency_p50_s", "assign_latency_p99_s", then the details) and prints the table; `--json` alone prints
+the JSON instead of the table.
 
 What runs (all on loopback, all real gRPC with the generated stubs):
 - the manager: `python -m rollout_manager` as its own process (so it has its own core, as in production);
@@ -21,7 +25,8 @@ Figures, over a window of `--seconds` after `--warmup` seconds:
   read, i.e. how long a GPU slot sits idle while work is pending;
 - the manager's own histogram (pending -> assignment decision); since the bench oversubscribes the
   workers on purpose, it mostly measures time spent queued behind busy workers, and is reported as such;
-- CPU seconds of the manager process (/proc via psutil) and the 1-minute load average during the run.
+- CPU seconds of the manager process (utime + stime from /proc/<pid>/stat: its own CPU, whatever else runs on
+  the machine) and the 1-minute load average during the run; CPU per ingested token is the headline figure.
 
 The load generators share the machine with the manager, so on a small box the figures are a lower
 bound on what the manager alone can do (the report says how busy the machine was).
@@ -43,6 +48,7 @@ import sys
 import tempfile
 import time
 import zlib
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -99,6 +105,9 @@ class SimWorker:
         first = await self.call.read()
         if first.WhichOneof("body") != "registered":
             raise RuntimeError(f"{self.wid}: expected registered, got {first}")
+        self.packed = (
+            first.registered.packed_tokens
+        )  # send tokens packed, like a real worker, if the manager reads them
         reader = asyncio.create_task(self._read())
         try:
             await self._generate(stop)
@@ -134,6 +143,9 @@ class SimWorker:
         period = cfg.chunk_ms / 1000
         tokens = list(range(1000, 1000 + cfg.chunk_tokens))
         logprobs = [-0.5] * cfg.chunk_tokens
+        if self.packed:  # the same values, as the bytes a real worker's chunk_to_pb(c, packed=True) makes
+            tokens = [array("i", tokens[:n]).tobytes() for n in range(cfg.chunk_tokens + 1)]
+            logprobs = [array("f", logprobs[:n]).tobytes() for n in range(cfg.chunk_tokens + 1)]
         beat_every = max(1, cfg.heartbeat_ms // cfg.chunk_ms)
         next_at = time.monotonic() + random.random() * period  # spread the workers over the period
         tick = 0
@@ -155,7 +167,7 @@ class SimWorker:
                 hb = pb.Heartbeat(weight_version=0, running=len(self.running))
                 await self.call.write(pb.WorkerMessage(heartbeat=hb))
 
-    def _chunks(self, pb, tokens: list[int], logprobs: list[float]) -> tuple[list, int, int]:
+    def _chunks(self, pb, tokens: list, logprobs: list) -> tuple[list, int, int]:
         """One chunk per running request (plus abort flushes); returns (chunks, tokens, requests finished)."""
         out, n_tokens, n_done = [], 0, 0
         for rid in self.aborts:
@@ -164,19 +176,21 @@ class SimWorker:
                 out.append(pb.TokenChunk(request_id=rid, lease_epoch=st[0], offset=st[1], finish_reason="abort"))
         self.aborts.clear()
         for rid, st in list(self.running.items()):
-            n = min(len(tokens), st[2] - st[1])
+            n = min(self.cfg.chunk_tokens, st[2] - st[1])
             done = st[1] + n >= st[2]
-            out.append(
-                pb.TokenChunk(
-                    request_id=rid,
-                    lease_epoch=st[0],
-                    offset=st[1],
-                    token_ids=tokens[:n],
-                    logprobs=logprobs[:n],
-                    finished=done,
-                    finish_reason=("length" if st[2] >= self.cfg.max_new_tokens else "stop") if done else "",
-                )
+            chunk = pb.TokenChunk(
+                request_id=rid,
+                lease_epoch=st[0],
+                offset=st[1],
+                finished=done,
+                finish_reason=("length" if st[2] >= self.cfg.max_new_tokens else "stop") if done else "",
             )
+            if self.packed:  # prebuilt bytes per length
+                chunk.token_ids_packed, chunk.logprobs_packed = tokens[n], logprobs[n]
+            else:
+                chunk.token_ids.extend(tokens[:n])
+                chunk.logprobs.extend(logprobs[:n])
+            out.append(chunk)
             st[1] += n
             n_tokens += n
             if done:
@@ -236,11 +250,14 @@ class TrainerStats:
     steps_done: int = 0
 
 
-async def _trainer(target: str, per_step: int, max_in_flight: int, max_new: int, stats: TrainerStats) -> None:
+async def _trainer(
+    target: str, per_step: int, slots: int, max_in_flight: int, max_new: int, stats: TrainerStats
+) -> None:
     """Keep the manager's queue fed: open another Rollout step whenever fewer than `per_step` requests wait.
 
-    Steps are opened on the queue depth rather than on delivery, so that a trainer stream that falls behind
-    (see the report's "manager finished" vs "trajectories to trainer") does not starve the workers too.
+    What waits is known here without asking the manager (a GetStatus at 1,000 workers costs the manager more
+    than the ingest it would measure): requests opened - trajectories received - worker slots. Steps are opened
+    on that rather than on whole steps delivered, so a trainer stream that falls behind does not starve the workers.
     """
     import grpc
 
@@ -253,10 +270,14 @@ async def _trainer(target: str, per_step: int, max_in_flight: int, max_new: int,
         stub = pb_grpc.RolloutManagerStub(ch)
 
         async def one_step(step: int) -> None:
-            req = pb.RolloutRequest(step=step, weight_version=0, group_size=1, prompts=prompts, sampling=sampling)
+            req = pb.RolloutRequest(
+                step=step, weight_version=0, group_size=1, prompts=prompts, sampling=sampling, packed_trajectories=True
+            )  # packed, as the trainer's rollout client asks (an older manager sends them repeated)
             async for batch in stub.Rollout(req):
                 now = time.monotonic()
-                stats.trajectories.extend((now, len(t.response_ids)) for t in batch.trajectories)
+                stats.trajectories.extend(
+                    (now, len(t.response_ids) or len(t.response_ids_packed) // 4) for t in batch.trajectories
+                )
             stats.steps_done += 1
 
         running: set[asyncio.Task] = set()
@@ -269,10 +290,9 @@ async def _trainer(target: str, per_step: int, max_in_flight: int, max_new: int,
             running.add(asyncio.create_task(one_step(step)))
             if step < initial_steps:
                 continue  # the first steps fill every slot at once (the initial-fill figure)
-            # the step just opened is queued once its requests show up as pending; then wait for the queue to drain
-            await asyncio.sleep(0.1)  # polling a remote queue depth: nothing to await on
-            while (await _pending(target)) >= per_step:
-                await asyncio.sleep(0.1)
+            opened = (step + 1) * per_step
+            while opened - len(stats.trajectories) - slots >= per_step:
+                await asyncio.sleep(0.05)  # waiting for trajectories that arrive on other tasks
 
 
 # ---- manager process and its metrics ----------------------------------------------------------------
@@ -289,7 +309,13 @@ def _start_manager(port: int, metrics_port: int, args, tmp: Path) -> subprocess.
     )
     cmd = [sys.executable, "-m", "rollout_manager", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--metrics-port", str(metrics_port), "--nats-url", "", "--config", str(cfg), "--log-level", "WARNING"]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp / "manager.log", "w"))  # noqa: SIM115
+    env = dict(os.environ)
+    if args.manager_tree:  # another checkout's manager (a baseline), against this checkout's load generator
+        tree = Path(args.manager_tree).resolve()
+        paths = [str(tree), str(tree / "services" / "rollout-manager"), env.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    log = open(tmp / "manager.log", "w")  # noqa: SIM115 (the manager writes it until it exits)
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env)
 
 
 def _scrape(metrics_port: int) -> dict[str, float]:
@@ -304,6 +330,14 @@ def _scrape(metrics_port: int) -> dict[str, float]:
             key = s.name + (f"|{s.labels['le']}" if "le" in s.labels else "")
             out[key] = out.get(key, 0.0) + s.value
     return out
+
+
+def _proc_cpu(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds the process has used, from /proc/<pid>/stat (its threads included)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick  # utime, stime (fields 14 and 15 of proc(5))
 
 
 def _hist_quantiles(before: dict[str, float], after: dict[str, float], name: str, qs: tuple[float, ...]) -> dict:
@@ -365,26 +399,24 @@ async def _pending(target: str) -> int:
 
 
 async def _measure(args, target: str, metrics_port: int, manager_pid: int, stop_evt) -> dict:
-    import psutil
-
-    proc = psutil.Process(manager_pid)
     await _wait_registered(target, args.workers, timeout=60 + args.workers / 20)
     slots = args.workers * args.capacity
     stats = TrainerStats()
     t_rollout = time.monotonic()
     trainer = asyncio.create_task(
-        _trainer(target, max(1, slots // 4), args.max_steps_in_flight, args.max_new_tokens, stats)
+        _trainer(target, max(1, slots // 4), slots, args.max_steps_in_flight, args.max_new_tokens, stats)
     )
     await asyncio.sleep(args.warmup)  # let the first fill and the first finishes settle
-    m0, cpu0, t0 = _scrape(metrics_port), proc.cpu_times(), time.monotonic()
+    m0, cpu0, t0 = _scrape(metrics_port), _proc_cpu(manager_pid), time.monotonic()
     loads, pending = [os.getloadavg()[0]], []
     while time.monotonic() - t0 < args.seconds:
         await asyncio.sleep(min(1.0, args.seconds - (time.monotonic() - t0)))
         loads.append(os.getloadavg()[0])
-        pending.append(await _pending(target))
+        if len(loads) % 5 == 0:  # sparse: a GetStatus of 1,000 workers costs the manager CPU we are measuring
+            pending.append(await _pending(target))
         if trainer.done():
             trainer.result()  # surface the trainer's failure
-    m1, cpu1, t1 = _scrape(metrics_port), proc.cpu_times(), time.monotonic()
+    m1, cpu1, t1 = _scrape(metrics_port), _proc_cpu(manager_pid), time.monotonic()
     trainer.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await trainer
@@ -395,8 +427,8 @@ async def _measure(args, target: str, metrics_port: int, manager_pid: int, stop_
         "t1": t1,
         "m0": m0,
         "m1": m1,
-        "cpu": (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
-        "cpu_system": cpu1.system - cpu0.system,
+        "cpu": sum(cpu1) - sum(cpu0),
+        "cpu_system": cpu1[1] - cpu0[1],
         "loads": loads,
         "pending": pending,
         "stats": stats,
@@ -460,6 +492,12 @@ def _report(args, m: dict, results: list[LoadResult], manager_log: str) -> dict:
     hist = _hist_quantiles(m0, m1, "rlboost_manager_assignment_latency_seconds", (0.5, 0.99))
     assigned = m1.get("rlboost_manager_assignments_total", 0) - m0.get("rlboost_manager_assignments_total", 0)
     return {
+        # the interface other tools read (issue 16): assignment latency = slot refill, seen by the workers
+        "workers": args.workers,
+        "tokens_per_s": ingested / dur,
+        "manager_cpu_us_per_token": m["cpu"] / ingested * 1e6 if ingested else None,
+        "assign_latency_p50_s": _pct(refills, 0.5),
+        "assign_latency_p99_s": _pct(refills, 0.99),
         "machine": {
             "host": platform.node(),
             "cpus": os.cpu_count(),
@@ -526,7 +564,11 @@ def _print_table(r: dict) -> None:
     t.add_column("value", justify="right")
     t.add_column("note")
     rl, h, la = r["refill_latency_ms"], r["manager_histogram_ms"], r["loadavg_1m"]
-    t.add_row("ingest (manager counter)", f"{r['ingest_tokens_per_s'] / 1e6:.3f} M tok/s", "goal >= 2 M tok/s")
+    t.add_row("ingest (manager counter)", f"{r['ingest_tokens_per_s'] / 1e6:.3f} M tok/s", "")
+    per_token = r["manager_cpu_us_per_token"]
+    t.add_row(
+        "manager CPU per token", f"{per_token:.3f} us" if per_token else "-", "goal <= 0.5 us (2 M tok/s per core)"
+    )
     t.add_row(
         "offered / written by loadgen",
         f"{c['offered_tokens_per_s'] / 1e6:.2f} / {r['sent_tokens_per_s'] / 1e6:.3f} M tok/s",
@@ -585,7 +627,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps-in-flight", type=int, default=64, help="most Rollout calls open at once")
     p.add_argument("--heartbeat-ms", type=int, default=500, help="worker heartbeat period")
     p.add_argument("--lease-timeout-ms", type=int, default=10000, help="manager lease timeout")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument(
+        "--manager-tree",
+        default="",
+        help="run the manager from this checkout (e.g. a baseline commit's `git archive`); default: this one",
+    )
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="OUT",
+        help="write one JSON object to OUT (no OUT or '-': print it) instead of printing a table",
+    )
     return p
 
 
@@ -596,8 +649,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"manager_bench: --{name.replace('_', '-')} must be > 0", file=sys.stderr)
             return 2
     report = run(args)
-    if args.json:
+    if args.json == "-":
         print(json.dumps(report, indent=2))
+    elif args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        _print_table(report)
     else:
         _print_table(report)
     return 0

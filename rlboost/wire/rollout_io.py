@@ -66,12 +66,22 @@ class TokenChunk:
     request_id: str
     lease_epoch: int
     offset: int  # index in the response of token_ids[0]
-    token_ids: list[int]
-    logprobs: list[float]  # one per token
+    token_ids: list[int]  # an array('i') when it came packed (rollout_proto.chunks_from_pb): same reads
+    logprobs: list[float]  # one per token; an array('f') when it came packed
     finished: bool = False
     finish_reason: str = ""  # "stop" | "length" | "abort"
     error: str = ""  # the request failed on the worker by itself (last chunk, "abort"): the cause, one line
     invalid_input: bool = False  # with `error`: its input is refused (every worker of this model would refuse it)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBounds:
+    """Extremes over every token of one ChunkBatch, computed once for the whole batch (vectorised), so the
+    manager checks a batch's tokens against its bounds without a pass over each chunk."""
+
+    max_token_id: int
+    min_logprob: float
+    max_logprob: float
 
 
 @dataclass

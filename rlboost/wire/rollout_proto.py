@@ -6,7 +6,11 @@ Only services' transport code imports this; their logic works on `rollout_io` ty
 from __future__ import annotations
 
 import math
+import sys
+from array import array
 from collections.abc import Sequence
+
+import numpy as np
 
 from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.spec import MAX_WORKER_CAPACITY
@@ -18,6 +22,7 @@ from rlboost.wire.rollout_io import (
     PromptItem,
     RolloutRequest,
     SamplingParams,
+    TokenBounds,
     TokenChunk,
     Trajectory,
     WorkerRegistration,
@@ -45,6 +50,31 @@ def grpc_message_options(max_bytes: int = GRPC_MAX_MESSAGE_BYTES) -> list[tuple[
 
 class WireError(ValueError):
     """A protobuf message that does not make a valid domain object; the message says which field."""
+
+
+# Packed token fields (TokenChunk.*_packed, Trajectory.*_packed): int32 / float32, little-endian, 4 bytes each.
+_NATIVE_LE = sys.byteorder == "little"
+_min, _max = np.minimum.reduce, np.maximum.reduce
+
+
+def pack(values: Sequence[int] | Sequence[float], typecode: str) -> bytes:
+    """`values` as packed little-endian 4-byte values ('i': int32, 'f': float32); one C loop, no per-value object."""
+    packed = values if isinstance(values, array) and values.typecode == typecode else array(typecode, values)
+    if not _NATIVE_LE:
+        packed = array(typecode, packed)
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def unpack(data: bytes, typecode: str, what: str) -> array:
+    """Packed little-endian 4-byte values as an array ('i' or 'f'); WireError naming `what` if not whole values."""
+    if len(data) % 4:
+        raise WireError(f"{what}: {len(data)} bytes is not a whole number of 4-byte values")
+    out = array(typecode)
+    out.frombytes(data)
+    if not _NATIVE_LE:
+        out.byteswap()
+    return out
 
 
 def pool_to_pb(pool: Pool) -> int:
@@ -197,23 +227,38 @@ def held_from_pb(m: pb.Register) -> list[HeldResponse]:
     return out
 
 
-def chunk_to_pb(c: TokenChunk) -> pb.TokenChunk:
-    return pb.TokenChunk(
+def chunk_to_pb(c: TokenChunk, packed: bool = False) -> pb.TokenChunk:
+    """`packed`: tokens in the *_packed fields (the manager's Registered.packed_tokens says it reads them)."""
+    m = pb.TokenChunk(
         request_id=c.request_id,
         lease_epoch=c.lease_epoch,
         offset=c.offset,
-        token_ids=c.token_ids,
-        logprobs=c.logprobs,
         finished=c.finished,
         finish_reason=c.finish_reason,
         error=c.error,
         invalid_input=c.invalid_input,
     )
+    _put_tokens(m, "token_ids", c.token_ids, c.logprobs, packed)
+    return m
+
+
+def _put_tokens(m, ids_field: str, token_ids: Sequence[int], logprobs: Sequence[float], packed: bool) -> None:
+    """A TokenChunk's or Trajectory's tokens: `<ids_field>_packed` and `logprobs_packed`, or the repeated fields."""
+    if packed:
+        setattr(m, f"{ids_field}_packed", pack(token_ids, "i"))
+        m.logprobs_packed = pack(logprobs, "f")
+    else:
+        getattr(m, ids_field).extend(token_ids)
+        m.logprobs.extend(logprobs)
 
 
 def chunk_from_pb(m: pb.TokenChunk) -> TokenChunk:
-    # the manager's hot path (one call per chunk): each field read once; `[:]` copies a repeated field
-    # into a list about twice as fast as list() with upb
+    """One chunk, its tokens repeated or packed, checked alone (the manager's batches go through chunks_from_pb)."""
+    if m.token_ids_packed or m.logprobs_packed:
+        chunk = _packed_chunk(m, m.token_ids_packed, m.logprobs_packed)
+        _check_bounds(chunk.token_ids, chunk.logprobs)
+        return chunk
+    # `[:]` copies a repeated field into a list about twice as fast as list() with upb
     token_ids, logprobs, offset = m.token_ids[:], m.logprobs[:], m.offset
     if len(logprobs) != len(token_ids):
         raise WireError(f"chunk.logprobs: {len(logprobs)} values for {len(token_ids)} tokens")
@@ -222,10 +267,68 @@ def chunk_from_pb(m: pb.TokenChunk) -> TokenChunk:
     _no_negative_ids(token_ids, "chunk.token_ids")
     if not math.isfinite(sum(logprobs)):  # one sum in C: NaN or an infinity anywhere makes it non-finite
         raise WireError("chunk.logprobs: every log-probability must be finite")
+    return _chunk(m, offset, token_ids, logprobs)
+
+
+def chunks_from_pb(batch: pb.ChunkBatch) -> tuple[list[TokenChunk], TokenBounds | None]:
+    """A worker's ChunkBatch, the manager's hot path: packed chunks become arrays (one copy each) and are checked
+    together, with four numpy reductions over the batch's joined bytes instead of passes over every chunk.
+    Also returns the batch's TokenBounds for the manager's own checks; None if any chunk came unpacked (an older
+    worker: each is then checked alone, as chunk_from_pb does)."""
+    chunks: list[TokenChunk] = []
+    ids_parts: list[bytes] = []
+    logprob_parts: list[bytes] = []
+    unpacked = False
+    for m in batch.chunks:
+        ids_packed, logprobs_packed = m.token_ids_packed, m.logprobs_packed  # each upb read costs: read once
+        if ids_packed or logprobs_packed:
+            chunks.append(_packed_chunk(m, ids_packed, logprobs_packed))
+            ids_parts.append(ids_packed)
+            logprob_parts.append(logprobs_packed)
+        else:
+            chunk = chunk_from_pb(m)
+            unpacked = unpacked or bool(chunk.token_ids)
+            chunks.append(chunk)
+    if not ids_parts:
+        return chunks, None if unpacked else TokenBounds(-1, 0.0, 0.0)
+    ids = np.frombuffer(b"".join(ids_parts), "<i4")
+    logprobs = np.frombuffer(b"".join(logprob_parts), "<f4")
+    bounds = _check_bounds(ids, logprobs)
+    return chunks, None if unpacked else bounds
+
+
+def _packed_chunk(m: pb.TokenChunk, ids_packed: bytes, logprobs_packed: bytes) -> TokenChunk:
+    """A chunk whose tokens came packed; its repeated token_ids/logprobs, if any, are ignored (as an older reader
+    ignores the packed ones)."""
+    token_ids = unpack(ids_packed, "i", "chunk.token_ids_packed")
+    logprobs = unpack(logprobs_packed, "f", "chunk.logprobs_packed")
+    if len(logprobs) != len(token_ids):
+        raise WireError(f"chunk.logprobs_packed: {len(logprobs)} values for {len(token_ids)} tokens")
+    offset = m.offset
+    if offset < 0:
+        raise WireError(f"chunk.offset: must be >= 0, got {offset}")
+    return _chunk(m, offset, token_ids, logprobs)
+
+
+def _chunk(m: pb.TokenChunk, offset: int, token_ids, logprobs) -> TokenChunk:
     chunk = TokenChunk(m.request_id, m.lease_epoch, offset, token_ids, logprobs, m.finished, m.finish_reason)
     if m.finish_reason == "abort":  # only a last, aborted chunk carries an error: no extra reads on the hot path
         chunk.error, chunk.invalid_input = m.error, m.invalid_input
     return chunk
+
+
+def _check_bounds(token_ids, logprobs) -> TokenBounds:
+    """Token ids >= 0 and finite log-probs (NaN propagates through numpy's min/max), else WireError."""
+    if not len(token_ids):
+        return TokenBounds(-1, 0.0, 0.0)
+    ids, lps = np.asarray(token_ids), np.asarray(logprobs)  # arrays: no copy
+    low = int(_min(ids))  # the ufuncs themselves: ndarray.min() adds a Python-level wrapper per call
+    if low < 0:
+        raise WireError(f"chunk.token_ids: token ids must be >= 0, got {low}")
+    lp_min, lp_max = float(_min(lps)), float(_max(lps))
+    if not (math.isfinite(lp_min) and math.isfinite(lp_max)):
+        raise WireError("chunk.logprobs: every log-probability must be finite")
+    return TokenBounds(int(_max(ids)), lp_min, lp_max)
 
 
 def rollout_request_to_pb(r: RolloutRequest) -> pb.RolloutRequest:
@@ -237,6 +340,7 @@ def rollout_request_to_pb(r: RolloutRequest) -> pb.RolloutRequest:
         prompts=[pb.Prompt(prompt_index=p.prompt_index, token_ids=p.token_ids) for p in r.prompts],
         vocab_size=r.vocab_size,
         received_request_ids=r.received_request_ids,
+        packed_trajectories=True,  # read by trajectory_from_pb, which takes either form
     )
 
 
@@ -260,30 +364,36 @@ def rollout_request_from_pb(m: pb.RolloutRequest) -> RolloutRequest:
     )
 
 
-def trajectory_to_pb(t: Trajectory) -> pb.Trajectory:
-    return pb.Trajectory(
+def trajectory_to_pb(t: Trajectory, packed: bool = False) -> pb.Trajectory:
+    """`packed`: response tokens in the *_packed fields (the RolloutRequest asked for packed_trajectories)."""
+    m = pb.Trajectory(
         request_id=t.request_id,
         step=t.step,
         prompt_index=t.prompt_index,
         sample_index=t.sample_index,
         prompt_ids=t.prompt_ids,
-        response_ids=t.response_ids,
-        logprobs=t.logprobs,
         finish_reason=t.finish_reason,
         weight_version=t.weight_version,
         workers=t.workers,
     )
+    _put_tokens(m, "response_ids", t.response_ids, t.logprobs, packed)
+    return m
 
 
 def trajectory_from_pb(m: pb.Trajectory) -> Trajectory:
+    if m.response_ids_packed or m.logprobs_packed:
+        response_ids = unpack(m.response_ids_packed, "i", "trajectory.response_ids_packed").tolist()
+        logprobs = unpack(m.logprobs_packed, "f", "trajectory.logprobs_packed").tolist()
+    else:
+        response_ids, logprobs = list(m.response_ids), list(m.logprobs)
     return Trajectory(
         request_id=m.request_id,
         step=m.step,
         prompt_index=m.prompt_index,
         sample_index=m.sample_index,
         prompt_ids=list(m.prompt_ids),
-        response_ids=list(m.response_ids),
-        logprobs=list(m.logprobs),
+        response_ids=response_ids,
+        logprobs=logprobs,
         finish_reason=m.finish_reason,
         weight_version=m.weight_version,
         workers=list(m.workers),

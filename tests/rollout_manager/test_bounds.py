@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from array import array
 
 import grpc
 import pytest
@@ -26,8 +27,16 @@ from .test_server import metric
 VOCAB = 1000
 
 
-def _send(w: WorkerClient, rid: str, epoch: int, offset: int, tokens: list[int], logprobs: list[float], **kw) -> None:
-    c = pb.TokenChunk(request_id=rid, lease_epoch=epoch, offset=offset, token_ids=tokens, logprobs=logprobs, **kw)
+def _send(
+    w: WorkerClient, rid: str, epoch: int, offset: int, tokens: list[int], logprobs: list[float], packed=False, **kw
+) -> None:
+    """`packed`: the tokens in TokenChunk.*_packed (int32 / float32 little-endian), as a current worker sends them."""
+    c = pb.TokenChunk(request_id=rid, lease_epoch=epoch, offset=offset, **kw)
+    if packed:
+        c.token_ids_packed, c.logprobs_packed = array("i", tokens).tobytes(), array("f", logprobs).tobytes()
+    else:
+        c.token_ids.extend(tokens)
+        c.logprobs.extend(logprobs)
     w.send(pb.WorkerMessage(chunks=pb.ChunkBatch(chunks=[c])))
 
 
@@ -74,14 +83,15 @@ async def make_manager():
         ([1, 2, 3], [-0.1, -1e30, -0.1], "logprob"),
     ],
 )
-async def test_forged_output_is_refused_and_the_request_continues_elsewhere(manager, tokens, logprobs, problem):
+@pytest.mark.parametrize("packed", [False, True], ids=["repeated", "packed"])
+async def test_forged_output_is_refused_and_the_request_continues_elsewhere(manager, tokens, logprobs, problem, packed):
     forged = await WorkerClient(manager.target, "forged", capacity=1).connect()
     rollout = asyncio.create_task(collect_rollout(manager.target, _request(max_new_tokens=4)))
     a1 = (await forged.expect("assign")).assign.assignments[0]
     honest = await WorkerClient(manager.target, "honest", capacity=1).connect()  # idle: the request's next worker
     _send(forged, a1.request_id, a1.lease_epoch, 0, [7], [-0.5])  # a good token first: kept
     refused = metric("rlboost_manager_rejected_chunks_total", reason=problem)
-    _send(forged, a1.request_id, a1.lease_epoch, 1, tokens, logprobs, finished=True, finish_reason="stop")
+    _send(forged, a1.request_id, a1.lease_epoch, 1, tokens, logprobs, packed, finished=True, finish_reason="stop")
     revoke = (await forged.expect("revoke")).revoke
     assert list(revoke.request_ids) == [a1.request_id] and revoke.reason == "invalid_output"
     assert metric("rlboost_manager_rejected_chunks_total", reason=problem) == refused + 1

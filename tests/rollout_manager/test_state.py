@@ -58,7 +58,7 @@ def test_stale_epoch_and_foreign_worker_chunks_are_discarded():
     other = "b" if wid == "a" else "a"
     st.on_chunks(other, [_chunk(a.request_id, a.lease_epoch, 1, [2])], 0.1)  # not its lease
     st.on_chunks(wid, [_chunk(a.request_id, a.lease_epoch - 1, 1, [2])], 0.1)  # old epoch
-    assert st.requests[a.request_id].tokens == [1]
+    assert list(st.requests[a.request_id].tokens) == [1]
 
 
 def test_lease_expiry_migrates_with_tokens_and_worker_returns_when_it_speaks():
@@ -88,7 +88,7 @@ def test_migration_with_spent_budget_finishes_without_a_worker():
     st.on_chunks("a", [_chunk(a.request_id, 1, 0, [3, 4])], 0.1)
     st.remove_worker("a", MigrationReason.STREAM_BROKEN, 0.2)
     (traj,) = st.take_delivered()
-    assert traj.response_ids == [3, 4] and traj.finish_reason == "length" and traj.workers == ["a"]
+    assert list(traj.response_ids) == [3, 4] and traj.finish_reason == "length" and traj.workers == ["a"]
 
 
 def test_over_budget_chunk_is_cut_and_finishes():
@@ -98,7 +98,7 @@ def test_over_budget_chunk_is_cut_and_finishes():
     a = st.take_outbox()["a"].assign[0]
     st.on_chunks("a", [_chunk(a.request_id, 1, 0, [3, 4, 5])], 0.1)
     (traj,) = st.take_delivered()
-    assert traj.response_ids == [3, 4] and len(traj.logprobs) == 2
+    assert list(traj.response_ids) == [3, 4] and len(traj.logprobs) == 2
 
 
 def test_drain_by_node_stops_new_work_and_migrates_on_stream_end():
@@ -111,7 +111,7 @@ def test_drain_by_node_stops_new_work_and_migrates_on_stream_end():
     assert st.take_outbox()["a"].drain == "spot-itn"
     st.on_chunks("a", [_chunk(ra, 1, 0, [7])], 0.1)
     assert st.remove_worker("a", MigrationReason.STREAM_BROKEN, 0.2) == 1
-    assert st.pending == 1 and st.requests[ra].tokens == [7]
+    assert st.pending == 1 and list(st.requests[ra].tokens) == [7]
 
 
 def test_cancel_step_drops_pending_and_revokes_running():

@@ -85,7 +85,7 @@ class HeldResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
-    __slots__ = ("request_id", "lease_epoch", "offset", "token_ids", "logprobs", "finished", "finish_reason", "error", "invalid_input")
+    __slots__ = ("request_id", "lease_epoch", "offset", "token_ids", "logprobs", "finished", "finish_reason", "error", "invalid_input", "token_ids_packed", "logprobs_packed")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,8 @@ class TokenChunk(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     INVALID_INPUT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_PACKED_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_PACKED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     lease_epoch: int
     offset: int
@@ -104,7 +106,9 @@ class TokenChunk(_message.Message):
     finish_reason: str
     error: str
     invalid_input: bool
-    def __init__(self, request_id: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., offset: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., error: _Optional[str] = ..., invalid_input: _Optional[bool] = ...) -> None: ...
+    token_ids_packed: bytes
+    logprobs_packed: bytes
+    def __init__(self, request_id: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., offset: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., error: _Optional[str] = ..., invalid_input: _Optional[bool] = ..., token_ids_packed: _Optional[bytes] = ..., logprobs_packed: _Optional[bytes] = ...) -> None: ...
 
 class ChunkBatch(_message.Message):
     __slots__ = ("chunks",)
@@ -153,18 +157,20 @@ class ManagerMessage(_message.Message):
     def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., assign: _Optional[_Union[AssignBatch, _Mapping]] = ..., revoke: _Optional[_Union[Revoke, _Mapping]] = ..., drain: _Optional[_Union[DrainCommand, _Mapping]] = ..., set_weight_version: _Optional[_Union[SetWeightVersion, _Mapping]] = ...) -> None: ...
 
 class Registered(_message.Message):
-    __slots__ = ("heartbeat_interval_ms", "lease_timeout_ms", "chunk_max_tokens", "chunk_max_ms", "session_token")
+    __slots__ = ("heartbeat_interval_ms", "lease_timeout_ms", "chunk_max_tokens", "chunk_max_ms", "session_token", "packed_tokens")
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_MAX_MS_FIELD_NUMBER: _ClassVar[int]
     SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PACKED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval_ms: int
     lease_timeout_ms: int
     chunk_max_tokens: int
     chunk_max_ms: int
     session_token: str
-    def __init__(self, heartbeat_interval_ms: _Optional[int] = ..., lease_timeout_ms: _Optional[int] = ..., chunk_max_tokens: _Optional[int] = ..., chunk_max_ms: _Optional[int] = ..., session_token: _Optional[str] = ...) -> None: ...
+    packed_tokens: bool
+    def __init__(self, heartbeat_interval_ms: _Optional[int] = ..., lease_timeout_ms: _Optional[int] = ..., chunk_max_tokens: _Optional[int] = ..., chunk_max_ms: _Optional[int] = ..., session_token: _Optional[str] = ..., packed_tokens: _Optional[bool] = ...) -> None: ...
 
 class Assignment(_message.Message):
     __slots__ = ("request_id", "lease_epoch", "input_ids", "prompt_len", "sampling", "weight_version", "prior_logprobs")
@@ -219,7 +225,7 @@ class Prompt(_message.Message):
     def __init__(self, prompt_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RolloutRequest(_message.Message):
-    __slots__ = ("step", "weight_version", "prompts", "group_size", "sampling", "vocab_size", "received_request_ids")
+    __slots__ = ("step", "weight_version", "prompts", "group_size", "sampling", "vocab_size", "received_request_ids", "packed_trajectories")
     STEP_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
@@ -227,6 +233,7 @@ class RolloutRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
     step: int
     weight_version: int
     prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
@@ -234,10 +241,11 @@ class RolloutRequest(_message.Message):
     sampling: SamplingParams
     vocab_size: int
     received_request_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, step: _Optional[int] = ..., weight_version: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., group_size: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., vocab_size: _Optional[int] = ..., received_request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    packed_trajectories: bool
+    def __init__(self, step: _Optional[int] = ..., weight_version: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., group_size: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., vocab_size: _Optional[int] = ..., received_request_ids: _Optional[_Iterable[str]] = ..., packed_trajectories: _Optional[bool] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("request_id", "step", "prompt_index", "sample_index", "prompt_ids", "response_ids", "logprobs", "finish_reason", "weight_version", "workers")
+    __slots__ = ("request_id", "step", "prompt_index", "sample_index", "prompt_ids", "response_ids", "logprobs", "finish_reason", "weight_version", "workers", "response_ids_packed", "logprobs_packed")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -248,6 +256,8 @@ class Trajectory(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_IDS_PACKED_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_PACKED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     step: int
     prompt_index: int
@@ -258,7 +268,9 @@ class Trajectory(_message.Message):
     finish_reason: str
     weight_version: int
     workers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_id: _Optional[str] = ..., step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., sample_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., weight_version: _Optional[int] = ..., workers: _Optional[_Iterable[str]] = ...) -> None: ...
+    response_ids_packed: bytes
+    logprobs_packed: bytes
+    def __init__(self, request_id: _Optional[str] = ..., step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., sample_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., weight_version: _Optional[int] = ..., workers: _Optional[_Iterable[str]] = ..., response_ids_packed: _Optional[bytes] = ..., logprobs_packed: _Optional[bytes] = ...) -> None: ...
 
 class TrajectoryBatch(_message.Message):
     __slots__ = ("trajectories",)

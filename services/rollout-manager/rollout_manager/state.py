@@ -20,8 +20,9 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from array import array
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -36,6 +37,7 @@ from rlboost.wire.rollout_io import (
     Pool,
     RolloutRequest,
     SamplingParams,
+    TokenBounds,
     TokenChunk,
     Trajectory,
     WorkerRegistration,
@@ -113,8 +115,10 @@ class Request:
     weight_version: int
     pending_since: float
     vocab_size: int = 0  # token ids must lie below it (0 = unchecked)
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+    # packed (int32, float32), not lists: a chunk's tokens are appended as one copy, not an object per token,
+    # and go to the trainer packed the same way (list(...) gives them as lists)
+    tokens: array = field(default_factory=lambda: array("i"))
+    logprobs: array = field(default_factory=lambda: array("f"))
     phase: Phase = Phase.PENDING
     worker: str | None = None
     lease_epoch: int = 0
@@ -140,6 +144,7 @@ class Worker:
     expired: bool = False  # lease expired; eligible again once it speaks
     tokens_generated: int = 0
     requested_version: int = -1  # last SetWeightVersion sent
+    seq: int = 0  # registration order: scheduling visits workers in it
 
     @property
     def id(self) -> str:
@@ -188,6 +193,11 @@ class ManagerState:
         self.revoke_timeout_s = revoke_timeout_s if revoke_timeout_s is not None else lease_timeout_s
         self.balance_min_excess = balance_min_excess
         self.workers: dict[str, Worker] = {}
+        # Workers with a free slot: a scheduling pass looks at these only, not at every worker (1,000 of them,
+        # nearly all full, with a pass after every finished request). Kept by register/_assign/_release/remove_worker.
+        self._free: dict[str, None] = {}
+        self._worker_versions: Counter[int] = Counter()  # version -> workers holding it (any state)
+        self._registrations = 0
         self.requests: dict[str, Request] = {}
         self._pending: dict[int, deque[str]] = {}  # version -> ids (may hold stale ids; skipped)
         self._pending_count: Counter[int] = Counter()  # version -> exact number pending
@@ -238,7 +248,11 @@ class ManagerState:
         """A worker joined (or re-joined under the same id: its old incarnation's requests migrate)."""
         if reg.worker_id in self.workers:
             self.remove_worker(reg.worker_id, MigrationReason.STREAM_BROKEN, now)
-        self.workers[reg.worker_id] = Worker(reg=reg, version=reg.weight_version, last_seen=now)
+        self._registrations += 1
+        w = Worker(reg=reg, version=reg.weight_version, last_seen=now, seq=self._registrations)
+        self.workers[reg.worker_id] = w
+        self._free[reg.worker_id] = None
+        self._worker_versions[w.version] += 1
         self.dirty = True
 
     def remove_worker(self, worker_id: str, reason: MigrationReason, now: float) -> int:
@@ -253,6 +267,8 @@ class ManagerState:
         held = [self.requests[rid] for rid in w.running]
         for req in held:
             self._migrate(req, reason, now)
+        self._free.pop(worker_id, None)
+        self._worker_versions[w.version] -= 1
         self.dirty = True
         return len(held)
 
@@ -296,6 +312,8 @@ class ManagerState:
 
     def _set_version(self, w: Worker, version: int) -> None:
         if version != w.version:
+            self._worker_versions[w.version] -= 1
+            self._worker_versions[version] += 1
             w.version = version
             self.dirty = True
 
@@ -456,25 +474,39 @@ class ManagerState:
 
     # ---- chunks ------------------------------------------------------------------------------------
 
-    def on_chunks(self, worker_id: str, chunks: list[TokenChunk], now: float) -> None:
+    def on_chunks(
+        self, worker_id: str, chunks: list[TokenChunk], now: float, bounds: TokenBounds | None = None
+    ) -> None:
+        """One worker's batch of chunks. `bounds`: the extremes of every token in the batch (computed once for the
+        batch): when they lie within the bounds no chunk needs its own pass; without them each chunk is checked."""
         w = self._alive(worker_id, now)
         if w is None:
             metrics.STALE_CHUNKS.inc(len(chunks))
             return
+        # the batch's token ids are checked against each request's vocabulary (a comparison per chunk)
+        max_id = (
+            bounds.max_token_id
+            if bounds and MIN_LOGPROB <= bounds.min_logprob <= bounds.max_logprob <= MAX_LOGPROB
+            else None
+        )
         before = self.tokens_received
         for c in chunks:
-            self._on_chunk(w, c, now)
+            self._on_chunk(w, c, now, max_id)
         if n := self.tokens_received - before:  # metrics once per batch: a labelled inc() costs more than a chunk
             pool = w.reg.pool.value
             self._pool_tokens[pool] += n
             _tokens_received(pool).inc(n)
 
-    def _on_chunk(self, w: Worker, c: TokenChunk, now: float) -> None:
+    def _on_chunk(self, w: Worker, c: TokenChunk, now: float, max_id: int | None = None) -> None:
+        """`max_id`: the largest token id of the chunk's batch, whose log-probs are known to be in range (None:
+        unknown, check the chunk alone)."""
         req = self.requests.get(c.request_id)
         if req is None or req.worker != w.id or req.lease_epoch != c.lease_epoch:
             metrics.STALE_CHUNKS.inc()  # a zombie's late chunk, or one of a cancelled request
             return
-        if c.token_ids and (problem := invalid_output(c.token_ids, c.logprobs, req.vocab_size)) is not None:
+        vocab = req.vocab_size
+        in_bounds = max_id is not None and (not vocab or max_id < vocab)
+        if c.token_ids and not in_bounds and (problem := invalid_output(c.token_ids, c.logprobs, vocab)) is not None:
             self._refuse_output(w, req, problem, now)
             return
         # "abort": the worker stopped it (revoke, drain) and sent every token it made; `finished` may be either
@@ -557,9 +589,11 @@ class ManagerState:
         req.phase, req.worker, req.assigned_at, req.tokens_at_assign = Phase.RUNNING, w.id, now, len(req.tokens)
         req.progress_at = now
         w.running.add(req.id)
+        if len(w.running) >= w.reg.capacity:
+            self._free.pop(w.id, None)
         self._pending_count[req.weight_version] -= 1
         self._held_count[req.weight_version] += 1
-        input_ids, prompt_len = continuation(req.prompt, req.tokens)
+        input_ids, prompt_len = continuation(req.prompt, list(req.tokens))
         self._box(w.id).assign.append(
             Assignment(
                 req.id, req.lease_epoch, input_ids, prompt_len, req.sampling, req.weight_version, list(req.logprobs)
@@ -573,6 +607,8 @@ class ManagerState:
         w = self.workers.get(req.worker) if req.worker else None
         if w is not None:
             w.running.discard(req.id)
+            if len(w.running) < w.reg.capacity:
+                self._free[w.id] = None
         self._held_count[req.weight_version] -= 1
         self._revoking.discard(req.id)
         req.worker = None
@@ -748,10 +784,16 @@ class ManagerState:
     # ---- scheduling --------------------------------------------------------------------------------
 
     def schedule(self, now: float) -> int:
-        """Place pending work and move idle workers to newer weight versions. Returns assignments made."""
+        """Place pending work and move idle workers to newer weight versions. Returns assignments made.
+
+        Only workers with a free slot are looked at (a full one can take nothing), so a pass costs
+        O(free workers), not O(workers)."""
         self.dirty = False
+        if not any(c > 0 for c in self._pending_count.values()):
+            return 0  # nothing to place, and no version to move anyone to
+        free = sorted((self.workers[wid] for wid in self._free), key=lambda w: w.seq)
         by_version: dict[int, list[Worker]] = {}
-        for w in self.workers.values():
+        for w in free:
             if self._schedulable(w):
                 by_version.setdefault(w.version, []).append(w)
         made = 0
@@ -759,10 +801,11 @@ class ManagerState:
             if count <= 0 or version not in by_version:
                 continue
             members = {w.id: w for w in by_version[version]}
+            version_workers = functools.cache(functools.partial(self._schedulable_at, version))
             targets = place(count, (WorkerLoad(w.id, len(w.running), w.reg.capacity) for w in members.values()))
             queue = self._pending[version]
             for wid in targets:
-                req = self._pop_pending(queue, wid, len(members))
+                req = self._pop_pending(queue, wid, version_workers)
                 if req is None:
                     if not queue:
                         break
@@ -770,9 +813,13 @@ class ManagerState:
                 self._assign(req, members[wid], now)
                 made += 1
             if self._pending_count[version] > 0 and queue:
-                made += self._fill_free_slots(queue, members.values(), now)
-        self._push_versions(by_version)
+                made += self._fill_free_slots(queue, members.values(), now, version_workers)
+        self._push_versions()
         return made
+
+    def _schedulable_at(self, version: int) -> int:
+        """Schedulable workers holding `version`, busy or not (O(workers): only for requests that failed)."""
+        return sum(1 for w in self.workers.values() if w.version == version and self._schedulable(w))
 
     def _schedulable(self, w: Worker) -> bool:
         return w.eligible and w.reg.pool not in self.offloaded_pools
@@ -793,19 +840,20 @@ class ManagerState:
             if w.reg.pool is pool and self._schedulable(w)
         )
 
-    def _fill_free_slots(self, queue: deque[str], members: Iterable[Worker], now: float) -> int:
+    def _fill_free_slots(
+        self, queue: deque[str], members: Iterable[Worker], now: float, version_workers: Callable[[], int]
+    ) -> int:
         """Requests `place` aimed at a worker they failed on go to any other worker with a free slot."""
-        members = list(members)
         made = 0
         for w in members:
-            while len(w.running) < w.reg.capacity and (req := self._pop_pending(queue, w.id, len(members))):
+            while len(w.running) < w.reg.capacity and (req := self._pop_pending(queue, w.id, version_workers)):
                 self._assign(req, w, now)
                 made += 1
         return made
 
-    def _pop_pending(self, queue: deque[str], worker_id: str, workers: int) -> Request | None:
+    def _pop_pending(self, queue: deque[str], worker_id: str, workers: Callable[[], int]) -> Request | None:
         """The first pending request for `worker_id`, skipping (and keeping in order) those that failed on it
-        while another of the version's `workers` may take them."""
+        while another of the version's `workers()` (counted only then) may take them."""
         skipped: list[str] = []
         found = None
         while queue:
@@ -813,7 +861,7 @@ class ManagerState:
             req = self.requests.get(rid)
             if req is None or req.phase is not Phase.PENDING:
                 continue
-            if worker_id in req.failed_on and len(req.failed_on) < workers:
+            if worker_id in req.failed_on and len(req.failed_on) < workers():
                 skipped.append(rid)
                 continue
             found = req
@@ -821,15 +869,18 @@ class ManagerState:
         queue.extendleft(reversed(skipped))
         return found
 
-    def _push_versions(self, by_version: dict[int, list[Worker]]) -> None:
+    def _push_versions(self) -> None:
         pending = {v for v, c in self._pending_count.items() if c > 0}
         if not pending:
             return
         target = max(pending)
-        if not any(w.version < target and w.requested_version < target for ws in by_version.values() for w in ws):
-            return  # nobody would move (the common case): skip building a view of every worker on each pass
+        if not any(n > 0 and v < target for v, n in self._worker_versions.items()):
+            return  # every worker holds the newest version (the common case): no pass over the workers
+        workers = [w for w in self.workers.values() if self._schedulable(w)]
+        if not any(w.version < target and w.requested_version < target for w in workers):
+            return  # nobody would move: skip building a view of every worker
         busy = pending | {v for v, c in self._held_count.items() if c > 0}
-        views = [VersionView(w.id, w.version, w.requested_version) for ws in by_version.values() for w in ws]
+        views = [VersionView(w.id, w.version, w.requested_version) for w in workers]
         for wid, version in version_moves(views, pending, busy):
             self.workers[wid].requested_version = version
             self._box(wid).set_version = version

@@ -404,7 +404,9 @@ class WorkerSession:
     def _send_due(self, link: _Link, flush_all: bool) -> None:
         chunks: list[TokenChunk] = link.chunker.due(monotonic_ms(), flush_all=flush_all)
         if chunks:
-            link.outbox.put_nowait(pb.WorkerMessage(chunks=pb.ChunkBatch(chunks=[chunk_to_pb(c) for c in chunks])))
+            packed = link.registered.packed_tokens  # the manager reads packed tokens (one bytes copy per chunk)
+            batch = pb.ChunkBatch(chunks=[chunk_to_pb(c, packed) for c in chunks])
+            link.outbox.put_nowait(pb.WorkerMessage(chunks=batch))
             metrics.CHUNKS.inc(len(chunks))
             metrics.BATCHES.inc()
 
