@@ -98,6 +98,10 @@ class StepReport(BaseModel):
     finish_reasons: dict[str, int] = Field(
         default_factory=dict, description="Trajectories per finish reason ('stop', 'length', ...)."
     )
+    prompts_skipped: int = Field(
+        0, ge=0, description="Dataset prompts skipped while taking the step's batch: longer than maxPromptTokens."
+    )
+    data_epoch: int = Field(0, ge=0, description="Epoch of the training data the step's last prompt came from.")
 
 
 def step_gauges() -> dict[str, tuple[str, str]]:
