@@ -46,6 +46,10 @@ def generate(path: Path, rows: int, row_group: int) -> None:
 
 
 def _rss_mib() -> float:
+    """This process's peak RSS (VmHWM: per address space, unlike ru_maxrss, which keeps the forking parent's)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

@@ -142,10 +142,9 @@ class DatasetSpec(SpecModel):
     """A prompt dataset: JSONL / Parquet files or a Hugging Face `datasets` directory, streamed (never loaded whole)."""
 
     train: str = Field(
-        ...,
-        min_length=1,
+        "",
         max_length=4096,
-        description="The training split: a file, a directory (its *.jsonl / *.parquet files, or a "
+        description="'' = no dataset (the built-in task). The training split: a file, a directory (its *.jsonl / *.parquet files, or a "
         "`datasets.save_to_disk` directory), a glob ('data/train-*.parquet'), or a URI: s3://, gs://, "
         "hf://datasets/<owner>/<name>/<files> (a Hugging Face Hub dataset repository). On Kubernetes a local path is "
         "read inside the trainer's pod (e.g. a PVC mounted there).",
@@ -212,14 +211,21 @@ class DatasetSpec(SpecModel):
         max_length=65536,
         description="A system message put before each prompt that has none; '' = none.",
     )
-    enable_thinking: bool | None = Field(
-        None,
-        description="Passed to the chat template as `enable_thinking` (Qwen3-style thinking on/off) where the "
-        "template reads it; null = the template's default.",
+    enable_thinking: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="'on' / 'off': passed to the chat template as enable_thinking=true/false (Qwen3-style thinking) "
+        "where the template reads it; 'auto' = the template's default.",
     )
+
+    @property
+    def thinking(self) -> bool | None:
+        """enable_thinking as the chat template takes it (None: not passed)."""
+        return {"on": True, "off": False}.get(self.enable_thinking)
 
     @model_validator(mode="after")
     def _locations(self) -> DatasetSpec:
+        if self.validation and not self.train:
+            raise SpecFieldError("train", "task.dataset.validation is set but task.dataset.train is not; set both")
         for name in ("train", "validation"):
             value = getattr(self, name)
             if "://" in value and not value.startswith(DATASET_SCHEMES):
@@ -243,10 +249,10 @@ class TaskSpec(SpecModel):
     max_operand: int = Field(5, ge=1, le=10**6, description="Operands are drawn from 0..max_operand.")
     num_prompts: int = Field(400, ge=1, le=10**7, description="Size of the prompt set generated from the seed.")
     seed: int = Field(1234, ge=0, description="Seed of the prompt set and its order (also a dataset's shuffle).")
-    dataset: DatasetSpec | None = Field(
-        None,
+    dataset: DatasetSpec = Field(
+        default_factory=DatasetSpec,
         description="Train on a prompt dataset instead of the built-in task (name, maxOperand and numPrompts are "
-        "then unused); null = the built-in task.",
+        "then unused) when dataset.train is set.",
     )
     reward: str = Field(
         "exact_match",
@@ -267,6 +273,11 @@ class TaskSpec(SpecModel):
     reward_processes: int = Field(
         2, ge=1, le=64, description="Long-lived reward sandbox processes; a step's samples are scored in batches."
     )
+
+    @property
+    def active_dataset(self) -> DatasetSpec | None:
+        """The dataset the job trains on, or None for the built-in task (task.dataset.train unset)."""
+        return self.dataset if self.dataset.train else None
 
     @field_validator("reward")
     @classmethod
@@ -562,7 +573,7 @@ class JobSpec(SpecModel):
                 f"trainer.colocateReserved: one reserved rollout worker shares each trainer rank's accelerators, so "
                 f"rollout.reserved.replicas ({self.rollout.reserved.replicas}) must equal trainer.ranks ({tr.ranks})",
             )
-        data = self.task.dataset
+        data = self.task.active_dataset
         if data is not None and data.max_prompt_tokens > self.rollout.max_prompt_tokens:
             raise SpecFieldError(
                 "task.dataset.maxPromptTokens",

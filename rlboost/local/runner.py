@@ -104,7 +104,7 @@ def ensure_model(spec: JobSpec, plan: LocalPlan, console: Console) -> None:
 
 def with_absolute_dataset_paths(spec: JobSpec) -> JobSpec:
     """task.dataset.train / .validation made absolute (against the current directory) where they are relative."""
-    data = spec.task.dataset
+    data = spec.task.active_dataset
     if data is None:
         return spec
     fixed = {}
@@ -120,7 +120,7 @@ def with_absolute_dataset_paths(spec: JobSpec) -> JobSpec:
 def check_local_dataset(spec: JobSpec, model_dir: Path | None) -> None:
     """The dataset's checks before the first step (rlboost.tasks.dataset.check_dataset), as a LocalRunError;
     with the model directory also through its tokenizer's chat template."""
-    if spec.task.dataset is None:
+    if spec.task.active_dataset is None:
         return
     from rlboost.tasks.dataset import DatasetError, check_dataset
 
@@ -128,7 +128,7 @@ def check_local_dataset(spec: JobSpec, model_dir: Path | None) -> None:
     if model_dir is not None:
         from rlboost.models import encode_prompt, load_tokenizer
 
-        tokenizer, thinking = load_tokenizer(model_dir), spec.task.dataset.enable_thinking
+        tokenizer, thinking = load_tokenizer(model_dir), spec.task.dataset.thinking
 
         def encode(messages: list[dict[str, str]]) -> list[int]:
             return encode_prompt(tokenizer, messages, enable_thinking=thinking)

@@ -160,7 +160,8 @@ class Split:
             return [line for part in parts for line in part]
         import pyarrow as pa
 
-        return pa.concat_tables([p.select(self.columns) for p in parts])
+        # One chunk: Arrow's take over a chunked table costs the whole window per call, over one chunk the rows taken
+        return pa.concat_tables([p.select(self.columns) for p in parts]).combine_chunks()
 
     def close(self) -> None:
         for handle in self._handles.values():
@@ -309,8 +310,8 @@ class DatasetPrompts:
     """A split's prompts in the seeded order, encoded by the chat template, too-long ones skipped and counted."""
 
     def __init__(self, task: TaskSpec, encode: Encoder, split: str = "train") -> None:
-        if task.dataset is None:
-            raise DatasetError("task.dataset is not set")
+        if task.active_dataset is None:
+            raise DatasetError("task.dataset.train is not set")
         self.spec = task.dataset
         if split == "validation" and not self.spec.validation:
             raise DatasetError("task.dataset.validation is not set; point it at the validation split")
@@ -406,6 +407,8 @@ def _answer_text(value: Any) -> str:
 
 def _json_value(value: Any) -> Any:
     """A JSON-safe copy (dates, decimals and bytes from Parquet become text) for the reward sandbox's wire."""
+    if value is None or isinstance(value, str | int | float | bool):  # the common case, without a round trip
+        return value
     return json.loads(json.dumps(value, default=str))
 
 
@@ -427,7 +430,7 @@ class BuiltinPrompts:
 def make_prompts(task: TaskSpec, encode: Encoder) -> BuiltinPrompts | DatasetPrompts:
     """The training prompts of a job: its dataset (task.dataset) or the built-in task. How the trainer asks for a
     step's prompts: `batch = prompts.take(cursor, algorithm.promptsPerStep)`, then `cursor = batch.cursor`."""
-    if task.dataset is None:
+    if task.active_dataset is None:
         return BuiltinPrompts(make_task(task), encode)
     return DatasetPrompts(task, encode)
 
@@ -435,14 +438,13 @@ def make_prompts(task: TaskSpec, encode: Encoder) -> BuiltinPrompts | DatasetPro
 def warmup_task(task: TaskSpec, limit: int = 512) -> Task:
     """The task the tiny model learns its tokenizer and answer format from: the built-in one, or the first
     `limit` rows of the dataset's training split."""
-    if task.dataset is None:
+    if task.active_dataset is None:
         return make_task(task)
     return Task("dataset", examples_head(task, limit), task.seed, task.dataset.system_prompt)
 
 
 def examples_head(task: TaskSpec, limit: int) -> list[Example]:
     """The first `limit` rows of the training split in file order (the tiny model's tokenizer and warm-up)."""
-    assert task.dataset is not None
     split = Split(task.dataset, "train")
     try:
         stream = RowStream(split, task.seed, shuffle=False, window=1, epochs=1)
@@ -454,7 +456,7 @@ def examples_head(task: TaskSpec, limit: int) -> list[Example]:
 def check_dataset(task: TaskSpec, batch: int, encode: Encoder | None = None) -> None:
     """Before the first step: each split opens, has its columns and rows; with `encode`, the first training batch
     (`batch` prompts) fits task.dataset.maxPromptTokens and a validation prompt does. DatasetError otherwise."""
-    if task.dataset is None:
+    if task.active_dataset is None:
         return
     for which in ("train", "validation") if task.dataset.validation else ("train",):
         prompts = DatasetPrompts(task, encode or (lambda m: []), which)

@@ -256,6 +256,6 @@ def test_spec_checks_that_need_no_data() -> None:
         parse_job_spec({"task": {"dataset": {"train": "x.jsonl", "answerField": "prompt"}}})
     with pytest.raises(JobSpecError, match=r"task\.dataset\.maxPromptTokens.*exceeds rollout\.maxPromptTokens"):
         parse_job_spec({"task": {"dataset": {"train": "x.jsonl", "maxPromptTokens": 9000}}})
-    with pytest.raises(JobSpecError, match=r"task\.dataset\.train"):
-        parse_job_spec({"task": {"dataset": {"promptField": "q"}}})
-    assert JobSpec().task.dataset is None  # the built-in task stays the default
+    with pytest.raises(JobSpecError, match=r"task\.dataset\.train: .*set both"):
+        parse_job_spec({"task": {"dataset": {"validation": "v.jsonl"}}})
+    assert JobSpec().task.active_dataset is None  # the built-in task stays the default

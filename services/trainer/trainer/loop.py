@@ -316,7 +316,7 @@ class Trainer:
                             data_cursor=asdict(self.cursor), dataset_rows=self._dataset_rows())  # fmt: skip
 
     def _dataset_rows(self) -> int:
-        return self.prompts.num_rows if self.spec.task.dataset is not None else 0
+        return self.prompts.num_rows if self.spec.task.active_dataset is not None else 0
 
     def _open_prompts(self) -> Any:
         """Rank 0, before the first step: the prompt stream, checked (columns, rows, a first batch that fits
@@ -324,8 +324,8 @@ class Trainer:
         from rlboost.models.tokenizer import chat_template_record, encode_prompt
         from rlboost.tasks.dataset import check_dataset, make_prompts
 
-        data = self.spec.task.dataset
-        thinking, system = (data.enable_thinking, data.system_prompt) if data else (None, "")
+        data = self.spec.task.active_dataset
+        thinking, system = (data.thinking, data.system_prompt) if data else (None, "")
         if data is not None and not isinstance(self.tokenizer.chat_template, str):
             raise DatasetError(
                 "task.dataset: the model's tokenizer has no chat template (tokenizer_config.json chat_template); "
