@@ -259,3 +259,20 @@ def test_spec_checks_that_need_no_data() -> None:
     with pytest.raises(JobSpecError, match=r"task\.dataset\.train: .*set both"):
         parse_job_spec({"task": {"dataset": {"validation": "v.jsonl"}}})
     assert JobSpec().task.active_dataset is None  # the built-in task stays the default
+
+
+def test_the_math_example_loads_and_its_dataset_is_what_the_script_writes(tmp_path, monkeypatch) -> None:
+    import subprocess
+    import sys
+
+    from rlboost.local.runner import with_absolute_dataset_paths
+    from rlboost.spec import load_job_spec
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)  # the example's paths are relative to the repository root
+    spec = with_absolute_dataset_paths(load_job_spec(root / "examples" / "local-math.yaml"))
+    check_dataset(spec.task, spec.algorithm.prompts_per_step, words)
+    assert spec.task.reward == "math_answer" and spec.task.dataset.metadata_fields == ["kind"]
+    subprocess.run([sys.executable, str(root / "scripts" / "make_math_dataset.py"), "--out", str(tmp_path)], check=True)
+    for name in ("math-train.jsonl", "math-validation.jsonl"):
+        assert (tmp_path / name).read_bytes() == (root / "examples" / "data" / name).read_bytes()

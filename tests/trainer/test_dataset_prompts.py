@@ -108,3 +108,19 @@ def test_bad_datasets_are_refused_before_the_first_step(tmp_path, tiny_model_dir
         _trainer(tmp_path, tiny_model_dir, _spec(path, promptField="question"))
     with pytest.raises(DatasetError, match=r"task\.dataset\.validation: .*does not exist"):
         _trainer(tmp_path, tiny_model_dir, _spec(path, validation=str(tmp_path / "missing.jsonl")))
+
+
+def test_enable_thinking_reaches_templates_that_read_it(tiny_model_dir) -> None:
+    from rlboost.models import encode_prompt, load_tokenizer
+    from rlboost.models.tokenizer import chat_template_record
+
+    tok = load_tokenizer(tiny_model_dir)
+    assert not chat_template_record(tok, None, "")["reads_enable_thinking"]
+    # Qwen3's template adds an empty think block when thinking is off; the same clause on the tiny template:
+    tok.chat_template += (
+        "{%- if enable_thinking is defined and not enable_thinking %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    )
+    messages = [{"role": "user", "content": "What is 1+1?"}]
+    off, default = encode_prompt(tok, messages, enable_thinking=False), encode_prompt(tok, messages)
+    assert off[: len(default)] == default and len(off) > len(default) == len(encode_prompt(tok, messages, True))
+    assert chat_template_record(tok, False, "")["reads_enable_thinking"]
