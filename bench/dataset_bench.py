@@ -54,7 +54,15 @@ def _rss_mib() -> float:
 
 
 def measure(path: str, mode: str, window: int, model_dir: str) -> dict:
-    """One measurement in this process: 'open', 'epoch', 'epoch-template' or 'resume'."""
+    """One measurement in this process: 'open', 'epoch', 'epoch-template', 'resume' or 'full-load' (for scale:
+    the whole file read into Python rows at once, as a non-streaming loader would)."""
+    if mode == "full-load":
+        import pyarrow.parquet as pq
+
+        base, t = _rss_mib(), time.perf_counter()
+        rows = pq.read_table(path).to_pylist()
+        return {"mode": mode, "rows": len(rows), "seconds": round(time.perf_counter() - t, 2),
+                "peak_rss_mib": round(_rss_mib(), 1), "rss_before_open_mib": round(base, 1)}  # fmt: skip
     from rlboost.spec import TaskSpec
     from rlboost.tasks.base import Cursor
     from rlboost.tasks.dataset import DatasetPrompts
@@ -117,7 +125,7 @@ def main() -> None:
                           "file_mib": round(path.stat().st_size / 2**20, 1),
                           "seconds": round(time.perf_counter() - t, 1)}))  # fmt: skip
         model_dir = _tiny_model(Path(tmp))
-        for mode in ("open", "resume", "epoch", "epoch-template"):
+        for mode in ("open", "resume", "epoch", "epoch-template", "full-load"):
             cmd = [sys.executable, __file__, "--window", str(args.window), "--measure", str(path), mode, model_dir]
             print(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip(), flush=True)
 
