@@ -125,9 +125,10 @@ class Split:
 
         if i not in self._handles:
             if len(self._handles) >= 8:  # a few open files at a time: a window touches at most its blocks' files
-                self._handles.pop(next(iter(self._handles))).close()
-            self._handles[i] = pq.ParquetFile(self.fs.open(self.files[i], "rb"))
-        return self._handles[i]
+                _close(self._handles.pop(next(iter(self._handles))))
+            source = self.fs.open(self.files[i], "rb")
+            self._handles[i] = (source, pq.ParquetFile(source))
+        return self._handles[i][1]
 
     # ---- reading ----
 
@@ -165,8 +166,15 @@ class Split:
 
     def close(self) -> None:
         for handle in self._handles.values():
-            handle.close()
+            _close(handle)
         self._handles.clear()
+
+
+def _close(handle: tuple[Any, Any]) -> None:
+    """Close a Parquet reader and the file it reads (ParquetFile leaves a file object it was given open)."""
+    source, reader = handle
+    reader.close()
+    source.close()
 
 
 def _json_row(line: bytes, field: str, where: Any, at: int) -> dict[str, Any]:

@@ -101,7 +101,9 @@ class StepReport(BaseModel):
     prompts_skipped: int = Field(
         0, ge=0, description="Dataset prompts skipped while taking the step's batch: longer than maxPromptTokens."
     )
-    data_epoch: int = Field(0, ge=0, description="Epoch of the training data the step's last prompt came from.")
+    data_epoch: int = Field(
+        0, ge=0, description="Epoch of the data cursor after the step's prompts (the epoch the next step reads)."
+    )
 
 
 def step_gauges() -> dict[str, tuple[str, str]]:
