@@ -461,18 +461,23 @@ def examples_head(task: TaskSpec, limit: int) -> list[Example]:
         split.close()
 
 
-def check_dataset(task: TaskSpec, batch: int, encode: Encoder | None = None) -> None:
+def check_dataset(
+    task: TaskSpec, batch: int, encode: Encoder | None = None, train: DatasetPrompts | None = None
+) -> None:
     """Before the first step: each split opens, has its columns and rows; with `encode`, the first training batch
-    (`batch` prompts) fits task.dataset.maxPromptTokens and a validation prompt does. DatasetError otherwise."""
+    (`batch` prompts) fits task.dataset.maxPromptTokens and a validation prompt does. DatasetError otherwise.
+    `train`: the training split already open (it is not opened again, nor closed)."""
     if task.active_dataset is None:
         return
     for which in ("train", "validation") if task.dataset.validation else ("train",):
-        prompts = DatasetPrompts(task, encode or (lambda m: []), which)
+        opened = train if which == "train" and train is not None else None
+        prompts = opened or DatasetPrompts(task, encode or (lambda m: []), which)
         try:
             want = batch if which == "train" else 1
             got = len(prompts.take(Cursor(), want).examples) if encode is not None else want
         finally:
-            prompts.close()
+            if opened is None:
+                prompts.close()
         if got < want:
             raise DatasetError(
                 f"task.dataset.train: only {got} prompts fit task.dataset.maxPromptTokens "

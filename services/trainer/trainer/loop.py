@@ -335,13 +335,18 @@ class Trainer:
         def encode(messages: list[dict[str, str]]) -> list[int]:
             return encode_prompt(self.tokenizer, messages, enable_thinking=thinking)
 
-        check_dataset(self.spec.task, self.spec.algorithm.prompts_per_step, encode)
+        prompts = make_prompts(self.spec.task, encode)
+        try:
+            check_dataset(self.spec.task, self.spec.algorithm.prompts_per_step, encode, train=prompts if data else None)
+        except BaseException:
+            prompts.close()
+            raise
         record = chat_template_record(self.tokenizer, thinking, system)
         (self.opts.run_dir / "chat_template.json").write_text(json.dumps(record, indent=1) + "\n")
         log.info("chat template", extra={k: v for k, v in record.items() if k != "template"})
         if thinking is not None and not record["reads_enable_thinking"]:
             log.warning("task.dataset.enableThinking is set but the chat template does not read enable_thinking")
-        return make_prompts(self.spec.task, encode)
+        return prompts
 
     # ---- followers (ranks > 0) ----
 
