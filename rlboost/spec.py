@@ -134,15 +134,126 @@ def _source_reading(field: str) -> str:
     return next(source for source, fields in SOURCE_FIELDS.items() if field in fields)
 
 
+DATASET_FORMATS = ("auto", "jsonl", "parquet", "hf-disk")
+DATASET_SCHEMES = ("s3://", "gs://", "hf://", "file://")
+
+
+class DatasetSpec(SpecModel):
+    """A prompt dataset: JSONL / Parquet files or a Hugging Face `datasets` directory, streamed (never loaded whole)."""
+
+    train: str = Field(
+        "",
+        max_length=4096,
+        description="'' = no dataset (the built-in task). The training split: a file, a directory (its *.jsonl / *.parquet files, or a "
+        "`datasets.save_to_disk` directory), a glob ('data/train-*.parquet'), or a URI: s3://, gs://, "
+        "hf://datasets/<owner>/<name>/<files> (a Hugging Face Hub dataset repository). On Kubernetes a local path is "
+        "read inside the trainer's pod (e.g. a PVC mounted there).",
+    )
+    validation: str = Field(
+        "",
+        max_length=4096,
+        description="The validation split (same forms as `train`), read in file order by evaluation; '' = none.",
+    )
+    format: Literal["auto", "jsonl", "parquet", "hf-disk"] = Field(
+        "auto",
+        description="File format; 'auto' goes by the extension (.jsonl/.json -> jsonl, .parquet -> parquet) or, for a "
+        "directory with dataset_info.json / dataset_dict.json, 'hf-disk' (written by datasets' save_to_disk).",
+    )
+    split: str = Field(
+        "",
+        max_length=128,
+        pattern=r"^$|^[A-Za-z0-9_.-]+$",
+        description="'hf-disk' with a DatasetDict (several splits in one directory): the split that `train` names "
+        "(default 'train'); `validation` may name the same directory and uses 'validation'.",
+    )
+    prompt_field: str = Field(
+        "prompt",
+        min_length=1,
+        max_length=256,
+        description="The column holding the prompt: plain text (one user turn) or chat messages (a list of "
+        "{role, content}); either goes through the model tokenizer's chat template.",
+    )
+    answer_field: str = Field(
+        "answer",
+        min_length=1,
+        max_length=256,
+        description="The column holding the reference answer handed to the reward (converted to text).",
+    )
+    metadata_fields: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Further columns handed to the reward as `example.metadata` (a dict, JSON values).",
+    )
+    max_prompt_tokens: int = Field(
+        1024,
+        ge=1,
+        le=131072,
+        description="Longest prompt in tokens (after the chat template); longer ones are skipped and counted "
+        "(step report `prompts_skipped`), never truncated.",
+    )
+    shuffle: bool = Field(True, description="Visit the training rows in a seeded shuffle (task.seed), new each epoch.")
+    shuffle_window_blocks: int = Field(
+        16,
+        ge=1,
+        le=4096,
+        description="Blocks (Parquet row groups / 1024-line JSONL chunks) shuffled together: the block order is "
+        "permuted, then rows are permuted within each window of this many blocks. Bounds the loader's memory.",
+    )
+    epochs: int = Field(
+        0,
+        ge=0,
+        le=10**6,
+        description="Passes over the training split; training ends after them even before algorithm.steps "
+        "(a final partial batch is dropped). 0 = as many as algorithm.steps needs.",
+    )
+    system_prompt: str = Field(
+        "",
+        max_length=65536,
+        description="A system message put before each prompt that has none; '' = none.",
+    )
+    enable_thinking: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="'on' / 'off': passed to the chat template as enable_thinking=true/false (Qwen3-style thinking) "
+        "where the template reads it; 'auto' = the template's default.",
+    )
+
+    @property
+    def thinking(self) -> bool | None:
+        """enable_thinking as the chat template takes it (None: not passed)."""
+        return {"on": True, "off": False}.get(self.enable_thinking)
+
+    @model_validator(mode="after")
+    def _locations(self) -> DatasetSpec:
+        if self.validation and not self.train:
+            raise SpecFieldError("train", "task.dataset.validation is set but task.dataset.train is not; set both")
+        for name in ("train", "validation"):
+            value = getattr(self, name)
+            if "://" in value and not value.startswith(DATASET_SCHEMES):
+                raise SpecFieldError(
+                    name,
+                    f"task.dataset.{name} {value!r}: unsupported scheme; use a path or s3://, gs://, hf://datasets/...",
+                )
+        if self.prompt_field == self.answer_field:
+            raise SpecFieldError(
+                "answerField", f"task.dataset.answerField must differ from promptField ({self.prompt_field!r})"
+            )
+        return self
+
+
 class TaskSpec(SpecModel):
-    """The toy task: prompts generated from a seed and a reward checked by code."""
+    """The task: the built-in addition prompts (generated from a seed), or a dataset; a reward checked by code."""
 
     name: Literal["addition"] = Field(
         "addition", description="Built-in task: 'addition' asks for the sum of two integers."
     )
     max_operand: int = Field(5, ge=1, le=10**6, description="Operands are drawn from 0..max_operand.")
     num_prompts: int = Field(400, ge=1, le=10**7, description="Size of the prompt set generated from the seed.")
-    seed: int = Field(1234, ge=0, description="Seed of the prompt set and its order.")
+    seed: int = Field(1234, ge=0, description="Seed of the prompt set and its order (also a dataset's shuffle).")
+    dataset: DatasetSpec = Field(
+        default_factory=DatasetSpec,
+        description="Train on a prompt dataset instead of the built-in task (name, maxOperand and numPrompts are "
+        "then unused) when dataset.train is set.",
+    )
     reward: str = Field(
         "exact_match",
         max_length=128,
@@ -162,6 +273,11 @@ class TaskSpec(SpecModel):
     reward_processes: int = Field(
         2, ge=1, le=64, description="Long-lived reward sandbox processes; a step's samples are scored in batches."
     )
+
+    @property
+    def active_dataset(self) -> DatasetSpec | None:
+        """The dataset the job trains on, or None for the built-in task (task.dataset.train unset)."""
+        return self.dataset if self.dataset.train else None
 
     @field_validator("reward")
     @classmethod
@@ -531,6 +647,13 @@ class JobSpec(SpecModel):
                 "rollout.reserved.replicas",
                 f"trainer.colocateReserved: one reserved rollout worker shares each trainer rank's accelerators, so "
                 f"rollout.reserved.replicas ({self.rollout.reserved.replicas}) must equal trainer.ranks ({tr.ranks})",
+            )
+        data = self.task.active_dataset
+        if data is not None and data.max_prompt_tokens > self.rollout.max_prompt_tokens:
+            raise SpecFieldError(
+                "task.dataset.maxPromptTokens",
+                f"task.dataset.maxPromptTokens ({data.max_prompt_tokens}) exceeds rollout.maxPromptTokens "
+                f"({self.rollout.max_prompt_tokens}), which the rollout-manager enforces; lower it or raise the latter",
             )
         if tr.backend == "nccl" and tr.gpus_per_rank == 0:
             raise SpecFieldError(

@@ -97,4 +97,19 @@ def check_job(data: object, settings: OperatorSettings) -> JobSpec:
             "(claimName + path), 'uri' (s3:// or gs://), 'huggingface' (repo) or 'tiny'",
         )
     check_reward(spec.task.reward)
+    check_dataset_locations(spec)
     return spec
+
+
+def check_dataset_locations(spec: JobSpec) -> None:
+    """task.dataset's splits are URIs or absolute paths inside the trainer's pod (no data is read here: the trainer
+    checks columns and rows before its first step and fails the job with the field named)."""
+    data = spec.task.active_dataset
+    for name in ("train", "validation"):
+        value = getattr(data, name) if data is not None else ""
+        if value and "://" not in value and not value.startswith("/"):
+            raise SpecProblemError(
+                f"task.dataset.{name}",
+                f"task.dataset.{name} {value!r} is a relative path, which means nothing inside the trainer's pod; "
+                "give an absolute path there (e.g. a mounted volume) or an s3://, gs:// or hf://datasets/ URI",
+            )

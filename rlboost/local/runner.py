@@ -107,6 +107,43 @@ def ensure_model(spec: JobSpec, plan: LocalPlan, console: Console) -> None:
             raise LocalRunError(f"cannot prepare the model: {err}") from None
 
 
+def with_absolute_dataset_paths(spec: JobSpec) -> JobSpec:
+    """task.dataset.train / .validation made absolute (against the current directory) where they are relative."""
+    data = spec.task.active_dataset
+    if data is None:
+        return spec
+    fixed = {}
+    for name in ("train", "validation"):
+        value = getattr(data, name)
+        if value and "://" not in value and not Path(value).is_absolute():
+            fixed[name] = str(Path(value).resolve())
+    if not fixed:
+        return spec
+    return spec.model_copy(update={"task": spec.task.model_copy(update={"dataset": data.model_copy(update=fixed)})})
+
+
+def check_local_dataset(spec: JobSpec, model_dir: Path | None) -> None:
+    """The dataset's checks before the first step (rlboost.tasks.dataset.check_dataset), as a LocalRunError;
+    with the model directory also through its tokenizer's chat template."""
+    if spec.task.active_dataset is None:
+        return
+    from rlboost.tasks.dataset import DatasetError, check_dataset
+
+    encode = None
+    if model_dir is not None:
+        from rlboost.models import encode_prompt, load_tokenizer
+
+        tokenizer, thinking = load_tokenizer(model_dir), spec.task.dataset.thinking
+
+        def encode(messages: list[dict[str, str]]) -> list[int]:
+            return encode_prompt(tokenizer, messages, enable_thinking=thinking)
+
+    try:
+        check_dataset(spec.task, spec.algorithm.prompts_per_step, encode)
+    except DatasetError as err:
+        raise LocalRunError(str(err)) from None
+
+
 @dataclass
 class SpotController:
     """Keeps the spot pool at its target size: the trace's count (or the initial count), minus chaos kills."""
@@ -453,6 +490,7 @@ def run_local(spec: JobSpec, options: LocalOptions, console: Console, json_repor
     first_count = None
     if options.spot_trace is not None:
         first_count = load_trace(options.spot_trace).count_at(0)
+    spec = with_absolute_dataset_paths(spec)  # the children run elsewhere: a relative path means here
     n_spot = initial_spot_workers(spec, first_count)
     plan = build_plan(spec, options, free_port, nats_server_binary(), spot_workers=n_spot)
     prepare_run_dir(spec, plan)
@@ -464,7 +502,9 @@ def run_local(spec: JobSpec, options: LocalOptions, console: Console, json_repor
     started = time.monotonic()
     status, code, error = None, 0, ""
     try:
+        check_local_dataset(spec, None)  # columns, rows, readable: before a tiny model is made from it
         ensure_model(spec, plan, console)
+        check_local_dataset(spec, plan.model_dir)  # ...and a first batch fits maxPromptTokens
         status = asyncio.run(_run_async(run))
         done = run.state.done
         if done is None or not done.ok:

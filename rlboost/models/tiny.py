@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from rlboost.models.tokenizer import IM_END, encode_prompt, stop_token_ids, train_tokenizer
 from rlboost.spec import ModelSpec, TaskSpec
-from rlboost.tasks import Example, Task, make_task
+from rlboost.tasks import Example, Task
 
 if TYPE_CHECKING:
     import torch
@@ -30,7 +30,8 @@ def task_corpus(task: Task) -> list[str]:
     """The texts the tokenizer learns from: every example as a full chat exchange."""
     texts = []
     for ex in task.examples:
-        texts.append(f"<|im_start|>user\n{ex.question}<|im_end|>\n<|im_start|>assistant\n{ex.answer}<|im_end|>\n")
+        turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in task.messages(ex))
+        texts.append(f"{turns}<|im_start|>assistant\n{ex.answer}<|im_end|>\n")
     return texts
 
 
@@ -119,7 +120,9 @@ def create_tiny_model(model_spec: ModelSpec, task_spec: TaskSpec, out_dir: Path)
     """Train the tokenizer, build and warm up the model, and save both (float32 safetensors) in out_dir."""
     import torch
 
-    task = make_task(task_spec)
+    from rlboost.tasks.dataset import warmup_task
+
+    task = warmup_task(task_spec)  # a dataset's first rows, or the built-in task
     tokenizer = train_tokenizer(task_corpus(task))
     # One thread: the result then cannot depend on the core count, and for ops this small it is also
     # faster than two threads contending on a busy machine.

@@ -61,10 +61,29 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, Any]]) -> list[int]:
-    """The chat prompt's token ids, ending with the assistant's generation prompt."""
-    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+def encode_prompt(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, Any]], enable_thinking: bool | None = None
+) -> list[int]:
+    """The chat prompt's token ids through the tokenizer's chat template, ending with the assistant's generation
+    prompt; `enable_thinking` (None = the template's default) is passed to templates that read it."""
+    extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False, **extra)
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def chat_template_record(tokenizer: PreTrainedTokenizerBase, enable_thinking: bool | None, system_prompt: str) -> dict:
+    """What the run records about its prompt formatting: the template's text and sha256, whether it reads
+    `enable_thinking`, and the settings passed to it."""
+    import hashlib
+
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+    return {
+        "sha256": hashlib.sha256(template.encode()).hexdigest(),
+        "reads_enable_thinking": "enable_thinking" in template,
+        "enable_thinking": enable_thinking,
+        "system_prompt": system_prompt,
+        "template": template,
+    }
 
 
 def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:

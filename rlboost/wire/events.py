@@ -114,6 +114,12 @@ class StepReport(BaseModel):
     cost_so_far: float = Field(
         0.0, ge=0, description="USD at spec.prices for the accelerators in use, since the trainer process started."
     )
+    prompts_skipped: int = Field(
+        0, ge=0, description="Dataset prompts skipped while taking the step's batch: longer than maxPromptTokens."
+    )
+    data_epoch: int = Field(
+        0, ge=0, description="Epoch of the data cursor after the step's prompts (the epoch the next step reads)."
+    )
 
 
 def step_gauges() -> dict[str, tuple[str, str]]:

@@ -398,3 +398,11 @@ def test_network_policy_lets_in_only_the_jobs_pods_the_operator_to_nats_and_metr
     assert off.metrics_namespace_labels == {}
     assert not any(o["kind"] == "NetworkPolicy" for o in children.build_children("job1", "ns1", JobSpec(), off, 1))
     assert len(children.network_policy("job1", "ns1", off)["spec"]["ingress"]) == 2  # no metrics rule
+
+
+def test_a_relative_dataset_path_is_refused_on_kubernetes_naming_the_field() -> None:
+    with pytest.raises(SpecProblemError) as info:
+        check_job({"task": {"dataset": {"train": "s3://b/train.jsonl", "validation": "data/val.jsonl"}}},
+                  OperatorSettings())  # fmt: skip
+    assert info.value.field == "task.dataset.validation" and "absolute path" in str(info.value)
+    assert check_job({"task": {"dataset": {"train": "/data/train.parquet"}}}, OperatorSettings())

@@ -13,8 +13,8 @@ hashes the files, writes the manifest and renames the directory into place (atom
 A checkpoint without a manifest, or whose files do not match it, is partial or corrupt: `latest_valid`
 skips it (with a warning) and the previous one is used.
 
-Trainer state in the manifest: `steps_done` (the next step, which is also the data order: step s's prompts
-are a pure function of the task seed and s), `weight_version` and `weights_checksum` of the published
+Trainer state in the manifest: `steps_done` (the next step), `data_cursor` (the prompt stream's (epoch, position)
+after it: with the task seed it fixes every later batch, see rlboost.tasks.dataset), `weight_version` and `weights_checksum` of the published
 weights the checkpoint holds, and the world size and ZeRO stage (a different world cannot load it).
 """
 
@@ -57,6 +57,8 @@ class TrainerState:
     zero_stage: int
     task_seed: int
     prompts_per_step: int
+    data_cursor: dict[str, int] | None = None  # the prompt stream's Cursor after the step (None: older checkpoints)
+    dataset_rows: int = 0  # rows of task.dataset.train when written (0: the built-in task); must match on resume
 
 
 def tag_of(steps_done: int) -> str:

@@ -33,13 +33,15 @@ import json
 import logging
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from rlboost.auth.grpc_auth import ClientAuth
 from rlboost.observability import LoopWatchdog
 from rlboost.spec import JobSpec, effective_micro_batch
+from rlboost.tasks.base import Cursor, PromptBatch
+from rlboost.tasks.dataset import DatasetError
 from rlboost.tasks.sandbox import RewardSandbox, SandboxLimits
 from rlboost.wire.events import JobDone, StepReport, subject
 from rlboost.wire.rollout_io import PromptItem, RolloutRequest, SamplingParams, Trajectory
@@ -103,7 +105,6 @@ class Trainer:
 
     def __init__(self, spec: JobSpec, opts: TrainerOptions) -> None:
         from rlboost.models import decode_response, load_tokenizer, stop_token_ids
-        from rlboost.tasks import make_task
 
         self.spec, self.opts = spec, opts
         if opts.credentials_dir is not None:  # a missing or unusable key fails the start, not the first publish
@@ -115,7 +116,9 @@ class Trainer:
         self.vocab_size = _vocab_size(opts.model_dir)
         self._decode = decode_response
         self.stop_ids = tuple(stop_token_ids(self.tokenizer))
-        self.task = make_task(spec.task)
+        self.prompts: Any = None  # the prompt stream (rlboost.tasks.dataset.make_prompts), opened in run()
+        self.cursor = Cursor()  # where the next step's prompts start (checkpointed)
+        self._next_batch: PromptBatch | None = None  # the following step's prompts (known: is this step the last?)
         self.rewards: RewardSandbox | None = None  # rank 0 scores samples in the reward sandbox (see _step)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else (self.stop_ids[0] if self.stop_ids else 0)
@@ -187,6 +190,7 @@ class Trainer:
             return JobDone(ok=True, steps=self.steps_done)
         try:
             await self._connect_nats()  # first: a reward that cannot start is reported in JobDone
+            self.prompts = await asyncio.to_thread(self._open_prompts)  # bad dataset: a clear error, no step
             self.rewards = RewardSandbox(self.spec.task.reward, SandboxLimits.from_task(self.spec.task))
             await asyncio.to_thread(self.rewards.start)
             self.engine = await asyncio.to_thread(self._make_engine)
@@ -204,6 +208,8 @@ class Trainer:
                 await self._publish_event("done", JobDone(ok=False, steps=self.steps_done, error=message))
             raise
         finally:
+            if self.prompts is not None:
+                self.prompts.close()
             if self.rewards is not None:
                 await asyncio.to_thread(self.rewards.close)
             if self.trackers is not None:
@@ -231,7 +237,17 @@ class Trainer:
                     f"checkpoint {path} was written with {key}={getattr(st, key)}, this job has {value}; "
                     "resume with the same trainer.ranks, trainer.zeroStage, task.seed and algorithm.promptsPerStep"
                 )
+        if st.dataset_rows != self._dataset_rows():
+            raise CheckpointError(
+                f"checkpoint {path} was written for a task.dataset.train of {st.dataset_rows} rows, this job's has "
+                f"{self._dataset_rows()}: the order would differ; resume with the same dataset or start fresh"
+            )
         self.steps_done, self.version, self.checksum = st.steps_done, st.weight_version, st.weights_checksum
+        n = self.spec.algorithm.prompts_per_step
+        if st.data_cursor is not None:
+            self.cursor = Cursor(**st.data_cursor)
+        else:  # written before cursors: the built-in task's order is a function of the step
+            self.cursor = Cursor(*divmod(st.steps_done * n, self.prompts.num_rows))
         log.info(
             "resuming",
             extra={"checkpoint": str(path), "steps_done": st.steps_done, "weight_version": st.weight_version},
@@ -290,13 +306,19 @@ class Trainer:
                 await self._start_colocation()
                 for step in range(self.steps_done, self.steps):
                     record = await self._step(step, rc, publisher)
+                    if record is None:
+                        log.info("training data exhausted: task.dataset.epochs done",
+                                 extra={"step": step, "epochs": self.spec.task.dataset.epochs})  # fmt: skip
+                        break
                     self.steps_done = step + 1
                     await self._report(record)
             await publisher.flush()  # an upload still in flight (overlap mode) finishes before JobDone
 
     def _save_due(self) -> bool:
         every = self.spec.trainer.checkpoint_every
-        last = self.steps_done + 1 == self.steps
+        n = self.spec.algorithm.prompts_per_step
+        data_ends = self._next_batch is not None and len(self._next_batch.examples) < n
+        last = self.steps_done + 1 == self.steps or data_ends
         return self.opts.checkpoint_dir is not None and ((self.steps_done + 1) % every == 0 or last)
 
     def _trainer_state(self, steps_done: int, version: int, checksum: str) -> Any:
@@ -304,7 +326,41 @@ class Trainer:
 
         return TrainerState(steps_done=steps_done, weight_version=version, weights_checksum=checksum,
                             world_size=ranks.world_size(), zero_stage=self.spec.trainer.zero_stage,
-                            task_seed=self.spec.task.seed, prompts_per_step=self.spec.algorithm.prompts_per_step)  # fmt: skip
+                            task_seed=self.spec.task.seed, prompts_per_step=self.spec.algorithm.prompts_per_step,
+                            data_cursor=asdict(self.cursor), dataset_rows=self._dataset_rows())  # fmt: skip
+
+    def _dataset_rows(self) -> int:
+        return self.prompts.num_rows if self.spec.task.active_dataset is not None else 0
+
+    def _open_prompts(self) -> Any:
+        """Rank 0, before the first step: the prompt stream, checked (columns, rows, a first batch that fits
+        task.dataset.maxPromptTokens), and the chat template recorded in the run directory and the log."""
+        from rlboost.models.tokenizer import chat_template_record, encode_prompt
+        from rlboost.tasks.dataset import check_dataset, make_prompts
+
+        data = self.spec.task.active_dataset
+        thinking, system = (data.thinking, data.system_prompt) if data else (None, "")
+        if data is not None and not isinstance(self.tokenizer.chat_template, str):
+            raise DatasetError(
+                "task.dataset: the model's tokenizer has no chat template (tokenizer_config.json chat_template); "
+                "use a chat model or add a template to its tokenizer"
+            )
+
+        def encode(messages: list[dict[str, str]]) -> list[int]:
+            return encode_prompt(self.tokenizer, messages, enable_thinking=thinking)
+
+        prompts = make_prompts(self.spec.task, encode)
+        try:
+            check_dataset(self.spec.task, self.spec.algorithm.prompts_per_step, encode, train=prompts if data else None)
+        except BaseException:
+            prompts.close()
+            raise
+        record = chat_template_record(self.tokenizer, thinking, system)
+        (self.opts.run_dir / "chat_template.json").write_text(json.dumps(record, indent=1) + "\n")
+        log.info("chat template", extra={k: v for k, v in record.items() if k != "template"})
+        if thinking is not None and not record["reads_enable_thinking"]:
+            log.warning("task.dataset.enableThinking is set but the chat template does not read enable_thinking")
+        return prompts
 
     # ---- export (spec.export) ----
 
@@ -371,21 +427,33 @@ class Trainer:
         assert self.opts.checkpoint_dir is not None
         checkpoint.save(self.engine, self.opts.checkpoint_dir, state, self.spec.trainer.keep_checkpoints)
 
-    def _request(self, step: int) -> tuple[RolloutRequest, list[Any]]:
-        from rlboost.models import encode_prompt
+    def _take(self) -> PromptBatch:
+        """The step's prompts from the cursor; the following step's are taken too (to know whether this is the
+        last step of the data), so each batch is read once."""
+        n = self.spec.algorithm.prompts_per_step
+        batch = self._next_batch if self._next_batch is not None else self.prompts.take(self.cursor, n)
+        self._next_batch = self.prompts.take(batch.cursor, n) if len(batch.examples) == n else None
+        return batch
 
+    def _request(self, step: int) -> tuple[RolloutRequest, list[Any], int] | None:
+        """The step's Rollout request, examples and prompts skipped for length; None: the data is exhausted."""
         alg = self.spec.algorithm
-        batch = self.task.batch(step, alg.prompts_per_step)
-        examples = [ex for _, ex in batch]
-        prompts = [
-            PromptItem(i, encode_prompt(self.tokenizer, self.task.messages(ex))) for i, ex in enumerate(examples)
-        ]
+        batch = self._take()
+        if len(batch.examples) < alg.prompts_per_step:
+            return None  # the last epoch ended (a partial batch is dropped)
+        self.cursor = batch.cursor
+        examples = batch.examples
+        prompts = [PromptItem(i, ids) for i, ids in enumerate(batch.prompt_ids)]
+        if batch.skipped:
+            metrics.PROMPTS_SKIPPED.inc(batch.skipped)
+            log.warning("prompts longer than task.dataset.maxPromptTokens skipped", extra={
+                "step": step, "skipped": batch.skipped, "skipped_total": self.prompts.skipped_total})  # fmt: skip
         sampling = SamplingParams(
             temperature=alg.temperature, top_p=alg.top_p, top_k=0, max_new_tokens=alg.max_new_tokens,
             seed=alg.seed, stop_token_ids=self.stop_ids,
         )  # fmt: skip
         request = RolloutRequest(step, self.version, prompts, alg.group_size, sampling, vocab_size=self.vocab_size)
-        return request, examples
+        return request, examples, batch.skipped
 
     async def _score(self, ctx: StepContext, trajs: list[Trajectory]) -> list[float]:
         """The rewards of a batch of the step's trajectories, from the reward sandbox (a failed call scores 0 and
@@ -428,9 +496,12 @@ class Trainer:
             return True, 1.0
         return False, 0.0
 
-    async def _step(self, step: int, rc: RolloutClient, publisher: WeightPublisher) -> StepReport:
+    async def _step(self, step: int, rc: RolloutClient, publisher: WeightPublisher) -> StepReport | None:
         alg = self.spec.algorithm
-        request, examples = self._request(step)
+        taken = await asyncio.to_thread(self._request, step)  # reading and templating: off the event loop
+        if taken is None:
+            return None
+        request, examples, skipped = taken
         ctx = StepContext(step, examples, [p.token_ids for p in request.prompts])
         assembler = StepAssembler(step, len(examples), alg.group_size, effective_micro_batch(self.spec))
         t0 = time.monotonic()
@@ -518,6 +589,7 @@ class Trainer:
             response_length=length_percentiles([len(s.trajectory.response_ids) for s in samples]),
             sync_bytes=published.nbytes, pool_tokens_per_second=pools.tokens_per_second, pool_workers=pools.workers,
             workers_lost=pools.workers_lost, migrations=pools.migrations, cost_so_far=pools.cost_so_far,
+            prompts_skipped=skipped, data_epoch=self.cursor.epoch,
         )  # fmt: skip
         return _with_colocation(record, released, resumed)
 

@@ -28,6 +28,9 @@ REWARD_FAILURES = Counter(
     "refused (network, a process or exec of text), exception, bad_value (not a finite number).",
     ["reason"],
 )
+PROMPTS_SKIPPED = Counter(
+    "rlboost_trainer_prompts_skipped_total", "Dataset prompts skipped: longer than task.dataset.maxPromptTokens"
+)
 STALE = Counter("rlboost_trainer_stale_trajectories_total", "Trajectories accepted within algorithm.maxStaleness")
 FAILED = Counter(
     "rlboost_trainer_failed_trajectories_total",
