@@ -18,14 +18,16 @@ class JsonlTracker:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file = path.open("a")
+        path.touch()  # writable now: a bad logging.dir fails the start, not a step
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        self._file.write(json.dumps({"step": step, "time": round(time.time(), 3), **metrics}) + "\n")
-        self._file.flush()  # a line per step, readable while the run goes on
+        # Opened per line (one a step): readable while the run goes on, and no handle is left open by a trainer
+        # that fails before close().
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, "time": round(time.time(), 3), **metrics}) + "\n")
 
     def close(self) -> None:
-        self._file.close()
+        pass
 
 
 def open_jsonl(spec: LoggingSpec, directory: Path, run_name: str) -> JsonlTracker:

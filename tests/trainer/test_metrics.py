@@ -17,7 +17,8 @@ DERIVED = {"step", "tokens", "rollout_seconds", "train_seconds", "sync_seconds"}
 COUNTED_DURING_THE_STEP = {"trajectories", "off_policy", "stale", "sync_bytes"}
 # workers_lost, migrations, cost_so_far: the manager's and the operator's own metrics say these
 RECORD_ONLY = {"first_trajectory_seconds", "ranks", "colocation_released", "colocation_resumed",
-               "colocation_wait_seconds", "workers_lost", "migrations", "cost_so_far"}  # fmt: skip
+               "colocation_wait_seconds", "workers_lost", "migrations", "cost_so_far", "prompts_skipped",
+               "data_epoch"}  # fmt: skip  prompts_skipped: rlboost_trainer_prompts_skipped_total
 
 
 def _report() -> StepReport:
