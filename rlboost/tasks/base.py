@@ -8,17 +8,19 @@ gets the same batches from the step number alone.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from rlboost.spec import TaskSpec
 
 
 @dataclass(frozen=True)
 class Example:
-    """One prompt and its reference answer (both plain text)."""
+    """One prompt, its reference answer (both plain text) and per-row metadata handed to the reward."""
 
     question: str
     answer: str
+    metadata: dict[str, Any] = field(default_factory=dict)  # JSON values; the reward sees example.metadata
 
 
 class Task:
