@@ -22,7 +22,7 @@ from rich.live import Live
 
 from rlboost.local.chaos import ChaosMonkey
 from rlboost.local.plan import ChildPlan, LocalOptions, LocalPlan, build_plan, initial_spot_workers
-from rlboost.local.progress import ProgressState, render, step_line, summary_table
+from rlboost.local.progress import ProgressState, render, step_line, summary_table, validation_line
 from rlboost.local.report import (
     LocalReport,
     counters_from_status,
@@ -403,9 +403,10 @@ def _make_spot_controller(
 def build_report(run: Run, status: ManagerStatus | None, wall_s: float) -> LocalReport:
     """The run's report: the trainer's step records and the manager's final status (counters 0 without one)."""
     by_step = {s.step: s for s in run.state.progress.steps}  # a redelivered event counts once
+    steps = [by_step[k] for k in sorted(by_step)]
     done = run.state.done
     return LocalReport(
-        ok=bool(done and done.ok), steps=[by_step[k] for k in sorted(by_step)],
+        ok=bool(done and done.ok), steps=steps, validation=[s.validation for s in steps if s.validation],
         final_weights_checksum=done.final_weights_checksum if done else "",
         preemptions=run.spot.preemptions, **counters_from_status(status),
         spot_events=list(run.spot.events), workers=workers_from_status(status), wall_seconds=round(wall_s, 3),
@@ -423,6 +424,8 @@ def _print_summary(console: Console, report: LocalReport, plot: Path | None, jso
         f"preemptions {report.preemptions}, migrations {report.migrations}, tokens lost {report.tokens_lost}, "
         f"tokens regenerated {report.tokens_regenerated}"
     )
+    for v in report.validation:
+        console.print(validation_line(v))
     console.print(f"final weights checksum: {report.final_weights_checksum or '(none)'}")
     for what, path in (("reward plot", plot), ("json report", json_report)):
         if path is not None:
