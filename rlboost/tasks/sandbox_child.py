@@ -182,6 +182,8 @@ def _load_term(name: str, weight: float, params: dict[str, Any]) -> Term:
         raise TypeError(f"task.reward {name!r}: params {sorted(params)} do not fit {name}{signature}: {err}") from None
     except ValueError:
         pass  # no signature to check (a builtin): calls will tell
+    if callable(check := getattr(fn, "check_params", None)):
+        check(**params)  # the reward's own check of its parameters (a bad regex): a clear error at start
     if callable(warm_up := getattr(fn, "warm_up", None)):
         warm_up()  # before the audit hook: a library's code generated on first use (SymPy, mpmath) is no model output
     return fn, float(weight), dict(params)

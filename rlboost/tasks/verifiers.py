@@ -70,20 +70,35 @@ def _compiled(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern)
 
 
-def regex_match(response_text: str, example: Example, pattern: str = "", full: bool = False) -> float:
+def regex_match(response_text: str, example: Example, pattern: str, full: bool = False) -> float:
     """1.0 when `pattern` (a Python regular expression; `{answer}` in it stands for the escaped reference answer)
     is found in the response (`full`: matches the whole response, stripped, up to an end-of-turn marker)."""
-    if not pattern:
-        raise ValueError("regex_match needs params.pattern (a Python regular expression)")
     regex = _compiled(pattern.replace("{answer}", re.escape(example.answer.strip())))
     text = final_text(response_text)
     found = regex.fullmatch(text) if full else regex.search(text)
     return 1.0 if found else 0.0
 
 
+def _check_regex_params(pattern: str, full: bool = False) -> None:
+    try:
+        _compiled(pattern.replace("{answer}", "0"))
+    except re.error as err:
+        raise ValueError(f"regex_match: params.pattern {pattern!r} is not a regular expression: {err}") from None
+
+
+regex_match.check_params = _check_regex_params  # type: ignore[attr-defined]  # called by the sandbox at load
+
+
 def answer_format(response_text: str, example: Example, style: str = "boxed") -> float:
     """1.0 when the response has the required answer format `style` (ANSWER_FORMATS: boxed, answer_tag,
     think_answer, integer), else 0.0; the answer's correctness is not judged."""
+    _check_format_params(style)
+    return 1.0 if _compiled(ANSWER_FORMATS[style]).fullmatch(final_text(response_text)) else 0.0
+
+
+def _check_format_params(style: str = "boxed") -> None:
     if style not in ANSWER_FORMATS:
         raise ValueError(f"format: params.style {style!r} is not one of {', '.join(ANSWER_FORMATS)}")
-    return 1.0 if _compiled(ANSWER_FORMATS[style]).fullmatch(final_text(response_text)) else 0.0
+
+
+answer_format.check_params = _check_format_params  # type: ignore[attr-defined]  # called by the sandbox at load
