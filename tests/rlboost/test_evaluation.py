@@ -101,3 +101,29 @@ def test_evaluation_fields_are_checked_with_the_field_named() -> None:
             parse_job_spec(data)
         assert err.value.problems[0].path == path
         assert words in err.value.problems[0].message
+
+
+def test_the_local_report_and_display_carry_the_evaluations(tmp_path) -> None:
+    import io
+    import json
+
+    from rich.console import Console
+
+    from rlboost.local.progress import ProgressState, render, step_line
+    from rlboost.local.report import LocalReport, write_report
+    from rlboost.wire.events import StepReport
+
+    v = summarize(1, 2, [[ScoredResponse(1.0, 3), ScoredResponse(0.0, 5)]], k=2, threshold=1.0, seconds=0.1)
+    steps = [StepReport(step=i, reward_mean=0.5, tokens=8, rollout_seconds=1, train_seconds=1, sync_seconds=1,
+                        weight_version=i + 1, weights_checksum="c", validation=v if i == 1 else None)
+             for i in (0, 1)]  # fmt: skip
+    write_report(LocalReport(steps=steps, validation=[v]), tmp_path / "r.json")
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert [
+        {key: e[key] for key in ("step", "reward_mean", "pass_at_1", "pass_at_k", "k")} for e in data["validation"]
+    ] == [{"step": 1, "reward_mean": 0.5, "pass_at_1": 0.5, "pass_at_k": 1.0, "k": 2}]
+    assert "validation" not in step_line(steps[0], 2)
+    assert "pass@1 0.500  pass@2 1.000" in step_line(steps[1], 2)
+    console = Console(width=240, record=True, file=io.StringIO())
+    console.print(render(ProgressState(total_steps=2, steps=steps)))
+    assert "validation after step 1" in console.export_text()
