@@ -286,7 +286,7 @@ class Trainer:
                     record = await self._step(step, rc, publisher)
                     self.steps_done = step + 1
                     if self._evaluation_due(step):
-                        record.validation = await self._evaluate(step, rc)
+                        record.validation = await self._evaluate_within_deadline(step, rc)
                     await self._report(record)
             await publisher.flush()  # an upload still in flight (overlap mode) finishes before JobDone
 
@@ -403,6 +403,19 @@ class Trainer:
         )  # fmt: skip
         request = RolloutRequest(-(step + 1), self.version, prompts, ev.samples, sampling, vocab_size=self.vocab_size)
         return request, examples
+
+    async def _evaluate_within_deadline(self, step: int, rc: RolloutClient) -> ValidationReport | None:
+        """The evaluation, bounded by rollout.stepDeadlineS like a step's rollout; past it the step is reported
+        without one (a slow evaluation does not fail the training)."""
+        deadline = self.spec.rollout.step_deadline_s
+        try:
+            async with asyncio.timeout(deadline or None):
+                return await self._evaluate(step, rc)
+        except TimeoutError:
+            log.warning(
+                "evaluation skipped: rollout.stepDeadlineS passed", extra={"step": step, "deadline_s": deadline}
+            )
+            return None
 
     async def _evaluate(self, step: int, rc: RolloutClient) -> ValidationReport:
         """Roll the validation prompts out at the step's published weights, score them, summarise."""
