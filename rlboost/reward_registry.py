@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
 REWARD_GROUP = "rlboost.rewards"
 BUILTIN_REWARDS: dict[str, str] = {
     "exact_match": "rlboost.tasks.rewards:exact_match",
+    "format": "rlboost.tasks.verifiers:answer_format",
     "format_reward": "rlboost.tasks.rewards:format_reward",
     "math_answer": "rlboost.tasks.rewards:math_answer",
+    "math_verify": "rlboost.tasks.verifiers:math_verify",
+    "regex_match": "rlboost.tasks.verifiers:regex_match",
 }
 # An entry point name as packaging allows it (no ':' so the old form is told apart).
 REWARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -72,3 +75,21 @@ def load_registered(name: str) -> Callable[..., Any]:
     if not callable(fn):
         raise RewardNameError(f"task.reward {name!r}: entry point {target!r} is a {type(fn).__name__}, not callable")
     return fn
+
+
+RewardTerms = list[tuple[str, float, dict[str, Any]]]  # (entry point name, weight, keyword parameters)
+
+
+def reward_terms(reward: str | Sequence[Any]) -> RewardTerms:
+    """`task.reward` as the sandbox runs it: a name is one term of weight 1 without parameters; a weighted list
+    (items with .name, .weight, .params, as rlboost.spec.RewardTerm) gives one term each."""
+    if isinstance(reward, str):
+        return [(reward, 1.0, {})]
+    return [(term.name, float(term.weight), dict(term.params)) for term in reward]
+
+
+def describe_reward(reward: str | Sequence[Any]) -> str:
+    """A short text of `task.reward` for logs ('math_verify' or '1*math_verify + 0.1*format')."""
+    if isinstance(reward, str):
+        return reward
+    return " + ".join(f"{weight:g}*{name}" for name, weight, _ in reward_terms(reward))

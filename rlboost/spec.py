@@ -9,10 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Annotated, Literal, NamedTuple
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from rlboost.reward_registry import check_reward_name
@@ -240,6 +250,52 @@ class DatasetSpec(SpecModel):
         return self
 
 
+class RewardTerm(SpecModel):
+    """One reward of a weighted sum: an entry point of the group 'rlboost.rewards', its weight, its parameters."""
+
+    name: str = Field(
+        max_length=128,
+        description="Entry point name in the group 'rlboost.rewards' (built-ins: math_verify, exact_match, "
+        "regex_match, format, format_reward, math_answer).",
+    )
+    weight: float = Field(
+        1.0, ge=-1000, le=1000, description="Multiplies this reward's value in the sum (negative: a penalty)."
+    )
+    params: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Keyword arguments of the reward function, e.g. {pattern: '\\d+'} for regex_match or "
+        "{style: boxed} for format (boxed, answer_tag, think_answer, integer).",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        check_reward_name(name)  # RewardNameError (a ValueError): names task.reward, the choices and the fix
+        return name
+
+
+# task.reward is a name or a list; a Kubernetes structural schema has no string-or-list type, so the CRD keeps
+# the value as given (preserve-unknown-fields) and pydantic (operator, trainer, `rlboost local`) validates it.
+_REWARD_SCHEMA = {
+    "x-kubernetes-preserve-unknown-fields": True,
+    "description": "Reward: an entry point name of the group 'rlboost.rewards' (e.g. math_verify), or a weighted "
+    "list of them, summed per sample: [{name: math_verify, weight: 1.0}, {name: format, weight: 0.1, params: "
+    "{style: boxed}}]. Built-ins: math_verify (HF math-verify), exact_match, regex_match (params.pattern), "
+    "format (params.style), format_reward, math_answer. It runs confined: a separate process with the limits "
+    "below, no network, no exec; a call that fails or times out scores 0 and is counted.",
+}
+
+
+_REWARD_NAME, _REWARD_LIST = "reward-name", "reward-list"  # union tags; spec_problems leaves them out of paths
+
+
+def _reward_form(value: object) -> str | None:
+    if isinstance(value, str):
+        return _REWARD_NAME
+    return _REWARD_LIST if isinstance(value, list | tuple) else None
+
+
 class TaskSpec(SpecModel):
     """The task: the built-in addition prompts (generated from a seed), or a dataset; a reward checked by code."""
 
@@ -254,12 +310,17 @@ class TaskSpec(SpecModel):
         description="Train on a prompt dataset instead of the built-in task (name, maxOperand and numPrompts are "
         "then unused) when dataset.train is set.",
     )
-    reward: str = Field(
+    reward: Annotated[
+        Annotated[str, Tag(_REWARD_NAME)] | Annotated[list[RewardTerm], Tag(_REWARD_LIST)],
+        Discriminator(
+            _reward_form,
+            custom_error_type="reward_form",
+            custom_error_message="must be an entry point name (e.g. math_verify) or a list of {name, weight, params}",
+        ),
+        WithJsonSchema(_REWARD_SCHEMA),
+    ] = Field(
         "exact_match",
-        max_length=128,
-        description="Reward function: the name of an entry point in the group 'rlboost.rewards' (a package registers "
-        "its own in pyproject.toml). Built-ins: exact_match, format_reward, math_answer (the final answer, compared "
-        "as a number: 3/4 == 0.75). It runs confined: a separate process with the limits below, no network, no exec.",
+        description=_REWARD_SCHEMA["description"],
     )
     reward_timeout_seconds: float = Field(
         10.0, gt=0, le=3600, description="Wall time one reward call may take; past it the sample's reward is 0."
@@ -281,9 +342,56 @@ class TaskSpec(SpecModel):
 
     @field_validator("reward")
     @classmethod
-    def _registered_reward(cls, name: str) -> str:
-        check_reward_name(name)  # RewardNameError (a ValueError): names task.reward, the choices and the fix
-        return name
+    def _registered_reward(cls, reward: str | list[RewardTerm]) -> str | list[RewardTerm]:
+        if isinstance(reward, str):
+            if len(reward) > 128:
+                raise ValueError("task.reward: an entry point name has at most 128 characters")
+            check_reward_name(reward)  # RewardNameError (a ValueError): names task.reward, the choices and the fix
+        elif not 1 <= len(reward) <= 16:
+            raise ValueError(f"task.reward: a weighted list needs 1 to 16 rewards, got {len(reward)}")
+        return reward
+
+
+class EvaluationSpec(SpecModel):
+    """Validation during training: every K steps and after the last, the validation prompts are rolled out at the
+    current weights (not trained on) and scored with task.reward: mean reward, pass@1, pass@k, response length."""
+
+    every_steps: int = Field(
+        0, ge=0, le=10**7, description="Evaluate after every K-th step and after the last one; 0 = never."
+    )
+    samples: int = Field(
+        4,
+        ge=1,
+        le=MAX_GROUP_SIZE,
+        description="k: responses sampled per validation prompt; pass@k is the unbiased estimator of the Codex "
+        "paper over them (pass@1 too).",
+    )
+    prompts: int = Field(64, ge=1, le=100000, description="Validation prompts evaluated (the first N of the split).")
+    temperature: float = Field(
+        1.0, ge=0, le=10, description="Sampling temperature of the evaluation; 0 = greedy (then samples must be 1)."
+    )
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold of the evaluation; 1 = off.")
+    max_new_tokens: int = Field(
+        0, ge=0, le=MAX_NEW_TOKENS, description="Longest evaluation response in tokens; 0 = algorithm.maxNewTokens."
+    )
+    pass_threshold: float = Field(
+        1.0,
+        ge=-1000,
+        le=1000,
+        description="A response passes (counts for pass@k) when its reward is at least this (1.0: a verifier's "
+        "full score; with a weighted reward, the main term's weight).",
+    )
+    seed: int = Field(0, ge=0, description="Base sampling seed of the evaluation rollouts.")
+
+    @model_validator(mode="after")
+    def _greedy_once(self) -> EvaluationSpec:
+        if self.temperature == 0 and self.samples > 1:
+            raise SpecFieldError(
+                "samples",
+                f"evaluation.temperature 0 is greedy: every one of evaluation.samples ({self.samples}) responses "
+                "would be the same; set samples to 1 or a temperature above 0",
+            )
+        return self
 
 
 class AlgorithmSpec(SpecModel):
@@ -618,6 +726,9 @@ class JobSpec(SpecModel):
     export: ExportSpec = Field(
         default_factory=ExportSpec, description="Export of the trained policy as a Hugging Face model directory."
     )
+    evaluation: EvaluationSpec = Field(
+        default_factory=EvaluationSpec, description="Validation every K steps: mean reward, pass@1, pass@k."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
@@ -641,6 +752,13 @@ class JobSpec(SpecModel):
                 f"algorithm.microBatchSize ({alg.micro_batch_size}) must divide the per-rank batch "
                 f"(promptsPerStep x groupSize / trainer.ranks = {per_rank}) so every rank trains the same number "
                 f"of micro-batches; pick a divisor of {per_rank}",
+            )
+        evaluation = self.evaluation
+        if evaluation.every_steps and evaluation.prompts * evaluation.samples > self.rollout.max_step_requests:
+            raise SpecFieldError(
+                "evaluation.prompts",
+                f"evaluation.prompts x evaluation.samples ({evaluation.prompts * evaluation.samples}) exceeds "
+                f"rollout.maxStepRequests ({self.rollout.max_step_requests}); evaluate fewer prompts or samples",
             )
         if tr.colocate_reserved and self.rollout.reserved.replicas != tr.ranks:
             raise SpecFieldError(
@@ -688,7 +806,7 @@ def spec_problems(err: ValidationError) -> list[SpecProblem]:
     """Each validation error as (field path, message); a SpecFieldError adds the field it names to the path."""
     problems = []
     for e in err.errors():
-        path = [str(p) for p in e["loc"]]
+        path = [str(p) for p in e["loc"] if p not in (_REWARD_NAME, _REWARD_LIST)]
         cause = (e.get("ctx") or {}).get("error")
         if isinstance(cause, SpecFieldError):
             problems.append(SpecProblem(".".join([*path, cause.path]), str(cause)))

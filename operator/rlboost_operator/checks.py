@@ -11,7 +11,7 @@ import importlib.machinery
 import importlib.util
 from pathlib import Path
 
-from rlboost.reward_registry import RewardNameError, check_reward_name
+from rlboost.reward_registry import RewardNameError, check_reward_name, reward_terms
 from rlboost.spec import JobSpec, JobSpecError, parse_job_spec
 from rlboost_operator.config import OperatorSettings
 
@@ -96,7 +96,8 @@ def check_job(data: object, settings: OperatorSettings) -> JobSpec:
             "model.source 'path' names a directory on one machine (rlboost local); on Kubernetes use 'pvc' "
             "(claimName + path), 'uri' (s3:// or gs://), 'huggingface' (repo) or 'tiny'",
         )
-    check_reward(spec.task.reward)
+    for name, _, _ in reward_terms(spec.task.reward):  # a name, or each of a weighted list
+        check_reward(name)
     check_dataset_locations(spec)
     return spec
 

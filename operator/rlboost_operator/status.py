@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rlboost.spec import JobSpec
-from rlboost.wire.events import JobDone, StepReport
+from rlboost.wire.events import JobDone, StepReport, ValidationReport
 
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 TERMINAL = {SUCCEEDED, FAILED}
@@ -97,6 +97,15 @@ def _json_number(value: float, digits: int) -> float | None:
     return round(value, digits) if math.isfinite(value) else None
 
 
+def validation_status(v: ValidationReport) -> dict[str, Any]:
+    """`.status.validation`: the last evaluation on the validation prompts (spec.evaluation)."""
+    return {
+        "step": v.step, "weightVersion": v.weight_version, "k": v.k, "prompts": v.prompts,
+        "rewardMean": _json_number(v.reward_mean, 6), "passAt1": _json_number(v.pass_at_1, 6),
+        "passAtK": _json_number(v.pass_at_k, 6), "responseTokensMean": _json_number(v.response_tokens_mean, 3),
+    }  # fmt: skip
+
+
 def step_status(
     report: StepReport,
     spec: JobSpec,
@@ -117,7 +126,9 @@ def step_status(
         float(previous.get("costSoFar") or 0.0), prev_rate, parse_iso(previous.get("updatedAt")), now
     )
     phase = previous.get("phase") if previous.get("phase") in TERMINAL else RUNNING
+    validation = {"validation": validation_status(report.validation)} if report.validation is not None else {}
     return {
+        **validation,
         "phase": phase,
         "step": report.step,
         "weightVersion": report.weight_version,

@@ -9,7 +9,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from rlboost.wire.events import StepReport
+from rlboost.wire.events import StepReport, ValidationReport
 from rlboost.wire.rollout_io import ManagerStatus
 
 _BARS = "▁▂▃▄▅▆▇█"
@@ -104,15 +104,27 @@ def render(state: ProgressState) -> Group:
         f"pending {s.pending if s else 0}  running {s.running if s else 0}  ",
         f"migrations {s.migrations if s else 0}  preemptions {state.preemptions}",
     )  # fmt: skip
-    return Group(header, _steps_table(state), _workers_table(state))
+    validated = [s.validation for s in state.steps if s.validation is not None]
+    parts = [header, _steps_table(state)] + ([Text(validation_line(validated[-1]))] if validated else [])
+    return Group(*parts, _workers_table(state))
 
 
 def step_line(rec: StepReport, total: int) -> str:
-    """A plain one-line summary of a step (for non-terminal output)."""
-    return (
+    """A plain one-line summary of a step (for non-terminal output), and of its evaluation when it had one."""
+    line = (
         f"step {rec.step}/{total}  reward {rec.reward_mean:.3f}  tokens {rec.tokens}  "
         f"rollout {rec.rollout_seconds:.2f}s  train {rec.train_seconds:.2f}s  sync {rec.sync_seconds:.2f}s  "
         f"version {rec.weight_version}"
+    )
+    return line if rec.validation is None else f"{line}\n{validation_line(rec.validation)}"
+
+
+def validation_line(v: ValidationReport) -> str:
+    """An evaluation in one line: validation at step s, mean reward, pass@1, pass@k, mean response length."""
+    return (
+        f"validation after step {v.step} (version {v.weight_version}, {v.prompts} prompts x {v.k}): "
+        f"reward {v.reward_mean:.3f}  pass@1 {v.pass_at_1:.3f}  pass@{v.k} {v.pass_at_k:.3f}  "
+        f"length {v.response_tokens_mean:.1f} tokens  {v.seconds:.2f}s"
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from rlboost.wire.events import StepReport
+from rlboost.wire.events import StepReport, ValidationReport
 from rlboost.wire.rollout_io import ManagerStatus
 
 
@@ -23,6 +23,11 @@ class LocalReport(BaseModel):
     ok: bool = Field(True, description="The job finished all its steps.")
     steps: list[StepReport] = Field(
         default_factory=list, description="The trainer's record of each optimizer step, as published on NATS."
+    )
+    validation: list[ValidationReport] = Field(
+        default_factory=list,
+        description="Each evaluation on the validation prompts (spec.evaluation), in step order: step, reward_mean, "
+        "pass_at_1, pass_at_k, k, response length.",
     )
     final_weights_checksum: str = Field(
         "", description="Checksum of the trainer's published weights (canonical order)."

@@ -22,7 +22,7 @@ from rich.live import Live
 
 from rlboost.local.chaos import ChaosMonkey
 from rlboost.local.plan import ChildPlan, LocalOptions, LocalPlan, build_plan, initial_spot_workers
-from rlboost.local.progress import ProgressState, render, step_line, summary_table
+from rlboost.local.progress import ProgressState, render, step_line, summary_table, validation_line
 from rlboost.local.report import (
     LocalReport,
     counters_from_status,
@@ -456,9 +456,10 @@ def _make_spot_controller(
 def build_report(run: Run, status: ManagerStatus | None, wall_s: float) -> LocalReport:
     """The run's report: the trainer's step records and the manager's final status (counters 0 without one)."""
     by_step = {s.step: s for s in run.state.progress.steps}  # a redelivered event counts once
+    steps = [by_step[k] for k in sorted(by_step)]
     done = run.state.done
     return LocalReport(
-        ok=bool(done and done.ok), steps=[by_step[k] for k in sorted(by_step)],
+        ok=bool(done and done.ok), steps=steps, validation=[s.validation for s in steps if s.validation],
         final_weights_checksum=done.final_weights_checksum if done else "",
         export_path=done.export_path if done else "",
         preemptions=run.spot.preemptions, **counters_from_status(status),
@@ -477,6 +478,8 @@ def _print_summary(console: Console, report: LocalReport, plot: Path | None, jso
         f"preemptions {report.preemptions}, migrations {report.migrations}, tokens lost {report.tokens_lost}, "
         f"tokens regenerated {report.tokens_regenerated}"
     )
+    for v in report.validation:
+        console.print(validation_line(v))
     console.print(f"final weights checksum: {report.final_weights_checksum or '(none)'}")
     if report.export_path:
         console.print(f"exported model: {report.export_path}")

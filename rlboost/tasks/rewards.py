@@ -30,7 +30,7 @@ _END_MARKERS = ("<|im_end|>", "<|endoftext|>")
 _INTEGER = re.compile(r"-?\d+")
 
 
-def _final_text(response_text: str) -> str:
+def final_text(response_text: str) -> str:
     cut = len(response_text)
     for marker in _END_MARKERS:
         i = response_text.find(marker)
@@ -41,12 +41,12 @@ def _final_text(response_text: str) -> str:
 
 def exact_match(response_text: str, example: Example) -> float:
     """1.0 when the response (stripped, up to an end-of-turn marker) equals the answer, else 0.0."""
-    return 1.0 if _final_text(response_text) == example.answer.strip() else 0.0
+    return 1.0 if final_text(response_text) == example.answer.strip() else 0.0
 
 
 def format_reward(response_text: str, example: Example) -> float:
     """1.0 when the response (stripped, up to an end-of-turn marker) is only an integer, else 0.0."""
-    return 1.0 if _INTEGER.fullmatch(_final_text(response_text)) else 0.0
+    return 1.0 if _INTEGER.fullmatch(final_text(response_text)) else 0.0
 
 
 _MAX_RESPONSE_CHARS = 20_000  # only the tail of a response is read: the answer comes last
@@ -115,7 +115,7 @@ def _boxed(text: str) -> str | None:
 
 def extract_answer(response_text: str) -> str | None:
     """The final answer of a free-form response (see the module docstring for the precedence), or None."""
-    text = _final_text(response_text)[-_MAX_RESPONSE_CHARS:].replace("\u2212", "-")
+    text = final_text(response_text)[-_MAX_RESPONSE_CHARS:].replace("\u2212", "-")
     boxed = _boxed(text)
     if boxed is not None and boxed.strip():
         return boxed.split("=")[-1].strip()  # "x = 5" -> "5"

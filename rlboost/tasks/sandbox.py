@@ -1,6 +1,6 @@
 """Run a registered reward confined: a small pool of long-lived sandbox processes scoring batches of samples.
 
-`RewardSandbox(name, limits)` starts `limits.processes` processes (rlboost.tasks.sandbox_child: own network
+`RewardSandbox(reward, limits)` (reward: an entry point name or a weighted list of them, see `task.reward`) starts `limits.processes` processes (rlboost.tasks.sandbox_child: own network
 namespace where permitted, an audit hook refusing sockets, processes and exec of text, RLIMIT_AS and a per-call
 RLIMIT_CPU) and `score(items)` returns one `RewardResult` per (response_text, example), in order. A call that
 takes longer than `limits.timeout_seconds`, crashes its process, exceeds a limit, is refused, raises or returns a
@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rlboost.reward_registry import RewardTerms, reward_terms
 from rlboost.tasks.base import Example
 
 FAILURE_REASONS = ("timeout", "crash", "cpu", "memory", "refused", "exception", "bad_value")
@@ -61,8 +62,8 @@ class RewardResult:
 class _Process:
     """One sandbox process and its reply stream."""
 
-    def __init__(self, reward: str, limits: SandboxLimits) -> None:
-        config = json.dumps({"reward": reward, "memory_mib": limits.memory_mib, "cpu_seconds": limits.cpu_seconds})
+    def __init__(self, terms: RewardTerms, limits: SandboxLimits) -> None:
+        config = json.dumps({"terms": terms, "memory_mib": limits.memory_mib, "cpu_seconds": limits.cpu_seconds})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rlboost.tasks.sandbox_child", config],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
@@ -160,8 +161,9 @@ def _why_ended(returncode: int, reply: dict[str, Any] | None, timed_out: bool) -
 class RewardSandbox:
     """A pool of sandbox processes for one reward. Use as a context manager, or start() / close()."""
 
-    def __init__(self, reward: str, limits: SandboxLimits | None = None) -> None:
+    def __init__(self, reward: str | Sequence[Any], limits: SandboxLimits | None = None) -> None:
         self.reward, self.limits = reward, limits or SandboxLimits()
+        self.terms = reward_terms(reward)  # a name, or a weighted list (rlboost.spec.RewardTerm): summed per sample
         self._idle: list[_Process] = []
         self._pool = ThreadPoolExecutor(self.limits.processes, thread_name_prefix="reward-sandbox")
         self.replaced = 0  # processes replaced after a failed call
@@ -180,7 +182,7 @@ class RewardSandbox:
 
     def start(self) -> None:
         """Start every process and wait until each has loaded the reward (RewardSandboxError if one cannot)."""
-        procs = [_Process(self.reward, self.limits) for _ in range(self.limits.processes)]
+        procs = [_Process(self.terms, self.limits) for _ in range(self.limits.processes)]
         deadline = time.monotonic() + _START_TIMEOUT_S
         try:
             for p in procs:
@@ -237,6 +239,6 @@ class RewardSandbox:
 
     def _replacement(self) -> _Process:
         self.replaced += 1
-        proc = _Process(self.reward, self.limits)
+        proc = _Process(self.terms, self.limits)
         proc.wait_ready(time.monotonic() + _START_TIMEOUT_S)
         return proc

@@ -45,6 +45,24 @@ def gauge(default: Any, description: str, *, name: str = "", **constraints: Any)
     return Field(default, description=description, json_schema_extra={GAUGE_KEY: name or True}, **constraints)
 
 
+class ValidationReport(BaseModel):
+    """An evaluation on the validation prompts at a step's weights (spec.evaluation; rlboost.evaluation): part of
+    that step's StepReport, the trainer's validation gauges and `validation[]` of the local JSON report."""
+
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+
+    step: int = Field(ge=0, description="The optimizer step after which it ran (0-based).")
+    weight_version: int = Field(ge=0, description="Weight version the responses were generated with.")
+    reward_mean: float = Field(description="Mean reward (task.reward) over every validation response.")
+    pass_at_1: float = Field(ge=0, le=1, description="Unbiased pass@1 (Codex paper), mean over prompts.")
+    pass_at_k: float = Field(ge=0, le=1, description="Unbiased pass@k, k = evaluation.samples, mean over prompts.")
+    k: int = Field(ge=1, description="Responses per prompt (evaluation.samples).")
+    prompts: int = Field(ge=0, description="Validation prompts evaluated.")
+    response_tokens_mean: float = Field(0.0, ge=0, description="Mean response length in tokens.")
+    reward_failures: int = Field(0, ge=0, description="Responses whose reward call failed (scored 0).")
+    seconds: float = Field(0.0, ge=0, description="Wall time of the evaluation (rollout and scoring).")
+
+
 class StepReport(BaseModel):
     """The one record of a step: topic `steps` (trainer -> operator, `rlboost local`), a line of the trainer's
     run_dir/steps.jsonl, the trainer's per-step gauges (`step_gauges()`), and `steps[]` of the local JSON report.
@@ -119,6 +137,9 @@ class StepReport(BaseModel):
     )
     data_epoch: int = Field(
         0, ge=0, description="Epoch of the data cursor after the step's prompts (the epoch the next step reads)."
+    )
+    validation: ValidationReport | None = Field(
+        None, description="The evaluation after this step (every evaluation.everySteps and the last), else null."
     )
 
 

@@ -3,7 +3,8 @@
 `pip install` of a user package would.
 
 `chaos` misbehaves as its response text says (hang, exit, segfault, hog memory, burn CPU, exec the text, open a
-socket, start a process, return NaN or a string, catch a refusal); any other text scores like exact_match.
+socket, start a process, return NaN or a string, catch a refusal, return the row's metadata 'score'); any
+other text scores like exact_match.
 `broken` fails to import.
 """
 
@@ -54,6 +55,8 @@ def chaos(text, example):
         return "1"
     if text == "raise":
         raise ValueError("bad sample")
+    if text == "metadata":
+        return float(example.metadata["score"])
     return 1.0 if text.strip() == example.answer else 0.0
 """
 

@@ -93,3 +93,18 @@ def test_builtins_score_as_in_process(plugins: Path) -> None:
 def test_a_reward_that_does_not_import_fails_clearly_at_start(plugins: Path) -> None:
     with pytest.raises(RewardSandboxError, match="task.reward.*this reward package is broken"):
         RewardSandbox("broken", SandboxLimits(processes=1)).start()
+
+
+def test_the_reward_gets_the_rows_metadata(chaos: RewardSandbox) -> None:
+    rows = [("metadata", Example("q", "3", {"score": 0.25, "source": "gsm8k"})), ("3", GOOD)]
+    assert [(r.value, r.failure) for r in chaos.score(rows)] == [(0.25, None), (1.0, None)]
+
+
+def test_a_failing_term_of_a_weighted_reward_fails_the_sample_with_its_reason(plugins: Path) -> None:
+    from rlboost.spec import RewardTerm
+
+    terms = [RewardTerm(name="exact_match"), RewardTerm(name="chaos", weight=0.5)]
+    with RewardSandbox(terms, SandboxLimits(processes=1)) as sandbox:
+        results = sandbox.score([("raise", GOOD), ("3", GOOD)])
+    assert [(r.value, r.failure) for r in results] == [(0.0, "exception"), (1.5, None)]
+    assert "bad sample" in results[0].detail

@@ -11,7 +11,7 @@ import pytest
 
 from rlboost.auth.credentials import ROLE_ITEMS, generate_items
 from rlboost.spec import JobSpec, JobSpecError, PoolSpec, parse_job_spec
-from rlboost.wire.events import JobDone, StepReport
+from rlboost.wire.events import JobDone, StepReport, ValidationReport
 from rlboost_operator import children, crd, spot, status
 from rlboost_operator.checks import SpecProblemError, check_job, check_reward
 from rlboost_operator.config import OperatorSettings, load_settings
@@ -151,6 +151,18 @@ def test_step_status_integrates_cost_at_the_previous_rate_and_keeps_terminal_pha
     assert status.done_status(JobDone(ok=False, steps=2, error="oom"), {})["phase"] == "Failed"
     # `done` names the last step even when late step reports were dropped behind it (two subscriptions)
     assert status.done_status(JobDone(ok=True, steps=40), {"step": 19})["step"] == 39
+
+
+def test_a_step_with_an_evaluation_reports_it_in_the_status():
+    validation = ValidationReport(step=9, weight_version=10, reward_mean=0.5, pass_at_1=0.25, pass_at_k=0.75, k=4,
+                                  prompts=16, response_tokens_mean=5.5)  # fmt: skip
+    report = StepReport(step=9, reward_mean=0.5, tokens=6, rollout_seconds=1, train_seconds=1, sync_seconds=1,
+                        weight_version=10, weights_checksum="x", validation=validation)  # fmt: skip
+    st = status.step_status(report, gpu_spec(), {}, {})
+    assert st["validation"] == {"step": 9, "weightVersion": 10, "k": 4, "prompts": 16, "rewardMean": 0.5,
+                                "passAt1": 0.25, "passAtK": 0.75, "responseTokensMean": 5.5}  # fmt: skip
+    jsonschema.Draft4Validator(crd.status_schema()).validate({"validation": st["validation"]})
+    assert "validation" not in status.step_status(report.model_copy(update={"validation": None}), gpu_spec(), {}, {})
 
 
 def test_set_condition_keeps_transition_time_when_status_unchanged():

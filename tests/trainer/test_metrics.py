@@ -16,9 +16,18 @@ DERIVED = {"step", "tokens", "rollout_seconds", "train_seconds", "sync_seconds"}
 # *_total counters, per trajectory (sync_bytes: rlboost_trainer_published_bytes_total)
 COUNTED_DURING_THE_STEP = {"trajectories", "off_policy", "stale", "sync_bytes"}
 # workers_lost, migrations, cost_so_far: the manager's and the operator's own metrics say these
-RECORD_ONLY = {"first_trajectory_seconds", "ranks", "colocation_released", "colocation_resumed",
-               "colocation_wait_seconds", "workers_lost", "migrations", "cost_so_far", "prompts_skipped",
-               "data_epoch"}  # fmt: skip  prompts_skipped: rlboost_trainer_prompts_skipped_total
+RECORD_ONLY = {
+    "first_trajectory_seconds",
+    "ranks",
+    "colocation_released",
+    "colocation_resumed",
+    "colocation_wait_seconds",
+    "workers_lost",
+    "migrations",
+    "cost_so_far",
+    "prompts_skipped",
+    "data_epoch",
+}  # fmt: skip  prompts_skipped: rlboost_trainer_prompts_skipped_total
 
 
 def _report() -> StepReport:

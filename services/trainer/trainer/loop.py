@@ -19,6 +19,10 @@ they are published as max(latest + 1, checkpointed version) and the run continue
 resumed run whose killed predecessor already published later versions skips their numbers, with the same
 content as an uninterrupted run (versions need not equal steps).
 
+Evaluation (`spec.evaluation`): after every K-th step (and the last), once its weights are published, the
+validation prompts (rlboost.tasks.validation) are rolled out at that version, k samples each, scored in the reward
+sandbox and summarised (rlboost.evaluation: mean reward, pass@1, pass@k, response length) into the step's report.
+
 Colocation (`trainer.colocateReserved`, see trainer.colocation): the reserved workers share the trainer's
 accelerators. After the step's whole batch is in (colocation turns streamed training off, since reserved
 workers would otherwise still generate on the accelerator being trained on) the trainer asks them to release
@@ -38,12 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from rlboost.auth.grpc_auth import ClientAuth
+from rlboost.evaluation import ScoredResponse, summarize
 from rlboost.observability import LoopWatchdog
+from rlboost.reward_registry import describe_reward
 from rlboost.spec import JobSpec, effective_micro_batch
 from rlboost.tasks.base import Cursor, PromptBatch
 from rlboost.tasks.dataset import DatasetError
-from rlboost.tasks.sandbox import RewardSandbox, SandboxLimits
-from rlboost.wire.events import JobDone, StepReport, subject
+from rlboost.tasks.sandbox import RewardResult, RewardSandbox, SandboxLimits
+from rlboost.tasks.validation import validation_source
+from rlboost.wire.events import JobDone, StepReport, ValidationReport, subject
 from rlboost.wire.rollout_io import PromptItem, RolloutRequest, SamplingParams, Trajectory
 from trainer import metrics, ranks
 from trainer.batching import StepAssembler
@@ -120,6 +127,8 @@ class Trainer:
         self.cursor = Cursor()  # where the next step's prompts start (checkpointed)
         self._next_batch: PromptBatch | None = None  # the following step's prompts (known: is this step the last?)
         self.rewards: RewardSandbox | None = None  # rank 0 scores samples in the reward sandbox (see _step)
+        self._validation: tuple[list[Any], list[PromptItem]] | None = None  # encoded once, at the first evaluation
+        self._encode: Any = None  # rank 0: chat messages -> prompt ids (the chat template), set with the prompts
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else (self.stop_ids[0] if self.stop_ids else 0)
         self.engine: Any = None
@@ -311,6 +320,8 @@ class Trainer:
                                  extra={"step": step, "epochs": self.spec.task.dataset.epochs})  # fmt: skip
                         break
                     self.steps_done = step + 1
+                    if self._evaluation_due(step):
+                        record.validation = await self._evaluate_within_deadline(step, rc)
                     await self._report(record)
             await publisher.flush()  # an upload still in flight (overlap mode) finishes before JobDone
 
@@ -349,6 +360,7 @@ class Trainer:
         def encode(messages: list[dict[str, str]]) -> list[int]:
             return encode_prompt(self.tokenizer, messages, enable_thinking=thinking)
 
+        self._encode = encode  # evaluation encodes the validation prompts the same way
         prompts = make_prompts(self.spec.task, encode)
         try:
             check_dataset(self.spec.task, self.spec.algorithm.prompts_per_step, encode, train=prompts if data else None)
@@ -456,11 +468,15 @@ class Trainer:
         return request, examples, batch.skipped
 
     async def _score(self, ctx: StepContext, trajs: list[Trajectory]) -> list[float]:
-        """The rewards of a batch of the step's trajectories, from the reward sandbox (a failed call scores 0 and
-        is counted by reason). The trajectories were validated (their prompt_index is the step's)."""
+        """The rewards of a batch of the step's trajectories (see _judge)."""
+        return [r.value for r in await self._judge(ctx.step, ctx.examples, trajs)]
+
+    async def _judge(self, step: int, examples: list[Any], trajs: list[Trajectory]) -> list[RewardResult]:
+        """The rewards of trajectories of `examples` from the reward sandbox (a failed call scores 0 and is counted
+        by reason). The trajectories were validated (their prompt_index is one of `examples`)."""
         assert self.rewards is not None
         judged = [t for t in trajs if t.finish_reason != FAILED]  # dropped by the manager: nothing to judge, 0
-        items = [(self._decode(self.tokenizer, t.response_ids), ctx.examples[t.prompt_index]) for t in judged]
+        items = [(self._decode(self.tokenizer, t.response_ids), examples[t.prompt_index]) for t in judged]
         results = await asyncio.to_thread(self.rewards.score, items) if items else []
         failed: dict[str, int] = {}
         for r in results:
@@ -469,10 +485,78 @@ class Trainer:
                 failed[r.failure] = failed.get(r.failure, 0) + 1
         if failed:
             detail = next(r.detail for r in results if r.failure is not None)
-            log.warning("reward calls failed: those samples score 0", extra={"step": ctx.step, "failures": failed,
-                        "first": detail, "reward": self.spec.task.reward})  # fmt: skip
-        values = iter(r.value for r in results)
-        return [0.0 if t.finish_reason == FAILED else next(values) for t in trajs]
+            log.warning("reward calls failed: those samples score 0", extra={"step": step, "failures": failed,
+                        "first": detail, "reward": describe_reward(self.spec.task.reward)})  # fmt: skip
+        scored = iter(results)
+        return [RewardResult(0.0) if t.finish_reason == FAILED else next(scored) for t in trajs]
+
+    # ---- evaluation (spec.evaluation; rlboost.evaluation) ----
+
+    def _evaluation_due(self, step: int) -> bool:
+        every = self.spec.evaluation.every_steps
+        return every > 0 and ((step + 1) % every == 0 or step + 1 == self.steps)
+
+    def _validation_request(self, step: int) -> tuple[RolloutRequest, list[Any]]:
+        """The validation prompts at the current version, k samples each, with the evaluation's sampling. Its
+        step id is -(step + 1): the manager keeps it apart from training steps, and no trajectory is trained on."""
+        ev = self.spec.evaluation
+        if self._validation is None:
+            examples, ids = self._validation_set(ev.prompts)
+            self._validation = (examples, [PromptItem(i, p) for i, p in enumerate(ids)])
+        examples, prompts = self._validation
+        sampling = SamplingParams(
+            temperature=ev.temperature, top_p=ev.top_p, top_k=0,
+            max_new_tokens=ev.max_new_tokens or self.spec.algorithm.max_new_tokens, seed=ev.seed,
+            stop_token_ids=self.stop_ids,
+        )  # fmt: skip
+        request = RolloutRequest(-(step + 1), self.version, prompts, ev.samples, sampling, vocab_size=self.vocab_size)
+        return request, examples
+
+    def _validation_set(self, limit: int) -> tuple[list[Any], list[list[int]]]:
+        """The first `limit` validation prompts and their ids: task.dataset.validation (in file order, too-long
+        prompts skipped as in training) where the job has one, else the built-in task's held-out set."""
+        data = self.spec.task.active_dataset
+        if data is not None and data.validation:
+            from rlboost.tasks.dataset import DatasetPrompts
+
+            split = DatasetPrompts(self.spec.task, self._encode, split="validation")
+            try:
+                batch = split.take(Cursor(), limit)
+            finally:
+                split.close()
+            return batch.examples, batch.prompt_ids
+        examples = validation_source(self.spec).validation_examples(limit)
+        return examples, [self._encode(self.prompts.task.messages(e)) for e in examples]
+
+    async def _evaluate_within_deadline(self, step: int, rc: RolloutClient) -> ValidationReport | None:
+        """The evaluation, bounded by rollout.stepDeadlineS like a step's rollout; past it the step is reported
+        without one (a slow evaluation does not fail the training)."""
+        deadline = self.spec.rollout.step_deadline_s
+        try:
+            async with asyncio.timeout(deadline or None):
+                return await self._evaluate(step, rc)
+        except TimeoutError:
+            log.warning(
+                "evaluation skipped: rollout.stepDeadlineS passed", extra={"step": step, "deadline_s": deadline}
+            )
+            return None
+
+    async def _evaluate(self, step: int, rc: RolloutClient) -> ValidationReport:
+        """Roll the validation prompts out at the step's published weights, score them, summarise."""
+        ev, start = self.spec.evaluation, time.monotonic()
+        request, examples = self._validation_request(step)
+        trajs = [t async for t in rc.rollout(request)]
+        results = await self._judge(step, examples, trajs)
+        groups: list[list[ScoredResponse]] = [[] for _ in examples]
+        for traj, result in zip(trajs, results, strict=True):
+            groups[traj.prompt_index].append(
+                ScoredResponse(result.value, len(traj.response_ids), result.failure is not None)
+            )
+        report = summarize(step, self.version, groups, ev.samples, ev.pass_threshold, time.monotonic() - start)
+        log.info("validation done", extra={"step": step, "reward_mean": round(report.reward_mean, 4),
+                 "pass_at_1": round(report.pass_at_1, 4), f"pass_at_{ev.samples}": round(report.pass_at_k, 4),
+                 "seconds": round(report.seconds, 3)})  # fmt: skip
+        return report
 
     @staticmethod
     def _drain(queue: asyncio.Queue[Trajectory | None], first: Trajectory) -> tuple[list[Trajectory], bool]:

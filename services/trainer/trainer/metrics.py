@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from rlboost.wire.events import StepReport, step_gauges
+from rlboost.wire.events import StepReport, ValidationReport, step_gauges
 
 # Every gauge-declared StepReport field (rlboost.wire.events.gauge): field name -> its gauge, set after each step.
 STEP_GAUGES = {field: Gauge(name, help_) for field, (name, help_) in step_gauges().items()}
@@ -55,6 +55,24 @@ COLOCATION_RELEASE_WAIT = Gauge(
 )
 
 
+# Evaluation (spec.evaluation): set when a step's report carries one (rlboost.wire.events.ValidationReport).
+VALIDATION = {
+    field: Gauge(f"rlboost_trainer_validation_{field}", help_)
+    for field, help_ in (
+        ("reward_mean", "Mean reward of the last evaluation's responses on the validation prompts."),
+        ("pass_at_1", "Unbiased pass@1 of the last evaluation."),
+        ("pass_at_k", "Unbiased pass@k of the last evaluation, k = evaluation.samples."),
+        ("response_tokens_mean", "Mean response length in tokens of the last evaluation."),
+        ("step", "Step after which the last evaluation ran (1-based count of optimizer steps)."),
+    )
+}
+
+
+def export_validation(report: ValidationReport) -> None:
+    for field, g in VALIDATION.items():
+        g.set(report.step + 1 if field == "step" else getattr(report, field))
+
+
 def export_step(report: StepReport) -> None:
     """Set every step gauge from the step's record: one per gauge field, then the derived ones; the step count
     last, so a scrape that sees the new step sees all of its values."""
@@ -65,4 +83,6 @@ def export_step(report: StepReport) -> None:
     TOKENS_PER_SECOND.set(report.tokens / wall if wall > 0 else 0.0)
     for phase in ("rollout", "train", "sync"):
         STEP_SECONDS.labels(phase).set(getattr(report, f"{phase}_seconds"))
+    if report.validation is not None:
+        export_validation(report.validation)
     STEP.set(report.step + 1)
