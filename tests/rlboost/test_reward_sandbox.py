@@ -96,7 +96,7 @@ def test_a_reward_that_does_not_import_fails_clearly_at_start(plugins: Path) -> 
 
 
 def test_the_reward_gets_the_rows_metadata(chaos: RewardSandbox) -> None:
-    rows = [("metadata", Example("q", "3", {"score": 0.25, "source": "gsm8k"})), ("3", GOOD)]
+    rows = [("metadata", Example("q", "3", metadata={"score": 0.25, "source": "gsm8k"})), ("3", GOOD)]
     assert [(r.value, r.failure) for r in chaos.score(rows)] == [(0.25, None), (1.0, None)]
 
 

@@ -45,12 +45,12 @@ def test_step_metrics_are_every_numeric_field_nested_ones_flattened() -> None:
 
 
 def test_fields_added_to_the_report_later_flow_through() -> None:
-    class WithValidation(StepReport):  # what a later field (e.g. validation metrics) looks like
-        validation: dict[str, float] = {}
+    class WithLater(StepReport):  # what a field added later (as validation metrics were) looks like
+        later: dict[str, float] = {}
         passed: bool = True
 
-    metrics = step_metrics(WithValidation(**_report().model_dump(), validation={"pass_at_1": 0.5}))
-    assert metrics["validation/pass_at_1"] == 0.5 and "passed" not in metrics
+    metrics = step_metrics(WithLater(**_report().model_dump(), later={"pass_at_1": 0.5}))
+    assert metrics["later/pass_at_1"] == 0.5 and "passed" not in metrics
 
 
 def test_jsonl_writes_one_line_per_step_in_logging_dir(tmp_path: Path) -> None:
