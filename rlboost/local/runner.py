@@ -291,7 +291,7 @@ class Run:
         self.nc = await nats.connect(self.plan.nats_url, connect_timeout=5, max_reconnect_attempts=-1,
                                      reconnect_time_wait=0.2, **reconnect_quietly(log, logging.DEBUG), **auth)  # fmt: skip
         o = self.plan.options
-        await ensure_status_stream(self.nc, o.namespace, o.job)
+        self.status_reader = await ensure_status_stream(self.nc, o.namespace, o.job)
 
     def _connect_manager(self) -> None:
         from rlboost.auth.grpc_auth import ClientAuth

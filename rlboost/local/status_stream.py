@@ -29,14 +29,16 @@ def local_stream_config(namespace: str, job: str) -> StreamConfig:
                         storage=StorageType.FILE)  # fmt: skip
 
 
-async def ensure_status_stream(nc: Client, namespace: str, job: str) -> None:
-    """Create the stream, or keep the one a previous run of this run dir made (its messages are read again)."""
+async def ensure_status_stream(nc: Client, namespace: str, job: str) -> StreamCursor:
+    """Create the stream, or keep the one an earlier run of this run dir made (`--resume`); the cursor starts
+    after what the stream holds already, so an earlier run's step reports and `done` are not taken for this one's."""
     js = nc.jetstream(timeout=TIMEOUT_S)
     config = local_stream_config(namespace, job)
     try:
-        await js.add_stream(config)
+        info = await js.add_stream(config)
     except BadRequestError:  # it exists (with another config): bring it up to date
-        await js.update_stream(config)
+        info = await js.update_stream(config)
+    return StreamCursor(next_seq=info.state.last_seq + 1)
 
 
 @dataclass
