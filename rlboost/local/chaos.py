@@ -90,15 +90,6 @@ class ChaosMonkey:
         """A kill happened: the next one is a full period away (missed periods are not replayed)."""
         self._next_at = now + self.period_s
 
-    def choose(self, live: list[str], inflight: dict[str, int] | None) -> str | None:
-        """The spot worker to kill now, or None to wait (the spot-only form of `pick`). Call only while armed.
-
-        `live`: spot workers alive; `inflight`: per worker, tokens it streamed of responses still running on
-        it, from the manager's status (None when no status could be had: wait, never a blind kill).
-        """
-        streaming = sorted(w for w in live if inflight and inflight.get(w, 0) > 0)
-        return self._rng.choice(streaming) if streaming else None
-
     def pick(self, live: dict[str, list[str]], status: ManagerStatus | None) -> Victim | None:
         """The process to kill now, or None to wait. `live`: per target, its live child names; `status`: the
         manager's (None: wait, never a blind kill). Roles take strict turns, so a role at work all step long

@@ -58,7 +58,8 @@ class LocalReport(BaseModel):
     )
     tokens_received: int = Field(0, description="Response tokens the manager received and kept, over all steps.")
     spot_events: list[str] = Field(
-        default_factory=list, description="Spot pool events in order: 'SIGKILL spot-1 (chaos, 3 running)', ..."
+        default_factory=list,
+        description="Spot pool and chaos events in order: 'SIGKILL spot-1 (chaos, 3 running, ...)', 'restarted nats', ...",
     )
     faults: list[FaultRecord] = Field(default_factory=list, description="Every process chaos killed, in order.")
     workers: list[WorkerRecord] = Field(default_factory=list, description="Workers registered at the end.")
