@@ -13,7 +13,9 @@ refused (no `no_auth_user`), and each user may publish and subscribe only to wha
 | colocation-acks                      | worker        | trainer            |
 
 The operator also keeps the newest step report and `done` in the JetStream stream `STATUS_STREAM`, so it alone
-gets the JetStream API rights of that stream (and `_INBOX.>` for the API's replies); no other role uses JetStream.
+gets the JetStream API rights of that stream (and `_INBOX.>` for the API's replies). The trainer publishes step
+reports and `done` acknowledged by that stream (rlboost.durable): it subscribes to its own inbox prefix for the
+acknowledgements, nothing else of JetStream.
 
 `rlboost local` writes this file from `<run dir>/credentials`; on Kubernetes the operator renders it into the
 job's NATS config Secret, with TLS.
@@ -26,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rlboost.auth.credentials import NATS_USERS, JobCredentials
-from rlboost.wire.events import STATUS_STREAM, subject
+from rlboost.wire.events import STATUS_STREAM, TRAINER_INBOX, subject
 
 PUBLISHERS: dict[str, tuple[str, ...]] = {
     "weights": ("weight-server",),
@@ -51,10 +53,14 @@ JETSTREAM_PUBLISH = (
     f"$JS.API.STREAM.*.{STATUS_STREAM}",
     f"$JS.API.CONSUMER.*.{STATUS_STREAM}",
     f"$JS.API.CONSUMER.*.{STATUS_STREAM}.>",
+    f"$JS.API.STREAM.MSG.GET.{STATUS_STREAM}",  # `rlboost local` reads the stream by sequence number
     "$JS.FC.>",
 )
 JETSTREAM_SUBSCRIBE = ("_INBOX.>",)
 JETSTREAM_USERS = ("operator",)
+# The trainer publishes step reports and `done` to the status stream and waits for its acknowledgement
+# (rlboost.durable), which comes to an inbox of its own prefix only.
+ACK_INBOXES = {"trainer": TRAINER_INBOX}
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,8 @@ def permissions(namespace: str, job: str) -> dict[str, dict[str, list[str]]]:
     for user in JETSTREAM_USERS:
         out[user]["publish"].extend(JETSTREAM_PUBLISH)
         out[user]["subscribe"].extend(JETSTREAM_SUBSCRIBE)
+    for user, inbox in ACK_INBOXES.items():
+        out[user]["subscribe"].append(f"{inbox}.>")
     return out
 
 

@@ -2,6 +2,7 @@
 
     rlboost local [--config FILE] [--steps N] [--json-report PATH] [--run-dir DIR] [--temperature T]
                   [--spot-trace FILE] [--trace-time-scale X | --trace-step-seconds X] [--chaos-kill-every S] [--chaos-signal KILL|TERM]
+                  [--chaos-targets spot,reserved,manager,weight-server,nats,trainer]
                   [--dump-rollouts PATH]
                   [--workers-reserved N] [--workers-spot N] [--seed S]
                   [--trainer-ranks N] [--checkpoint-dir DIR] [--resume]
@@ -52,6 +53,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "streams, then at most once every S seconds")  # fmt: skip
     p.add_argument("--chaos-signal", choices=["KILL", "TERM"], default="KILL",
                    help="chaos preemption without notice (KILL, default) or with notice (TERM: the worker drains)")  # fmt: skip
+    p.add_argument("--chaos-targets", default="spot", metavar="ROLES",
+                   help="comma list of the roles chaos kills, each caught at work: spot, reserved, manager, "
+                        "weight-server, nats, trainer (default spot); all but spot workers are restarted with "
+                        "the same ports and arguments, the trainer with --resume")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -137,6 +142,20 @@ def _check_inputs(args: argparse.Namespace) -> None:
         raise JobSpecError("--resume needs --checkpoint-dir DIR (the directory the earlier run checkpointed to)")
 
 
+def _check_chaos_targets(args: argparse.Namespace, spec: JobSpec) -> None:
+    from rlboost.local.chaos import parse_targets
+
+    raw = getattr(args, "chaos_targets", "spot")
+    try:
+        targets = parse_targets(raw)
+    except ValueError as err:
+        raise JobSpecError(str(err)) from None
+    if targets != ("spot",) and args.chaos_kill_every is None:
+        raise JobSpecError("--chaos-targets: chaos needs a period; add --chaos-kill-every S")
+    if "trainer" in targets and spec.trainer.ranks > 1:
+        raise JobSpecError("--chaos-targets trainer: a killed trainer is restarted alone; use --trainer-ranks 1")
+
+
 def run(args: argparse.Namespace) -> int:
     from rlboost.local.spot_trace import TraceError
     from rlboost.tracking import TrackingError, check_backends
@@ -145,11 +164,13 @@ def run(args: argparse.Namespace) -> int:
         spec = resolve_spec(args)
         _check_inputs(args)
         check_backends(spec.logging)  # a missing library or a silent MLflow server: before any process starts
+        _check_chaos_targets(args, spec)
     except (JobSpecError, TraceError, TrackingError) as err:
         print(f"rlboost local: error: {err}", file=sys.stderr)
         return 2
     from rich.console import Console
 
+    from rlboost.local.chaos import parse_targets
     from rlboost.local.plan import LocalOptions
     from rlboost.local.runner import run_local
 
@@ -162,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
         trace_step_seconds=args.trace_step_seconds,
         chaos_kill_every=args.chaos_kill_every,
         chaos_signal=args.chaos_signal,
+        chaos_targets=parse_targets(getattr(args, "chaos_targets", "spot")),
         seed=spec.algorithm.seed,
         checkpoint_dir=args.checkpoint_dir.resolve() if getattr(args, "checkpoint_dir", None) else None,
         resume=bool(getattr(args, "resume", False)),

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
+from rlboost.local.chaos import DEFAULT_TARGETS, parse_targets
 from rlboost.options import (
     LOOPBACK,
     ServiceOptions,
@@ -50,11 +51,29 @@ class LocalOptions(BaseModel):
     chaos_signal: Literal["KILL", "TERM"] = Field(
         "KILL", description="Signal of chaos kills: KILL (no notice) or TERM (the worker drains and flushes first)."
     )
+    chaos_targets: tuple[str, ...] = Field(
+        DEFAULT_TARGETS,
+        min_length=1,
+        description="Roles chaos kills (spot, reserved, manager, weight-server, nats, trainer); all but spot restart.",
+    )
     seed: int = Field(0, ge=0, description="Seed of chaos and trace victim choice.")
     python: str = Field(sys.executable, description="Interpreter that runs every service.")
     log_level: str = Field("INFO", description="Log level passed to every service.")
     checkpoint_dir: Path | None = Field(None, description="Trainer checkpoints go here (none when unset).")
     resume: bool = Field(False, description="Trainer continues from the newest valid checkpoint in checkpoint_dir.")
+
+    @field_validator("chaos_targets")
+    @classmethod
+    def _known_targets(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return parse_targets(",".join(value))
+
+    @property
+    def trainer_checkpoints(self) -> Path | None:
+        """Where the trainer checkpoints: checkpoint_dir, else `<run dir>/checkpoints` when chaos may kill the
+        trainer (a restarted trainer resumes from there), else nowhere."""
+        if self.checkpoint_dir is None and self.chaos_kill_every and "trainer" in self.chaos_targets:
+            return self.run_dir / "checkpoints"
+        return self.checkpoint_dir
 
 
 @dataclass(frozen=True)
@@ -151,6 +170,15 @@ class LocalPlan:
         return ChildPlan(worker_id, options.command(self.options.python), "rollout-worker", metrics_port, pool=pool,
                          env=env, options=options)  # fmt: skip
 
+    def restart_of(self, name: str) -> ChildPlan:
+        """The child to start again after `name` was killed: the same command line (so the same ports); a
+        trainer with --resume, so it continues from its newest checkpoint."""
+        old = self.child(name)
+        if old.role != "trainer" or self.spec.trainer.ranks != 1:
+            return old
+        (trainer,) = _trainers(self, resume=True)
+        return ChildPlan(old.name, trainer.argv, old.role, old.ready_port, env=old.env, options=trainer.options)
+
     def child(self, name: str) -> ChildPlan:
         for c in self.children:
             if c.name == name:
@@ -177,13 +205,15 @@ def _manager(plan: LocalPlan) -> ChildPlan:
                      health_url=health, options=options)  # fmt: skip
 
 
-def _trainers(plan: LocalPlan) -> list[ChildPlan]:
-    """`trainer.ranks` trainer processes ("trainer" is rank 0) sharing one gloo/NCCL rendezvous on loopback."""
+def _trainers(plan: LocalPlan, resume: bool | None = None) -> list[ChildPlan]:
+    """`trainer.ranks` trainer processes ("trainer" is rank 0) sharing one gloo/NCCL rendezvous on loopback.
+    `resume`: override --resume (a trainer restarted after a chaos kill resumes from its checkpoint)."""
     o = plan.options
+    resume = o.resume if resume is None else resume
 
     def child(name: str, metrics_port: int, env: dict[str, str] | None = None) -> ChildPlan:
         options = trainer_options(plan.site, plan.model_dir, o.run_dir, metrics_port, o.dump_rollouts,
-                                  o.checkpoint_dir, o.resume)  # fmt: skip
+                                  o.trainer_checkpoints, resume)  # fmt: skip
         return ChildPlan(name, options.command(o.python), "trainer", metrics_port, env=env or {}, options=options)
 
     world = plan.spec.trainer.ranks

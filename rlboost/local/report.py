@@ -17,6 +17,19 @@ class WorkerRecord(BaseModel):
     weight_version: int = Field(description="Weight version the worker held at the end.")
 
 
+class FaultRecord(BaseModel):
+    """One process chaos killed (`rlboost local --chaos-kill-every S --chaos-targets ...`)."""
+
+    role: str = Field(description="The chaos target: spot, reserved, manager, weight-server, nats or trainer.")
+    process: str = Field(description="The child killed (its log is logs/<process>.log).")
+    signal: str = Field(description="SIGKILL or SIGTERM.")
+    at_seconds: float = Field(ge=0, description="Seconds from the start of training to the kill.")
+    doing: str = Field(description="What the manager's status showed it doing when it was hit.")
+    back_after_seconds: float | None = Field(
+        None, ge=0, description="Seconds until the restarted process listened again (None: a spot worker, replaced)."
+    )
+
+
 class LocalReport(BaseModel):
     """What a run did; `workers` is the manager's final status."""
 
@@ -50,8 +63,10 @@ class LocalReport(BaseModel):
     )
     tokens_received: int = Field(0, description="Response tokens the manager received and kept, over all steps.")
     spot_events: list[str] = Field(
-        default_factory=list, description="Spot pool events in order: 'SIGKILL spot-1 (chaos, 3 running)', ..."
+        default_factory=list,
+        description="Spot pool and chaos events in order: 'SIGKILL spot-1 (chaos, 3 running, ...)', 'restarted nats', ...",
     )
+    faults: list[FaultRecord] = Field(default_factory=list, description="Every process chaos killed, in order.")
     workers: list[WorkerRecord] = Field(default_factory=list, description="Workers registered at the end.")
     wall_seconds: float = Field(0.0, description="Wall time from the first child start to completion.")
     export_path: str = Field(

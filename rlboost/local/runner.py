@@ -24,6 +24,7 @@ from rlboost.local.chaos import ChaosMonkey
 from rlboost.local.plan import ChildPlan, LocalOptions, LocalPlan, build_plan, initial_spot_workers
 from rlboost.local.progress import ProgressState, render, step_line, summary_table, validation_line
 from rlboost.local.report import (
+    FaultRecord,
     LocalReport,
     counters_from_status,
     plot_rewards,
@@ -31,10 +32,11 @@ from rlboost.local.report import (
     write_report,
 )
 from rlboost.local.spot_trace import TraceSchedule, load_trace, reconcile
+from rlboost.local.status_stream import StreamCursor
 from rlboost.local.supervisor import ChildFailedError, Supervisor
 from rlboost.nats_server import free_port, nats_server_binary
 from rlboost.spec import JobSpec, dump_job_spec
-from rlboost.wire.events import JobDone, StepReport, subject
+from rlboost.wire.events import JobDone, StepReport
 from rlboost.wire.rollout_io import ManagerStatus
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ TRAINER_DONE_GRACE_S = 10.0  # a trainer that exits 0 may have published `done` 
 RESTARTED_ROLES = {"rollout-manager"}
 MIN_UPTIME_S = 5.0
 SHUTDOWN_GRACE_S = 10.0
+STATUS_READ_EVERY_S = 0.2  # how often the status stream is read for new step reports and `done`
 EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}
 
 
@@ -159,14 +162,16 @@ class SpotController:
     events: list[str] = field(default_factory=list)
     chaos_signal: int = signal.SIGKILL  # SIGTERM: a preemption with notice (the worker drains)
     samples_finished: int = 0  # the manager's count at the last status: the trace's progress clock
+    faults: list[FaultRecord] = field(default_factory=list)  # every chaos kill, in order
+    restarting: dict[str, FaultRecord] = field(default_factory=dict)  # killed, not yet back: name -> its fault
 
     @property
     def active(self) -> bool:
         return self.schedule is not None or self.chaos is not None
 
     def hunting(self, now: float) -> bool:
-        """Chaos is armed: it waits for a worker caught streaming, so it needs a fresh status every short tick."""
-        return self.chaos is not None and self.chaos.armed(now)
+        """Chaos is armed: it waits for a process caught at work, so it needs a fresh status every short tick."""
+        return self.chaos is not None and self.chaos.armed(now) and not self.restarting
 
     def wants_status(self, now: float) -> bool:
         """A fresh manager status is needed this tick: chaos hunts, or the trace advances by the job's progress."""
@@ -180,7 +185,8 @@ class SpotController:
             self.started_at = now
         if status is not None:
             self.samples_finished = status.finished
-        if self.chaos is not None and self.chaos.armed(now):
+        self._bring_back(now)
+        if self.hunting(now):
             self._chaos_kill(now, status)
         target = self.desired
         if self.schedule is not None:
@@ -195,16 +201,47 @@ class SpotController:
             self.sup.start(child.name, child.argv, child.env, role=child.role, pool=child.pool)
             self.events.append(f"started {name}")
 
+    def _live_targets(self) -> dict[str, list[str]]:
+        """Per chaos target, the names of its live processes (the trainer: rank 0, the one that talks to peers)."""
+        running = self.sup.running()
+        by_role = {"manager": "rollout-manager", "weight-server": "weight-server", "nats": "nats"}
+        live = {pool: [c.name for c in running if c.pool == pool] for pool in ("spot", "reserved")}
+        live |= {t: [c.name for c in running if c.role == role] for t, role in by_role.items()}
+        live["trainer"] = [c.name for c in running if c.name == "trainer"]
+        return live
+
     def _chaos_kill(self, now: float, status: ManagerStatus | None) -> None:
         assert self.chaos is not None
-        live = [c.name for c in self.sup.running(pool="spot")]
-        workers = {w.worker_id: w for w in status.workers} if status is not None else {}
-        victim = self.chaos.choose(live, {w: s.inflight_tokens for w, s in workers.items()} if status else None)
-        if victim:
-            self.chaos.fire(now)
-            caught = workers[victim]
-            held = f"{caught.running} running, {caught.inflight_tokens} tokens in flight"
-            self._preempt(victim, "chaos", self.chaos_signal, held)
+        victim = self.chaos.pick(self._live_targets(), status)
+        if victim is None:
+            return
+        self.chaos.fire(now)
+        at = now - (self.started_at if self.started_at is not None else now)
+        fault = FaultRecord(role=victim.target, process=victim.name, signal=signal.Signals(self.chaos_signal).name,
+                            at_seconds=round(at, 3), doing=victim.doing)  # fmt: skip
+        self.faults.append(fault)
+        if victim.target == "spot":
+            self._preempt(victim.name, "chaos", self.chaos_signal, victim.doing)
+            return
+        self.sup.kill(victim.name, self.chaos_signal)
+        self.restarting[victim.name] = fault
+        self.events.append(f"{fault.signal} {victim.name} (chaos, {victim.doing})")
+        log.info("chaos kill", extra={"process": victim.name, "signal": fault.signal, "doing": victim.doing})
+
+    def _bring_back(self, now: float) -> None:
+        """Restart each killed non-spot process once it has exited; it is back when it listens again."""
+        for name, fault in list(self.restarting.items()):
+            child = self.sup.children[name]
+            if child.expected_exit:
+                if child.alive:
+                    continue  # a TERM still being handled (a worker drains first)
+                again = self.plan.restart_of(name)
+                self.sup.start(again.name, again.argv, again.env, role=again.role, pool=again.pool)
+                self.events.append(f"restarted {name}")
+                continue
+            if self.sup.check_ready(name, self.plan.restart_of(name).ready_port):
+                fault.back_after_seconds = round(now - (self.started_at or now) - fault.at_seconds, 3)
+                del self.restarting[name]
 
     def _preempt(self, name: str, why: str, sig: int, held: str = "") -> None:
         self.sup.kill(name, sig)
@@ -243,6 +280,7 @@ class Run:
         self.state = RunState(ProgressState(total_steps=spec.algorithm.steps))
         self.live: Live | None = None
         self.nc = None
+        self.status_reader = StreamCursor()
         self.channel = None
         self.stub = None
 
@@ -282,15 +320,20 @@ class Run:
         await asyncio.gather(*(self._await_ready(c) for c in rest))
 
     async def _connect_nats(self) -> None:
+        """Connect as the job's operator (this run plays it) and keep the status stream: every step report and
+        `done` the trainer publishes is stored on disk and read back in order (`_read_status`), so a NATS restart
+        or a reconnect loses none of them."""
         import nats
 
-        o = self.plan.options
         from rlboost.auth.nats import connect_options
+        from rlboost.durable import reconnect_quietly
+        from rlboost.local.status_stream import ensure_status_stream
 
-        auth = connect_options(self.plan.credentials_dir, "observer")  # reads step reports and `done` only
-        self.nc = await nats.connect(self.plan.nats_url, connect_timeout=5, max_reconnect_attempts=3, **auth)
-        await self.nc.subscribe(subject(o.namespace, o.job, "steps"), cb=self._on_step)
-        await self.nc.subscribe(subject(o.namespace, o.job, "done"), cb=self._on_done)
+        auth = connect_options(self.plan.credentials_dir, "operator")
+        self.nc = await nats.connect(self.plan.nats_url, connect_timeout=5, max_reconnect_attempts=-1,
+                                     reconnect_time_wait=0.2, **reconnect_quietly(log, logging.DEBUG), **auth)  # fmt: skip
+        o = self.plan.options
+        self.status_reader = await ensure_status_stream(self.nc, o.namespace, o.job)
 
     def _connect_manager(self) -> None:
         from rlboost.auth.grpc_auth import ClientAuth
@@ -304,9 +347,19 @@ class Run:
 
     # ---- events ----
 
-    async def _on_step(self, msg: object) -> None:
+    async def _read_status(self) -> None:
+        """Every stored step report and `done` not read yet (none while NATS is away: read on a later tick)."""
+        from rlboost.local.status_stream import read_from
+
+        if self.nc is None:
+            return
+        for subj, data in await read_from(self.nc, self.status_reader):
+            topic = subj.rsplit(".", 1)[-1]
+            await (self._on_done(data) if topic == "done" else self._on_step(data))
+
+    async def _on_step(self, data: bytes) -> None:
         try:
-            rec = StepReport.model_validate_json(msg.data)
+            rec = StepReport.model_validate_json(data)
         except ValueError as err:
             log.warning("ignoring a malformed step report", extra={"error": str(err)})
             return
@@ -314,9 +367,9 @@ class Run:
         if self.live is None:
             self.console.print(step_line(rec, self.state.progress.total_steps), soft_wrap=True, highlight=False)
 
-    async def _on_done(self, msg: object) -> None:
+    async def _on_done(self, data: bytes) -> None:
         try:
-            self.state.done = JobDone.model_validate_json(msg.data)
+            self.state.done = JobDone.model_validate_json(data)
         except ValueError as err:
             self.state.done = JobDone(ok=False, steps=0, error=f"malformed done event: {err}")
         self.state.wake.set()
@@ -357,7 +410,7 @@ class Run:
     async def follow(self) -> None:
         """Until JobDone: watch children, poll the manager, drive the spot pool, refresh the display."""
         self.state.progress.phase = "training"
-        last_poll = 0.0
+        last_poll = last_read = 0.0
         while self.state.done is None:
             self._check_interrupt()
             self._check_children()
@@ -372,6 +425,9 @@ class Run:
                 if status is not None:
                     self.state.progress.on_status(status)
             self.spot.tick(now, status)
+            if now - last_read >= STATUS_READ_EVERY_S:
+                last_read = now
+                await self._read_status()
             self.state.progress.preemptions = self.spot.preemptions
             self._refresh()
             with contextlib.suppress(TimeoutError):
@@ -448,7 +504,9 @@ def _make_spot_controller(
             step_seconds=options.trace_step_seconds,
             samples_per_step=spec.algorithm.prompts_per_step * spec.algorithm.group_size,
         )  # fmt: skip
-    chaos = ChaosMonkey(options.chaos_kill_every, seed=options.seed) if options.chaos_kill_every else None
+    chaos = None
+    if options.chaos_kill_every:
+        chaos = ChaosMonkey(options.chaos_kill_every, seed=options.seed, targets=options.chaos_targets)
     sig = signal.SIGTERM if options.chaos_signal == "TERM" else signal.SIGKILL
     return SpotController(sup, plan, desired=n, schedule=schedule, chaos=chaos, next_index=n, chaos_signal=sig)
 
@@ -463,7 +521,8 @@ def build_report(run: Run, status: ManagerStatus | None, wall_s: float) -> Local
         final_weights_checksum=done.final_weights_checksum if done else "",
         export_path=done.export_path if done else "",
         preemptions=run.spot.preemptions, **counters_from_status(status),
-        spot_events=list(run.spot.events), workers=workers_from_status(status), wall_seconds=round(wall_s, 3),
+        spot_events=list(run.spot.events), faults=list(run.spot.faults), workers=workers_from_status(status),
+        wall_seconds=round(wall_s, 3),
     )  # fmt: skip
 
 

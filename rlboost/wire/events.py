@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 STATUS_STREAM = "RLBOOST_STATUS"  # JetStream stream the operator keeps each job's newest step report and `done` in
+TRAINER_INBOX = "_INBOX.trainer"  # the trainer's reply subjects (nats.connect inbox_prefix): the stream's acks
 
 
 def subject(namespace: str, job: str, topic: str) -> str:

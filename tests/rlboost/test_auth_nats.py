@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import nats
@@ -16,23 +15,11 @@ import pytest
 from rlboost.auth.credentials import JobCredentials, generate
 from rlboost.auth.nats import connect_options
 from rlboost.auth.nats_config import PUBLISHERS, SUBSCRIBERS, passwords_of, render_nats_config
-from rlboost.nats_server import NatsServer, free_port
 from rlboost.wire.events import STATUS_STREAM, subject
+from tests.rlboost.conftest import JOB, NS
 
-NS, JOB = "team", "alpha"
 RECEIVE_S = 1.0  # how long a denied message is given to arrive anyway (it must not)
 DELIVER_S = 15.0  # the deadline of an allowed message (returns as soon as it arrives; generous under load)
-
-
-@pytest.fixture
-def job_nats(tmp_path: Path) -> Iterator[tuple[NatsServer, JobCredentials]]:
-    creds = generate(tmp_path / "credentials")
-    port = free_port()
-    config = render_nats_config(
-        passwords_of(creds), NS, JOB, listen=f"127.0.0.1:{port}", store_dir=str(tmp_path / "nats")
-    )
-    with NatsServer(tmp_path / "nats", port=port, config=config) as server:
-        yield server, creds
 
 
 async def _client(url: str, creds: JobCredentials, user: str, errors: list[str] | None = None):

@@ -60,6 +60,10 @@ def test_bad_flags_name_the_flag() -> None:
     assert res.returncode == 2 and "--workers-spot: 99 is outside" in res.stderr
     res = rlboost("local", "--trace-time-scale", "0")
     assert res.returncode == 2 and "--trace-time-scale: must be > 0" in res.stderr
+    res = rlboost("local", "--chaos-kill-every", "2", "--chaos-targets", "spot,etcd")
+    assert res.returncode == 2 and "--chaos-targets: unknown 'etcd'" in res.stderr and "Traceback" not in res.stderr
+    res = rlboost("local", "--chaos-targets", "nats")
+    assert res.returncode == 2 and "add --chaos-kill-every S" in res.stderr
     res = rlboost("local", "--config", "/nonexistent.yaml")
     assert res.returncode == 2 and "config file not found: /nonexistent.yaml" in res.stderr
 

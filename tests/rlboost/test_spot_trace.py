@@ -8,6 +8,7 @@ import pytest
 
 from rlboost.local.chaos import ChaosMonkey
 from rlboost.local.spot_trace import TraceError, TraceSchedule, load_trace, parse_trace, reconcile
+from rlboost.wire.rollout_io import ManagerStatus, Pool, WorkerStatus
 
 BAMBOO = Path(__file__).resolve().parents[2] / "traces" / "bamboo"
 
@@ -70,15 +71,23 @@ def test_reconcile_kills_newest_first_and_never_reuses_ids() -> None:
     assert reconcile(["spot-0"], 1, 5) == ([], [])
 
 
+def _status(**inflight: int) -> ManagerStatus:
+    """A manager status with spot workers (spot_1=5: spot-1 holds 5 tokens in flight)."""
+    workers = [WorkerStatus(worker_id=w.replace("_", "-"), pool=Pool.SPOT, node="n", weight_version=1, running=1,
+                            capacity=8, tokens_generated=n, draining=False, inflight_tokens=n)
+               for w, n in inflight.items()]  # fmt: skip
+    return ManagerStatus(workers=workers, pending=0, running=len(workers), finished=0, migrations=0, tokens_received=0)
+
+
 def test_chaos_kills_only_a_worker_streaming_an_unfinished_response() -> None:
     """Armed from the start; a victim only among live workers with tokens in flight (never an idle one, never
     one the status does not show, never blind without a status); then disarmed for a full period."""
     monkey = ChaosMonkey(period_s=2.0, seed=3)
     assert monkey.armed(0.0)
-    live = ["spot-1", "spot-2", "spot-3"]
-    assert monkey.choose(live, None) is None  # no status: wait
-    assert monkey.choose(live, {"spot-1": 0, "spot-2": 0}) is None  # idle (or running but silent): wait
-    assert monkey.choose(live, {"spot-1": 0, "spot-2": 5, "spot-9": 7}) == "spot-2"  # spot-9 is not live
+    live = {"spot": ["spot-1", "spot-2", "spot-3"]}
+    assert monkey.pick(live, None) is None  # no status: wait
+    assert monkey.pick(live, _status(spot_1=0, spot_2=0)) is None  # idle (or running but silent): wait
+    assert monkey.pick(live, _status(spot_1=0, spot_2=5, spot_9=7)).name == "spot-2"  # spot-9 is not live
     monkey.fire(100.0)
     assert [monkey.armed(t) for t in (100.0, 101.9, 102.0)] == [False, False, True]
     with pytest.raises(ValueError, match="--chaos-kill-every"):

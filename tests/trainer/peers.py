@@ -51,7 +51,7 @@ class WeightServerProcess:
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> WeightServerProcess:
-        self.log = open(self.root / "weight-server.log", "wb")  # noqa: SIM115 (closed in __exit__)
+        self.log = open(self.root / "weight-server.log", "ab")  # noqa: SIM115 (closed in __exit__ or kill)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "weight_server", *self.args],
             stdout=self.log,
@@ -60,6 +60,13 @@ class WeightServerProcess:
         )
         wait_for_port("127.0.0.1", self.port, 60, self.proc)
         return self
+
+    def kill(self) -> None:
+        """SIGKILL it (a crash: nothing flushed, nothing cleaned up); `__enter__` starts it again on its data."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+        self.log.close()
 
     def __exit__(self, *_: object) -> None:
         assert self.proc is not None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
@@ -48,6 +50,43 @@ async def test_uploaded_payload_checksum_equals_checksum_of_bf16_cast(tmp_path):
             second = await pub.publish(1, moved)
             assert second.checksum != want
             assert (await client.versions()).versions == [0, 1]
+            assert state_checksum(state_from_bytes(await client.pull(1))) == second.checksum
+
+
+class CountingClient(WeightClient):
+    """A real client that counts its upload attempts (to start the server again only once one has failed)."""
+
+    uploads = 0
+
+    async def upload(self, *args: object, **kwargs: object):  # type: ignore[override]
+        self.uploads += 1
+        return await super().upload(*args, **kwargs)
+
+
+async def _until(condition, timeout: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_upload_retries_while_the_weight_server_restarts_and_it_keeps_its_versions(tmp_path):
+    """The weight-server SIGKILLed between two versions: the next upload is retried with back-off until the server
+    is back; the restarted server reloads version 0 from its disk and serves it unchanged."""
+    state = _state()
+    moved = {k: (v + 1 if v.is_floating_point() else v) for k, v in state.items()}
+    with WeightServerProcess(tmp_path / "ws") as ws:
+        async with CountingClient(ws.url, token=TOKEN) as client:
+            pub = WeightPublisher(client)
+            first = await pub.publish(0, state)
+            ws.kill()
+            upload = asyncio.create_task(pub.publish(1, moved))
+            await _until(lambda: client.uploads >= 2 or upload.done())  # refused once, and trying again
+            assert not upload.done()
+            ws.__enter__()  # the same port and data directory
+            second = await asyncio.wait_for(upload, 60)
+            assert (await client.versions()).versions == [0, 1]
+            assert (await client.manifest(0)).checksum == first.checksum
             assert state_checksum(state_from_bytes(await client.pull(1))) == second.checksum
 
 

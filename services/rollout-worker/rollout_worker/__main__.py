@@ -218,10 +218,13 @@ async def _subscribe_weights(args: WorkerOptions, session):
         session.schedule_update(event.version)
 
     try:
+        from rlboost.durable import reconnect_quietly
+
         auth = connect_options(args.credentials_dir, "worker")
         nc = await nats.connect(
-            args.nats_url, connect_timeout=5, max_reconnect_attempts=-1, allow_reconnect=True, **auth
-        )
+            args.nats_url, connect_timeout=5, max_reconnect_attempts=-1, allow_reconnect=True,
+            reconnect_time_wait=0.5, **reconnect_quietly(log), **auth,
+        )  # fmt: skip
     except Exception as err:
         raise StartupError(f"cannot connect to NATS at {args.nats_url}: {type(err).__name__}: {err}") from None
     await nc.subscribe(subject(args.namespace, args.job, "weights"), cb=on_message)

@@ -50,13 +50,13 @@ from rlboost.tasks.base import Cursor, PromptBatch
 from rlboost.tasks.dataset import DatasetError
 from rlboost.tasks.sandbox import RewardResult, RewardSandbox, SandboxLimits
 from rlboost.tasks.validation import validation_source
-from rlboost.wire.events import JobDone, StepReport, ValidationReport, subject
+from rlboost.wire.events import TRAINER_INBOX, JobDone, StepReport, ValidationReport, subject
 from rlboost.wire.rollout_io import PromptItem, RolloutRequest, SamplingParams, Trajectory
 from trainer import metrics, ranks
 from trainer.batching import StepAssembler
 from trainer.grpo import LossStats, MicroBatch, Sample, collate
 from trainer.pool_metrics import PoolMeter, length_percentiles
-from trainer.publisher import WeightPublisher, upload_model_assets
+from trainer.publisher import WeightPublisher, upload_model_assets, with_retries
 from trainer.rollout_client import RolloutClient, RolloutError
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,7 @@ class Trainer:
         self.version = 0
         self.steps_done = 0  # a resumed run (checkpoints) will start from its saved step
         self._nc: Any = None
+        self._events: Any = None  # rlboost.durable.AcknowledgedPublisher on _nc
         self._colocation: Any = None  # trainer.colocation.Colocation when trainer.colocateReserved
         opts.run_dir.mkdir(parents=True, exist_ok=True)
         self.pool_meter = PoolMeter(spec, time.monotonic())
@@ -161,6 +162,7 @@ class Trainer:
         import nats
 
         from rlboost.auth.nats import connect_options
+        from rlboost.durable import AcknowledgedPublisher, reconnect_quietly
 
         try:
             self._nc = await asyncio.wait_for(
@@ -168,18 +170,22 @@ class Trainer:
                     self.opts.nats_url,
                     allow_reconnect=True,
                     max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    inbox_prefix=TRAINER_INBOX,  # the status stream's acknowledgements (rlboost.durable)
+                    **reconnect_quietly(log),
                     **connect_options(self.opts.credentials_dir or "", "trainer"),
                 ),
                 self.opts.connect_timeout_s,
             )
         except (TimeoutError, OSError, nats.errors.NoServersError) as err:
             raise RuntimeError(f"cannot reach NATS at {self.opts.nats_url}: {err or type(err).__name__}") from None
+        self._events = AcknowledgedPublisher(self._nc)
 
     async def _publish_event(self, topic: str, event: StepReport | JobDone) -> None:
-        if self._nc is None:
+        """Step reports and `done` must arrive: sent again until the job's status stream acknowledges them."""
+        if self._events is None:
             return
-        await self._nc.publish(subject(self.opts.namespace, self.opts.job, topic), event.model_dump_json().encode())
-        await self._nc.flush(timeout=10)
+        await self._events.publish(subject(self.opts.namespace, self.opts.job, topic), event.model_dump_json().encode())
 
     def _make_engine(self) -> Any:
         from trainer.engine import PolicyEngine
@@ -285,7 +291,7 @@ class Trainer:
         version = self.version
         if held:
             latest = max(held)
-            same = (await publisher.client.manifest(latest)).checksum == ours
+            same = (await with_retries("manifest", lambda: publisher.client.manifest(latest))).checksum == ours
             version = latest if same else max(latest + 1, self.version)
         published = await publisher.publish(version, state, skip_if_present=True)
         self.checksum, self.version = published.checksum, published.version

@@ -26,6 +26,11 @@ delta's base must be on the server first). With `overlap=True`, `publish` return
 is encoded and the upload continues in the background, so the next step's rollout request goes out
 meanwhile (the manager only assigns it to workers that hold the version, which they pull once the
 weight-server announces it); `flush()` waits for it and re-raises its error. The event loop never blocks.
+
+Retries: every call to the weight-server (uploads, the versions list, model assets) is retried with bounded
+back-off while the server is unreachable or answers 5xx (it restarts from its on-disk store); an upload whose
+answer was lost but which the server committed meets "version already exists" on its retry, and counts as
+done when the held version has our checksum.
 """
 
 from __future__ import annotations
@@ -34,12 +39,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import torch
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from rlboost.models.layout import asset_files
 from rlboost.weights.checksum import state_checksum
@@ -47,6 +53,36 @@ from rlboost.weights.safetensors_io import state_to_bytes, to_publish_dtype
 from rlboost.weights.signing import ManifestSigner
 
 log = logging.getLogger(__name__)
+
+RETRY_FOR_S = 120.0  # the weight-server may be restarting: keep trying this long, then fail the step
+RETRY_FIRST_S, RETRY_MAX_S = 0.2, 3.0
+
+T = TypeVar("T")
+
+
+def _unreachable(err: BaseException) -> bool:
+    """A weight-server error worth retrying: no answer (status 0) or a 5xx."""
+    status = getattr(err, "status", None)
+    return isinstance(status, int) and (status == 0 or status >= 500)
+
+
+async def with_retries(what: str, call: Callable[[], Awaitable[T]]) -> T:
+    """`call()`, again after 0.2 s doubling to 3 s while the weight-server is unreachable, for RETRY_FOR_S."""
+    retrying = AsyncRetrying(
+        retry=retry_if_exception(_unreachable),
+        wait=wait_exponential(multiplier=RETRY_FIRST_S, max=RETRY_MAX_S),
+        stop=stop_after_delay(RETRY_FOR_S),
+        before_sleep=lambda st: log.warning(
+            "weight-server unreachable; trying again",
+            extra={"call": what, "attempt": st.attempt_number, "error": str(st.outcome.exception())},
+        ),
+        reraise=True,
+    )
+    async for attempt in retrying:
+        with attempt:
+            return await call()
+    raise AssertionError("unreachable")  # AsyncRetrying either returns or re-raises
+
 
 # A delta above this fraction of the dense state's bytes is uploaded as a full snapshot instead:
 # nearly the same bytes, and it restarts the chain so later syncs read less.
@@ -57,6 +93,8 @@ class WeightUploader(Protocol):
     """The part of `rlboost.weights.client.WeightClient` the publisher uses."""
 
     async def versions(self) -> Any: ...
+
+    async def manifest(self, version: int, kind: str | None = None) -> Any: ...
 
     async def upload(
         self, version: int, payload: bytes, kind: str, checksum: str, base_version: int | None = None, fmt: str = ...,
@@ -72,7 +110,8 @@ async def upload_model_assets(client: WeightUploader, model_dir: Path) -> list[s
     that sees a version finds them. The same bytes again (a resumed trainer) are accepted."""
     names = []
     for path in asset_files(model_dir):
-        await client.upload_asset(path.name, await asyncio.to_thread(path.read_bytes))
+        data = await asyncio.to_thread(path.read_bytes)
+        await with_retries(f"asset {path.name}", lambda name=path.name, data=data: client.upload_asset(name, data))
         names.append(path.name)
     log.info("model assets uploaded", extra={"assets": names})
     return names
@@ -167,7 +206,7 @@ class WeightPublisher:
         return cls(client, weight_sync.mode, weight_sync.full_every, overlap, signer)
 
     async def held_versions(self) -> list[int]:
-        listing = await self.client.versions()
+        listing = await with_retries("versions", self.client.versions)
         versions = getattr(listing, "versions", listing)
         return list(versions or [])
 
@@ -320,8 +359,28 @@ class WeightPublisher:
                 checksum=checksum,
             )  # fmt: skip
             signed = {"signature": signature, "chunk_bytes": self.signer.chunk_bytes}
-        await self.client.upload(version, payload, kind=kind, checksum=checksum, base_version=base_version, fmt=fmt,
-                                 **signed)  # fmt: skip
+        attempts = 0
+
+        async def upload() -> None:
+            nonlocal attempts
+            attempts += 1
+            try:
+                await self.client.upload(version, payload, kind=kind, checksum=checksum, base_version=base_version,
+                                         fmt=fmt, **signed)  # fmt: skip
+            except Exception as err:
+                if attempts > 1 and getattr(err, "status", None) == 409 and await self._holds(version, kind, checksum):
+                    return  # an earlier attempt was committed; only its answer was lost
+                raise
+
+        await with_retries(f"upload of version {version}", upload)
+
+    async def _holds(self, version: int, kind: str, checksum: str) -> bool:
+        """The server holds `version` as `kind` with this checksum."""
+        try:
+            held = await self.client.manifest(version, kind)
+        except Exception:  # noqa: BLE001 (not held, or not readable: the upload's own error is the one to show)
+            return False
+        return getattr(held, "checksum", None) == checksum
 
     async def _upload_companion(self, pub: Published, enc: _Encoded) -> None:
         """Upload a snapshot version's delta before its snapshot; a refused base just drops the companion."""
