@@ -24,6 +24,7 @@ pieces pulled ~950 MB/s on one stream at ~0.7 ms per MB (bench: docs/benchmarks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import ssl
@@ -277,7 +278,8 @@ class WeightClient:
         kept: CachedPayload | None = None
         if self.fanout is not None and _chunks_tile(m):  # each chunk checked alone: it may come from anyone
             peers = [s for s in await self.fanout.sources(m) if s.url and s.url not in self.bad_peers]
-            kept = self.fanout.cache.begin(m)
+            with contextlib.suppress(OSError):  # no room to keep it for peers: still pulled for ourselves
+                kept = self.fanout.cache.begin(m)
         fanned = _PeerPull(peers, set(), kept)
         try:
             await asyncio.gather(*(self._fetch_chunk(m, c, buf, stats, gate, fanned) for c in m.chunks))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 import os
 import re
 import shutil
@@ -31,6 +32,7 @@ from aiohttp import web
 
 from rlboost.wire.weights_io import API_PREFIX, ChunkInfo, Manifest
 
+log = logging.getLogger(__name__)
 SERVE_BLOCK = 1 << 20
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
 
@@ -50,7 +52,12 @@ class CachedPayload:
         """Keep a verified chunk's bytes (a copy, written off the event loop) and serve them from now on."""
         if self.failed:
             return
-        await asyncio.to_thread(os.pwrite, self._fd, data, chunk.offset)
+        try:
+            await asyncio.to_thread(os.pwrite, self._fd, data, chunk.offset)
+        except OSError as err:  # a full disk stops the serving of this payload, never the worker's own pull
+            log.warning("peer cache write failed; not serving this payload", extra={"error": str(err)})
+            self.abort()
+            return
         self.done[chunk.index] = True
         self._wake()
 
