@@ -11,6 +11,8 @@ No model directory (`--model-dir ''`, or an absent or empty one: a spot pod): on
 version, the worker pulls the model's assets (config, tokenizer, chat template) from it into that directory (a
 temporary one for ''), builds the engine from the config while it pulls the weights, as always: a new spot VM
 needs nothing but the weight-server's address.
+Peer fan-out (`--peer-port`, 0 = any free port, -1 = off; `--peer-advertise`, `--zone`, `--region`): the worker
+serves the weight payloads it holds to other workers and pulls from them first (rlboost.weights.fanout).
 SIGTERM drains: DrainNotice, abort running requests, flush every token, close the stream, exit 0.
 Colocation (`trainer.colocateReserved: true`, reserved workers with NATS): the worker follows the trainer's
 release / resume commands on rlboost.<ns>.<job>.colocation and acks each on ...colocation-acks.
