@@ -44,6 +44,7 @@ from rlboost_operator import spot
 from rlboost_operator.config import OperatorSettings
 
 MANAGER_PORT, WEIGHTS_PORT, METRICS_PORT, RENDEZVOUS_PORT = 50051, 8000, 9090, 29500
+PEER_PORT = 8700  # a worker serves the weights it holds to the job's other workers (peer fan-out)
 CONFIG_PATH, TOKEN_DIR = "/etc/rlboost/job.yaml", "/etc/rlboost/token"
 TOKEN_FILE = f"{TOKEN_DIR}/token"
 CHECKPOINT_DIR = "/data/checkpoints"  # on the trainer rank's PVC: a restarted trainer resumes from it
@@ -197,6 +198,17 @@ def _mounts(token: bool) -> list[dict[str, Any]]:
     if token:
         out.append({"name": "token", "mountPath": TOKEN_DIR, "readOnly": True})
     return out
+
+
+def _topology_env() -> list[dict[str, Any]]:
+    """Where a worker runs, for peer fan-out: the address peers reach it at and its zone and region. The node's
+    topology labels reach a pod's own labels through the PodTopologyLabelsAdmission plugin (Kubernetes >= 1.33);
+    without it they are empty, and the worker is simply one of the region '' (it only costs bandwidth)."""
+    return [
+        _field_env("RLBOOST_PEER_ADVERTISE", "status.podIP"),
+        _field_env("RLBOOST_ZONE", "metadata.labels['topology.kubernetes.io/zone']"),
+        _field_env("RLBOOST_REGION", "metadata.labels['topology.kubernetes.io/region']"),
+    ]
 
 
 def _scratch_env() -> list[dict[str, str]]:
@@ -565,6 +577,7 @@ def worker(
         model_dir(local) if local else "",
         METRICS_PORT,
         accelerated=pool.gpus_per_worker > 0,
+        peer_port=PEER_PORT,
     )
     # The first weight version comes only once the trainer's own init container has fetched the model (minutes
     # for a large one; 2 min for `tiny` on a loaded CPU node): a worker giving up after the local 120 s restarts.
@@ -574,8 +587,13 @@ def worker(
         "image": image(settings, pool.engine),
         "imagePullPolicy": settings.image_pull_policy,
         "command": cmd,
-        "env": [_field_env("POD_NAME", "metadata.name"), _field_env("NODE_NAME", "spec.nodeName"), *_scratch_env()],
-        "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
+        "env": [
+            _field_env("POD_NAME", "metadata.name"),
+            _field_env("NODE_NAME", "spec.nodeName"),
+            *_topology_env(),
+            *_scratch_env(),
+        ],
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT}, {"name": "peers", "containerPort": PEER_PORT}],
         "readinessProbe": _probe("metrics"),
         "livenessProbe": _probe("metrics"),
         "resources": _resources(pool.gpus_per_worker, pool.resources),

@@ -163,7 +163,14 @@ class LocalPlan:
         metrics_port = self.port_fn()
         gpus = getattr(self.spec.rollout, pool).gpus_per_worker
         options = worker_options(
-            self.site, worker_id, pool, f"local-{worker_id}", self.model_dir, metrics_port, accelerated=gpus > 0
+            self.site,
+            worker_id,
+            pool,
+            f"local-{worker_id}",
+            self.model_dir,
+            metrics_port,
+            accelerated=gpus > 0,
+            peer_port=0,  # peer fan-out: each worker serves the weights it holds on a free port it advertises
         )
         # Several workers and the trainer share few cores: one thread each avoids oversubscription.
         env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -31,6 +31,14 @@ class WorkerOptions(ServiceOptions):
     startup_timeout: float = Field(120, gt=0, description="Seconds to wait for the weight-server's first version.")
     reconnect_timeout: float = Field(60, gt=0, description="Give up when the manager stays unreachable this long (s).")
     drain_deadline_ms: int = Field(10000, ge=0, le=3_600_000, description="Deadline announced in the DrainNotice.")
+    peer_port: int = Field(
+        -1, ge=-1, le=65535, description="Port serving the weights held to other workers (0 = any free, -1 = off)."
+    )
+    peer_advertise: str = Field(
+        "", max_length=253, pattern=r"^[A-Za-z0-9.:\[\]-]*$", description="Host peers reach it at ('' = --host)."
+    )
+    zone: str = Field("", pattern=r"^[A-Za-z0-9._-]{0,63}$", description="This worker's zone (peer fan-out).")
+    region: str = Field("", pattern=r"^[A-Za-z0-9._-]{0,63}$", description="This worker's region (peer fan-out).")
 
 
 def worker_options(
@@ -41,10 +49,13 @@ def worker_options(
     model_dir: Path | str,
     metrics_port: int,
     accelerated: bool = False,
+    peer_port: int = -1,
 ) -> WorkerOptions:
-    """`accelerated`: the pool has accelerators (gpusPerWorker >= 1): the engine runs on CUDA in bf16."""
+    """`accelerated`: the pool has accelerators (gpusPerWorker >= 1): the engine runs on CUDA in bf16;
+    `peer_port`: serve the weights held to other workers (0 = any free port, -1 = off)."""
     device = {"device": "cuda", "dtype": "bfloat16"} if accelerated else {}
     return WorkerOptions(
         **site.common(), worker_id=worker_id, pool=pool, node=node, manager=site.manager_address,
         weight_server=site.weight_server_url, model_dir=str(model_dir), metrics_port=metrics_port, **device,
+        **({"peer_port": peer_port} if peer_port >= 0 else {}),
     )  # fmt: skip

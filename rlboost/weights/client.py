@@ -24,13 +24,15 @@ pieces pulled ~950 MB/s on one stream at ~0.7 ms per MB (bench: docs/benchmarks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 import httpx
@@ -38,6 +40,7 @@ from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from rlboost.weights.signing import ManifestVerifier, WeightsRejectedError
+from rlboost.wire.peers_io import PeerRegistration, Source, SourceList, SourcesRequest
 from rlboost.wire.weights_io import (
     API_PREFIX,
     HEADER_BASE_VERSION,
@@ -52,6 +55,10 @@ from rlboost.wire.weights_io import (
     Manifest,
     VersionList,
 )
+
+if TYPE_CHECKING:
+    from rlboost.weights.fanout import PeerFanout
+    from rlboost.weights.peer_serve import CachedPayload
 
 UPLOAD_BLOCK = 1 << 20
 READ_PIECE = 1 << 20  # payload bytes per read from the response stream
@@ -73,6 +80,10 @@ class _ChunkMismatchError(_RetryableError):
     """A chunk whose bytes arrived whole but do not match the manifest's sha256."""
 
 
+class _ConnectionLostError(_RetryableError):
+    """The connection failed or dropped (a peer that died: not worth asking again during this pull)."""
+
+
 @dataclass
 class PullStats:
     """What the last pull did: requests sent, retries, and the offsets retries resumed from."""
@@ -82,6 +93,17 @@ class PullStats:
     resumed_offsets: list[int] = field(default_factory=list)
     bytes: int = 0
     seconds: float = 0.0
+    peer_bytes: int = 0  # payload bytes that came from peers (the rest from the weight-server)
+    peer_failures: int = 0  # chunk fetches from a peer that failed and went to another source
+
+
+@dataclass
+class _PeerPull:
+    """One pull's peers: its sources (best first), those that failed to connect, the cache entry it fills."""
+
+    peers: list[Source]
+    down: set[str]
+    kept: CachedPayload | None
 
 
 _SYNC_PLAN = TypeAdapter(list[Manifest])
@@ -140,6 +162,9 @@ class WeightClient:
         )
         self.last_pull = PullStats()
         self.verifier = verifier  # None: manifests are taken as served (no job credentials)
+        self.fanout: PeerFanout | None = None  # peer sources and the cache peers are served from (fanout.py)
+        self.on_peer_rejected: Callable[[str], None] | None = None  # called with a peer's URL when it lied
+        self.bad_peers: set[str] = set()  # peers that served bytes that are not the manifest's: never asked again
 
     async def __aenter__(self) -> WeightClient:
         return self
@@ -202,6 +227,28 @@ class WeightClient:
         """The manifest of the server's compacted base->version delta (built on first request)."""
         return Manifest.model_validate_json((await self._get(f"/compacted/{base}/{version}/manifest")).content)
 
+    # ---- peer fan-out (the weight-server's source directory: rlboost.weights.peers) -------------
+    async def register_peer(self, worker: str, registration: PeerRegistration) -> None:
+        """Register (or heartbeat) this worker as a peer that serves the payloads it holds."""
+        await self._call("PUT", f"/peers/{worker}", registration.model_dump_json())
+
+    async def leave_peer(self, worker: str) -> None:
+        await self._call("DELETE", f"/peers/{worker}")
+
+    async def peer_sources(self, worker: str, path: str) -> SourceList:
+        """Where `worker` should fetch the payload at `path`: peers near it first, the weight-server last."""
+        body = SourcesRequest(worker=worker, path=path).model_dump_json()
+        return SourceList.model_validate_json((await self._call("POST", "/sources", body)).content)
+
+    async def _call(self, method: str, path: str, body: str | None = None) -> httpx.Response:
+        headers = {"Content-Type": "application/json"} if body is not None else None
+        try:
+            resp = await self._http.request(method, API_PREFIX + path, content=body, headers=headers)
+        except httpx.TransportError as err:
+            raise WeightServerError(0, f"cannot reach {self._http.base_url}: {err!r}") from None
+        _raise_for(resp)
+        return resp
+
     async def wait_for_version(self, version: int, timeout: float, interval: float = 0.1) -> VersionList:
         """Poll until the latest version is >= `version`; TimeoutError after `timeout` seconds."""
         deadline = time.monotonic() + timeout
@@ -227,8 +274,22 @@ class WeightClient:
         self.last_pull = stats = PullStats()
         buf = bytearray(m.total_bytes)
         gate = asyncio.Semaphore(self.streams)
-
-        await asyncio.gather(*(self._fetch_chunk(m, c, buf, stats, gate) for c in m.chunks))
+        peers: list[Source] = []
+        kept: CachedPayload | None = None
+        if self.fanout is not None and _chunks_tile(m):  # each chunk checked alone: it may come from anyone
+            peers = [s for s in await self.fanout.sources(m) if s.url and s.url not in self.bad_peers]
+            with contextlib.suppress(OSError):  # no room to keep it for peers: still pulled for ourselves
+                kept = self.fanout.cache.begin(m)
+        fanned = _PeerPull(peers, set(), kept)
+        try:
+            await asyncio.gather(*(self._fetch_chunk(m, c, buf, stats, gate, fanned) for c in m.chunks))
+        except BaseException:
+            if kept is not None:
+                kept.abort()
+            raise
+        if kept is not None:
+            kept.finish()
+            self.fanout.held_changed()
         if not _chunks_tile(m):  # then every byte was checked by its chunk's sha256; else check the whole
             whole = await asyncio.to_thread(lambda: hashlib.sha256(buf).hexdigest())
             if whole != m.sha256:
@@ -238,6 +299,56 @@ class WeightClient:
         return buf
 
     async def _fetch_chunk(
+        self,
+        m: Manifest,
+        chunk: ChunkInfo,
+        buf: bytearray,
+        stats: PullStats,
+        gate: asyncio.Semaphore,
+        fanned: _PeerPull,
+    ) -> None:
+        """Fetch one chunk from the peers (each tried once), else from the weight-server; keep it for other peers."""
+        if not await self._chunk_from_peers(m, chunk, buf, stats, gate, fanned):
+            await self._chunk_from_server(m, chunk, buf, stats, gate)
+        if fanned.kept is not None:
+            await fanned.kept.chunk_verified(chunk, memoryview(buf)[chunk.offset : chunk.offset + chunk.length])
+
+    async def _chunk_from_peers(
+        self,
+        m: Manifest,
+        chunk: ChunkInfo,
+        buf: bytearray,
+        stats: PullStats,
+        gate: asyncio.Semaphore,
+        fanned: _PeerPull,
+    ) -> bool:
+        """Whether a peer served the chunk's exact bytes. A peer that fails costs this chunk a try elsewhere; one
+        that cannot be reached is skipped for the rest of the pull; one whose bytes are not the manifest's is
+        reported (on_peer_rejected) and never asked again."""
+        for source in _rotate(fanned.peers, chunk.index):
+            if source.url in fanned.down or source.url in self.bad_peers:
+                continue
+            held = [0]
+            try:
+                async with gate:
+                    await self._fetch_from(m, chunk, buf, held, stats, source.url)
+            except _ConnectionLostError:
+                stats.peer_failures += 1
+                fanned.down.add(source.url)
+                continue
+            except (_RetryableError, WeightServerError):  # 503: it does not hold the chunk (yet); 4xx: refused
+                stats.peer_failures += 1
+                continue
+            if await _chunk_matches(buf, chunk):
+                stats.peer_bytes += chunk.length
+                return True
+            stats.peer_failures += 1
+            self.bad_peers.add(source.url)
+            if self.on_peer_rejected is not None:
+                self.on_peer_rejected(source.url)
+        return False
+
+    async def _chunk_from_server(
         self, m: Manifest, chunk: ChunkInfo, buf: bytearray, stats: PullStats, gate: asyncio.Semaphore
     ) -> None:
         """Fetch one chunk (holding one of the `streams` slots) and verify it (slot released: the next chunk's
@@ -257,10 +368,8 @@ class WeightClient:
                         if held[0]:
                             stats.resumed_offsets.append(chunk.offset + held[0])
                     async with gate:
-                        await self._fetch_from(m, chunk, buf, held, stats)
-                    view = memoryview(buf)[chunk.offset : chunk.offset + chunk.length]
-                    # Off the event loop (hashlib releases the GIL): the streams keep reading meanwhile.
-                    if await asyncio.to_thread(lambda v=view: hashlib.sha256(v).hexdigest()) != chunk.sha256:
+                        await self._fetch_from(m, chunk, buf, held, stats, self._base_url)
+                    if not await _chunk_matches(buf, chunk):
                         held[0] = 0
                         raise _ChunkMismatchError(f"chunk {chunk.index} sha256 mismatch")
         except _RetryableError as err:
@@ -272,14 +381,15 @@ class WeightClient:
             raise WeightServerError(0, message) from None
 
     async def _fetch_from(
-        self, m: Manifest, chunk: ChunkInfo, buf: bytearray, held: list[int], stats: PullStats
+        self, m: Manifest, chunk: ChunkInfo, buf: bytearray, held: list[int], stats: PullStats, base_url: str
     ) -> None:
-        """Fetch the chunk's bytes after the `held[0]` already received into buf, advancing `held[0]`."""
+        """Fetch the chunk's bytes after the `held[0]` already received into buf from `base_url` (the weight-server
+        or a peer: the same routes), advancing `held[0]`."""
         start, end = chunk.offset + held[0], chunk.offset + chunk.length - 1
         if start > end:
             return
         stats.requests += 1
-        url = self._base_url + API_PREFIX + m.payload_path  # as httpx joins base_url and path
+        url = base_url + API_PREFIX + m.payload_path  # as httpx joins base_url and path
         try:
             async with self._bulk().get(url, headers={"Range": f"bytes={start}-{end}"}) as resp:
                 if resp.status >= 500:
@@ -293,7 +403,7 @@ class WeightClient:
                     buf[pos : pos + n] = piece[:n] if n < len(piece) else piece
                     held[0] += n
         except (aiohttp.ClientError, TimeoutError) as err:  # dropped connection, timeout, truncated body
-            raise _RetryableError(f"{type(err).__name__}: {err}") from None
+            raise _ConnectionLostError(f"{type(err).__name__}: {err}") from None
         if held[0] < chunk.length:
             raise _RetryableError(f"short read: {held[0]} of {chunk.length} bytes")
 
@@ -384,6 +494,23 @@ async def _file_blocks(path: Path) -> AsyncIterator[bytes]:
             yield block
     finally:
         f.close()
+
+
+async def _chunk_matches(buf: bytearray, chunk: ChunkInfo) -> bool:
+    """Whether the chunk's bytes in buf match its sha256; off the event loop (hashlib releases the GIL), so the
+    other streams keep reading meanwhile."""
+    view = memoryview(buf)[chunk.offset : chunk.offset + chunk.length]
+    return await asyncio.to_thread(lambda: hashlib.sha256(view).hexdigest()) == chunk.sha256
+
+
+def _rotate(peers: list[Source], index: int) -> list[Source]:
+    """The peers for chunk `index`: those of the best tier rotated by the index (chunks spread over them, fetched
+    from several at once), then the others in order."""
+    if not peers:
+        return []
+    best = [p for p in peers if p.tier == peers[0].tier]
+    k = index % len(best)
+    return [*best[k:], *best[:k], *peers[len(best) :]]
 
 
 def _chunks_tile(m: Manifest) -> bool:

@@ -10,8 +10,8 @@ other killed process with the same ports and arguments (the trainer with --resum
 The chaos run must complete with every sample of every step, token for token equal to the uninterrupted run,
 no token lost or regenerated, and the same final weights checksum; its report lists every fault injected.
 
-The rollout-manager's own restart (workers re-report their in-flight tokens, the trainer re-attaches its step)
-is built beside this; `WITH_MANAGER` adds `manager` to the targets once it is on this branch.
+The rollout-manager is among the targets: killed while tokens stream to it, restarted on its port; the workers
+re-report their in-flight tokens and the trainer re-attaches its step (docs/preemption.md).
 
 Run it alone with `.venv/bin/pytest -m slow tests/e2e/test_chaos_all_e2e.py` (about 3 minutes on 2 cores).
 """
@@ -34,10 +34,9 @@ CONFIG = REPO / "examples" / "local-preemption.yaml"
 STEPS = 8
 PROMPTS_PER_STEP, GROUP_SIZE = 4, 4  # as in the config
 RUN_TIMEOUT_S = 300
-WITH_MANAGER = False  # flip once the rollout-manager's state recovery (helper chaos-manager) is merged
 # Turn order: the quick restarts first, the trainer (the slowest to train again: it resumes from its checkpoint)
 # last; a trainer is only hit mid-step, so its turn always comes before the job ends.
-TARGETS = ["spot", *(["manager"] if WITH_MANAGER else []), "nats", "weight-server", "reserved", "trainer"]
+TARGETS = ["spot", "manager", "nats", "weight-server", "reserved", "trainer"]
 
 Key = tuple[int, int, int]
 COEFS = "  microBatchSize: 16\n  entropyCoef: 0.05\n  klCoef: 0.05\n"

@@ -95,9 +95,9 @@ def _expected_pod_options(spec: JobSpec, settings: OperatorSettings) -> dict[typ
         ManagerOptions: manager_options(site, children.MANAGER_PORT, port),
         WeightServerOptions: weight_server_options(site, children.WEIGHTS_PORT, "/data"),
         # pulls its model; waits longer for the first version than locally (it follows the trainer's model fetch)
-        WorkerOptions: worker_options(site, "$(POD_NAME)", "spot", "$(NODE_NAME)", "", port).model_copy(
-            update={"startup_timeout": children.WORKER_STARTUP_TIMEOUT_S}
-        ),
+        WorkerOptions: worker_options(
+            site, "$(POD_NAME)", "spot", "$(NODE_NAME)", "", port, peer_port=children.PEER_PORT
+        ).model_copy(update={"startup_timeout": children.WORKER_STARTUP_TIMEOUT_S}),
         TrainerOptions: trainer_options(
             site,
             children.model_dir(spec.model),
@@ -120,7 +120,8 @@ def test_pod_commands_parse_back_and_listen_where_probes_and_prometheus_reach(sp
         assert parsed.host == ANY_ADDRESS, container["name"]  # not loopback: the kubelet dials the pod's IP
         assert parsed.config == children.CONFIG_PATH and parsed.job == "job1" and parsed.namespace == "ns1"
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        served = {"metrics": getattr(parsed, "metrics_port", None), "http": getattr(parsed, "port", None)}
+        served = {"metrics": getattr(parsed, "metrics_port", None), "http": getattr(parsed, "port", None),
+                  "peers": getattr(parsed, "peer_port", None)}  # fmt: skip
         if isinstance(parsed, ManagerOptions):
             served["grpc"] = parsed.port
         for name, port in ports.items():
@@ -136,7 +137,7 @@ def test_pod_and_local_commands_differ_only_in_deployment_facts(tmp_path: Path) 
     # checkpoint_dir, resume: a pod's trainer always resumes from its PVC; `rlboost local` only when asked.
     facts = {"config", "nats_url", "namespace", "job", "host", "port", "metrics_port", "manager", "weight_server",
              "token_file", "credentials_dir", "model_dir", "run_dir", "data_dir", "worker_id", "node", "pool",
-             "checkpoint_dir", "resume", "startup_timeout"}  # fmt: skip
+             "checkpoint_dir", "resume", "startup_timeout", "peer_port"}  # fmt: skip
     for options in SERVICES:
         differ = {f for f in options.model_fields if getattr(local[options], f) != getattr(pods[options], f)}
         assert differ <= facts, (options.__name__, differ - facts)

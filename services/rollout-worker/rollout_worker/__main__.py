@@ -11,6 +11,8 @@ No model directory (`--model-dir ''`, or an absent or empty one: a spot pod): on
 version, the worker pulls the model's assets (config, tokenizer, chat template) from it into that directory (a
 temporary one for ''), builds the engine from the config while it pulls the weights, as always: a new spot VM
 needs nothing but the weight-server's address.
+Peer fan-out (`--peer-port`, 0 = any free port, -1 = off; `--peer-advertise`, `--zone`, `--region`): the worker
+serves the weight payloads it holds to other workers and pulls from them first (rlboost.weights.fanout).
 SIGTERM drains: DrainNotice, abort running requests, flush every token, close the stream, exit 0.
 Colocation (`trainer.colocateReserved: true`, reserved workers with NATS): the worker follows the trainer's
 release / resume commands on rlboost.<ns>.<job>.colocation and acks each on ...colocation-acks.
@@ -56,7 +58,7 @@ async def _amain(args: WorkerOptions) -> int:
         return 1
     pool_spec = getattr(args.spec.rollout, args.pool)
     engine = _make_engine(args.engine or pool_spec.engine, args.capacity or pool_spec.capacity, args)
-    client = puller = nats = pulled_dir = None
+    client = puller = nats = pulled_dir = fanout = None
     _stop_early_on_sigterm()
     try:
         version = 0
@@ -71,6 +73,8 @@ async def _amain(args: WorkerOptions) -> int:
                 args.weight_server, token=auth.token, streams=args.spec.weight_sync.streams, ca=auth.ca
             )
             client.verifier = _manifest_verifier(args.credentials_dir)
+            if args.peer_port >= 0:
+                fanout = await _start_fanout(client, args, auth.token)
             puller = WeightPuller(client)
             model_dir = args.model_dir
             if needs_assets(model_dir):
@@ -115,6 +119,8 @@ async def _amain(args: WorkerOptions) -> int:
         if nats is not None:
             with contextlib.suppress(Exception):
                 await nats.close()
+        if fanout is not None:
+            await fanout.close()
         if client is not None:
             await client.aclose()
         if pulled_dir is not None and not args.model_dir:  # a temporary directory of ours
@@ -132,6 +138,43 @@ def _manifest_verifier(credentials_dir: str):
         return ManifestVerifier.from_credentials(credentials_dir)
     except (CredentialsError, ValueError) as err:
         raise StartupError(f"--credentials-dir: cannot load the job's manifest key: {err}") from None
+
+
+async def _start_fanout(client, args: WorkerOptions, token: str | None):
+    """Serve the weights this worker holds to the others and register with the weight-server's directory."""
+    from rlboost.weights.fanout import PeerFanout
+    from rollout_worker import metrics
+
+    client.on_peer_rejected = lambda url: _peer_rejected(url, metrics)
+    cache = tempfile.mkdtemp(prefix="rlboost-peer-")
+    fanout = PeerFanout(client, args.worker_id, cache, args.zone, args.region, token, on_served=_served_counter())
+    try:
+        url = await fanout.start(args.host, args.peer_port, args.peer_advertise)
+    except OSError as err:
+        await fanout.close()
+        raise StartupError(f"--peer-port {args.peer_port}: cannot listen on {args.host}: {err}") from None
+    log.info("serving weights to peers", extra={"url": url, "zone": args.zone, "region": args.region})
+    return fanout
+
+
+def _served_counter():
+    """Counts served bytes, and logs the first range served (a relay's first chunk: tests wait on that line)."""
+    from rollout_worker import metrics
+
+    first = [True]
+
+    def served(nbytes: int) -> None:
+        metrics.PEER_BYTES_SERVED.inc(nbytes)
+        if first[0]:
+            first[0] = False
+            log.info("served a first chunk to a peer", extra={"bytes": nbytes})
+
+    return served
+
+
+def _peer_rejected(url: str, metrics) -> None:
+    metrics.PEER_CHUNK_REJECTED.inc()
+    log.warning("a peer served a chunk that is not the trainer's; not asking it again", extra={"peer": url})
 
 
 def needs_assets(model_dir: str) -> bool:

@@ -33,6 +33,13 @@ VERSION_BYTES = Gauge(
     "Bytes pulled to reach the version held (rlboost_worker_weight_pulled_version), by sync path.",
     ["path"],
 )
+PEER_CHUNK_REJECTED = Counter(
+    "rlboost_worker_peer_chunk_rejected_total",
+    "Chunks a peer served that did not match the trainer's manifest (that peer is not asked again).",
+)
+PEER_BYTES_SERVED = Counter(
+    "rlboost_worker_peer_bytes_served_total", "Weight payload bytes this worker served to other workers."
+)
 PULLED_VERSION = Gauge("rlboost_worker_weight_pulled_version", "Last weight version pulled and verified.")
 APPLY_SECONDS = Histogram(
     "rlboost_worker_weight_apply_seconds",

@@ -15,15 +15,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
 
 from rlboost.observability import LoopWatchdog
+from rlboost.weights.peers import PeerDirectory
 from rlboost.wire.events import WeightsAnnounced
+from rlboost.wire.peers_io import WORKER_ID_PATTERN, PeerRegistration, SourceList, SourcesRequest
 from rlboost.wire.weights_io import (
     API_PREFIX,
     HEADER_BASE_VERSION,
@@ -110,6 +115,7 @@ def create_app(
     metrics: WeightServerMetrics | None = None,
     assets: AssetStore | None = None,
     watchdog: LoopWatchdog | None = None,
+    peers: PeerDirectory | None = None,
 ) -> FastAPI:
     """The app over a store; `token` guards uploads, `read_token` (if set) guards reads, or `token` is the whole
     Access (the job's role tokens: access.py); `assets`: the model's assets (default: `<data-dir>/assets`)."""
@@ -117,7 +123,8 @@ def create_app(
     metrics = metrics or WeightServerMetrics()
     assets = assets if assets is not None else AssetStore(store.root / "assets")
     app = FastAPI(title="rlboost weight-server", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.store, app.state.metrics = store, metrics
+    peers = peers if peers is not None else PeerDirectory()
+    app.state.store, app.state.metrics, app.state.peers = store, metrics, peers
 
     def refresh_gauges() -> None:
         metrics.versions_held.set(len(store.versions()))
@@ -158,6 +165,30 @@ def create_app(
     async def manifest(version: int, request: Request) -> Manifest:
         check_read(request)
         return store.manifest(version, request.query_params.get("kind") or None)
+
+    @app.put(API_PREFIX + "/peers/{worker}")
+    async def register_peer(worker: str, request: Request) -> Response:
+        check_read(request)  # a worker's token: what it would need to pull the payloads it serves
+        _check_worker_id(worker)
+        peers.register(worker, _parse(PeerRegistration, await request.body()), time.monotonic())
+        metrics.peers.set(len(peers.peers))
+        return Response(status_code=204)
+
+    @app.delete(API_PREFIX + "/peers/{worker}")
+    async def leave_peer(worker: str, request: Request) -> Response:
+        check_read(request)
+        peers.leave(worker)
+        metrics.peers.set(len(peers.peers))
+        return Response(status_code=204)
+
+    @app.post(API_PREFIX + "/sources")
+    async def sources(request: Request) -> SourceList:
+        check_read(request)
+        ask = _parse(SourcesRequest, await request.body())
+        found = peers.sources(ask.worker, ask.path, time.monotonic())
+        metrics.peers.set(len(peers.peers))
+        metrics.source_answers.labels("relay" if found.relay else "peers").inc()
+        return found
 
     @app.get(API_PREFIX + "/sync")
     async def sync(request: Request) -> list[Manifest]:
@@ -281,6 +312,24 @@ def create_app(
         return result
 
     return app
+
+
+def _check_worker_id(worker: str) -> None:
+    if not re.fullmatch(WORKER_ID_PATTERN, worker):
+        raise StoreError(ErrorKind.INVALID, f"worker id {worker[:64]!r} must match {WORKER_ID_PATTERN}", "worker")
+
+
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+def _parse(model: type[_Body], body: bytes) -> _Body:
+    """A JSON body as `model`; a refusal naming the first bad field otherwise."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "body"
+        raise StoreError(ErrorKind.INVALID, f"{where}: {first['msg']}", where) from None
 
 
 async def _read_bounded(request: Request, limit: int, name: str) -> bytes:

@@ -45,4 +45,13 @@ class WeightServerMetrics:
             "Compacted deltas evicted from the cache to keep it within --compacted-cache-bytes.",
             registry=self.registry,
         )
+        self.peers = Gauge(
+            "rlboost_weights_peers", "Workers registered as peers that serve weights (fan-out).", registry=self.registry
+        )
+        self.source_answers = Counter(
+            "rlboost_weights_source_answers_total",
+            "Answers to 'where do I pull this payload': 'relay' (from the weight-server) or 'peers'.",
+            ["kind"],
+            registry=self.registry,
+        )
         self.bytes_on_disk = Gauge("rlboost_weights_bytes_on_disk", "Payload bytes on disk.", registry=self.registry)

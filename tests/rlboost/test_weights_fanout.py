@@ -1,0 +1,128 @@
+"""Peer weight fan-out against a real weight-server on loopback: pullers fetch from each other (pipelined), a peer
+that lies is caught by the chunk hash, counted and avoided (a real peer process), a dead peer costs a retry."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from rlboost.weights.client import WeightClient
+from rlboost.weights.fanout import PeerFanout
+from tests.weight_server.servers import ROOT, TOKEN, ThreadServer
+
+CHUNK = 64 << 10
+
+
+@pytest.fixture
+def server(tmp_path):
+    with ThreadServer(tmp_path / "data", chunk_bytes=CHUNK) as srv:
+        yield srv
+
+
+def served_bytes(server: ThreadServer) -> float:
+    text = httpx.get(f"{server.url}/metrics").text
+    return sum(
+        float(line.split()[-1]) for line in text.splitlines() if line.startswith("rlboost_weights_bytes_served_total{")
+    )
+
+
+async def upload(server: ThreadServer, nbytes: int) -> bytes:
+    payload = os.urandom(nbytes)
+    async with WeightClient(server.url, token=TOKEN) as wc:
+        await wc.upload(0, payload, checksum="c")
+    return payload
+
+
+async def peer(server: ThreadServer, tmp_path, name: str, zone: str = "z", region: str = "r"):
+    client = WeightClient(server.url, token=TOKEN, streams=4)
+    fanout = PeerFanout(client, name, tmp_path / name, zone=zone, region=region, token=TOKEN)
+    await fanout.start("127.0.0.1", 0)
+    return client, fanout
+
+
+async def close(*pairs) -> None:
+    for client, fanout in pairs:
+        await fanout.close()
+        await client.aclose()
+
+
+async def test_a_wave_pulls_the_payload_from_the_server_once(server, tmp_path) -> None:
+    payload = await upload(server, CHUNK * 24 + 5)
+    peers = [await peer(server, tmp_path, f"w{i}") for i in range(4)]
+    try:
+        before = served_bytes(server)
+        pulled = await asyncio.gather(*(client.pull(0) for client, _ in peers))
+        assert all(p == payload for p in pulled)
+        assert served_bytes(server) - before == len(payload)  # the relay's pull; the chain served the rest
+        assert sorted(f.relay_pulls for _, f in peers) == [0, 0, 0, 1]  # whichever asked first
+        assert sorted(c.last_pull.peer_bytes for c, _ in peers) == [0] + [len(payload)] * 3
+        late, late_fanout = await peer(server, tmp_path, "late", zone="z")
+        await late_fanout._register()  # the holders reported at their heartbeat already; this is the puller
+        assert await late.pull(0) == payload and late.last_pull.peer_bytes == len(payload)
+        await close((late, late_fanout))
+    finally:
+        await close(*peers)
+
+
+async def test_peer_reads_need_the_worker_token(server, tmp_path) -> None:
+    await upload(server, CHUNK * 2)
+    client, fanout = await peer(server, tmp_path, "w0")
+    try:
+        await client.pull(0)
+        async with httpx.AsyncClient() as http:
+            url = f"{fanout.url}/v1/versions/0/payload"
+            assert (await http.get(url)).status_code == 401
+            ok = await http.get(url, headers={"Authorization": f"Bearer {TOKEN}", "Range": "bytes=0-99"})
+            assert ok.status_code == 206 and ok.headers["Content-Range"] == f"bytes 0-99/{CHUNK * 2}"
+            missing = await http.get(
+                f"{fanout.url}/v1/versions/7/payload", headers={"Authorization": f"Bearer {TOKEN}"}
+            )
+            assert missing.status_code == 404 and missing.json()["field"] == "path"
+    finally:
+        await close((client, fanout))
+
+
+async def test_a_peer_that_serves_a_corrupt_chunk_is_detected_counted_and_avoided(server, tmp_path) -> None:
+    """The liar is a real process (tests/rlboost/corrupt_peer.py) serving one flipped byte in chunk 3."""
+    payload = await upload(server, CHUNK * 8)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "tests.rlboost.corrupt_peer", server.url, "0", "3", str(tmp_path / "liar")]
+    liar = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(liar.stdout.readline), 30)
+        assert line.startswith("serving "), line
+        liar_url = line.split()[1]
+        rejected: list[str] = []
+        client, fanout = await peer(server, tmp_path, "honest")
+        client.on_peer_rejected = rejected.append
+        try:
+            assert hashlib.sha256(await client.pull(0)).digest() == hashlib.sha256(payload).digest()
+            assert rejected == [liar_url] and client.bad_peers == {liar_url}
+            assert client.last_pull.peer_bytes < len(payload)
+            assert await client.pull(0) == payload
+            assert client.last_pull.peer_bytes == 0 and rejected == [liar_url]  # not asked again
+        finally:
+            await close((client, fanout))
+    finally:
+        liar.kill()
+        liar.communicate(timeout=10)
+
+
+async def test_a_dead_peer_costs_a_retry_not_the_sync(server, tmp_path) -> None:
+    payload = await upload(server, CHUNK * 6)
+    first, first_fanout = await peer(server, tmp_path, "w0")
+    second, second_fanout = await peer(server, tmp_path, "w1")
+    try:
+        await first.pull(0)
+        await first_fanout._register()
+        await first_fanout.server.stop()  # gone without leaving: still listed until its heartbeat expires
+        assert await second.pull(0) == payload
+        assert second.last_pull.peer_bytes == 0 and second.last_pull.peer_failures >= 1
+    finally:
+        await close((first, first_fanout), (second, second_fanout))
