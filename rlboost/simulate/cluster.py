@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rlboost.policies.balancing import BalanceWorker, HeldRequest, plan_rebalance
 from rlboost.policies.length_offload import OffloadCandidate, plan_offload
 from rlboost.policies.placement import WorkerLoad, place
 from rlboost.simulate.hardware import (
@@ -201,6 +202,25 @@ class StepSim:
         if plan:
             reqs, iids = zip(*plan, strict=True)
             self._assign(np.asarray(reqs, dtype=np.int64), list(iids))
+
+    def rebalance(self) -> None:
+        """The manager's continuous balancing (rlboost.policies.balancing) in the tail: with nothing pending and an
+        instance idle, the busiest instances' excess moves to it, so the last responses decode in small batches.
+        The sim does not track assignment times, so generated tokens stand in for time running (same order)."""
+        if np.any(self.where == PENDING) or len(self.blocked) == len(self.inst.alive):
+            return
+        loads = self._loads()
+        if all(w.running for w in loads):
+            return
+        by_inst: dict[int, list[HeldRequest]] = {int(w.worker_id): [] for w in loads}
+        for r in np.flatnonzero(self.where >= 0):
+            i = int(self.where[r])
+            if i in by_inst:
+                by_inst[i].append(HeldRequest(str(r), int(self.gen[r]), float(self.gen[r])))
+        workers = [BalanceWorker(w.worker_id, w.capacity, by_inst[int(w.worker_id)]) for w in loads]
+        moved = [int(r) for ids in plan_rebalance(workers, pending=0, min_excess=1).values() for r in ids]
+        if moved:
+            self.where[np.asarray(moved, dtype=np.int64)] = PENDING
 
     def _assign(self, reqs: np.ndarray, iids_list: list[int]) -> None:
         iids = np.asarray(iids_list, dtype=np.int64)

@@ -112,6 +112,8 @@ class StepRunner:
                 trainer.paused = ready_spot == 0 and not self.spot.vms
                 sim.blocked = set() if trainer.paused else set(reserved)
             self.spot.follow(self.now, sim)
+            if self.features.length_aware and offloaded:  # the tail on spot spreads into small batches
+                sim.rebalance()
             sim.place()
             sim.decode(dt)
             trainer.advance(self.now, dt)
