@@ -114,8 +114,8 @@ class BusySpotScaler:
             self.target = self._bound(max(1, math.ceil(s.used * s.busy_fraction / sized_for)))
         elif s.trainer_wait_s > 0 and s.busy_fraction >= sized_for and self._pays(s):
             self.target = self._bound(s.used + max(1, math.ceil(s.used * s.trainer_wait_s / max(s.step_s, 1e-9))))
-        else:
-            self.target = self._bound(s.used)
+        # else unchanged: busy enough, nobody waits. Not lowered to `used`: fewer up (a preemption, a thin
+        # market) is no evidence against the instances that come back.
         return self.target
 
     def sized_for(self) -> float:

@@ -380,5 +380,9 @@ class SpotPool:
     def gpu_count(self) -> int:
         return len(self.vms) * self.cfg.gpus_per_spot
 
+    def ready_gpus(self, t: float) -> int:
+        """GPUs of spot instances with weights loaded (what the manager sees: registered workers)."""
+        return sum(self.inst.width[i] * self.cfg.model.tp for vm in self.vms for i in vm if self.inst.ready_at[i] <= t)
+
     def ready_instances(self, t: float) -> int:
         return sum(1 for vm in self.vms for i in vm if self.inst.ready_at[i] <= t)

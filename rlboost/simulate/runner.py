@@ -99,10 +99,12 @@ class StepRunner:
             self.window.start_step(t0, self.spot.ready_instances(t0), len(reserved))
             window = self.window.window_s if self.window.active else None
         offloaded, complete, spot_idle_s, spot_samples, dt = False, False, 0.0, [], cfg.tick_s
+        ready_spot_gpu_s = 0.0  # the busy scaler's denominator: registered spot, not VMs still booting
         while not (complete and (not partial or trainer.finished)):
             sim.now = self.now
             self.result.spot_gpu_s += self.spot.gpu_count() * dt
             ready_spot = self.spot.ready_instances(self.now)
+            ready_spot_gpu_s += self.spot.ready_gpus(self.now) * dt
             if window is not None and not offloaded and ready_spot and self.window.should_offload(self.now):
                 offloaded = True  # the RLBoost move: reserved requests migrate, reserved GPUs train
                 sim.blocked |= set(reserved)
@@ -143,7 +145,9 @@ class StepRunner:
             spot_idle_s += tail
         self.now = end + self.sync_time()
         self._account(k, t0, sim, trainer, spot_samples, window, spot_idle_s, target)
-        self._scale(sim, trainer, self.result.spot_gpu_s - spot_paid0, self.now - t0)
+        paid = self.result.spot_gpu_s - spot_paid0
+        ready = ready_spot_gpu_s + self.spot.ready_gpus(self.now) * (self.now - t0 - len(spot_samples) * dt)
+        self._scale(sim, trainer, paid, ready, self.now - t0)
 
     def _rollout_complete(self, sim: StepSim, trainer: Trainer, target: int, carried: int, partial: bool) -> bool:
         """Synchronous: every response is in. Partial: `target` samples are in, carried ones among them (a carried
@@ -169,13 +173,13 @@ class StepRunner:
         keep[self._consumed(sim, target, carried)] = False
         self.carry_need, self.carry_gen = sim.need[keep], sim.gen[keep]
 
-    def _scale(self, sim: StepSim, trainer: Trainer, paid: float, step_s: float) -> None:
-        if paid <= 0:
-            return
-        busy = sim.busy_spot_gpu_s / paid
-        if self.scaler is not None:
-            self.scaler.update(len(self.spot.vms), busy, trainer.wait_s)
-        elif self.busy_scaler is not None:
+    def _scale(self, sim: StepSim, trainer: Trainer, paid: float, ready: float, step_s: float) -> None:
+        """The paper's scaler measures busy over paid spot time; rlboost's over ready (registered) spot time, as
+        the manager can: a VM still booting is the market's delay, not evidence of too much spot."""
+        if self.scaler is not None and paid > 0:
+            self.scaler.update(len(self.spot.vms), sim.busy_spot_gpu_s / paid, trainer.wait_s)
+        elif self.busy_scaler is not None and ready > 0:
+            busy = min(sim.busy_spot_gpu_s / ready, 1.0)
             self.busy_scaler.update(SpotSignals(len(self.spot.vms), busy, trainer.wait_s, step_s))
 
     def sync_time(self) -> float:

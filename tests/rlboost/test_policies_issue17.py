@@ -88,3 +88,10 @@ def test_break_even_busy_is_the_per_gpu_price_ratio():
 def test_busy_scaler_rejects_inverted_bounds():
     with pytest.raises(ValueError, match="minReplicas"):
         BusySpotScaler(min_instances=3, max_instances=1)
+
+
+def test_busy_scaler_keeps_its_target_when_fewer_instances_were_up():
+    """A preemption or a thin market lowers `used`, not the evidence: the instances that come back are used."""
+    scaler = BusySpotScaler(max_instances=16, prices=PRICES, target=10)
+    assert scaler.update(SpotSignals(used=3, busy_fraction=0.9, trainer_wait_s=0.0, step_s=200)) == 10
+    assert scaler.cap(12) == 10
