@@ -114,7 +114,9 @@ class StepRunner:
                 trainer.paused = ready_spot == 0 and not self.spot.vms
                 sim.blocked = set() if trainer.paused else set(reserved)
             self.spot.follow(self.now, sim)
-            if self.features.length_aware and offloaded:  # the tail on spot spreads into small batches
+            # the tail on spot spreads into small batches; not under partial rollout, where no step waits for its
+            # tail and the moves only cost re-prefill (measured: 2.84x/1.73x with, 3.25x/1.99x without, p2 1e)
+            if self.features.length_aware and offloaded and not partial:
                 sim.rebalance()
             sim.place()
             sim.decode(dt)
