@@ -1,4 +1,4 @@
-"""`rlboost simulate`: throughput and cost of reserved-only, disaggregated and hybrid on a spot trace."""
+"""`rlboost simulate`: throughput and cost of reserved-only, disaggregated, the paper's hybrid and rlboost on a spot trace."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from rlboost.simulate.runner import POLICIES
+from rlboost.simulate.runner import ALL_POLICIES, POLICIES
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -18,7 +18,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--spot-price", type=float, default=2.66, help="USD per spot GPU-hour")
     p.add_argument("--gpus-per-spot", type=int, default=2, help="GPUs per spot instance in the trace")
     p.add_argument("--steps", type=int, default=100, help="RL steps to simulate (the trace repeats if needed)")
-    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of " + ", ".join(POLICIES))
+    p.add_argument(
+        "--policies", default=",".join(POLICIES), help="comma-separated subset of " + ", ".join(ALL_POLICIES)
+    )
     p.add_argument("--weight-sync", choices=("delta", "full"), default="delta", help="spot weight pulls per step")
     p.add_argument("--seed", type=int, default=0, help="seed of the response lengths")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
@@ -42,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
     if args.model not in MODELS:
         return _fail(f"--model: unknown {args.model!r}; choose one of {', '.join(MODELS)}")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if bad := [p for p in policies if p not in POLICIES]:
-        return _fail(f"--policies: unknown {', '.join(bad)}; choose from {', '.join(POLICIES)}")
+    if bad := [p for p in policies if p not in ALL_POLICIES]:
+        return _fail(f"--policies: unknown {', '.join(bad)}; choose from {', '.join(ALL_POLICIES)}")
     if args.steps < 1 or args.reserved_gpus < 1 or args.gpus_per_spot < 1:
         return _fail("--steps, --reserved-gpus and --gpus-per-spot must be >= 1")
     try:

@@ -4,5 +4,7 @@
 - `balancing`: move work off overloaded workers to idle ones.
 - `migration`: how a request continues elsewhere from prompt + generated tokens.
 - `offload`: RLBoost's adaptive partial-response offload window T.
-- `spot_scaling`: how many of the available spot instances to use, from how busy they were (the simulator's).
+- `length_offload`: at the offload window, the longest-running requests first, to the least-loaded spot workers.
+- `spot_scaling`: how many of the available spot instances to use, from how busy they were; `BusySpotScaler`
+  pays only for busy spot, with the prices per pool.
 """

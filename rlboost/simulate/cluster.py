@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rlboost.policies.balancing import BalanceWorker, HeldRequest, plan_rebalance
+from rlboost.policies.length_offload import OffloadCandidate, plan_offload
 from rlboost.policies.placement import WorkerLoad, place
 from rlboost.simulate.hardware import (
     H100,
@@ -49,6 +51,9 @@ class ClusterConfig:
     weight_sync: str = "delta"  # "delta" | "full" for spot pulls after each step
     tick_s: float = 2.0
     max_batch: int = 256
+    spot_tp2_share: float = 0.0  # share of spot VMs running one engine over 2x the model's TP (tail engines)
+    tp_scaling: float = 0.8  # a 2x wider engine decodes this x 2 as fast (all-reduce per layer costs the rest)
+    partial_overprovision: float = 0.25  # staleness > 0: requests in flight per step = samples x (1 + this)
 
 
 @dataclass
@@ -108,12 +113,31 @@ class Instances:
         self.alive: list[bool] = []
         self.ready_at: list[float] = []
         self.prefill_debt: list[float] = []
+        self.width: list[int] = []  # engine width in units of the model's TP (2: a tail engine over 2x the GPUs)
         self.kv_cap = kv_capacity_tokens(cfg.model, cfg.accelerator)
 
-    def add(self, spot: bool, ready_at: float) -> int:
-        for lst, v in ((self.spot, spot), (self.alive, True), (self.ready_at, ready_at), (self.prefill_debt, 0.0)):
+    def add(self, spot: bool, ready_at: float, width: int = 1) -> int:
+        for lst, v in (
+            (self.spot, spot),
+            (self.alive, True),
+            (self.ready_at, ready_at),
+            (self.prefill_debt, 0.0),
+            (self.width, width),
+        ):
             lst.append(v)
         return len(self.spot) - 1
+
+    def speedup(self) -> np.ndarray:
+        """Per instance, how much faster than a base engine it decodes and prefills (TP scaling measured by tp_scaling)."""
+        w = np.asarray(self.width, dtype=np.float64)
+        return np.where(w > 1, w * self.cfg.tp_scaling, 1.0)
+
+    def kv_caps(self) -> np.ndarray:
+        """KV tokens per instance: a wider engine holds its weights once over more memory."""
+        m, a = self.cfg.model, self.cfg.accelerator
+        w = np.asarray(self.width, dtype=np.float64)
+        free = a.hbm_bytes * m.tp * w * 0.85 - m.weight_bytes
+        return np.maximum(free, 0.0) / m.kv_bytes_per_token
 
     def live_spot(self) -> list[int]:
         return [i for i, (s, a) in enumerate(zip(self.spot, self.alive, strict=True)) if s and a]
@@ -124,17 +148,34 @@ class Instances:
 
 
 class StepSim:
-    """One RL step: rollout of `lengths` on `instances`, a streamed trainer, measured bubbles."""
+    """One RL step: rollout of `lengths` on `instances`, a streamed trainer, measured bubbles.
 
-    def __init__(self, cfg: ClusterConfig, inst: Instances, lengths: np.ndarray, now: float) -> None:
+    `generated`: tokens already generated per request (responses carried over from the previous step under a
+    staleness bound; a request with nothing left is a finished sample waiting to be trained on).
+    `length_aware`: pending requests are placed longest-running first (rlboost.policies.length_offload).
+    """
+
+    def __init__(
+        self,
+        cfg: ClusterConfig,
+        inst: Instances,
+        lengths: np.ndarray,
+        now: float,
+        generated: np.ndarray | None = None,
+        length_aware: bool = False,
+    ) -> None:
         self.cfg, self.inst, self.now = cfg, inst, now
         self.need = lengths.astype(np.float64)
-        self.gen = np.zeros_like(self.need)
+        self.gen = np.zeros_like(self.need) if generated is None else np.minimum(generated, self.need)
         self.where = np.full(len(lengths), PENDING, dtype=np.int64)
         self.done_at = np.full(len(lengths), np.inf)
+        finished = self.gen >= self.need
+        self.where[finished], self.done_at[finished] = DONE, now
         self.blocked: set[int] = set()  # instances that take no new work (offloaded reserved)
         self.prompt = float(cfg.workload.prompt_tokens)
-        self.slots = inst.slots(self.prompt + float(np.mean(lengths)))
+        self.expected_ctx = self.prompt + float(np.mean(lengths))
+        self.slots = inst.slots(self.expected_ctx)
+        self.length_aware = length_aware
         self.busy_reserved_gpu_s = 0.0
         self.busy_spot_gpu_s = 0.0
 
@@ -143,22 +184,58 @@ class StepSim:
         pending = np.flatnonzero(self.where == PENDING)
         if not len(pending):
             return
+        if self.length_aware:  # the longest-running first (stable: index order among equals)
+            pending = pending[np.argsort(-self.gen[pending], kind="stable")]
         chosen = place(len(pending), self._loads())
-        if not chosen:
+        if chosen:
+            self._assign(pending[: len(chosen)], [int(w) for w in chosen])
+
+    def offload(self, reserved: list[int]) -> None:
+        """The window elapsed: the reserved instances' requests migrate (length-aware: longest first, each to
+        the least-loaded spot instance, by the manager's policy; else back to pending for least-loaded placement)."""
+        on = np.flatnonzero(np.isin(self.where, reserved))
+        self.where[on] = PENDING
+        if not self.length_aware or not len(on):
             return
-        reqs = pending[: len(chosen)]
-        iids = np.fromiter((int(w) for w in chosen), dtype=np.int64, count=len(chosen))
+        candidates = [OffloadCandidate(str(r), int(self.gen[r])) for r in on]
+        plan = [(int(r), int(w)) for r, w in plan_offload(candidates, self._loads()) if w is not None]
+        if plan:
+            reqs, iids = zip(*plan, strict=True)
+            self._assign(np.asarray(reqs, dtype=np.int64), list(iids))
+
+    def rebalance(self) -> None:
+        """The manager's continuous balancing (rlboost.policies.balancing) in the tail: with nothing pending and an
+        instance idle, the busiest instances' excess moves to it, so the last responses decode in small batches.
+        The sim does not track assignment times, so generated tokens stand in for time running (same order)."""
+        if np.any(self.where == PENDING) or len(self.blocked) == len(self.inst.alive):
+            return
+        loads = self._loads()
+        if all(w.running for w in loads):
+            return
+        by_inst: dict[int, list[HeldRequest]] = {int(w.worker_id): [] for w in loads}
+        for r in np.flatnonzero(self.where >= 0):
+            i = int(self.where[r])
+            if i in by_inst:
+                by_inst[i].append(HeldRequest(str(r), int(self.gen[r]), float(self.gen[r])))
+        workers = [BalanceWorker(w.worker_id, w.capacity, by_inst[int(w.worker_id)]) for w in loads]
+        moved = [int(r) for ids in plan_rebalance(workers, pending=0, min_excess=1).values() for r in ids]
+        if moved:
+            self.where[np.asarray(moved, dtype=np.int64)] = PENDING
+
+    def _assign(self, reqs: np.ndarray, iids_list: list[int]) -> None:
+        iids = np.asarray(iids_list, dtype=np.int64)
         self.where[reqs] = iids
         # migrated requests re-prefill prompt + generated tokens; prefill is batched across the instance's slots
-        cost = prefill_seconds(self.cfg.model, self.cfg.accelerator, 1.0) / self.slots
+        cost = prefill_seconds(self.cfg.model, self.cfg.accelerator, 1.0) / self.slots / self.inst.speedup()[iids]
         debt = np.bincount(iids, weights=(self.prompt + self.gen[reqs]) * cost, minlength=len(self.inst.alive))
         self.inst.prefill_debt = list(np.asarray(self.inst.prefill_debt) + debt)
 
     def _loads(self) -> list[WorkerLoad]:
         """Instances that can take work now (alive, weights loaded, not offloaded), as placement sees them."""
         running = np.bincount(self.where[self.where >= 0], minlength=len(self.inst.alive))
+        caps = np.clip(self.inst.kv_caps() / max(self.expected_ctx, 1.0), 1, self.cfg.max_batch).astype(np.int64)
         return [
-            WorkerLoad(str(i), int(running[i]), self.slots)
+            WorkerLoad(str(i), int(running[i]), int(caps[i]))
             for i, alive in enumerate(self.inst.alive)
             if alive and self.inst.ready_at[i] <= self.now and i not in self.blocked
         ]
@@ -194,8 +271,9 @@ class StepSim:
         self.where[done] = DONE
         working = batch > 0
         spot = np.asarray(self.inst.spot, dtype=bool)
-        self.busy_reserved_gpu_s += float(np.count_nonzero(working & ~spot)) * self.cfg.model.tp * dt
-        self.busy_spot_gpu_s += float(np.count_nonzero(working & spot)) * self.cfg.model.tp * dt
+        gpus = np.asarray(self.inst.width, dtype=np.float64) * self.cfg.model.tp * dt
+        self.busy_reserved_gpu_s += float(np.sum(gpus[working & ~spot]))
+        self.busy_spot_gpu_s += float(np.sum(gpus[working & spot]))
 
     def idle_spot(self) -> int:
         """Ready spot instances with nothing to generate right now."""
@@ -208,13 +286,17 @@ class StepSim:
 
     def _decode_step(self, batch: np.ndarray, kv: np.ndarray) -> np.ndarray:
         m, a = self.cfg.model, self.cfg.accelerator
-        memory = (m.weight_bytes + kv * m.kv_bytes_per_token) / (a.hbm_bw * a.bw_efficiency * m.tp)
-        compute = 2.0 * m.params * batch / (a.bf16_flops * a.mfu_decode * m.tp)
+        tp = m.tp * self.inst.speedup()
+        memory = (m.weight_bytes + kv * m.kv_bytes_per_token) / (a.hbm_bw * a.bw_efficiency * tp)
+        compute = 2.0 * m.params * batch / (a.bf16_flops * a.mfu_decode * tp)
         return np.maximum(memory, compute) + a.step_overhead_s
 
     @property
     def all_done(self) -> bool:
         return bool(np.all(self.where == DONE))
+
+    def done_count(self) -> int:
+        return int(np.count_nonzero(self.where == DONE))
 
     def tokens(self) -> float:
         return float(np.sum(self.need)) + self.prompt * len(self.need)
@@ -232,11 +314,12 @@ class Trainer:
         self.processed = 0.0
         self.wait_s = 0.0
         self.busy_s = 0.0
-        self.total = sim.tokens()
+        self.total = sim.tokens()  # partial rollout: unknown (inf) until the step's samples are in
+        self.cap = np.inf  # partial rollout: tokens of the samples this step trains on, once known
 
     def available(self, t: float) -> float:
         arrived = self.sim.done_at <= t
-        return float(np.sum(self.sim.need[arrived])) + self.sim.prompt * float(np.count_nonzero(arrived))
+        return min(float(np.sum(self.sim.need[arrived])) + self.sim.prompt * float(np.count_nonzero(arrived)), self.cap)
 
     def advance(self, t0: float, dt: float) -> None:
         if self.start is None or self.paused or self.finished:
@@ -276,7 +359,11 @@ class SpotPool:
         want, gone = self.target(t), []
         full = sync_seconds(self.cfg.model.weight_bytes, self.cfg.spot_link_bytes_s)
         while len(self.vms) < want:
-            self.vms.append([self.inst.add(True, t + self.cfg.provision_s + full) for _ in range(self.per_vm)])
+            ready = t + self.cfg.provision_s + full
+            if self._tail_vm(len(self.vms)):  # one engine over the VM's GPUs
+                self.vms.append([self.inst.add(True, ready, width=self.per_vm)])
+            else:
+                self.vms.append([self.inst.add(True, ready) for _ in range(self.per_vm)])
         while len(self.vms) > want:
             for iid in self.vms.pop():
                 self.inst.alive[iid] = False
@@ -285,8 +372,17 @@ class SpotPool:
             sim.release(gone)
         return gone
 
+    def _tail_vm(self, j: int) -> bool:
+        """The j-th VM runs one wide (TP x 2) engine: spot_tp2_share of them, spread evenly (VM 0 first)."""
+        share = self.cfg.spot_tp2_share
+        return self.per_vm >= 2 and share > 0 and int((j + 1) * share) > int(j * share) - (j == 0)
+
     def gpu_count(self) -> int:
         return len(self.vms) * self.cfg.gpus_per_spot
+
+    def ready_gpus(self, t: float) -> int:
+        """GPUs of spot instances with weights loaded (what the manager sees: registered workers)."""
+        return sum(self.inst.width[i] * self.cfg.model.tp for vm in self.vms for i in vm if self.inst.ready_at[i] <= t)
 
     def ready_instances(self, t: float) -> int:
         return sum(1 for vm in self.vms for i in vm if self.inst.ready_at[i] <= t)

@@ -21,10 +21,10 @@ class Workload:
     def samples_per_step(self) -> int:
         return self.prompts_per_step * self.group_size
 
-    def response_lengths(self, step: int, steps: int, rng: np.random.Generator) -> np.ndarray:
-        """Lengths of one step's responses (int tokens), mean interpolated over training."""
+    def response_lengths(self, step: int, steps: int, rng: np.random.Generator, count: int | None = None) -> np.ndarray:
+        """Lengths of `count` (default: one step's) responses (int tokens), mean interpolated over training."""
         frac = step / max(steps - 1, 1)
         mean = self.mean_response_start + frac * (self.mean_response_end - self.mean_response_start)
         mu = np.log(mean) - self.sigma**2 / 2  # lognormal with that mean
-        lengths = rng.lognormal(mu, self.sigma, self.samples_per_step)
+        lengths = rng.lognormal(mu, self.sigma, self.samples_per_step if count is None else count)
         return np.clip(lengths, 16, self.max_response).astype(np.int64)

@@ -103,3 +103,32 @@ def test_without_spot_capacity_or_without_a_window_nothing_is_offloaded():
     _start(st, off, requests=2)
     assert off.tick(1e6, period_s=1.0) == 0 and off.end_step(1e6) is None
     assert not st.offloaded_pools and not st.take_outbox()
+
+
+def test_offload_puts_the_longest_running_reserved_request_first_in_line_for_spot():
+    """Issue 17: at the window the request with most tokens is placed first, on the least-loaded spot worker."""
+    st = _cluster(r=3)
+    offload = OffloadController(st, OffloadWindow(CONFIG))
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=64, seed=1, stop_token_ids=(0,))
+    st.add_step(RolloutRequest(0, 0, [PromptItem(0, [9, 9])], 3, sampling), 0.0)
+    for wid, cap in (("s", 1), ("t", 2)):  # spot present for the window, its slots taken: all three go to r
+        st.register(WorkerRegistration(wid, Pool.SPOT, node=f"node-{wid}", capacity=cap, weight_version=0), now=0.0)
+        st.workers[wid].running.update(f"other-{wid}-{i}" for i in range(cap))
+    offload.start_step(0.0)
+    st.schedule(0.0)
+    held = [a.request_id for a in st.take_outbox()["r"].assign]
+    for rid, tokens in zip(held, (3, 9, 1), strict=True):  # the reserved worker streamed 3, 9 and 1 tokens
+        epoch = st.requests[rid].lease_epoch
+        st.on_chunks("r", [TokenChunk(rid, epoch, 0, [5] * tokens, [0.0] * tokens, False, "")], 0.5)
+    for wid in ("s", "t"):  # their own work finished: both spot workers empty
+        st.workers[wid].running.clear()
+    assert offload.tick(1.0, period_s=0.5) == 3
+    revoke_order = st.take_outbox()["r"].revoke["offload"]
+    assert revoke_order == [held[2], held[0], held[1]]  # shortest first: the longest flushes last
+    for rid in revoke_order:  # the worker flushes in the revoke's order
+        epoch = st.requests[rid].lease_epoch
+        st.on_chunks("r", [TokenChunk(rid, epoch, 0, [], [], False, "abort")], 1.1)
+    st.schedule(1.2)
+    assigned = {wid: [a.request_id for a in box.assign] for wid, box in st.take_outbox().items()}
+    assert assigned["s"][0] == held[1]  # the 9-token request first, to the emptiest spot worker
+    assert "r" not in assigned

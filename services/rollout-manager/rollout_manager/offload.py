@@ -9,6 +9,13 @@ controller runs it against the manager's state, step by step:
   vanishes, the reserved pool takes work again (work is never stranded);
 * the step is delivered: T adapts from how long the trainer waited after the offload and how idle spot was.
 
+The offload is length-aware (issue 17, `rlboost.policies.length_offload.longest_first`): the requests that
+generated most so far (under a long-tailed length distribution the longest to come) must be first in line for
+spot. A migrated request goes back to the head of the pending queue, so each reserved worker's revoke lists its
+requests shortest first: flushed in that order, the longest ends up at the head and least-loaded placement gives
+it the emptiest spot worker first. The spot target itself is not pinned (the simulator pins it with
+`plan_offload`; here least-loaded placement makes the same choice as slots free up).
+
 Without a window (offload off, the default) every method does nothing: reserved workers run to the end.
 Every method takes `now` (monotonic seconds), like ManagerState's.
 
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import logging
 
+from rlboost.policies.length_offload import OffloadCandidate, longest_first
 from rlboost.policies.migration import MigrationReason
 from rlboost.policies.offload import OffloadWindow, StepMeasurements
 from rlboost.wire.rollout_io import Pool
@@ -68,8 +76,19 @@ class OffloadController:
             return 0
         self.offloaded_at = now
         self.state.set_pool_offloaded(Pool.RESERVED, True)
-        revoked = self.state.revoke_pool(Pool.RESERVED, MigrationReason.OFFLOAD, now)
+        revoked = self._revoke_reserved_longest_first(now)
         log.info("offload window elapsed", extra={"window_s": self.window.window_s, "revoked": revoked})
+        return revoked
+
+    def _revoke_reserved_longest_first(self, now: float) -> int:
+        """Revoke every running request of the reserved pool; per worker shortest first (see the module docstring)."""
+        revoked = 0
+        for w in list(self.state.workers.values()):
+            if w.reg.pool is not Pool.RESERVED:
+                continue
+            held = [OffloadCandidate(rid, len(self.state.requests[rid].tokens)) for rid in w.running]
+            for c in reversed(longest_first(held)):
+                revoked += self.state.revoke(c.request_id, MigrationReason.OFFLOAD, now)
         return revoked
 
     def end_step(self, now: float) -> float | None:
