@@ -30,8 +30,9 @@ from tests.e2e.local_cli import run_local as run_local_cli
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "examples" / "local-preemption.yaml"
 # Steps are short (about a second of rollout each); the run must outlast one turn of every role, and a restarted
-# trainer needs 20-40 s to train again on 2 busy cores: 8 steps leave a margin.
-STEPS = 8
+# trainer needs 20-40 s to train again on 2 busy cores, and the manager comes back with its step re-attached:
+# 12 steps leave a margin (8 did not once the manager joined the targets).
+STEPS = 12
 PROMPTS_PER_STEP, GROUP_SIZE = 4, 4  # as in the config
 RUN_TIMEOUT_S = 300
 # Turn order: the quick restarts first, the trainer (the slowest to train again: it resumes from its checkpoint)

@@ -272,7 +272,7 @@ def test_the_math_example_loads_and_its_dataset_is_what_the_script_writes(tmp_pa
     monkeypatch.chdir(root)  # the example's paths are relative to the repository root
     spec = with_absolute_dataset_paths(load_job_spec(root / "examples" / "local-math.yaml"))
     check_dataset(spec.task, spec.algorithm.prompts_per_step, words)
-    assert spec.task.reward == "math_answer" and spec.task.dataset.metadata_fields == ["kind"]
+    assert spec.task.reward == "math_verify" and spec.task.dataset.metadata_fields == ["kind"]
     subprocess.run([sys.executable, str(root / "scripts" / "make_math_dataset.py"), "--out", str(tmp_path)], check=True)
     for name in ("math-train.jsonl", "math-validation.jsonl"):
         assert (tmp_path / name).read_bytes() == (root / "examples" / "data" / name).read_bytes()
