@@ -4,6 +4,12 @@ user `operator` (the only user that may publish notices).
 
 The connection is opened lazily and retried, so the operator runs (and reconciles) while NATS is down.
 
+A preemption notice must arrive: it is sent as a request, and the rollout-manager acknowledges it once it has
+marked the workers draining. Without an acknowledgement (no manager subscribed: it is restarting; NATS
+reconnecting) it is sent again, with back-off, until one comes or the notice's own deadline has passed (the node
+is gone by then). Draining is idempotent at the manager, so a notice that arrived but whose acknowledgement was
+lost costs nothing when it comes again.
+
 Status survives the operator: step reports and `done` are kept by a JetStream stream (`STATUS_STREAM`, the
 newest message per job and topic), and the operator reads them through a consumer that starts with that
 newest message. An operator that was down (restarted, upgraded, a new leader) while a step finished or the
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
@@ -31,6 +38,8 @@ from rlboost.wire.events import STATUS_STREAM, PreemptionNotice, subject
 
 log = logging.getLogger(__name__)
 
+NOTICE_ACK_TIMEOUT_S = 2.0  # one delivery attempt: the manager acknowledges as soon as it marked the workers
+NOTICE_MIN_RESEND_S = 10.0  # re-send for at least this long, even for a notice with a shorter deadline
 STATUS_TOPICS = ("steps", "done")  # what the RLJob's status is made of: kept, newest per job
 
 
@@ -55,6 +64,7 @@ class NatsLink:
         self.options = options or {}
         self._nc: Client | None = None
         self._lock = asyncio.Lock()
+        self._resending: set[asyncio.Task] = set()  # notices not yet acknowledged, being re-sent
 
     async def client(self) -> Client:
         async with self._lock:
@@ -73,11 +83,30 @@ class NatsLink:
                 )
             return self._nc
 
-    async def publish_notice(self, namespace: str, job: str, notice: PreemptionNotice) -> None:
-        """Publish and flush, so the notice has left before the caller moves on."""
+    async def publish_notice(self, namespace: str, job: str, notice: PreemptionNotice) -> bool:
+        """Send the notice and wait for the manager's acknowledgement once; without one, keep re-sending it in the
+        background until acknowledged or past its deadline. True: acknowledged at the first attempt."""
         nc = await self.client()
-        await nc.publish(subject(namespace, job, "nodes"), notice.model_dump_json().encode())
-        await nc.flush(timeout=self.connect_timeout)
+        subj, data = subject(namespace, job, "nodes"), notice.model_dump_json().encode()
+        if await _acknowledged(nc, subj, data):
+            return True
+        task = asyncio.create_task(self._resend(nc, subj, data, notice))
+        self._resending.add(task)  # a reference: a task nobody holds may be collected mid-way
+        task.add_done_callback(self._resending.discard)
+        return False
+
+    async def _resend(self, nc: Client, subj: str, data: bytes, notice: PreemptionNotice) -> None:
+        """Re-send until acknowledged or `deadline_s` (at least NOTICE_MIN_RESEND_S) has passed; back-off between."""
+        give_up_at = time.monotonic() + max(notice.deadline_s, NOTICE_MIN_RESEND_S)
+        pause, attempts = 0.2, 1
+        while time.monotonic() + pause < give_up_at:
+            await asyncio.sleep(pause)  # back-off between attempts, not synchronisation
+            pause, attempts = min(pause * 2, 5.0), attempts + 1
+            if await _acknowledged(nc, subj, data):
+                log.info("preemption notice acknowledged", extra={"node": notice.node, "attempts": attempts})
+                return
+        log.warning("preemption notice never acknowledged: no rollout-manager answered before its deadline",
+                    extra={"node": notice.node, "attempts": attempts, "deadline_s": notice.deadline_s})  # fmt: skip
 
     async def ensure_status_stream(self) -> bool:
         """Create (or bring up to date) the stream that keeps job status; False when NATS has no JetStream."""
@@ -134,9 +163,20 @@ class NatsLink:
         return sub
 
     async def close(self) -> None:
+        for task in list(self._resending):
+            task.cancel()
         if self._nc is not None and not self._nc.is_closed:
             await self._nc.drain()
         self._nc = None
+
+
+async def _acknowledged(nc: Client, subj: str, data: bytes) -> bool:
+    """One attempt: publish as a request; True when a subscriber (the manager) answered in time."""
+    try:
+        await nc.request(subj, data, timeout=NOTICE_ACK_TIMEOUT_S)
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError):
+        return False
+    return True
 
 
 def _published_before(msg: Msg, since: datetime) -> bool:

@@ -7,7 +7,7 @@ refused (no `no_auth_user`), and each user may publish and subscribe only to wha
 | topic (`rlboost.<ns>.<job>.<topic>`) | published by  | subscribed by      |
 |--------------------------------------|---------------|--------------------|
 | weights                              | weight-server | worker, observer   |
-| nodes (preemption notices)           | operator      | manager            |
+| nodes (preemption notices)           | operator      | manager (it answers: the ack) |
 | steps, done (step reports, the end)  | trainer       | operator, observer |
 | colocation (release/resume commands) | trainer       | worker             |
 | colocation-acks                      | worker        | trainer            |
@@ -61,6 +61,9 @@ JETSTREAM_USERS = ("operator",)
 # The trainer publishes step reports and `done` to the status stream and waits for its acknowledgement
 # (rlboost.durable), which comes to an inbox of its own prefix only.
 ACK_INBOXES = {"trainer": TRAINER_INBOX}
+# Users that answer requests (nats-server's allow_responses: a reply to the requester's inbox only, once): the
+# manager acknowledges the operator's preemption notices, which the operator re-sends until acknowledged.
+RESPONDERS = ("manager",)
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,11 @@ def render_nats_config(
         {
             "user": user,
             "password": passwords[user],
-            "permissions": {"publish": _rule(rights["publish"]), "subscribe": _rule(rights["subscribe"])},
+            "permissions": {
+                "publish": _rule(rights["publish"]),
+                "subscribe": _rule(rights["subscribe"]),
+                **({"allow_responses": True} if user in RESPONDERS else {}),
+            },
         }
         for user, rights in permissions(namespace, job).items()
     ]

@@ -95,6 +95,8 @@ class PreemptionSubscriber:
     async def _on_msg(self, msg) -> None:
         if handle_notice(msg.data, self._drain):
             self._on_change()
+        if msg.reply:  # the operator re-sends a notice until acknowledged: acknowledge once the workers are marked
+            await msg.respond(b"ok")
 
     async def stop(self) -> None:
         if self._nc is not None:
