@@ -14,6 +14,7 @@ from rlboost.wire.rollout_io import (
     TokenChunk,
     WorkerRegistration,
 )
+from rlboost.wire.rollout_proto import status_from_pb, status_to_pb
 from rollout_manager.state import ManagerState, StepError
 
 
@@ -249,3 +250,5 @@ def test_busy_seconds_count_time_a_worker_holds_a_request_per_pool():
     st.schedule(10.0)
     st.remove_worker("r", MigrationReason.STREAM_BROKEN, 12.5)  # a worker that leaves takes no busy time with it
     assert st.status(20.0).busy_seconds == pytest.approx({"reserved": 2.5, "spot": 2.0 * len(boxes)})
+    status = st.status(20.0)
+    assert status_from_pb(status_to_pb(status)).busy_seconds == status.busy_seconds  # GetStatus carries them
