@@ -525,12 +525,14 @@ class PoolSpec(SpecModel):
 class SpotPoolSpec(PoolSpec):
     """The pool of spot (preemptible) rollout workers."""
 
-    sizing: Literal["default", "autoscaler", "capacity"] = Field(
+    sizing: Literal["default", "autoscaler", "capacity", "busy"] = Field(
         "default",
         description="How the operator sizes the pool. 'autoscaler': spot nodes are provisioned on demand (GKE node "
         "auto-provisioning, cluster-autoscaler, Karpenter): ask for maxReplicas, fewer while pods stay unschedulable, "
-        "then retry. 'capacity': as many as the spot nodes present hold. 'default': the operator's setting "
-        "(the chart's jobDefaults.spot.sizing).",
+        "then retry. 'capacity': as many as the spot nodes present hold. 'busy': at most what the spot nodes present "
+        "hold, and only as many as the step reports keep busy (shrinks while spot idles, grows while the trainer waits "
+        "for rollout and spot is busy, at spec.prices; rlboost.policies.spot_scaling.BusySpotScaler). 'default': the "
+        "operator's setting (the chart's jobDefaults.spot.sizing).",
     )
 
 

@@ -91,9 +91,17 @@ def status_schema() -> dict[str, Any]:
             "spotReason": {
                 "type": "string",
                 "description": "Why: SpotScaled (capacity of the spot nodes present), SpotAskingAutoscaler "
-                "(maxReplicas, for the autoscaler) or SpotPendingBackoff (pods stayed unschedulable; retrying later).",
+                "(maxReplicas, for the autoscaler), SpotPendingBackoff (pods stayed unschedulable; retrying later) or "
+                "SpotBusyScaled (busy sizing: the lower of the nodes' capacity and spotTarget).",
             },
             "spotMessage": {"type": "string", "description": "The spot ask in words, e.g. when it retries."},
+            "spotTarget": {
+                "type": "integer",
+                "nullable": True,
+                "description": "Busy sizing (rollout.spot.sizing 'busy'): the spot workers the step reports keep busy, "
+                "within minReplicas..maxReplicas; spotDesired is the lower of it and the spot nodes' capacity. Kept "
+                "here so a restarted operator or a new leader carries on with it. Null in other sizings.",
+            },
             "spotAsk": {
                 "type": "object",
                 "nullable": True,

@@ -33,7 +33,7 @@ from rlboost.auth.credentials import CA_CERT, generate_items
 from rlboost.auth.nats import client_options
 from rlboost.spec import JobSpec, SpotPoolSpec
 from rlboost.wire.events import JobDone, PreemptionNotice, StepReport
-from rlboost_operator import children, model_source, spot, spot_ask, status
+from rlboost_operator import children, model_source, spot, spot_ask, spot_busy, status
 from rlboost_operator.checks import SpecProblemError, check_job
 from rlboost_operator.config import load_settings
 from rlboost_operator.kube import Kube, KubeError
@@ -45,6 +45,7 @@ from rlboost_operator.metrics import (
     RECONCILIATIONS,
     SPOT_NODES,
     SPOT_SHRINKS,
+    SPOT_TARGET,
     SPOT_UNSCHEDULABLE,
 )
 from rlboost_operator.notices import NatsLink
@@ -216,15 +217,21 @@ def _ask_settings() -> spot_ask.AskSettings:
     )
 
 
-def _spot_decision(namespace: str, job: str, spec: JobSpec, saved: dict[str, Any] | None = None) -> spot_ask.Decision:
-    """The spot ask now: the capacity present, or the job's autoscaler state machine fed its pods. `saved`: the
-    state machine as the RLJob's status kept it (status.workers.spotAsk), taken up when this operator has none
-    (it restarted, or a new leader took over), so a back-off or pending bound carries on."""
+def _spot_decision(
+    namespace: str, job: str, spec: JobSpec, saved: dict[str, Any] | None = None, saved_target: int | None = None
+) -> spot_ask.Decision:
+    """The spot ask now: the capacity present (at most the busy target, for busy sizing), or the job's autoscaler
+    state machine fed its pods. `saved` / `saved_target`: the state machine / busy target as the RLJob's status
+    kept them (status.workers.spotAsk / spotTarget), taken up when this operator has none (it restarted, or a new
+    leader took over), so a back-off, pending bound or busy target carries on."""
     pool, pods = spec.rollout.spot, STATE.spot_pods_of(namespace, job)
     SPOT_UNSCHEDULABLE.labels(namespace, job).set(sum(1 for p in pods if p.unschedulable_since is not None))
     if not _autoscaled(pool):
         STATE.spot_asks.pop((namespace, job), None)
         _recheck_later(namespace, job, None)
+        if spot_busy.busy_sized(spec):
+            return spot_busy.busy_decision(STATE.nodes.values(), spec, _busy_target(namespace, job, spec, saved_target))
+        STATE.spot_targets.pop((namespace, job), None)
         return spot_ask.capacity_decision(STATE.nodes.values(), pool)
     ask = STATE.spot_asks.get((namespace, job))
     if ask is None:
@@ -235,6 +242,15 @@ def _spot_decision(namespace: str, job: str, spec: JobSpec, saved: dict[str, Any
         SPOT_SHRINKS.labels(namespace, job).inc()
     _recheck_later(namespace, job, decision.recheck_s)
     return decision
+
+
+def _busy_target(namespace: str, job: str, spec: JobSpec, saved: int | None) -> int:
+    """Busy sizing's target for the job: this operator's, else the status's, else a fresh one (maxReplicas)."""
+    target = STATE.spot_targets.get((namespace, job))
+    if target is None:
+        target = STATE.spot_targets[(namespace, job)] = spot_busy.scaler(spec, saved).target
+    SPOT_TARGET.labels(namespace, job).set(target)
+    return target
 
 
 def _recheck_later(namespace: str, job: str, delay_s: float | None) -> None:
@@ -264,6 +280,7 @@ def _spot_status(namespace: str, job: str, decision: spot_ask.Decision) -> dict[
         "spotReason": decision.reason,
         "spotMessage": decision.message,
         "spotAsk": ask.to_status() if ask is not None else None,
+        "spotTarget": STATE.spot_targets.get((namespace, job)),
     }
 
 
@@ -298,7 +315,10 @@ async def _apply_children(body: kopf.Body, spec: JobSpec) -> bool:
     kube = _kube()
     previous = ((await kube.get("RLJob", namespace, job)) or {}).get("status") or {}
     ended = status.finished(previous)
-    decision = None if ended else _spot_decision(namespace, job, spec, (previous.get("workers") or {}).get("spotAsk"))
+    saved = previous.get("workers") or {}
+    decision = (
+        None if ended else _spot_decision(namespace, job, spec, saved.get("spotAsk"), spot_busy.saved_target(saved))
+    )
     replicas = decision.replicas if decision else 0
     await _ensure_token(namespace, job, body)
     await _ensure_credentials(namespace, job, body)
@@ -323,7 +343,8 @@ def _remember_job(body: kopf.Body, spec: JobSpec, decision: spot_ask.Decision) -
     """Keep a running job for rescaling; say so when its spot ask is new or changed."""
     namespace, job = body.metadata.namespace or "default", body.metadata.name or ""
     ref = JobRef(namespace, job, body.metadata.uid or "", spec, decision.replicas, decision.reason)
-    ref.spot_ask = _spot_status(namespace, job, decision)["spotAsk"]
+    workers_status = _spot_status(namespace, job, decision)
+    ref.spot_ask, ref.spot_target = workers_status["spotAsk"], workers_status["spotTarget"]
     known = STATE.jobs.get((namespace, job))
     STATE.jobs[(namespace, job)] = ref
     if known is None or (known.spot_replicas, known.spot_reason) != (decision.replicas, decision.reason):
@@ -353,10 +374,11 @@ async def rljob_reconcile(body: kopf.Body, spec: kopf.Spec, **_: Any) -> None:
 def _drop_job(namespace: str, name: str) -> None:
     """Stop scaling a job (it ended or went away) and drop its gauges."""
     STATE.spot_asks.pop((namespace, name), None)
+    STATE.spot_targets.pop((namespace, name), None)
     _recheck_later(namespace, name, None)
     if STATE.jobs.pop((namespace, name), None) is not None:
         DESIRED_SPOT.remove(namespace, name)
-    for series in (SPOT_SHRINKS, SPOT_UNSCHEDULABLE):
+    for series in (SPOT_SHRINKS, SPOT_UNSCHEDULABLE, SPOT_TARGET):
         with contextlib.suppress(KeyError):
             series.remove(namespace, name)
     for pool in ("reserved", "spot"):
@@ -393,11 +415,12 @@ async def rescale(ref: JobRef, force: bool = False) -> None:
     decision = _spot_decision(ref.namespace, ref.name, ref.spec)
     before, reason = ref.spot_replicas, ref.spot_reason
     workers_status = _spot_status(ref.namespace, ref.name, decision)
-    unchanged = (before, reason, ref.spot_ask) == (decision.replicas, decision.reason, workers_status["spotAsk"])
+    state = (workers_status["spotAsk"], workers_status["spotTarget"])
+    unchanged = (before, reason, (ref.spot_ask, ref.spot_target)) == (decision.replicas, decision.reason, state)
     if not force and unchanged:
         return
     ref.spot_replicas, ref.spot_reason = decision.replicas, decision.reason
-    ref.spot_ask = workers_status["spotAsk"]
+    ref.spot_ask, ref.spot_target = state
     kube = _kube()
     name = children.names(ref.name)["spot"]
     if STATE.jobs.get((ref.namespace, ref.name)) is not ref:
@@ -578,6 +601,20 @@ async def _write_step(namespace: str, job: str, spec: JobSpec, data: bytes) -> N
     workers = await _ready_workers(namespace, job)
     patch = status.step_status(report, spec, workers, previous, datetime.now(UTC), generation)
     await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
+    if spot_busy.busy_sized(spec):
+        await _follow_busy(namespace, job, spec, report, previous.get("workers"))
+
+
+async def _follow_busy(
+    namespace: str, job: str, spec: JobSpec, report: StepReport, workers_status: dict[str, Any] | None
+) -> None:
+    """Busy sizing: the step report moves the job's target; the spot Deployment follows it (rescale)."""
+    target = _busy_target(namespace, job, spec, spot_busy.saved_target(workers_status))
+    STATE.spot_targets[(namespace, job)] = new = spot_busy.next_target(spec, target, report)
+    SPOT_TARGET.labels(namespace, job).set(new)
+    ref = STATE.jobs.get((namespace, job))
+    if ref is not None:
+        await rescale_job(ref)
 
 
 async def on_done(namespace: str, job: str, data: bytes) -> None:

@@ -15,6 +15,10 @@ ERRORS = Counter("rlboost_operator_errors_total", "Errors by kind.", ["kind"])
 SPOT_NODES = Gauge("rlboost_operator_spot_nodes", "Spot nodes currently seen, by provider.", ["provider"])
 NOTICES = Counter("rlboost_operator_preemption_notices_total", "Preemption notices published to NATS.", ["reason"])
 DESIRED_SPOT = Gauge("rlboost_operator_desired_spot_replicas", "Spot workers asked for per job.", JOB_LABELS)
+SPOT_TARGET = Gauge(
+    "rlboost_operator_spot_target",
+    "Busy sizing (rollout.spot.sizing 'busy'): spot workers the step reports keep busy, per job.", JOB_LABELS,
+)  # fmt: skip
 SPOT_SHRINKS = Counter(
     "rlboost_operator_spot_pending_shrinks_total",
     "Autoscaler sizing: spot asks shrunk because spot pods stayed unschedulable past the bound.", JOB_LABELS,

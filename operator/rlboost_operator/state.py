@@ -30,6 +30,7 @@ class JobRef:
     spot_replicas: int | None = None  # last value written to the spot Deployment
     spot_reason: str | None = None  # why (spot_ask's decision reason), for an Event when it changes
     spot_ask: dict[str, Any] | None = None  # the autoscaler state last written to status.workers.spotAsk
+    spot_target: int | None = None  # busy sizing: the target last written to status.workers.spotTarget
 
     def body(self) -> dict[str, Any]:
         """A minimal object reference for kopf.event()."""
@@ -54,6 +55,7 @@ class State:
     spot_pods: dict[tuple[str, str], tuple[str, SpotPod]] = field(default_factory=dict)  # (ns, pod) -> (job, pod)
     spot_asks: dict[tuple[str, str], SpotAsk] = field(default_factory=dict)  # (ns, job) -> its autoscaler state
     spot_rechecks: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)  # (ns, job) -> timer
+    spot_targets: dict[tuple[str, str], int] = field(default_factory=dict)  # (ns, job) -> busy sizing's target
 
     def reset(self) -> None:
         """Forget everything seen (a fresh start: kopf lists every object again)."""
@@ -65,6 +67,7 @@ class State:
             self.status_locks,
             self.spot_pods,
             self.spot_asks,
+            self.spot_targets,
             self.followers,
         ):
             seen.clear()

@@ -17,7 +17,7 @@ share: if samples follow busy GPU-seconds, a spot GPU busy a share b of its paid
 exactly when b > spot $/GPU-h / reserved $/GPU-h (0.25 at $2.66 vs $10.47), whatever the pool size; the pool
 shrinks only below `headroom` x that share (and never below it keeps an instance that pays for itself). Always within [min_instances, max_instances] (the spec's
 minReplicas/maxReplicas). The simulator's `rlboost` policy and the operator's desired spot replicas
-(rlboost_operator/spot_ask.py, from the manager's step report) both run it.
+(rlboost_operator/spot_busy.py, from the trainer's step report) both run it.
 """
 
 from __future__ import annotations

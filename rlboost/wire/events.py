@@ -126,6 +126,10 @@ class StepReport(BaseModel):
         description="Tokens generated per second by each pool's workers since the previous step (manager status).",
     )
     pool_workers: dict[str, int] = Field(default_factory=dict, description="Workers per pool at the step's end.")
+    spot_busy_fraction: float = Field(
+        0.0, ge=0, le=1, description="Share of the spot workers' time since the previous step in which they held at "
+        "least one request (manager status); with trainer_idle_seconds the input of rollout.spot.sizing 'busy'.",
+    )  # fmt: skip
     workers_lost: int = Field(
         0, ge=0, description="Workers gone from the manager since the previous step (preempted, crashed, drained)."
     )

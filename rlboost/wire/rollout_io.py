@@ -153,3 +153,5 @@ class ManagerStatus:
     tokens_lost: int = 0  # tokens received but not kept (offset gaps)
     tokens_regenerated: int = 0  # tokens received again for response positions already held
     migrations_by_reason: dict[str, int] = field(default_factory=dict)  # MigrationReason value -> migrations
+    # pool -> seconds its workers held at least one request, since the manager started (the spot scaler's busy share)
+    busy_seconds: dict[str, float] = field(default_factory=dict)

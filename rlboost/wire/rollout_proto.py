@@ -426,6 +426,7 @@ def status_to_pb(s: ManagerStatus) -> pb.StatusReply:
         tokens_lost=s.tokens_lost,
         tokens_regenerated=s.tokens_regenerated,
         migrations_by_reason=s.migrations_by_reason,
+        busy_seconds=s.busy_seconds,
     )
 
 
@@ -455,4 +456,5 @@ def status_from_pb(m: pb.StatusReply) -> ManagerStatus:
         tokens_lost=m.tokens_lost,
         tokens_regenerated=m.tokens_regenerated,
         migrations_by_reason=dict(m.migrations_by_reason),
+        busy_seconds=dict(m.busy_seconds),
     )

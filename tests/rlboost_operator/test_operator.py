@@ -349,3 +349,36 @@ def _stream_exists(job_nats) -> bool:
             await nc.close()
 
     return asyncio.run(look())
+
+
+def test_busy_sizing_follows_the_step_reports_within_the_nodes_capacity(operator, job_nats):
+    """rollout.spot.sizing 'busy': idle spot in the step reports shrinks the spot Deployment, busy spot with a
+    waiting trainer grows it again; the target is in the status and a metric."""
+    api = operator
+    spec = {
+        "trainer": {"ranks": 1, "gpusPerRank": 1},
+        "rollout": {"reserved": {"replicas": 1, "gpusPerWorker": 1},
+                    "spot": {"sizing": "busy", "minReplicas": 1, "maxReplicas": 4, "gpusPerWorker": 1}},
+        "prices": {"reservedPerGpuHour": 10.0, "spotPerGpuHour": 2.5},
+    }  # fmt: skip
+    api.create("Node", spot_node("spot-a", gpus=4))
+    api.create("RLJob", rljob("busy", spec))
+    wait_until(lambda: spot_replicas(api, "busy") == 4, timeout=20, what="spot workers at the nodes' capacity")
+    job_nats.start(api, NS, "busy")
+    steps = subject(NS, "busy", "steps")
+
+    def report(spot: int, busy: float, wait_s: float) -> bytes:
+        return StepReport(step=1, weight_version=1, weights_checksum="x", reward_mean=0.0, tokens=10,
+                          rollout_seconds=100.0, train_seconds=0.0, sync_seconds=0.0, trainer_idle_seconds=wait_s,
+                          pool_workers={"spot": spot}, spot_busy_fraction=busy).model_dump_json().encode()  # fmt: skip
+
+    def scaled_to(replicas: int, data: bytes):  # the daemon subscribes asynchronously: publish until it acts
+        return lambda: _publish(job_nats, [(steps, data)]) or spot_replicas(api, "busy") == replicas
+
+    wait_until(scaled_to(1, report(4, busy=0.05, wait_s=0.0)), timeout=20, interval=0.3, what="idle spot shrinks")
+    wait_until(lambda: status_of(api, "busy")["workers"].get("spotTarget") == 1, timeout=20, what="target in status")
+    labels = {"rljob_namespace": NS, "rljob": "busy"}
+    assert REGISTRY.get_sample_value("rlboost_operator_spot_target", labels) == 1
+    wait_until(scaled_to(2, report(1, busy=0.95, wait_s=50.0)), timeout=20, interval=0.3, what="busy spot grows")
+    wait_until(lambda: status_of(api, "busy")["workers"].get("spotTarget") == 2, timeout=20, what="grown target")
+    assert status_of(api, "busy")["workers"]["spotReason"] == "SpotBusyScaled"

@@ -14,6 +14,7 @@ from rlboost.wire.rollout_io import (
     TokenChunk,
     WorkerRegistration,
 )
+from rlboost.wire.rollout_proto import status_from_pb, status_to_pb
 from rollout_manager.state import ManagerState, StepError
 
 
@@ -229,3 +230,25 @@ def test_status_counts_lost_and_regenerated_tokens_and_migrations_by_reason_like
     after = [_manager_counter(f"rlboost_manager_tokens_{n}_total") for n in ("lost", "regenerated")]
     assert [x - y for x, y in zip(after, before, strict=True)] == [4, 1]
     assert _manager_counter("rlboost_manager_migrations_total", {"reason": "revoked"}) - revoked_before == 1
+
+
+def test_busy_seconds_count_time_a_worker_holds_a_request_per_pool():
+    st = _state(("a", 2), ("b", 2))
+    _step(st, group=2, budget=2)
+    st.schedule(1.0)  # both on one worker or one each: each held worker is busy from 1.0
+    boxes = st.take_outbox()
+    assert st.status(1.5).busy_seconds["spot"] == pytest.approx(0.5 * len(boxes))  # open spells count up to now
+    for wid, box in boxes.items():
+        for a in box.assign:
+            st.on_chunks(wid, [_chunk(a.request_id, a.lease_epoch, 0, [1, 0], finished=True, reason="stop")], 3.0)
+    busy = st.status(10.0).busy_seconds
+    assert busy["spot"] == pytest.approx(2.0 * len(boxes)) and busy["reserved"] == 0.0  # idle after 3.0: not counted
+    for wid in ("a", "b"):
+        st.remove_worker(wid, MigrationReason.STREAM_BROKEN, 10.0)
+    st.register(WorkerRegistration("r", Pool.RESERVED, node="n", capacity=1, weight_version=0), now=10.0)
+    _step(st, step=1, budget=4)
+    st.schedule(10.0)
+    st.remove_worker("r", MigrationReason.STREAM_BROKEN, 12.5)  # a worker that leaves takes no busy time with it
+    assert st.status(20.0).busy_seconds == pytest.approx({"reserved": 2.5, "spot": 2.0 * len(boxes)})
+    status = st.status(20.0)
+    assert status_from_pb(status_to_pb(status)).busy_seconds == status.busy_seconds  # GetStatus carries them

@@ -15,7 +15,7 @@ from trainer import metrics
 DERIVED = {"step", "tokens", "rollout_seconds", "train_seconds", "sync_seconds"}  # step count, tokens, tokens/s, phases
 # *_total counters, per trajectory (sync_bytes: rlboost_trainer_published_bytes_total)
 COUNTED_DURING_THE_STEP = {"trajectories", "off_policy", "stale", "sync_bytes"}
-# workers_lost, migrations, cost_so_far: the manager's and the operator's own metrics say these
+# workers_lost, migrations, cost_so_far, spot_busy_fraction: the manager's and the operator's own metrics say these
 RECORD_ONLY = {
     "first_trajectory_seconds",
     "ranks",
@@ -27,6 +27,7 @@ RECORD_ONLY = {
     "cost_so_far",
     "prompts_skipped",
     "data_epoch",
+    "spot_busy_fraction",
 }  # fmt: skip  prompts_skipped: rlboost_trainer_prompts_skipped_total
 
 

@@ -64,6 +64,17 @@ def test_pool_meter_rates_lost_workers_and_cost() -> None:
     assert meter.update(None, 30.0).cost_so_far > second.cost_so_far  # no status: the last rate goes on
 
 
+def test_pool_meter_spot_busy_fraction_is_busy_seconds_over_spot_worker_time() -> None:
+    meter = PoolMeter(tiny_spec(), now=0.0)
+    spot = (("s0", Pool.SPOT, 0), ("s1", Pool.SPOT, 0), ("r0", Pool.RESERVED, 0))
+    first, reads = _status(*spot), []
+    for busy, now in ((5.0, 10.0), (20.0, 20.0), (2.0, 30.0)):  # the last: a restarted manager counts from zero
+        first.busy_seconds = {"spot": busy, "reserved": 99.0}
+        reads.append(meter.update(first, now).spot_busy_fraction)
+    assert reads == pytest.approx([0.25, 0.75, 0.1])
+    assert meter.update(_status(("r0", Pool.RESERVED, 0)), 40.0).spot_busy_fraction == 0.0  # no spot workers
+
+
 def test_length_percentiles() -> None:
     assert length_percentiles([]) == {"p50": 0.0, "p90": 0.0, "max": 0.0}
     assert length_percentiles(list(range(1, 11))) == {"p50": 5.0, "p90": 9.0, "max": 10.0}

@@ -307,7 +307,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., node: _Optional[str] = ..., weight_version: _Optional[int] = ..., running: _Optional[int] = ..., capacity: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., draining: _Optional[bool] = ..., memory_released: _Optional[bool] = ..., inflight_tokens: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("workers", "pending", "running", "finished", "migrations", "tokens_received", "tokens_lost", "tokens_regenerated", "migrations_by_reason")
+    __slots__ = ("workers", "pending", "running", "finished", "migrations", "tokens_received", "tokens_lost", "tokens_regenerated", "migrations_by_reason", "busy_seconds")
     class MigrationsByReasonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -315,6 +315,13 @@ class StatusReply(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class BusySecondsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -324,6 +331,7 @@ class StatusReply(_message.Message):
     TOKENS_LOST_FIELD_NUMBER: _ClassVar[int]
     TOKENS_REGENERATED_FIELD_NUMBER: _ClassVar[int]
     MIGRATIONS_BY_REASON_FIELD_NUMBER: _ClassVar[int]
+    BUSY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     pending: int
     running: int
@@ -333,4 +341,5 @@ class StatusReply(_message.Message):
     tokens_lost: int
     tokens_regenerated: int
     migrations_by_reason: _containers.ScalarMap[str, int]
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., pending: _Optional[int] = ..., running: _Optional[int] = ..., finished: _Optional[int] = ..., migrations: _Optional[int] = ..., tokens_received: _Optional[int] = ..., tokens_lost: _Optional[int] = ..., tokens_regenerated: _Optional[int] = ..., migrations_by_reason: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    busy_seconds: _containers.ScalarMap[str, float]
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., pending: _Optional[int] = ..., running: _Optional[int] = ..., finished: _Optional[int] = ..., migrations: _Optional[int] = ..., tokens_received: _Optional[int] = ..., tokens_lost: _Optional[int] = ..., tokens_regenerated: _Optional[int] = ..., migrations_by_reason: _Optional[_Mapping[str, int]] = ..., busy_seconds: _Optional[_Mapping[str, float]] = ...) -> None: ...

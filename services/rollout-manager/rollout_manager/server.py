@@ -172,7 +172,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
             if sink is not None:
                 sink.put_nowait(StepFailed(why))
             else:  # nobody waits for it: drop the rest of the step now
-                self.state.cancel_step(step)
+                self.state.cancel_step(step, self.clock())
 
     # ---- worker stream -----------------------------------------------------------------------------
 
@@ -313,7 +313,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
             if self._sinks.get(req.step) is sink:
                 del self._sinks[req.step]
             if delivered < total:
-                n = self.state.cancel_step(req.step)
+                n = self.state.cancel_step(req.step, self.clock())
                 log.info("rollout cancelled", extra={"step": req.step, "dropped": n})
                 self.kick()
             else:
@@ -322,7 +322,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
                 log.info("rollout step delivered", extra={"step": req.step, "trajectories": delivered})
 
     async def GetStatus(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:  # noqa: N802
-        return wire.status_to_pb(self.state.status())
+        return wire.status_to_pb(self.state.status(self.clock()))
 
 
 def _outbox_to_pb(box: Outbox) -> list[pb.ManagerMessage]:

@@ -145,6 +145,7 @@ class Worker:
     tokens_generated: int = 0
     requested_version: int = -1  # last SetWeightVersion sent
     seq: int = 0  # registration order: scheduling visits workers in it
+    busy_since: float | None = None  # since when it holds at least one request (None: idle)
 
     @property
     def id(self) -> str:
@@ -220,6 +221,9 @@ class ManagerState:
         self.tokens_regenerated = 0  # received again for positions already held
         self._pool_tokens: Counter[str] = Counter()  # tokens received per pool (for the tokens/s gauge)
         self._rate_mark: tuple[float, Counter[str]] | None = None
+        # Seconds each pool's workers held at least one request, of busy spells that ended (open spells are added
+        # at status time): kept on assign/release, not per token, so the spot scaler's busy share costs nothing.
+        self._busy_s: Counter[str] = Counter()
 
     # ---- effects -----------------------------------------------------------------------------------
 
@@ -258,6 +262,8 @@ class ManagerState:
     def remove_worker(self, worker_id: str, reason: MigrationReason, now: float) -> int:
         """The worker's stream ended: every request it held migrates with its tokens. Returns how many."""
         w = self.workers.pop(worker_id, None)
+        if w is not None:
+            self._end_busy(w, now)
         self._outbox.pop(worker_id, None)
         if w is None:
             return 0
@@ -391,7 +397,7 @@ class ManagerState:
                     f"rollout.prompts[{q.prompt_index}]: token ids must lie in [0, vocab_size={r.vocab_size})"
                 )
 
-    def cancel_step(self, step: int) -> int:
+    def cancel_step(self, step: int, now: float | None = None) -> int:
         """The trainer went away: drop the step's requests, revoking the running ones. Returns how many."""
         ids = self._steps.pop(step, set())
         for rid in ids:
@@ -402,7 +408,7 @@ class ManagerState:
                 self._pending_count[req.weight_version] -= 1
             elif req.worker is not None:
                 self._box(req.worker).revoke.setdefault("cancelled", []).append(rid)
-                self._release(req)
+                self._release(req, now)
                 metrics.REVOKES.labels("cancelled").inc()
         self.dirty = True
         return len(ids)
@@ -438,7 +444,7 @@ class ManagerState:
         elif req.worker is not None:  # running afresh elsewhere, behind the held tokens: stop that run
             self._box(req.worker).revoke.setdefault("adopted", []).append(req.id)
             metrics.REVOKES.labels("adopted").inc()
-            self._release(req)
+            self._release(req, now)
             self._pending.setdefault(req.weight_version, deque()).appendleft(req.id)
         req.tokens, req.logprobs = list(h.token_ids), list(h.logprobs)
         if not req.workers or req.workers[-1] != worker_id:
@@ -450,7 +456,7 @@ class ManagerState:
                                                  "tokens": len(req.tokens), "finished": h.finished})  # fmt: skip
         done = finish_reason_if_done(req.tokens, req.sampling) or (h.finish_reason if h.finished else None)
         if done is not None:
-            self._finish(req, done)
+            self._finish(req, done, now)
         else:
             self._pending_count[req.weight_version] += 1
         self.dirty = True
@@ -536,9 +542,9 @@ class ManagerState:
         elif aborted:
             self._migrate(req, req.revoke_reason if req.phase is Phase.REVOKING else MigrationReason.DRAINED, now)
         elif len(req.tokens) >= req.sampling.max_new_tokens and not c.finished:
-            self._finish(req, "length")
+            self._finish(req, "length", now)
         elif c.finished:
-            self._finish(req, c.finish_reason or "stop")
+            self._finish(req, c.finish_reason or "stop", now)
 
     def _refuse_output(self, w: Worker, req: Request, problem: str, now: float) -> None:
         """A chunk the trainer must never see: nothing of it is kept and the request's attempt on `w` failed."""
@@ -588,6 +594,8 @@ class ManagerState:
         req.lease_epoch += 1
         req.phase, req.worker, req.assigned_at, req.tokens_at_assign = Phase.RUNNING, w.id, now, len(req.tokens)
         req.progress_at = now
+        if not w.running:
+            w.busy_since = now
         w.running.add(req.id)
         if len(w.running) >= w.reg.capacity:
             self._free.pop(w.id, None)
@@ -602,11 +610,14 @@ class ManagerState:
         metrics.ASSIGNMENTS.inc()
         metrics.ASSIGN_LATENCY.observe(max(0.0, now - req.pending_since))
 
-    def _release(self, req: Request) -> None:
-        """Take the request off its worker (no lease any more: its chunks become stale)."""
+    def _release(self, req: Request, now: float | None) -> None:
+        """Take the request off its worker (no lease any more: its chunks become stale). `now`: None when the
+        caller has no clock (a cancelled step): the busy spell it ends is not counted."""
         w = self.workers.get(req.worker) if req.worker else None
         if w is not None:
             w.running.discard(req.id)
+            if not w.running:
+                self._end_busy(w, now)
             if len(w.running) < w.reg.capacity:
                 self._free[w.id] = None
         self._held_count[req.weight_version] -= 1
@@ -619,7 +630,7 @@ class ManagerState:
         attempt past rollout.maxRequestAttempts (or `final`) reports the request failed instead."""
         worker = req.worker
         if worker is not None:
-            self._release(req)
+            self._release(req, now)
         self.migrations += 1
         self.migrations_by_reason[reason.value] += 1
         metrics.MIGRATIONS.labels(reason.value).inc()
@@ -628,17 +639,17 @@ class ManagerState:
             if worker is not None:
                 req.failed_on.add(worker)
             if final or req.failed_attempts >= self.policy.max_attempts:
-                self._give_up(req, reason)
+                self._give_up(req, reason, now)
                 return
         done = finish_reason_if_done(req.tokens, req.sampling)
         if done is not None:
-            self._finish(req, done)
+            self._finish(req, done, now)
             return
         req.phase, req.pending_since = Phase.PENDING, now
         self._pending.setdefault(req.weight_version, deque()).appendleft(req.id)
         self._pending_count[req.weight_version] += 1
 
-    def _give_up(self, req: Request, reason: MigrationReason) -> None:
+    def _give_up(self, req: Request, reason: MigrationReason, now: float) -> None:
         """The request used up rollout.maxRequestAttempts: drop it (delivered as 'failed') or fail its step."""
         self.failed_requests += 1
         metrics.FAILED_REQUESTS.labels(reason.value).inc()
@@ -649,17 +660,17 @@ class ManagerState:
         log.warning("request failed", extra={"request_id": req.id, "attempts": req.failed_attempts, "reason": reason.value,
                                              "dropped": self.policy.drop_failed})  # fmt: skip
         if self.policy.drop_failed:
-            self._finish(req, "failed")
+            self._finish(req, "failed", now)
             return
         self.requests.pop(req.id, None)
         self._steps.get(req.step, set()).discard(req.id)
         self._failed_steps.setdefault(req.step, why)
         self.dirty = True
 
-    def _finish(self, req: Request, reason: str) -> None:
+    def _finish(self, req: Request, reason: str, now: float) -> None:
         last = req.worker
         if req.worker is not None:
-            self._release(req)
+            self._release(req, now)
         req.phase = Phase.FINISHED
         if not req.workers and last:
             req.workers.append(last)
@@ -898,7 +909,8 @@ class ManagerState:
     def has_step(self, step: int) -> bool:
         return step in self._steps
 
-    def status(self) -> ManagerStatus:
+    def status(self, now: float | None = None) -> ManagerStatus:
+        """`now`: the clock the state is driven with, for the busy seconds of spells still open (None: omitted)."""
         workers = [
             WorkerStatus(
                 worker_id=w.id,
@@ -924,7 +936,22 @@ class ManagerState:
             tokens_lost=self.tokens_lost,
             tokens_regenerated=self.tokens_regenerated,
             migrations_by_reason=dict(self.migrations_by_reason),
+            busy_seconds=self.busy_seconds(now) if now is not None else dict(self._busy_s),
         )
+
+    def _end_busy(self, w: Worker, now: float | None) -> None:
+        """Close the worker's busy spell (its last request left it, or it left)."""
+        if w.busy_since is not None and now is not None:
+            self._busy_s[str(w.reg.pool)] += max(0.0, now - w.busy_since)
+        w.busy_since = None
+
+    def busy_seconds(self, now: float) -> dict[str, float]:
+        """Per pool: seconds its workers (any that ever registered) held at least one request, up to `now`."""
+        out = {pool.value: self._busy_s[pool.value] for pool in Pool}
+        for w in self.workers.values():
+            if w.busy_since is not None:
+                out[str(w.reg.pool)] += max(0.0, now - w.busy_since)
+        return out
 
     def _inflight_tokens(self, w: Worker) -> int:
         """Tokens `w` streamed of responses it is still generating: what its death now would hand over."""

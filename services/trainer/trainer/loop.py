@@ -679,6 +679,7 @@ class Trainer:
             response_length=length_percentiles([len(s.trajectory.response_ids) for s in samples]),
             sync_bytes=published.nbytes, pool_tokens_per_second=pools.tokens_per_second, pool_workers=pools.workers,
             workers_lost=pools.workers_lost, migrations=pools.migrations, cost_so_far=pools.cost_so_far,
+            spot_busy_fraction=pools.spot_busy_fraction,
             prompts_skipped=skipped, data_epoch=self.cursor.epoch,
         )  # fmt: skip
         return _with_colocation(record, released, resumed)

@@ -6,6 +6,8 @@ step's responses, for the step report and so for every tracking backend (spec.lo
 - workers per pool, workers lost since the previous step (gone from the status: preempted, crashed, drained);
 - migrations (the manager's total) and the cost so far at `spec.prices` (accelerators in use, integrated per step
   at the rate of its end, since this trainer process started);
+- the spot pool's busy fraction: the growth of the manager's busy seconds of the spot pool (time each worker held at
+  least one request) over spot workers x the time between the two status reads (the busy spot scaler's input);
 - response length percentiles of the step's samples.
 """
 
@@ -28,6 +30,7 @@ class PoolStep:
     workers_lost: int = 0
     migrations: int = 0
     cost_so_far: float = 0.0
+    spot_busy_fraction: float = 0.0
 
 
 class PoolMeter:
@@ -39,6 +42,7 @@ class PoolMeter:
         self._at = now
         self._cost = 0.0
         self._rate = self.cost_per_hour({})
+        self._spot_busy_s = 0.0  # the manager's spot busy seconds at the previous read
 
     def cost_per_hour(self, workers: dict[str, int]) -> float:
         """USD per hour: the trainer's and reserved workers' accelerators at the reserved price, spot's at spot's."""
@@ -67,7 +71,15 @@ class PoolMeter:
         self._cost += self._rate * elapsed / 3600
         self._at = now
         rates = {pool: n / elapsed for pool, n in grown.items()}
-        return PoolStep(rates, workers, lost, status.migrations, self._cost)
+        busy = self._spot_busy(status, workers.get("spot", 0), elapsed)
+        return PoolStep(rates, workers, lost, status.migrations, self._cost, busy)
+
+    def _spot_busy(self, status: ManagerStatus, spot_workers: int, elapsed: float) -> float:
+        """Busy share of the spot workers' time since the previous read, 0..1 (0 without spot workers)."""
+        total = status.busy_seconds.get("spot", 0.0)
+        grown = total - self._spot_busy_s if total >= self._spot_busy_s else total  # a restarted manager counts anew
+        self._spot_busy_s = total
+        return min(1.0, grown / (spot_workers * elapsed)) if spot_workers else 0.0
 
 
 def length_percentiles(lengths: Sequence[int]) -> dict[str, float]:
