@@ -86,3 +86,17 @@ def test_cli_rejects_bad_weights_flags(tmp_path, capsys):
     assert "--regions" in capsys.readouterr().err
     assert main(["simulate", "--trace", str(trace), "--peak-instances", "-1"]) == 2
     assert "--peak-instances" in capsys.readouterr().err
+
+
+def test_at_the_traces_own_scale_relays_keep_the_figures_of_the_model_before(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("0,0\n300,6\n900,3\n")
+    docs = []
+    for fanout in ("legacy", "on"):
+        argv = ["simulate", "--trace", str(trace), "--steps", "4", "--json", "--prompts-per-step", "64"]
+        assert main([*argv, "--weights-fanout", fanout]) == 0
+        docs.append(json.loads(capsys.readouterr().out))
+    legacy, relays = docs
+    for policy, fields in legacy["policies"].items():
+        kept = {k: v for k, v in relays["policies"][policy].items() if k != "server_egress_bytes_per_version"}
+        assert kept == {k: v for k, v in fields.items() if k != "server_egress_bytes_per_version"}, policy
