@@ -85,10 +85,15 @@ def run(args: argparse.Namespace) -> int:
     )
     results = {p: run_policy(cfg, p, trace, args.steps, args.seed) for p in _progress(policies, args.json)}
     doc = comparison(cfg, results)
+    # say how the run differs from the traced market: its spot counts scaled, and how weights reach new VMs
+    doc["weights"] = {"fanout": args.weights_fanout, "regions": args.regions}
+    doc["trace_scaled_to_peak"] = args.peak_instances or None
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        print_table(doc, f"{args.model}, {args.reserved_gpus} reserved GPUs, trace {args.trace}")
+        scaled = f" scaled to a peak of {args.peak_instances} VMs" if args.peak_instances else ""
+        title = f"{args.model}, {args.reserved_gpus} reserved GPUs, trace {args.trace}{scaled}"
+        print_table(doc, f"{title}, weight fan-out {args.weights_fanout}, {args.regions} region(s)")
     if args.plot:
         plot(results, args.plot, f"{args.model} on {args.trace.rsplit('/', 1)[-1]}")
     return 0

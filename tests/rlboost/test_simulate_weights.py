@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -56,10 +57,7 @@ def test_no_new_instances_cost_nothing():
 def test_a_cold_start_wave_without_relays_costs_spot_throughput():
     base = ClusterConfig(MODELS["qwen3-8b"], Workload(prompts_per_step=256), weights=WeightNetwork())
     trace = SpotTrace.constant(100)
-    runs = {
-        fanout: run_policy(ClusterConfig(**{**base.__dict__, "weights_fanout": fanout}), "hybrid", trace, 2, 0)
-        for fanout in (True, False)
-    }
+    runs = {fanout: run_policy(replace(base, weights_fanout=fanout), "hybrid", trace, 2, 0) for fanout in (True, False)}
     on, off = (runs[f].summary(base) for f in (True, False))
     assert off["cold_start_gpu_hours"] > 10 * on["cold_start_gpu_hours"] > 0
     assert on["samples_per_s"] > off["samples_per_s"]
@@ -77,6 +75,8 @@ def test_cli_weights_flags_add_fields_and_scale_the_trace(tmp_path, capsys):
     assert hybrid["cold_start_gpu_hours"] > 0
     assert hybrid["server_egress_bytes_per_version"] >= 20 * SNAPSHOT / 2  # 20 VMs at t=0, each from the server
     assert hybrid["mean_spot_instances"] > 4  # scaled: the trace's peak of 4 became 40
+    assert doc["weights"] == {"fanout": "off", "regions": 2}
+    assert doc["trace_scaled_to_peak"] == 40
 
 
 def test_cli_rejects_bad_weights_flags(tmp_path, capsys):
