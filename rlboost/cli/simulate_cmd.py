@@ -29,6 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="weight distribution: relays (peer fan-out, the product's default), off (all from the weight-server), "
         "legacy (each VM at its own link rate, unshared server: the figures before the weight model)",
     )
+    p.add_argument("--weight-server-gbit", type=float, default=100.0, help="the weight-server's egress link, Gbit/s")
     p.add_argument("--regions", type=int, default=1, help="regions the spot VMs spread over (the server is in one)")
     p.add_argument(
         "--peak-instances",
@@ -64,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--policies: unknown {', '.join(bad)}; choose from {', '.join(ALL_POLICIES)}")
     if min(args.steps, args.reserved_gpus, args.gpus_per_spot, args.regions, args.prompts_per_step) < 1:
         return _fail("--steps, --reserved-gpus, --gpus-per-spot, --regions and --prompts-per-step must be >= 1")
+    if args.weight_server_gbit <= 0:
+        return _fail("--weight-server-gbit must be > 0 (the weight-server's egress link, e.g. 100)")
     if args.peak_instances < 0:
         return _fail("--peak-instances must be >= 0 (0: the trace's own counts)")
     try:
@@ -75,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = ClusterConfig(
         MODELS[args.model],
         Workload(prompts_per_step=args.prompts_per_step),
-        weights=None if args.weights_fanout == "legacy" else WeightNetwork(regions=args.regions),
+        weights=None
+        if args.weights_fanout == "legacy"
+        else WeightNetwork(server_link_bytes_s=args.weight_server_gbit * 1e9 / 8, regions=args.regions),
         weights_fanout=args.weights_fanout == "on",
         reserved_gpus=args.reserved_gpus,
         gpus_per_spot=args.gpus_per_spot,
@@ -86,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     results = {p: run_policy(cfg, p, trace, args.steps, args.seed) for p in _progress(policies, args.json)}
     doc = comparison(cfg, results)
     # say how the run differs from the traced market: its spot counts scaled, and how weights reach new VMs
-    doc["weights"] = {"fanout": args.weights_fanout, "regions": args.regions}
+    doc["weights"] = {"fanout": args.weights_fanout, "regions": args.regions, "server_gbit": args.weight_server_gbit}
     doc["trace_scaled_to_peak"] = args.peak_instances or None
     if args.json:
         print(json.dumps(doc, indent=2))

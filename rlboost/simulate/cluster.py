@@ -59,6 +59,12 @@ class ClusterConfig:
     weights: WeightNetwork | None = None
     weights_fanout: bool = True  # relays (peer fan-out, the product's default) rather than all from the server
 
+    def __post_init__(self) -> None:
+        if self.weights is not None and self.weights.node_link_bytes_s != self.spot_link_bytes_s:
+            raise ValueError(
+                "weights.node_link_bytes_s must equal spot_link_bytes_s (one spot VM's link): set both to the same rate"
+            )
+
 
 @dataclass
 class SimStepResult:

@@ -75,7 +75,7 @@ def test_cli_weights_flags_add_fields_and_scale_the_trace(tmp_path, capsys):
     assert hybrid["cold_start_gpu_hours"] > 0
     assert hybrid["server_egress_bytes_per_version"] >= 20 * SNAPSHOT / 2  # 20 VMs at t=0, each from the server
     assert hybrid["mean_spot_instances"] > 4  # scaled: the trace's peak of 4 became 40
-    assert doc["weights"] == {"fanout": "off", "regions": 2}
+    assert doc["weights"] == {"fanout": "off", "regions": 2, "server_gbit": 100.0}
     assert doc["trace_scaled_to_peak"] == 40
 
 
@@ -86,6 +86,8 @@ def test_cli_rejects_bad_weights_flags(tmp_path, capsys):
     assert "--regions" in capsys.readouterr().err
     assert main(["simulate", "--trace", str(trace), "--peak-instances", "-1"]) == 2
     assert "--peak-instances" in capsys.readouterr().err
+    assert main(["simulate", "--trace", str(trace), "--weight-server-gbit", "0"]) == 2
+    assert "--weight-server-gbit" in capsys.readouterr().err
 
 
 def test_at_the_traces_own_scale_relays_keep_the_figures_of_the_model_before(tmp_path, capsys):
