@@ -22,6 +22,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--policies", default=",".join(POLICIES), help="comma-separated subset of " + ", ".join(ALL_POLICIES)
     )
     p.add_argument("--weight-sync", choices=("delta", "full"), default="delta", help="spot weight pulls per step")
+    p.add_argument(
+        "--weights-fanout",
+        choices=("on", "off", "legacy"),
+        default="on",
+        help="weight distribution: relays (peer fan-out, the product's default), off (all from the weight-server), "
+        "legacy (each VM at its own link rate, unshared server: the figures before the weight model)",
+    )
+    p.add_argument("--weight-server-gbit", type=float, default=100.0, help="the weight-server's egress link, Gbit/s")
+    p.add_argument("--regions", type=int, default=1, help="regions the spot VMs spread over (the server is in one)")
+    p.add_argument(
+        "--peak-instances",
+        type=int,
+        default=0,
+        help="scale the trace's counts so its peak is this many spot VMs (0: as traced)",
+    )
+    p.add_argument("--prompts-per-step", type=int, default=256, help="prompts per RL step (x 8 samples each)")
     p.add_argument("--seed", type=int, default=0, help="seed of the response lengths")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.add_argument("--plot", default="", help="write throughput and spot count over time to this PNG")
@@ -39,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from rlboost.simulate.report import comparison, plot, print_table
     from rlboost.simulate.runner import run_policy
     from rlboost.simulate.trace import TraceError, load_trace
+    from rlboost.simulate.weights import WeightNetwork
     from rlboost.simulate.workload import Workload
 
     if args.model not in MODELS:
@@ -46,15 +63,25 @@ def run(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if bad := [p for p in policies if p not in ALL_POLICIES]:
         return _fail(f"--policies: unknown {', '.join(bad)}; choose from {', '.join(ALL_POLICIES)}")
-    if args.steps < 1 or args.reserved_gpus < 1 or args.gpus_per_spot < 1:
-        return _fail("--steps, --reserved-gpus and --gpus-per-spot must be >= 1")
+    if min(args.steps, args.reserved_gpus, args.gpus_per_spot, args.regions, args.prompts_per_step) < 1:
+        return _fail("--steps, --reserved-gpus, --gpus-per-spot, --regions and --prompts-per-step must be >= 1")
+    if args.weight_server_gbit <= 0:
+        return _fail("--weight-server-gbit must be > 0 (the weight-server's egress link, e.g. 100)")
+    if args.peak_instances < 0:
+        return _fail("--peak-instances must be >= 0 (0: the trace's own counts)")
     try:
         trace = load_trace(args.trace)
     except TraceError as err:
         return _fail(str(err))
+    if args.peak_instances and max(trace.counts):
+        trace = trace.scaled(args.peak_instances / max(trace.counts))
     cfg = ClusterConfig(
         MODELS[args.model],
-        Workload(),
+        Workload(prompts_per_step=args.prompts_per_step),
+        weights=None
+        if args.weights_fanout == "legacy"
+        else WeightNetwork(server_link_bytes_s=args.weight_server_gbit * 1e9 / 8, regions=args.regions),
+        weights_fanout=args.weights_fanout == "on",
         reserved_gpus=args.reserved_gpus,
         gpus_per_spot=args.gpus_per_spot,
         reserved_price=args.reserved_price,
@@ -63,10 +90,15 @@ def run(args: argparse.Namespace) -> int:
     )
     results = {p: run_policy(cfg, p, trace, args.steps, args.seed) for p in _progress(policies, args.json)}
     doc = comparison(cfg, results)
+    # say how the run differs from the traced market: its spot counts scaled, and how weights reach new VMs
+    doc["weights"] = {"fanout": args.weights_fanout, "regions": args.regions, "server_gbit": args.weight_server_gbit}
+    doc["trace_scaled_to_peak"] = args.peak_instances or None
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        print_table(doc, f"{args.model}, {args.reserved_gpus} reserved GPUs, trace {args.trace}")
+        scaled = f" scaled to a peak of {args.peak_instances} VMs" if args.peak_instances else ""
+        title = f"{args.model}, {args.reserved_gpus} reserved GPUs, trace {args.trace}{scaled}"
+        print_table(doc, f"{title}, weight fan-out {args.weights_fanout}, {args.regions} region(s)")
     if args.plot:
         plot(results, args.plot, f"{args.model} on {args.trace.rsplit('/', 1)[-1]}")
     return 0

@@ -30,6 +30,7 @@ from rlboost.simulate.hardware import (
     train_seconds,
 )
 from rlboost.simulate.trace import SpotTrace
+from rlboost.simulate.weights import WeightNetwork, server_egress_bytes, wave_seconds
 from rlboost.simulate.workload import Workload
 
 PENDING, DONE = -1, -2
@@ -54,6 +55,15 @@ class ClusterConfig:
     spot_tp2_share: float = 0.0  # share of spot VMs running one engine over 2x the model's TP (tail engines)
     tp_scaling: float = 0.8  # a 2x wider engine decodes this x 2 as fast (all-reduce per layer costs the rest)
     partial_overprovision: float = 0.25  # staleness > 0: requests in flight per step = samples x (1 + this)
+    # weight distribution (rlboost.simulate.weights); None: every VM pulls at its own link rate, an unshared server
+    weights: WeightNetwork | None = None
+    weights_fanout: bool = True  # relays (peer fan-out, the product's default) rather than all from the server
+
+    def __post_init__(self) -> None:
+        if self.weights is not None and self.weights.node_link_bytes_s != self.spot_link_bytes_s:
+            raise ValueError(
+                "weights.node_link_bytes_s must equal spot_link_bytes_s (one spot VM's link): set both to the same rate"
+            )
 
 
 @dataclass
@@ -78,6 +88,8 @@ class PolicyResult:
     spot_gpu_s: float = 0.0  # paid (alive, provisioning included)
     busy_gpu_s: float = 0.0  # generating or training
     bubble_s: float = 0.0  # reserved GPU-seconds idle (neither rollout nor training)
+    cold_start_gpu_s: float = 0.0  # spot GPU-seconds paid while a new VM pulls its first snapshot
+    server_egress_bytes: float = 0.0  # the weight-server's egress: snapshots of new VMs + per-version deltas
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (time, spot instances alive)
 
     @property
@@ -101,6 +113,8 @@ class PolicyResult:
             "steps": len(self.steps),
             "wall_hours": hours,
             "mean_spot_instances": float(np.mean([s.spot_instances for s in self.steps])) if self.steps else 0.0,
+            "cold_start_gpu_hours": self.cold_start_gpu_s / 3600,
+            "server_egress_bytes_per_version": self.server_egress_bytes / len(self.steps) if self.steps else 0.0,
         }
 
 
@@ -347,6 +361,8 @@ class SpotPool:
         self.cfg, self.inst, self.trace, self.cap = cfg, inst, trace, cap
         self.per_vm = max(cfg.gpus_per_spot // cfg.model.tp, 1)
         self.vms: list[list[int]] = []  # instance ids per spot VM
+        self.pull_start: dict[int, float] = {}  # first instance of a VM -> when its snapshot pull starts
+        self.egress_bytes = 0.0  # the weight-server's egress for snapshots
 
     def target(self, t: float) -> int:
         if self.trace is None:
@@ -357,9 +373,10 @@ class SpotPool:
     def follow(self, t: float, sim: StepSim | None) -> list[int]:
         """Add or preempt VMs to match the trace at t; returns the instances preempted."""
         want, gone = self.target(t), []
-        full = sync_seconds(self.cfg.model.weight_bytes, self.cfg.spot_link_bytes_s)
+        full = self.cold_start_seconds(max(want - len(self.vms), 0))
         while len(self.vms) < want:
             ready = t + self.cfg.provision_s + full
+            self.pull_start[len(self.inst.spot)] = t + self.cfg.provision_s
             if self._tail_vm(len(self.vms)):  # one engine over the VM's GPUs
                 self.vms.append([self.inst.add(True, ready, width=self.per_vm)])
             else:
@@ -371,6 +388,18 @@ class SpotPool:
         if sim is not None:
             sim.release(gone)
         return gone
+
+    def cold_start_seconds(self, k: int) -> float:
+        """A wave of k new VMs pulling the first snapshot (booted together); counts the server's egress."""
+        cfg, payload = self.cfg, self.cfg.model.weight_bytes
+        if cfg.weights is None:
+            return sync_seconds(payload, cfg.spot_link_bytes_s)
+        self.egress_bytes += server_egress_bytes(payload, k, cfg.weights, cfg.weights_fanout)
+        return wave_seconds(payload, k, cfg.weights, cfg.weights_fanout)
+
+    def pulling_gpus(self, t: float) -> int:
+        """GPUs of VMs booted but still pulling their first snapshot at t (paid, not generating)."""
+        return sum(self.cfg.gpus_per_spot for vm in self.vms if self.pull_start[vm[0]] <= t < self.inst.ready_at[vm[0]])
 
     def _tail_vm(self, j: int) -> bool:
         """The j-th VM runs one wide (TP x 2) engine: spot_tp2_share of them, spread evenly (VM 0 first)."""

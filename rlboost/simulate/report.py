@@ -43,7 +43,13 @@ def print_table(doc: dict, title: str) -> None:
             f"{s['gpu_utilisation']:.0%}",
             f"{s['bubble_fraction']:.0%}",
         )
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    for name, s in doc["policies"].items():  # the weight-distribution model's figures (rlboost.simulate.weights)
+        console.print(
+            f"{name}: cold starts {s['cold_start_gpu_hours']:.1f} GPU-h, "
+            f"weight-server egress {s['server_egress_bytes_per_version'] / 1e9:.1f} GB per version"
+        )
 
 
 def plot(results: dict[str, PolicyResult], path: str | Path, title: str) -> Path:

@@ -16,6 +16,7 @@ from rlboost.policies.spot_scaling import BusySpotScaler, SpotPrices, SpotScaler
 from rlboost.simulate.cluster import ClusterConfig, Instances, PolicyResult, SimStepResult, SpotPool, StepSim, Trainer
 from rlboost.simulate.hardware import sync_seconds
 from rlboost.simulate.trace import SpotTrace
+from rlboost.simulate.weights import server_egress_bytes, wave_seconds
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ class StepRunner:
             self.result.spot_gpu_s += self.spot.gpu_count() * dt
             ready_spot = self.spot.ready_instances(self.now)
             ready_spot_gpu_s += self.spot.ready_gpus(self.now) * dt
+            self.result.cold_start_gpu_s += self.spot.pulling_gpus(self.now) * dt
             if window is not None and not offloaded and ready_spot and self.window.should_offload(self.now):
                 offloaded = True  # the RLBoost move: reserved requests migrate, reserved GPUs train
                 sim.blocked |= set(reserved)
@@ -146,6 +148,7 @@ class StepRunner:
         if self.spot.vms:
             spot_idle_s += tail
         self.now = end + self.sync_time()
+        self.result.server_egress_bytes += self.delta_egress_bytes()
         self._account(k, t0, sim, trainer, spot_samples, window, spot_idle_s, target)
         paid = self.result.spot_gpu_s - spot_paid0
         ready = ready_spot_gpu_s + self.spot.ready_gpus(self.now) * (self.now - t0 - len(spot_samples) * dt)
@@ -189,9 +192,23 @@ class StepRunner:
         if self.policy == "disaggregated":
             return sync_seconds(cfg.model.weight_bytes, cfg.reserved_link_bytes_s)
         if self.hybrid and self.spot.vms:
-            per_param = cfg.delta_bytes_per_param if cfg.weight_sync == "delta" else 2.0
-            return max(LOCAL_RELOAD_S, sync_seconds(cfg.model.params * per_param, cfg.spot_link_bytes_s))
+            payload = self.version_bytes()
+            if cfg.weights is None:
+                return max(LOCAL_RELOAD_S, sync_seconds(payload, cfg.spot_link_bytes_s))
+            return max(LOCAL_RELOAD_S, wave_seconds(payload, len(self.spot.vms), cfg.weights, cfg.weights_fanout))
         return LOCAL_RELOAD_S
+
+    def version_bytes(self) -> float:
+        """What a running spot VM pulls per version: the delta (or the whole snapshot under --weight-sync full)."""
+        per_param = self.cfg.delta_bytes_per_param if self.cfg.weight_sync == "delta" else 2.0
+        return self.cfg.model.params * per_param
+
+    def delta_egress_bytes(self) -> float:
+        """The weight-server's egress for this version's sync to the running spot VMs."""
+        cfg = self.cfg
+        if not (self.hybrid and self.spot.vms) or cfg.weights is None:
+            return 0.0
+        return server_egress_bytes(self.version_bytes(), len(self.spot.vms), cfg.weights, cfg.weights_fanout)
 
     def _account(self, k, t0, sim, trainer, spot_samples, window, spot_idle_s, samples) -> None:
         cfg, r = self.cfg, self.result
@@ -235,6 +252,7 @@ def run_policy(
         runner.step(k, cfg.workload.response_lengths(k, steps, rng, runner.fresh_count()), reserved)
         if duration_s is not None and runner.now >= duration_s:
             break
+    runner.result.server_egress_bytes += runner.spot.egress_bytes  # the new VMs' snapshots
     return runner.result
 
 
