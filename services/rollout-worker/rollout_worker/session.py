@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 _CLOSE = object()  # outbox sentinel: half-close the stream
 _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)  # the worker's credentials
+ABORT_WAIT_S = 5.0  # how long an abort may take to stop every request of a stream before they are cancelled
 _SPEC_DEFAULTS = RolloutSpec()  # a Registered timing left at 0 (unset) means the job spec's default
 
 
@@ -230,7 +231,9 @@ class WorkerSession:
                 await self._abort_all(link, "disconnect")
                 for t in workers:
                     t.cancel()
-                await asyncio.gather(*workers, return_exceptions=True)
+                _, stuck = await asyncio.wait(workers, timeout=ABORT_WAIT_S)  # bounded: never stay off the manager
+                if stuck:
+                    log.error("stream tasks did not stop when cancelled", extra={"tasks": len(stuck)})
                 call.cancel()
         if not self.draining:  # run() starts a fresh retry window: a lost stream is not a failed attempt
             log.warning("stream to the manager ended; reconnecting", extra={"manager": self.cfg.manager})
@@ -375,7 +378,17 @@ class WorkerSession:
         for rid in list(link.tasks):
             if self.engine.abort(rid):
                 metrics.ABORTS.labels(why).inc()
-        await asyncio.gather(*list(link.tasks.values()), return_exceptions=True)
+        tasks = list(link.tasks.values())
+        if not tasks:
+            return
+        # Bounded: a request the engine had not yet taken when aborted keeps running, and a stream that broke must
+        # not wait for it (the worker would never reconnect). Cancelled, its tokens are kept all the same (held.py).
+        _, stuck = await asyncio.wait(tasks, timeout=ABORT_WAIT_S)
+        if stuck:
+            log.warning("requests still running after an abort: cancelled", extra={"requests": len(stuck), "why": why})
+            for task in stuck:
+                task.cancel()
+            await asyncio.wait(stuck, timeout=ABORT_WAIT_S)
 
     # ---- outgoing ----------------------------------------------------------------------------
 
@@ -396,8 +409,12 @@ class WorkerSession:
         while True:
             deadline = link.chunker.next_deadline()
             timeout = None if deadline is None else max(0, deadline - monotonic_ms()) / 1000
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the result when a cancel races the
+            # event's wakeup, swallowing the cancel, and this loop then outlived its broken stream (the worker
+            # never reconnected to a restarted manager: seen in the all-services chaos run)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(link.flush.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await link.flush.wait()
             link.flush.clear()
             self._send_due(link, flush_all=False)
 
