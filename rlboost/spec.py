@@ -732,6 +732,17 @@ class JobSpec(SpecModel):
         default_factory=EvaluationSpec, description="Validation every K steps: mean reward, pass@1, pass@k."
     )
 
+    def accelerators(self, reserved_workers: int, spot_workers: int) -> tuple[int, int]:
+        """(reserved, spot) accelerators in use: the trainer's and the reserved workers' at the reserved price."""
+        reserved = self.trainer.ranks * self.trainer.gpus_per_rank
+        reserved += reserved_workers * self.rollout.reserved.gpus_per_worker
+        return reserved, spot_workers * self.rollout.spot.gpus_per_worker
+
+    def cost_per_hour(self, reserved_workers: int, spot_workers: int) -> float:
+        """USD per hour at spec.prices for those workers (the one formula of the operator, trainer and scaler)."""
+        reserved, spot = self.accelerators(reserved_workers, spot_workers)
+        return reserved * self.prices.reserved_per_gpu_hour + spot * self.prices.spot_per_gpu_hour
+
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
         alg, tr = self.algorithm, self.trainer

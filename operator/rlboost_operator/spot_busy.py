@@ -32,11 +32,7 @@ def busy_sized(spec: JobSpec) -> bool:
 
 def prices(spec: JobSpec) -> SpotPrices:
     """The job's prices per pool: the reserved pool (trainer ranks + reserved workers) and one spot worker."""
-    reserved_gpus = (
-        spec.trainer.ranks * spec.trainer.gpus_per_rank
-        + spec.rollout.reserved.replicas * spec.rollout.reserved.gpus_per_worker
-    )
-    spot_gpus = spec.rollout.spot.gpus_per_worker
+    reserved_gpus, spot_gpus = spec.accelerators(spec.rollout.reserved.replicas, 1)
     return SpotPrices(
         reserved_per_hour=reserved_gpus * spec.prices.reserved_per_gpu_hour,
         spot_per_instance_hour=spot_gpus * spec.prices.spot_per_gpu_hour,

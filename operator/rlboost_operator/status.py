@@ -66,15 +66,11 @@ def set_condition(conditions: list[Mapping[str, Any]] | None, new: dict[str, str
 
 def accelerator_counts(spec: JobSpec, reserved_workers: int, spot_workers: int) -> tuple[int, int]:
     """(reserved accelerators, spot accelerators) in use."""
-    reserved = (
-        spec.trainer.ranks * spec.trainer.gpus_per_rank + reserved_workers * spec.rollout.reserved.gpus_per_worker
-    )
-    return reserved, spot_workers * spec.rollout.spot.gpus_per_worker
+    return spec.accelerators(reserved_workers, spot_workers)
 
 
 def cost_per_hour(spec: JobSpec, reserved_workers: int, spot_workers: int) -> float:
-    reserved, spot = accelerator_counts(spec, reserved_workers, spot_workers)
-    return reserved * spec.prices.reserved_per_gpu_hour + spot * spec.prices.spot_per_gpu_hour
+    return spec.cost_per_hour(reserved_workers, spot_workers)
 
 
 def accumulate_cost(cost_so_far: float, rate_per_hour: float, since: datetime | None, now: datetime) -> float:

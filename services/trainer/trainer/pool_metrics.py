@@ -46,12 +46,7 @@ class PoolMeter:
 
     def cost_per_hour(self, workers: dict[str, int]) -> float:
         """USD per hour: the trainer's and reserved workers' accelerators at the reserved price, spot's at spot's."""
-        s = self.spec
-        reserved = (
-            s.trainer.ranks * s.trainer.gpus_per_rank + workers.get("reserved", 0) * s.rollout.reserved.gpus_per_worker
-        )
-        spot = workers.get("spot", 0) * s.rollout.spot.gpus_per_worker
-        return reserved * s.prices.reserved_per_gpu_hour + spot * s.prices.spot_per_gpu_hour
+        return self.spec.cost_per_hour(workers.get("reserved", 0), workers.get("spot", 0))
 
     def update(self, status: ManagerStatus | None, now: float) -> PoolStep:
         elapsed = max(now - self._at, 1e-9)
