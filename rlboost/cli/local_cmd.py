@@ -1,7 +1,8 @@
 """`rlboost local`: the whole job on this machine, every service a separate process on 127.0.0.1.
 
     rlboost local [--config FILE] [--steps N] [--json-report PATH] [--run-dir DIR] [--temperature T]
-                  [--spot-trace FILE] [--trace-time-scale X | --trace-step-seconds X] [--chaos-kill-every S] [--chaos-signal KILL|TERM]
+                  [--spot-trace FILE] [--trace-time-scale X | --trace-step-seconds X]
+                  [--chaos-kill-every S [--chaos-step-seconds X]] [--chaos-signal KILL|TERM]
                   [--chaos-targets spot,reserved,manager,weight-server,nats,trainer]
                   [--dump-rollouts PATH]
                   [--workers-reserved N] [--workers-spot N] [--seed S]
@@ -51,6 +52,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chaos-kill-every", type=float, metavar="S",
                    help="preempt a spot worker caught streaming an unfinished response: the first as soon as one "
                         "streams, then at most once every S seconds")  # fmt: skip
+    p.add_argument("--chaos-step-seconds", type=float, metavar="X",
+                   help="measure --chaos-kill-every on the job's progress instead of the wall clock: each step's "
+                        "finished samples count X seconds, so kills land at the same points of the job on any "
+                        "machine")  # fmt: skip
     p.add_argument("--chaos-signal", choices=["KILL", "TERM"], default="KILL",
                    help="chaos preemption without notice (KILL, default) or with notice (TERM: the worker drains)")  # fmt: skip
     p.add_argument("--chaos-targets", default="spot", metavar="ROLES",
@@ -134,6 +139,11 @@ def _check_inputs(args: argparse.Namespace) -> None:
         raise JobSpecError("--trace-step-seconds replays a trace: give the trace with --spot-trace FILE")
     if args.chaos_kill_every is not None and args.chaos_kill_every <= 0:
         raise JobSpecError(f"--chaos-kill-every: must be > 0 seconds, got {args.chaos_kill_every}")
+    chaos_step_seconds = getattr(args, "chaos_step_seconds", None)
+    if chaos_step_seconds is not None and chaos_step_seconds <= 0:
+        raise JobSpecError(f"--chaos-step-seconds: must be > 0 seconds per step, got {chaos_step_seconds}")
+    if chaos_step_seconds is not None and args.chaos_kill_every is None:
+        raise JobSpecError("--chaos-step-seconds paces chaos: give its period with --chaos-kill-every S")
     if args.spot_trace is not None:
         from rlboost.local.spot_trace import load_trace
 
@@ -182,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
         trace_time_scale=args.trace_time_scale,
         trace_step_seconds=args.trace_step_seconds,
         chaos_kill_every=args.chaos_kill_every,
+        chaos_step_seconds=getattr(args, "chaos_step_seconds", None),
         chaos_signal=args.chaos_signal,
         chaos_targets=parse_targets(getattr(args, "chaos_targets", "spot")),
         seed=spec.algorithm.seed,

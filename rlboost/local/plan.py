@@ -48,6 +48,11 @@ class LocalOptions(BaseModel):
         gt=0,
         description="Preempt a spot worker caught streaming an unfinished response, at most once a period (s).",
     )
+    chaos_step_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="Pace chaos by the job's progress: seconds of its period per step of finished samples.",
+    )
     chaos_signal: Literal["KILL", "TERM"] = Field(
         "KILL", description="Signal of chaos kills: KILL (no notice) or TERM (the worker drains and flushes first)."
     )

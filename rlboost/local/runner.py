@@ -161,7 +161,10 @@ class SpotController:
     preemptions: int = 0
     events: list[str] = field(default_factory=list)
     chaos_signal: int = signal.SIGKILL  # SIGTERM: a preemption with notice (the worker drains)
-    samples_finished: int = 0  # the manager's count at the last status: the trace's progress clock
+    chaos_step_seconds: float | None = None  # chaos paced by progress: its seconds per step of finished samples
+    samples_per_step: int = 1
+    samples_finished: int = 0  # samples the manager(s) finished so far: the progress clock of the trace and chaos
+    _manager_finished: int = 0  # the count of the manager's last status (a restarted manager counts from 0 again)
     faults: list[FaultRecord] = field(default_factory=list)  # every chaos kill, in order
     restarting: dict[str, FaultRecord] = field(default_factory=dict)  # killed, not yet back: name -> its fault
 
@@ -171,11 +174,26 @@ class SpotController:
 
     def hunting(self, now: float) -> bool:
         """Chaos is armed: it waits for a process caught at work, so it needs a fresh status every short tick."""
-        return self.chaos is not None and self.chaos.armed(now) and not self.restarting
+        return self.chaos is not None and self.chaos.armed(self.chaos_clock(now)) and not self.restarting
+
+    def chaos_clock(self, now: float) -> float:
+        """What chaos's period is measured on: the wall clock, or (`--chaos-step-seconds`) the job's progress, so
+        that a fast machine cannot finish the job before the kills it is meant to survive."""
+        if self.chaos_step_seconds is None:
+            return now
+        return self.samples_finished / max(self.samples_per_step, 1) * self.chaos_step_seconds
 
     def wants_status(self, now: float) -> bool:
-        """A fresh manager status is needed this tick: chaos hunts, or the trace advances by the job's progress."""
-        return self.hunting(now) or (self.schedule is not None and self.schedule.by_progress)
+        """A fresh manager status is needed this tick: chaos hunts, or the trace or chaos goes by the job's progress."""
+        by_progress = self.schedule is not None and self.schedule.by_progress
+        return self.hunting(now) or by_progress or (self.chaos is not None and self.chaos_step_seconds is not None)
+
+    def _count_finished(self, manager_finished: int) -> None:
+        """Add what the manager finished since its last status; a restarted manager counts from 0 again, and the
+        progress clock must not go back (chaos would wait for progress the job already made)."""
+        before = self._manager_finished if manager_finished >= self._manager_finished else 0
+        self.samples_finished += manager_finished - before
+        self._manager_finished = manager_finished
 
     def tick(self, now: float, status: ManagerStatus | None = None) -> None:
         """Chaos (a victim streaming an unfinished response, from `status`) and the trace's target size."""
@@ -184,7 +202,7 @@ class SpotController:
         if self.started_at is None:
             self.started_at = now
         if status is not None:
-            self.samples_finished = status.finished
+            self._count_finished(status.finished)
         self._bring_back(now)
         if self.hunting(now):
             self._chaos_kill(now, status)
@@ -215,7 +233,7 @@ class SpotController:
         victim = self.chaos.pick(self._live_targets(), status)
         if victim is None:
             return
-        self.chaos.fire(now)
+        self.chaos.fire(self.chaos_clock(now))
         at = now - (self.started_at if self.started_at is not None else now)
         fault = FaultRecord(role=victim.target, process=victim.name, signal=signal.Signals(self.chaos_signal).name,
                             at_seconds=round(at, 3), doing=victim.doing)  # fmt: skip
@@ -283,6 +301,7 @@ class Run:
         self.status_reader = StreamCursor()
         self.channel = None
         self.stub = None
+        self.status_read: asyncio.Task | None = None  # the status stream's read in progress
 
     # ---- start-up ----
 
@@ -425,14 +444,27 @@ class Run:
                 if status is not None:
                     self.state.progress.on_status(status)
             self.spot.tick(now, status)
-            if now - last_read >= STATUS_READ_EVERY_S:
+            if now - last_read >= STATUS_READ_EVERY_S and self._status_read_idle():
                 last_read = now
-                await self._read_status()
+                self.status_read = asyncio.create_task(self._read_status())
             self.state.progress.preemptions = self.spot.preemptions
             self._refresh()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.state.wake.wait(), timeout=0.02 if hunting else 0.25)
             self.state.wake.clear()
+        if self.status_read is not None:
+            await self.status_read  # bounded by the read's timeout
+
+    def _status_read_idle(self) -> bool:
+        """No status-stream read in progress (re-raising what a finished one raised). The read runs beside the
+        loop, not in it: while NATS is away it waits for its timeout, and the loop must meanwhile restart NATS,
+        watch the other children and keep chaos hunting."""
+        if self.status_read is None:
+            return True
+        if not self.status_read.done():
+            return False
+        self.status_read.result()
+        return True
 
     async def settle(self) -> ManagerStatus | None:
         """After JobDone: wait until every worker reports the final weight version (bounded), return the status."""
@@ -508,7 +540,9 @@ def _make_spot_controller(
     if options.chaos_kill_every:
         chaos = ChaosMonkey(options.chaos_kill_every, seed=options.seed, targets=options.chaos_targets)
     sig = signal.SIGTERM if options.chaos_signal == "TERM" else signal.SIGKILL
-    return SpotController(sup, plan, desired=n, schedule=schedule, chaos=chaos, next_index=n, chaos_signal=sig)
+    return SpotController(sup, plan, desired=n, schedule=schedule, chaos=chaos, next_index=n, chaos_signal=sig,
+                          chaos_step_seconds=options.chaos_step_seconds,
+                          samples_per_step=spec.algorithm.prompts_per_step * spec.algorithm.group_size)  # fmt: skip
 
 
 def build_report(run: Run, status: ManagerStatus | None, wall_s: float) -> LocalReport:

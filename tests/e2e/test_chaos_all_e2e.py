@@ -2,10 +2,13 @@
 
 `rlboost local --config examples/local-preemption.yaml --temperature 0` (greedy, a fixed seed, a checkpoint
 after every step, weights that change every step) is run uninterrupted once; then again with
-`--chaos-kill-every 1 --chaos-targets spot,nats,weight-server,reserved,trainer`: the roles take turns, and each kill lands on a process the manager's
-status shows at work (a worker streaming an unfinished response; the weight-server, NATS and the trainer while
-a step rolls out), never on the wall clock alone. The runner replaces killed spot workers and restarts every
-other killed process with the same ports and arguments (the trainer with --resume, from its last checkpoint).
+`--chaos-kill-every 1 --chaos-step-seconds 2 --chaos-targets spot,manager,nats,weight-server,reserved,trainer`: the
+roles take turns, and each kill lands on a process the manager's status shows at work (a worker streaming an
+unfinished response; the weight-server, NATS and the trainer while a step rolls out), at most one per half step
+of the job's progress (its finished samples), never by the wall clock: with a period in seconds, an idle machine
+finished the 12 steps (0.6 s each) before the trainer's turn came. The runner replaces killed spot workers and
+restarts every other killed process with the same ports and arguments (the trainer with --resume, from its last
+checkpoint).
 
 The chaos run must complete with every sample of every step, token for token equal to the uninterrupted run,
 no token lost or regenerated, and the same final weights checksum; its report lists every fault injected.
@@ -35,6 +38,10 @@ CONFIG = REPO / "examples" / "local-preemption.yaml"
 STEPS = 12
 PROMPTS_PER_STEP, GROUP_SIZE = 4, 4  # as in the config
 RUN_TIMEOUT_S = 300
+# Chaos is paced by progress: a step's finished samples count 2 s of its 1 s period, so a kill at most every half
+# step, on any machine. Six roles take about 3-5 steps (a worker or NATS coming back while the job goes on adds
+# some), well inside the 12.
+STEP_SECONDS = 2
 # Turn order: the quick restarts first, the trainer (the slowest to train again: it resumes from its checkpoint)
 # last; a trainer is only hit mid-step, so its turn always comes before the job ends.
 TARGETS = ["spot", "manager", "nats", "weight-server", "reserved", "trainer"]
@@ -90,7 +97,8 @@ def test_every_service_killed_mid_work_loses_nothing(tmp_path: Path) -> None:
     assert expected_report["ok"] and expected_report["faults"] == [] and set(expected) == all_samples()
     assert len({s["weights_checksum"] for s in expected_report["steps"]}) == STEPS  # every step moved the weights
 
-    report, rollouts = run_local(tmp_path / "chaos", "--chaos-kill-every", "1", "--chaos-targets", ",".join(TARGETS))
+    report, rollouts = run_local(tmp_path / "chaos", "--chaos-kill-every", "1", "--chaos-step-seconds", str(STEP_SECONDS),
+                                 "--chaos-targets", ",".join(TARGETS))  # fmt: skip
 
     # The job completed with every sample, token for token the uninterrupted run's, and the same weights.
     assert report["ok"] and len(report["steps"]) == STEPS, report["error"]

@@ -1,10 +1,16 @@
-"""Chaos across every role (rlboost.local.chaos, pure): the target list, who counts as caught at work, strict turns."""
+"""Chaos across every role (rlboost.local.chaos, pure): the target list, who counts as caught at work, strict turns;
+and its pacing by the job's progress (the runner's SpotController, with a real child process as the victim)."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import pytest
 
 from rlboost.local.chaos import ChaosMonkey, caught_at_work, parse_targets
+from rlboost.local.runner import SpotController
+from rlboost.local.supervisor import Supervisor
 from rlboost.wire.rollout_io import ManagerStatus, Pool, WorkerStatus
 
 
@@ -58,3 +64,31 @@ def test_roles_take_strict_turns_and_a_role_with_no_process_passes() -> None:
 def test_an_unknown_target_is_refused() -> None:
     with pytest.raises(ValueError, match="--chaos-targets"):
         ChaosMonkey(period_s=1.0, targets=("spot", "gpu"))
+
+
+def _finished(n: int, *workers: WorkerStatus) -> ManagerStatus:
+    return ManagerStatus(workers=list(workers), pending=0, running=0, finished=n, migrations=0, tokens_received=0)
+
+
+def test_chaos_paced_by_progress_rearms_after_samples_not_seconds_and_a_manager_restart_does_not_rewind_it(
+    tmp_path: Path,
+) -> None:
+    """`--chaos-kill-every 1 --chaos-step-seconds 2` (16 samples a step): after a kill the next is armed once 8 more
+    samples finished, however much wall time passes (a fast machine cannot outrun it, a slow one is not hit more
+    often), and a restarted manager's count from 0 adds to the progress instead of taking it back.
+    A real child process is the victim (SIGKILLed by the supervisor)."""
+    sup = Supervisor(tmp_path / "logs")
+    spot = SpotController(sup, plan=None, desired=0, chaos=ChaosMonkey(period_s=1.0), chaos_step_seconds=2.0,  # type: ignore[arg-type]
+                          samples_per_step=16)  # fmt: skip
+    try:
+        sup.start("spot-0", [sys.executable, "-c", "import time; time.sleep(600)"], pool="spot")
+        assert spot.hunting(now=0.0) and spot.wants_status(now=0.0)
+        spot.tick(0.0, _finished(0, _worker("spot-0", 5)))  # caught streaming: killed
+        assert [f.process for f in spot.faults] == ["spot-0"] and not sup.running()
+        spot.tick(1e6, _finished(5))
+        assert not spot.hunting(now=1e6)  # a million seconds later, but only 5 samples: not yet
+        assert spot.wants_status(now=1e6)  # progress is read from the manager's status every tick
+        spot.tick(1e6 + 1, _finished(3))  # a restarted manager: 3 more, 8 since the kill
+        assert spot.samples_finished == 8 and spot.hunting(now=1e6 + 1)
+    finally:
+        sup.shutdown(grace_s=5)

@@ -62,6 +62,10 @@ def test_bad_flags_name_the_flag() -> None:
     assert res.returncode == 2 and "--trace-time-scale: must be > 0" in res.stderr
     res = rlboost("local", "--chaos-kill-every", "2", "--chaos-targets", "spot,etcd")
     assert res.returncode == 2 and "--chaos-targets: unknown 'etcd'" in res.stderr and "Traceback" not in res.stderr
+    res = rlboost("local", "--chaos-step-seconds", "2")
+    assert res.returncode == 2 and "give its period with --chaos-kill-every S" in res.stderr
+    res = rlboost("local", "--chaos-kill-every", "1", "--chaos-step-seconds", "0")
+    assert res.returncode == 2 and "--chaos-step-seconds: must be > 0" in res.stderr
     res = rlboost("local", "--chaos-targets", "nats")
     assert res.returncode == 2 and "add --chaos-kill-every S" in res.stderr
     res = rlboost("local", "--config", "/nonexistent.yaml")
