@@ -1,6 +1,7 @@
 """Scheduling policies shared by the rollout-manager and the simulator: pure, no network, no clock.
 
-- `placement`: least-loaded worker holding the weight version; which workers move to a newer version.
+- `placement`: least-loaded worker holding the weight version, or by measured speed (slow or far workers get fewer
+  effective slots and the shortest expected work, the fast ones the longest); which workers move to a newer version.
 - `balancing`: move work off overloaded workers to idle ones.
 - `migration`: how a request continues elsewhere from prompt + generated tokens.
 - `offload`: RLBoost's adaptive partial-response offload window T.

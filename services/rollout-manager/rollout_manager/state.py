@@ -28,7 +28,15 @@ from enum import StrEnum
 
 from rlboost.policies.balancing import BalanceWorker, HeldRequest, plan_rebalance
 from rlboost.policies.migration import FAILED_ATTEMPT, MigrationReason, continuation, finish_reason_if_done
-from rlboost.policies.placement import VersionView, WorkerLoad, place, version_moves
+from rlboost.policies.placement import (
+    VersionView,
+    WorkerLoad,
+    WorkerSpeed,
+    expected_remaining,
+    place,
+    place_by_speed,
+    version_moves,
+)
 from rlboost.spec import MAX_GROUP_SIZE, MAX_NEW_TOKENS, RolloutSpec
 from rlboost.wire.rollout_io import (
     Assignment,
@@ -71,6 +79,13 @@ class StepError(ValueError):
 # A sampled token's log-probability lies in (-inf, 0]; the slack above 0 allows for rounding, the floor is far
 # below what a float32 softmax gives a token it sampled. Outside: the worker's output is refused.
 MIN_LOGPROB, MAX_LOGPROB = -1e4, 1e-3
+
+# Speed-aware placement: a scheduling pass looks this many pending requests past the free slots for short ones
+# for the slow workers; a worker's decode rate and sync time are EWMAs with this weight on the newest sample; a
+# request that streamed fewer tokens than MIN_RATE_TOKENS on a worker says nothing about its rate.
+PLACEMENT_LOOKAHEAD = 64
+SPEED_EWMA = 0.2
+MIN_RATE_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -146,6 +161,9 @@ class Worker:
     requested_version: int = -1  # last SetWeightVersion sent
     seq: int = 0  # registration order: scheduling visits workers in it
     busy_since: float | None = None  # since when it holds at least one request (None: idle)
+    tokens_per_s: float = 0.0  # per-request decode rate, EWMA over the requests that left it (0: none yet)
+    sync_s: float = 0.0  # weight-sync time, EWMA from SetWeightVersion to its report of holding it (0: none yet)
+    sync_asked_at: float | None = None  # when the manager last sent it SetWeightVersion (None: not waiting)
 
     @property
     def id(self) -> str:
@@ -185,7 +203,9 @@ class ManagerState:
         balance_min_excess: int = 2,
         policy: RequestPolicy | None = None,
         orphan_ttl_s: float = 300.0,
+        speed_aware: bool = True,
     ):
+        """`speed_aware`: place by measured worker speed (placement.place_by_speed); False: least-loaded only."""
         self.policy = policy or RequestPolicy()
         self.orphan_ttl_s = orphan_ttl_s  # held responses of a step nobody re-attaches to are forgotten after this
         self._orphans: dict[str, Orphan] = {}  # request id -> a held response waiting for its step
@@ -224,6 +244,9 @@ class ManagerState:
         # Seconds each pool's workers held at least one request, of busy spells that ended (open spells are added
         # at status time): kept on assign/release, not per token, so the spot scaler's busy share costs nothing.
         self._busy_s: Counter[str] = Counter()
+        self.speed_aware = speed_aware
+        # step -> prompt index (-1: the whole step) -> (tokens, responses) of finished responses: the length prior
+        self._finished_lengths: dict[int, dict[int, tuple[int, int]]] = {}
 
     # ---- effects -----------------------------------------------------------------------------------
 
@@ -281,6 +304,7 @@ class ManagerState:
     def on_heartbeat(self, worker_id: str, weight_version: int, now: float, memory_released: bool = False) -> None:
         w = self._alive(worker_id, now)
         if w is not None:
+            self._observe_sync(w, weight_version, now)
             self._set_version(w, weight_version)
             if w.memory_released != memory_released:
                 w.memory_released = memory_released
@@ -289,6 +313,7 @@ class ManagerState:
     def on_weight_version(self, worker_id: str, weight_version: int, now: float) -> None:
         w = self._alive(worker_id, now)
         if w is not None:
+            self._observe_sync(w, weight_version, now)
             self._set_version(w, weight_version)
 
     def on_drain_notice(self, worker_id: str, now: float) -> None:
@@ -615,6 +640,7 @@ class ManagerState:
         caller has no clock (a cancelled step): the busy spell it ends is not counted."""
         w = self.workers.get(req.worker) if req.worker else None
         if w is not None:
+            self._observe_rate(w, req, now)
             w.running.discard(req.id)
             if not w.running:
                 self._end_busy(w, now)
@@ -668,6 +694,7 @@ class ManagerState:
         self.dirty = True
 
     def _finish(self, req: Request, reason: str, now: float) -> None:
+        self._note_length(req)
         last = req.worker
         if req.worker is not None:
             self._release(req, now)
@@ -813,19 +840,22 @@ class ManagerState:
                 continue
             members = {w.id: w for w in by_version[version]}
             version_workers = functools.cache(functools.partial(self._schedulable_at, version))
-            targets = place(count, (WorkerLoad(w.id, len(w.running), w.reg.capacity) for w in members.values()))
             queue = self._pending[version]
-            for wid in targets:
-                req = self._pop_pending(queue, wid, version_workers)
-                if req is None:
-                    if not queue:
-                        break
-                    continue  # what is left failed on this worker: another may take it below
-                self._assign(req, members[wid], now)
-                made += 1
+            if self.speed_aware and any(w.tokens_per_s > 0 for w in members.values()):
+                made += self._place_by_speed(queue, count, members, now, version_workers)
+            else:
+                targets = place(count, (WorkerLoad(w.id, len(w.running), w.reg.capacity) for w in members.values()))
+                for wid in targets:
+                    req = self._pop_pending(queue, wid, version_workers)
+                    if req is None:
+                        if not queue:
+                            break
+                        continue  # what is left failed on this worker: another may take it below
+                    self._assign(req, members[wid], now)
+                    made += 1
             if self._pending_count[version] > 0 and queue:
                 made += self._fill_free_slots(queue, members.values(), now, version_workers)
-        self._push_versions()
+        self._push_versions(now)
         return made
 
     def _schedulable_at(self, version: int) -> int:
@@ -880,7 +910,7 @@ class ManagerState:
         queue.extendleft(reversed(skipped))
         return found
 
-    def _push_versions(self) -> None:
+    def _push_versions(self, now: float | None = None) -> None:
         pending = {v for v, c in self._pending_count.items() if c > 0}
         if not pending:
             return
@@ -894,7 +924,82 @@ class ManagerState:
         views = [VersionView(w.id, w.version, w.requested_version) for w in workers]
         for wid, version in version_moves(views, pending, busy):
             self.workers[wid].requested_version = version
+            self.workers[wid].sync_asked_at = now  # its weight-sync time runs from here (_observe_sync)
             self._box(wid).set_version = version
+
+    # ---- speed-aware placement (issue 16): measured speeds, length priors ----------------------------
+
+    def _place_by_speed(
+        self,
+        queue: deque[str],
+        count: int,
+        members: dict[str, Worker],
+        now: float,
+        version_workers: Callable[[], int],
+    ) -> int:
+        """Place the head of `queue` by measured worker speed: the slow workers take the shortest expected of
+        the first free-slots + PLACEMENT_LOOKAHEAD pending requests, the fast ones the longest. What stays is put
+        back at the head in its order. O(k log k + (W + k) log W) for k requests placed."""
+        free = sum(w.reg.capacity - len(w.running) for w in members.values())
+        window = self._take_pending(queue, min(count, free) + PLACEMENT_LOOKAHEAD)
+        expected = [self._expected_remaining(r) for r in window]
+        speeds = [WorkerSpeed(w.id, len(w.running), w.reg.capacity, w.tokens_per_s, w.sync_s) for w in members.values()]
+        placed: set[int] = set()
+        for i, wid in place_by_speed(min(count, free), expected, speeds):
+            req = window[i]
+            if wid in req.failed_on and len(req.failed_on) < version_workers():
+                continue  # failed there before: _fill_free_slots gives it to another worker
+            self._assign(req, members[wid], now)
+            placed.add(i)
+        queue.extendleft(reversed([r.id for i, r in enumerate(window) if i not in placed]))
+        return len(placed)
+
+    def _take_pending(self, queue: deque[str], n: int) -> list[Request]:
+        """Up to `n` pending requests off the head of `queue` (stale ids dropped)."""
+        out: list[Request] = []
+        while queue and len(out) < n:
+            req = self.requests.get(queue.popleft())
+            if req is not None and req.phase is Phase.PENDING:
+                out.append(req)
+        return out
+
+    def _expected_remaining(self, req: Request) -> float:
+        """Its expected tokens to come, from the mean finished length of its prompt group, else of its step,
+        else max_new_tokens (placement.expected_remaining)."""
+        budget = req.sampling.max_new_tokens
+        lengths = self._finished_lengths.get(req.step, {})
+        tokens, n = lengths.get(req.prompt_index) or lengths.get(-1) or (budget, 1)
+        return expected_remaining(len(req.tokens), tokens / n, budget)
+
+    def _note_length(self, req: Request) -> None:
+        """A finished response's length, for the priors of its group and step (steps that ended are dropped)."""
+        lengths = self._finished_lengths.get(req.step)
+        if lengths is None:
+            for step in [s for s in self._finished_lengths if s not in self._steps]:
+                del self._finished_lengths[step]
+            lengths = self._finished_lengths[req.step] = {}
+        for key in (req.prompt_index, -1):
+            tokens, n = lengths.get(key, (0, 0))
+            lengths[key] = (tokens + len(req.tokens), n + 1)
+
+    def _observe_rate(self, w: Worker, req: Request, now: float | None) -> None:
+        """The request leaves `w`: fold the rate it decoded at there into the worker's EWMA. Not from a worker
+        that went silent (its lease expired: the silence is no decode rate) nor from a few tokens (noise)."""
+        tokens = len(req.tokens) - req.tokens_at_assign
+        if now is None or w.expired or tokens < MIN_RATE_TOKENS or now <= req.assigned_at:
+            return
+        rate = tokens / (now - req.assigned_at)
+        w.tokens_per_s = rate if w.tokens_per_s <= 0 else w.tokens_per_s + SPEED_EWMA * (rate - w.tokens_per_s)
+        metrics.REQUEST_DECODE_RATE.labels(w.reg.pool.value).observe(rate)
+
+    def _observe_sync(self, w: Worker, version: int, now: float) -> None:
+        """`w` reports holding `version`: if that is the one the manager asked it for, its sync time is measured."""
+        if w.sync_asked_at is None or version < w.requested_version or version == w.version:
+            return
+        took = max(0.0, now - w.sync_asked_at)
+        w.sync_s = took if w.sync_s <= 0 else w.sync_s + SPEED_EWMA * (took - w.sync_s)
+        w.sync_asked_at = None
+        metrics.WEIGHT_SYNC.labels(w.reg.pool.value).observe(took)
 
     # ---- status ------------------------------------------------------------------------------------
 
@@ -923,6 +1028,8 @@ class ManagerState:
                 inflight_tokens=self._inflight_tokens(w),
                 draining=w.draining,
                 memory_released=w.memory_released,
+                tokens_per_s=w.tokens_per_s,
+                weight_sync_s=w.sync_s,
             )
             for w in self.workers.values()
         ]
