@@ -144,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity", type=int, default=8, help="concurrent requests per worker")
     parser.add_argument("--slow-share", type=float, default=0.5, help="share of the workers that are slow")
     parser.add_argument("--slow-factor", type=float, default=4.0, help="how many times slower the slow ones decode")
-    parser.add_argument("--slow-sync-s", type=float, default=1.0, help="weight-sync seconds of the slow ones (1 s: near)")
+    parser.add_argument(
+        "--slow-sync-s", type=float, default=1.0, help="weight-sync seconds of the slow ones (1 s: near)"
+    )
     parser.add_argument("--rate", type=float, default=40.0, help="fast workers' tokens per second per request")
     parser.add_argument("--steps", type=int, default=5, help="steps (the first, before any measurement, not counted)")
     parser.add_argument("--prompts", type=int, default=64, help="prompts per step")
@@ -166,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report))
         return 0
     for name, t in results.items():
-        print(f"{name:>13}: steps {' '.join(f'{x:7.1f}' for x in t)} s; mean after the first {after_first[name]:7.1f} s")
+        print(
+            f"{name:>13}: steps {' '.join(f'{x:7.1f}' for x in t)} s; mean after the first {after_first[name]:7.1f} s"
+        )
     print(f"speed-aware / least-loaded step time: {1 / report['speedup']:.3f} (x{report['speedup']:.2f} faster)")
     return 0
 
