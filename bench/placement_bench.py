@@ -1,4 +1,6 @@
-"""Step time with heterogeneous worker speeds: least-loaded vs speed-aware placement (issue 16 item 3).
+"""Step time with heterogeneous worker speeds: least-loaded vs speed-aware placement vs speed-aware placement with
+the speed-aware rebalance (the longest-running responses off slow workers to fast idle ones at a step's end; issue
+16 item 3).
 
 The real rollout-manager state machine (`rollout_manager.state.ManagerState`, its scheduling pass, balancing and
 the policies in rlboost.policies) drives simulated workers on a simulated clock: each worker decodes every request
@@ -9,7 +11,7 @@ per sample around it), drawn once per step and the same for both placements. The
 the first step (it starts least-loaded), so the figure is the mean step time of the steps after it.
 
 python bench/placement_bench.py [--workers 32] [--capacity 8] [--slow-share 0.5] [--slow-factor 4] [--steps 5]
-                                [--prompts 64] [--group 8] [--json]
+                                [--prompts 64] [--group 8] [--slow-sync-s 1] [--migration-cost-s 2] [--json]
 """
 
 from __future__ import annotations
@@ -49,8 +51,15 @@ def _lengths(rng: random.Random, prompts: int, group: int, max_new: int) -> dict
     return out
 
 
-def run(args: argparse.Namespace, speed_aware: bool) -> list[float]:
-    """Step times (simulated seconds) of `args.steps` steps under one placement."""
+MODES = {  # name -> (speed-aware placement, speed-aware rebalance)
+    "least-loaded": (False, False),
+    "speed-aware": (True, False),
+    "speed-aware+rebalance": (True, True),
+}
+
+
+def run(args: argparse.Namespace, mode: str) -> tuple[list[float], dict]:
+    """Step times (simulated seconds) of `args.steps` steps under one mode, and what the slow workers did."""
     from rlboost.wire.rollout_io import (
         Pool,
         PromptItem,
@@ -62,7 +71,10 @@ def run(args: argparse.Namespace, speed_aware: bool) -> list[float]:
     )
     from rollout_manager.state import ManagerState
 
+    speed_aware, rebalance = MODES[mode]
     state = ManagerState(lease_timeout_s=30.0, speed_aware=speed_aware)
+    state.speed_migration_cost_s = args.migration_cost_s
+    state.speed_rebalance_moves = state.speed_rebalance_moves if rebalance else 0
     slow_n = round(args.workers * args.slow_share)
     workers = {}
     now = 0.0
@@ -96,7 +108,19 @@ def run(args: argparse.Namespace, speed_aware: bool) -> list[float]:
                 state.tick(now)
             delivered += len(state.take_delivered())
         times.append(now - start)
-    return times
+    return times, _slow_report(state, slow_n)
+
+
+def _slow_report(state, slow_n: int) -> dict:
+    """What the slow (or far) workers did: tokens generated, versions held, measured sync; migrations by reason."""
+    slow = [w for w in state.workers.values() if int(w.id[1:]) < slow_n]
+    return {
+        "slow_tokens": sum(w.tokens_generated for w in slow),
+        "all_tokens": sum(w.tokens_generated for w in state.workers.values()),
+        "slow_versions": sorted({w.version for w in slow}),
+        "slow_sync_s_measured": max((w.sync_s for w in slow), default=0.0),
+        "migrations_by_reason": dict(state.migrations_by_reason),
+    }
 
 
 def _apply_outbox(boxes: dict, workers: dict[str, SimWorker], owed: dict[str, int], now: float) -> None:
@@ -153,25 +177,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", type=int, default=8, help="samples per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=4096, help="response budget")
     parser.add_argument("--seed", type=int, default=0, help="length draws (the same for both placements)")
+    parser.add_argument(
+        "--migration-cost-s", type=float, default=2.0, help="the rebalance's expected seconds per move (re-prefill)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    results = {name: run(args, aware) for name, aware in (("least-loaded", False), ("speed-aware", True))}
+    runs = {name: run(args, name) for name in MODES}
+    results = {name: times for name, (times, _) in runs.items()}
     after_first = {name: sum(t[1:]) / max(1, len(t) - 1) for name, t in results.items()}
     report = {
         "machine": platform.node(),
         "config": vars(args),
         "step_s": results,
         "mean_step_s_after_first": after_first,
-        "speedup": after_first["least-loaded"] / after_first["speed-aware"],
+        "vs_least_loaded": {name: t / after_first["least-loaded"] for name, t in after_first.items()},
+        "slow_workers": {name: report for name, (_, report) in runs.items()},
     }
     if args.json:
         print(json.dumps(report))
         return 0
     for name, t in results.items():
+        steps = " ".join(f"{x:7.1f}" for x in t)
+        ratio = report["vs_least_loaded"][name]
         print(
-            f"{name:>13}: steps {' '.join(f'{x:7.1f}' for x in t)} s; mean after the first {after_first[name]:7.1f} s"
+            f"{name:>21}: steps {steps} s; mean after the first {after_first[name]:7.1f} s ({ratio:.3f} x least-loaded)"
         )
-    print(f"speed-aware / least-loaded step time: {1 / report['speedup']:.3f} (x{report['speedup']:.2f} faster)")
+        print(f"{'':>21}  slow workers: {report['slow_workers'][name]}")
     return 0
 
 

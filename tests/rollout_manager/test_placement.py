@@ -136,3 +136,39 @@ async def test_weight_sync_time_runs_from_set_weight_version_to_the_report(timed
     assert len(await step) == 1
     await near.close()
     await far.close()
+
+
+async def test_a_long_response_moves_off_the_slow_worker_to_the_idle_fast_one_keeping_its_tokens(timed_manager):
+    """The step's last response runs on the slow worker (8 tokens/s) while the fast one (160 tokens/s) sits idle:
+    the balancing pass revokes it for the fast worker (reason speed_rebalance), the slow worker flushes what it
+    generated since, and the fast one continues from prompt + every token: none lost, none twice."""
+    server = timed_manager
+    slow = await WorkerClient(server.target, "a-slow", capacity=3, heartbeats=False).connect()
+    fast = await WorkerClient(server.target, "b-fast", capacity=3, heartbeats=False).connect()
+    await _measure_speeds(server, slow, fast)
+    _heartbeat(fast, released=True)  # the fast one takes nothing while step 1 starts: its request goes to the slow one
+    await _until(server.target, lambda r: _worker(r, "b-fast").memory_released, "the fast worker released")
+    step = asyncio.create_task(collect_rollout(server.target, rollout_request(step=1, max_new_tokens=4000)))
+    (a,) = (await slow.expect("assign")).assign.assignments
+    slow.chunk(a.request_id, a.lease_epoch, 0, list(range(1, 101)))
+    _heartbeat(fast, released=False)
+    await _until(server.target, lambda r: not _worker(r, "b-fast").memory_released, "the fast worker back")
+
+    server.balance_interval_s = 1.0  # 3900 tokens to come: 487 s on the slow one, 24 s (+ 2 s to move) on the fast
+    server.clock_at.t += 2.0
+    revoke = (await slow.expect("revoke")).revoke
+    assert list(revoke.request_ids) == [a.request_id] and revoke.reason == "speed_rebalance"
+    flush = pb.TokenChunk(request_id=a.request_id, lease_epoch=a.lease_epoch, offset=100,
+                          token_ids=list(range(101, 121)), logprobs=[-0.5] * 20, finish_reason="abort")  # fmt: skip
+    slow.send(pb.WorkerMessage(chunks=pb.ChunkBatch(chunks=[flush])))
+
+    (moved,) = (await fast.expect("assign")).assign.assignments
+    assert moved.request_id == a.request_id and moved.lease_epoch > a.lease_epoch
+    assert list(moved.input_ids) == list(a.input_ids) + list(range(1, 121)) and moved.prompt_len == len(a.input_ids)
+    fast.chunk(moved.request_id, moved.lease_epoch, 120, list(range(121, 126)), finished=True, reason="stop")
+    (trajectory,) = await step
+    assert list(trajectory.response_ids) == list(range(1, 126))
+    assert list(trajectory.workers) == ["a-slow", "b-fast"]
+    assert (await status(server.target)).migrations_by_reason["speed_rebalance"] == 1
+    await slow.close()
+    await fast.close()

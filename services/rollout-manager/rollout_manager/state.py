@@ -35,8 +35,10 @@ from rlboost.policies.placement import (
     expected_remaining,
     place,
     place_by_speed,
+    speed_bands,
     version_moves,
 )
+from rlboost.policies.speed_rebalance import MAX_MOVES, MIGRATION_COST_S, RunningResponse, plan_speed_rebalance
 from rlboost.spec import MAX_GROUP_SIZE, MAX_NEW_TOKENS, RolloutSpec
 from rlboost.wire.rollout_io import (
     Assignment,
@@ -247,6 +249,12 @@ class ManagerState:
         self.speed_aware = speed_aware
         # step -> prompt index (-1: the whole step) -> (tokens, responses) of finished responses: the length prior
         self._finished_lengths: dict[int, dict[int, tuple[int, int]]] = {}
+        # Speed-aware rebalance: request id -> the faster worker it was revoked for (its slot waits for it), and
+        # the seconds a move is expected to cost (revoke round trip and re-prefill of prompt + generated tokens),
+        # and the most moves per balancing pass (0: off)
+        self._speed_targets: dict[str, str] = {}
+        self.speed_migration_cost_s = MIGRATION_COST_S
+        self.speed_rebalance_moves = MAX_MOVES
 
     # ---- effects -----------------------------------------------------------------------------------
 
@@ -787,17 +795,21 @@ class ManagerState:
         for version, members in groups.items():
             if self._pending_count[version] > 0 or len(members) < 2:
                 continue  # plan_rebalance moves nothing then: skip building a view of every running request
-            views = [
-                BalanceWorker(
-                    w.id,
-                    w.reg.capacity,
-                    [self._held_view(rid, now) for rid in w.running if self.requests[rid].phase is Phase.RUNNING],
-                )
-                for w in members
-            ]
-            plan = plan_rebalance(views, self._pending_count[version], self.balance_min_excess)
-            for ids in plan.values():
-                moved += sum(self.revoke(rid, MigrationReason.REBALANCE, now) for rid in ids)
+            speed_rebalance = self.speed_aware and self.speed_rebalance_moves > 0
+            for peers in self._speed_peers(members) if speed_rebalance else [members]:
+                views = [
+                    BalanceWorker(
+                        w.id,
+                        w.reg.capacity,
+                        [self._held_view(rid, now) for rid in w.running if self.requests[rid].phase is Phase.RUNNING],
+                    )
+                    for w in peers
+                ]
+                plan = plan_rebalance(views, self._pending_count[version], self.balance_min_excess)
+                for ids in plan.values():
+                    moved += sum(self.revoke(rid, MigrationReason.REBALANCE, now) for rid in ids)
+            if speed_rebalance:
+                moved += self._speed_rebalance(members, now)
         return moved
 
     def _held_view(self, rid: str, now: float) -> HeldRequest:
@@ -829,6 +841,7 @@ class ManagerState:
         self.dirty = False
         if not any(c > 0 for c in self._pending_count.values()):
             return 0  # nothing to place, and no version to move anyone to
+        pinned = self._place_speed_targets(now) if self._speed_targets else 0
         free = sorted((self.workers[wid] for wid in self._free), key=lambda w: w.seq)
         by_version: dict[int, list[Worker]] = {}
         for w in free:
@@ -856,7 +869,7 @@ class ManagerState:
             if self._pending_count[version] > 0 and queue:
                 made += self._fill_free_slots(queue, members.values(), now, version_workers)
         self._push_versions(now)
-        return made
+        return made + pinned
 
     def _schedulable_at(self, version: int) -> int:
         """Schedulable workers holding `version`, busy or not (O(workers): only for requests that failed)."""
@@ -1000,6 +1013,57 @@ class ManagerState:
         w.sync_s = took if w.sync_s <= 0 else w.sync_s + SPEED_EWMA * (took - w.sync_s)
         w.sync_asked_at = None
         metrics.WEIGHT_SYNC.labels(w.reg.pool.value).observe(took)
+
+    # ---- speed-aware rebalance (issue 16): the tail off slow workers at a step's end -------------------
+
+    def _speed_rebalance(self, members: list[Worker], now: float) -> int:
+        """Nothing of their version pending: revoke the responses that would finish sooner on a faster free worker
+        of `members` (speed_rebalance.plan_speed_rebalance), each pinned to that worker. Returns how many."""
+        inflight = Counter(self._speed_targets.values())  # slots already promised to responses still flushing
+        speeds = [
+            WorkerSpeed(w.id, min(w.reg.capacity, len(w.running) + inflight[w.id]), w.reg.capacity, w.tokens_per_s)
+            for w in members
+        ]
+        running = [
+            RunningResponse(rid, w.id, self._expected_remaining(self.requests[rid]))
+            for w in members
+            for rid in w.running
+            if self.requests[rid].phase is Phase.RUNNING
+        ]
+        moved = 0
+        for rid, target in plan_speed_rebalance(
+            running, speeds, 0, self.speed_migration_cost_s, self.speed_rebalance_moves
+        ):
+            if self.revoke(rid, MigrationReason.SPEED_REBALANCE, now):
+                self._speed_targets[rid] = target
+                moved += 1
+        return moved
+
+    def _speed_peers(self, members: list[Worker]) -> list[list[Worker]]:
+        """`members` by speed band (placement.speed_bands): plain balancing evens load out within a band only, so
+        it never hands a fast worker's work to an idle slow one (which the speed rebalance would move back)."""
+        bands: dict[int, list[Worker]] = {}
+        speeds = [WorkerSpeed(w.id, len(w.running), w.reg.capacity, w.tokens_per_s) for w in members]
+        for w, band in zip(members, speed_bands(speeds, horizon_s=1.0), strict=True):
+            bands.setdefault(band, []).append(w)
+        return list(bands.values())
+
+    def _place_speed_targets(self, now: float) -> int:
+        """Responses the speed rebalance revoked that are back pending go to the worker they were revoked for,
+        if it still holds their version and has a free slot (else placement places them). Returns how many."""
+        made = 0
+        for rid, wid in list(self._speed_targets.items()):
+            req, w = self.requests.get(rid), self.workers.get(wid)
+            if req is not None and req.phase is Phase.REVOKING:
+                continue  # still flushing on the slow worker
+            del self._speed_targets[rid]
+            if req is None or req.phase is not Phase.PENDING or w is None:
+                continue
+            if w.version == req.weight_version and self._schedulable(w) and len(w.running) < w.reg.capacity:
+                self._pending[req.weight_version].remove(rid)  # a short queue: nothing was pending at the revoke
+                self._assign(req, w, now)
+                made += 1
+        return made
 
     # ---- status ------------------------------------------------------------------------------------
 
