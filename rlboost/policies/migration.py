@@ -20,6 +20,7 @@ class MigrationReason(StrEnum):
     REVOKED = "revoked"  # the manager revoked it (balancing, offload, bad chunk)
     DRAINED = "drained"  # the worker drained (preemption notice or SIGTERM)
     REBALANCE = "rebalance"
+    SPEED_REBALANCE = "speed_rebalance"  # a long response moved off a slow worker to a faster idle one
     OFFLOAD = "offload"
     STALLED = "stalled"  # no token for rollout.requestStallTimeoutMs although its worker heartbeats
     INVALID_OUTPUT = "invalid_output"  # its worker sent a token id outside the vocabulary or a bad log-prob

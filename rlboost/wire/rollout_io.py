@@ -140,6 +140,8 @@ class WorkerStatus:
     draining: bool
     memory_released: bool = False  # engine memory released for training (colocation): no new work until resumed
     inflight_tokens: int = 0  # tokens it streamed of responses still running on it (a kill now hands them over)
+    tokens_per_s: float = 0.0  # per-request decode rate the manager measured (EWMA; 0: not yet)
+    weight_sync_s: float = 0.0  # weight-sync time the manager measured (EWMA; 0: not yet)
 
 
 @dataclass

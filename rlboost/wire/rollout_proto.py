@@ -413,6 +413,8 @@ def status_to_pb(s: ManagerStatus) -> pb.StatusReply:
             inflight_tokens=w.inflight_tokens,
             draining=w.draining,
             memory_released=w.memory_released,
+            tokens_per_s=w.tokens_per_s,
+            weight_sync_s=w.weight_sync_s,
         )
         for w in s.workers
     ]
@@ -443,6 +445,8 @@ def status_from_pb(m: pb.StatusReply) -> ManagerStatus:
             inflight_tokens=w.inflight_tokens,
             draining=w.draining,
             memory_released=w.memory_released,
+            tokens_per_s=w.tokens_per_s,
+            weight_sync_s=w.weight_sync_s,
         )
         for w in m.workers
     ]

@@ -283,7 +283,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "pool", "node", "weight_version", "running", "capacity", "tokens_generated", "draining", "memory_released", "inflight_tokens")
+    __slots__ = ("worker_id", "pool", "node", "weight_version", "running", "capacity", "tokens_generated", "draining", "memory_released", "inflight_tokens", "tokens_per_s", "weight_sync_s")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -294,6 +294,8 @@ class WorkerStatus(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     MEMORY_RELEASED_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_SYNC_S_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     pool: Pool
     node: str
@@ -304,7 +306,9 @@ class WorkerStatus(_message.Message):
     draining: bool
     memory_released: bool
     inflight_tokens: int
-    def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., node: _Optional[str] = ..., weight_version: _Optional[int] = ..., running: _Optional[int] = ..., capacity: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., draining: _Optional[bool] = ..., memory_released: _Optional[bool] = ..., inflight_tokens: _Optional[int] = ...) -> None: ...
+    tokens_per_s: float
+    weight_sync_s: float
+    def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., node: _Optional[str] = ..., weight_version: _Optional[int] = ..., running: _Optional[int] = ..., capacity: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., draining: _Optional[bool] = ..., memory_released: _Optional[bool] = ..., inflight_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., weight_sync_s: _Optional[float] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("workers", "pending", "running", "finished", "migrations", "tokens_received", "tokens_lost", "tokens_regenerated", "migrations_by_reason", "busy_seconds")

@@ -48,3 +48,15 @@ ASSIGN_LATENCY = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 OFFLOAD_WINDOW = Gauge("rlboost_manager_offload_window_seconds", "Current adaptive offload window T")
+REQUEST_DECODE_RATE = Histogram(
+    "rlboost_manager_request_decode_tokens_per_second",
+    "Per request leaving a worker: tokens it streamed there over its time there (speed-aware placement's input)",
+    ["pool"],
+    buckets=(1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000),
+)
+WEIGHT_SYNC = Histogram(
+    "rlboost_manager_weight_sync_seconds",
+    "From SetWeightVersion to the worker reporting it holds that version (fetch and load)",
+    ["pool"],
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+)

@@ -28,7 +28,17 @@ from enum import StrEnum
 
 from rlboost.policies.balancing import BalanceWorker, HeldRequest, plan_rebalance
 from rlboost.policies.migration import FAILED_ATTEMPT, MigrationReason, continuation, finish_reason_if_done
-from rlboost.policies.placement import VersionView, WorkerLoad, place, version_moves
+from rlboost.policies.placement import (
+    VersionView,
+    WorkerLoad,
+    WorkerSpeed,
+    expected_remaining,
+    place,
+    place_by_speed,
+    speed_bands,
+    version_moves,
+)
+from rlboost.policies.speed_rebalance import MAX_MOVES, MIGRATION_COST_S, RunningResponse, plan_speed_rebalance
 from rlboost.spec import MAX_GROUP_SIZE, MAX_NEW_TOKENS, RolloutSpec
 from rlboost.wire.rollout_io import (
     Assignment,
@@ -71,6 +81,13 @@ class StepError(ValueError):
 # A sampled token's log-probability lies in (-inf, 0]; the slack above 0 allows for rounding, the floor is far
 # below what a float32 softmax gives a token it sampled. Outside: the worker's output is refused.
 MIN_LOGPROB, MAX_LOGPROB = -1e4, 1e-3
+
+# Speed-aware placement: a scheduling pass looks this many pending requests past the free slots for short ones
+# for the slow workers; a worker's decode rate and sync time are EWMAs with this weight on the newest sample; a
+# request that streamed fewer tokens than MIN_RATE_TOKENS on a worker says nothing about its rate.
+PLACEMENT_LOOKAHEAD = 64
+SPEED_EWMA = 0.2
+MIN_RATE_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -146,6 +163,9 @@ class Worker:
     requested_version: int = -1  # last SetWeightVersion sent
     seq: int = 0  # registration order: scheduling visits workers in it
     busy_since: float | None = None  # since when it holds at least one request (None: idle)
+    tokens_per_s: float = 0.0  # per-request decode rate, EWMA over the requests that left it (0: none yet)
+    sync_s: float = 0.0  # weight-sync time, EWMA from SetWeightVersion to its report of holding it (0: none yet)
+    sync_asked_at: float | None = None  # when the manager last sent it SetWeightVersion (None: not waiting)
 
     @property
     def id(self) -> str:
@@ -185,7 +205,9 @@ class ManagerState:
         balance_min_excess: int = 2,
         policy: RequestPolicy | None = None,
         orphan_ttl_s: float = 300.0,
+        speed_aware: bool = True,
     ):
+        """`speed_aware`: place by measured worker speed (placement.place_by_speed); False: least-loaded only."""
         self.policy = policy or RequestPolicy()
         self.orphan_ttl_s = orphan_ttl_s  # held responses of a step nobody re-attaches to are forgotten after this
         self._orphans: dict[str, Orphan] = {}  # request id -> a held response waiting for its step
@@ -224,6 +246,15 @@ class ManagerState:
         # Seconds each pool's workers held at least one request, of busy spells that ended (open spells are added
         # at status time): kept on assign/release, not per token, so the spot scaler's busy share costs nothing.
         self._busy_s: Counter[str] = Counter()
+        self.speed_aware = speed_aware
+        # step -> prompt index (-1: the whole step) -> (tokens, responses) of finished responses: the length prior
+        self._finished_lengths: dict[int, dict[int, tuple[int, int]]] = {}
+        # Speed-aware rebalance: request id -> the faster worker it was revoked for (its slot waits for it), and
+        # the seconds a move is expected to cost (revoke round trip and re-prefill of prompt + generated tokens),
+        # and the most moves per balancing pass (0: off)
+        self._speed_targets: dict[str, str] = {}
+        self.speed_migration_cost_s = MIGRATION_COST_S
+        self.speed_rebalance_moves = MAX_MOVES
 
     # ---- effects -----------------------------------------------------------------------------------
 
@@ -281,6 +312,7 @@ class ManagerState:
     def on_heartbeat(self, worker_id: str, weight_version: int, now: float, memory_released: bool = False) -> None:
         w = self._alive(worker_id, now)
         if w is not None:
+            self._observe_sync(w, weight_version, now)
             self._set_version(w, weight_version)
             if w.memory_released != memory_released:
                 w.memory_released = memory_released
@@ -289,6 +321,7 @@ class ManagerState:
     def on_weight_version(self, worker_id: str, weight_version: int, now: float) -> None:
         w = self._alive(worker_id, now)
         if w is not None:
+            self._observe_sync(w, weight_version, now)
             self._set_version(w, weight_version)
 
     def on_drain_notice(self, worker_id: str, now: float) -> None:
@@ -615,6 +648,7 @@ class ManagerState:
         caller has no clock (a cancelled step): the busy spell it ends is not counted."""
         w = self.workers.get(req.worker) if req.worker else None
         if w is not None:
+            self._observe_rate(w, req, now)
             w.running.discard(req.id)
             if not w.running:
                 self._end_busy(w, now)
@@ -668,6 +702,7 @@ class ManagerState:
         self.dirty = True
 
     def _finish(self, req: Request, reason: str, now: float) -> None:
+        self._note_length(req)
         last = req.worker
         if req.worker is not None:
             self._release(req, now)
@@ -760,17 +795,21 @@ class ManagerState:
         for version, members in groups.items():
             if self._pending_count[version] > 0 or len(members) < 2:
                 continue  # plan_rebalance moves nothing then: skip building a view of every running request
-            views = [
-                BalanceWorker(
-                    w.id,
-                    w.reg.capacity,
-                    [self._held_view(rid, now) for rid in w.running if self.requests[rid].phase is Phase.RUNNING],
-                )
-                for w in members
-            ]
-            plan = plan_rebalance(views, self._pending_count[version], self.balance_min_excess)
-            for ids in plan.values():
-                moved += sum(self.revoke(rid, MigrationReason.REBALANCE, now) for rid in ids)
+            speed_rebalance = self.speed_aware and self.speed_rebalance_moves > 0
+            for peers in self._speed_peers(members) if speed_rebalance else [members]:
+                views = [
+                    BalanceWorker(
+                        w.id,
+                        w.reg.capacity,
+                        [self._held_view(rid, now) for rid in w.running if self.requests[rid].phase is Phase.RUNNING],
+                    )
+                    for w in peers
+                ]
+                plan = plan_rebalance(views, self._pending_count[version], self.balance_min_excess)
+                for ids in plan.values():
+                    moved += sum(self.revoke(rid, MigrationReason.REBALANCE, now) for rid in ids)
+            if speed_rebalance:
+                moved += self._speed_rebalance(members, now)
         return moved
 
     def _held_view(self, rid: str, now: float) -> HeldRequest:
@@ -802,6 +841,7 @@ class ManagerState:
         self.dirty = False
         if not any(c > 0 for c in self._pending_count.values()):
             return 0  # nothing to place, and no version to move anyone to
+        pinned = self._place_speed_targets(now) if self._speed_targets else 0
         free = sorted((self.workers[wid] for wid in self._free), key=lambda w: w.seq)
         by_version: dict[int, list[Worker]] = {}
         for w in free:
@@ -813,20 +853,23 @@ class ManagerState:
                 continue
             members = {w.id: w for w in by_version[version]}
             version_workers = functools.cache(functools.partial(self._schedulable_at, version))
-            targets = place(count, (WorkerLoad(w.id, len(w.running), w.reg.capacity) for w in members.values()))
             queue = self._pending[version]
-            for wid in targets:
-                req = self._pop_pending(queue, wid, version_workers)
-                if req is None:
-                    if not queue:
-                        break
-                    continue  # what is left failed on this worker: another may take it below
-                self._assign(req, members[wid], now)
-                made += 1
+            if self.speed_aware and any(w.tokens_per_s > 0 for w in members.values()):
+                made += self._place_by_speed(queue, count, members, now, version_workers)
+            else:
+                targets = place(count, (WorkerLoad(w.id, len(w.running), w.reg.capacity) for w in members.values()))
+                for wid in targets:
+                    req = self._pop_pending(queue, wid, version_workers)
+                    if req is None:
+                        if not queue:
+                            break
+                        continue  # what is left failed on this worker: another may take it below
+                    self._assign(req, members[wid], now)
+                    made += 1
             if self._pending_count[version] > 0 and queue:
                 made += self._fill_free_slots(queue, members.values(), now, version_workers)
-        self._push_versions()
-        return made
+        self._push_versions(now)
+        return made + pinned
 
     def _schedulable_at(self, version: int) -> int:
         """Schedulable workers holding `version`, busy or not (O(workers): only for requests that failed)."""
@@ -880,7 +923,7 @@ class ManagerState:
         queue.extendleft(reversed(skipped))
         return found
 
-    def _push_versions(self) -> None:
+    def _push_versions(self, now: float | None = None) -> None:
         pending = {v for v, c in self._pending_count.items() if c > 0}
         if not pending:
             return
@@ -894,7 +937,133 @@ class ManagerState:
         views = [VersionView(w.id, w.version, w.requested_version) for w in workers]
         for wid, version in version_moves(views, pending, busy):
             self.workers[wid].requested_version = version
+            self.workers[wid].sync_asked_at = now  # its weight-sync time runs from here (_observe_sync)
             self._box(wid).set_version = version
+
+    # ---- speed-aware placement (issue 16): measured speeds, length priors ----------------------------
+
+    def _place_by_speed(
+        self,
+        queue: deque[str],
+        count: int,
+        members: dict[str, Worker],
+        now: float,
+        version_workers: Callable[[], int],
+    ) -> int:
+        """Place the head of `queue` by measured worker speed: the slow workers take the shortest expected of
+        the first free-slots + PLACEMENT_LOOKAHEAD pending requests, the fast ones the longest. What stays is put
+        back at the head in its order. O(k log k + (W + k) log W) for k requests placed."""
+        free = sum(w.reg.capacity - len(w.running) for w in members.values())
+        window = self._take_pending(queue, min(count, free) + PLACEMENT_LOOKAHEAD)
+        expected = [self._expected_remaining(r) for r in window]
+        speeds = [WorkerSpeed(w.id, len(w.running), w.reg.capacity, w.tokens_per_s, w.sync_s) for w in members.values()]
+        placed: set[int] = set()
+        for i, wid in place_by_speed(min(count, free), expected, speeds):
+            req = window[i]
+            if wid in req.failed_on and len(req.failed_on) < version_workers():
+                continue  # failed there before: _fill_free_slots gives it to another worker
+            self._assign(req, members[wid], now)
+            placed.add(i)
+        queue.extendleft(reversed([r.id for i, r in enumerate(window) if i not in placed]))
+        return len(placed)
+
+    def _take_pending(self, queue: deque[str], n: int) -> list[Request]:
+        """Up to `n` pending requests off the head of `queue` (stale ids dropped)."""
+        out: list[Request] = []
+        while queue and len(out) < n:
+            req = self.requests.get(queue.popleft())
+            if req is not None and req.phase is Phase.PENDING:
+                out.append(req)
+        return out
+
+    def _expected_remaining(self, req: Request) -> float:
+        """Its expected tokens to come, from the mean finished length of its prompt group, else of its step,
+        else max_new_tokens (placement.expected_remaining)."""
+        budget = req.sampling.max_new_tokens
+        lengths = self._finished_lengths.get(req.step, {})
+        tokens, n = lengths.get(req.prompt_index) or lengths.get(-1) or (budget, 1)
+        return expected_remaining(len(req.tokens), tokens / n, budget)
+
+    def _note_length(self, req: Request) -> None:
+        """A finished response's length, for the priors of its group and step (steps that ended are dropped)."""
+        lengths = self._finished_lengths.get(req.step)
+        if lengths is None:
+            for step in [s for s in self._finished_lengths if s not in self._steps]:
+                del self._finished_lengths[step]
+            lengths = self._finished_lengths[req.step] = {}
+        for key in (req.prompt_index, -1):
+            tokens, n = lengths.get(key, (0, 0))
+            lengths[key] = (tokens + len(req.tokens), n + 1)
+
+    def _observe_rate(self, w: Worker, req: Request, now: float | None) -> None:
+        """The request leaves `w`: fold the rate it decoded at there into the worker's EWMA. Not from a worker
+        that went silent (its lease expired: the silence is no decode rate) nor from a few tokens (noise)."""
+        tokens = len(req.tokens) - req.tokens_at_assign
+        if now is None or w.expired or tokens < MIN_RATE_TOKENS or now <= req.assigned_at:
+            return
+        rate = tokens / (now - req.assigned_at)
+        w.tokens_per_s = rate if w.tokens_per_s <= 0 else w.tokens_per_s + SPEED_EWMA * (rate - w.tokens_per_s)
+        metrics.REQUEST_DECODE_RATE.labels(w.reg.pool.value).observe(rate)
+
+    def _observe_sync(self, w: Worker, version: int, now: float) -> None:
+        """`w` reports holding `version`: if that is the one the manager asked it for, its sync time is measured."""
+        if w.sync_asked_at is None or version < w.requested_version or version == w.version:
+            return
+        took = max(0.0, now - w.sync_asked_at)
+        w.sync_s = took if w.sync_s <= 0 else w.sync_s + SPEED_EWMA * (took - w.sync_s)
+        w.sync_asked_at = None
+        metrics.WEIGHT_SYNC.labels(w.reg.pool.value).observe(took)
+
+    # ---- speed-aware rebalance (issue 16): the tail off slow workers at a step's end -------------------
+
+    def _speed_rebalance(self, members: list[Worker], now: float) -> int:
+        """Nothing of their version pending: revoke the responses that would finish sooner on a faster free worker
+        of `members` (speed_rebalance.plan_speed_rebalance), each pinned to that worker. Returns how many."""
+        inflight = Counter(self._speed_targets.values())  # slots already promised to responses still flushing
+        speeds = [
+            WorkerSpeed(w.id, min(w.reg.capacity, len(w.running) + inflight[w.id]), w.reg.capacity, w.tokens_per_s)
+            for w in members
+        ]
+        running = [
+            RunningResponse(rid, w.id, self._expected_remaining(self.requests[rid]))
+            for w in members
+            for rid in w.running
+            if self.requests[rid].phase is Phase.RUNNING
+        ]
+        moved = 0
+        for rid, target in plan_speed_rebalance(
+            running, speeds, 0, self.speed_migration_cost_s, self.speed_rebalance_moves
+        ):
+            if self.revoke(rid, MigrationReason.SPEED_REBALANCE, now):
+                self._speed_targets[rid] = target
+                moved += 1
+        return moved
+
+    def _speed_peers(self, members: list[Worker]) -> list[list[Worker]]:
+        """`members` by speed band (placement.speed_bands): plain balancing evens load out within a band only, so
+        it never hands a fast worker's work to an idle slow one (which the speed rebalance would move back)."""
+        bands: dict[int, list[Worker]] = {}
+        speeds = [WorkerSpeed(w.id, len(w.running), w.reg.capacity, w.tokens_per_s) for w in members]
+        for w, band in zip(members, speed_bands(speeds, horizon_s=1.0), strict=True):
+            bands.setdefault(band, []).append(w)
+        return list(bands.values())
+
+    def _place_speed_targets(self, now: float) -> int:
+        """Responses the speed rebalance revoked that are back pending go to the worker they were revoked for,
+        if it still holds their version and has a free slot (else placement places them). Returns how many."""
+        made = 0
+        for rid, wid in list(self._speed_targets.items()):
+            req, w = self.requests.get(rid), self.workers.get(wid)
+            if req is not None and req.phase is Phase.REVOKING:
+                continue  # still flushing on the slow worker
+            del self._speed_targets[rid]
+            if req is None or req.phase is not Phase.PENDING or w is None:
+                continue
+            if w.version == req.weight_version and self._schedulable(w) and len(w.running) < w.reg.capacity:
+                self._pending[req.weight_version].remove(rid)  # a short queue: nothing was pending at the revoke
+                self._assign(req, w, now)
+                made += 1
+        return made
 
     # ---- status ------------------------------------------------------------------------------------
 
@@ -923,6 +1092,8 @@ class ManagerState:
                 inflight_tokens=self._inflight_tokens(w),
                 draining=w.draining,
                 memory_released=w.memory_released,
+                tokens_per_s=w.tokens_per_s,
+                weight_sync_s=w.sync_s,
             )
             for w in self.workers.values()
         ]
