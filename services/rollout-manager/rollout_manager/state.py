@@ -464,14 +464,16 @@ class ManagerState:
     def _continue_carried(self, r: RolloutRequest, ids: set[str], received: set[str], now: float) -> int:
         """Take the earlier steps' samples the trainer still waits for (r.carried) into step r.step: continued under
         r's version from the tokens kept, delivered at once if they finished meanwhile, or generated afresh when
-        none were kept. Carried requests it no longer waits for are dropped. Returns how many the step yields."""
-        if not (r.carried or self._carried or self._carried_done):
+        none were kept. Carried requests a partial step (target_groups > 0) does not list are dropped: the trainer
+        no longer waits for them (another call, an evaluation's, leaves them be). Returns how many the step yields."""
+        if not (r.carried or (r.target_groups and (self._carried or self._carried_done))):
             return 0
         wanted = {request_id(c.step, c.prompt_index, g): (c, g) for c in r.carried for g in c.sample_indices}
-        for rid in [rid for rid in self._carried if rid not in wanted]:
-            del self._carried[rid]
-            self._drop_request(rid, now)
-        self._carried_done = {rid: t for rid, t in self._carried_done.items() if rid in wanted}
+        if r.target_groups:
+            for rid in [rid for rid in self._carried if rid not in wanted]:
+                del self._carried[rid]
+                self._drop_request(rid, now)
+            self._carried_done = {rid: t for rid, t in self._carried_done.items() if rid in wanted}
         n, moved = 0, {}  # re-homed pending request -> the version whose queue it left
         for rid, (c, g) in wanted.items():
             if rid in received:
