@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 
 from rlboost.rollout.v1 import rollout_pb2 as pb
-from rlboost.wire.rollout_io import request_id
+from rlboost.wire.rollout_io import CarriedGroup, PromptItem, RolloutRequest, SamplingParams, Trajectory, request_id
+from rollout_manager.state import ManagerState
 
 from .client import WorkerClient, collect_rollout, rollout_request, status
 
@@ -94,3 +95,16 @@ async def test_carried_finished_meanwhile_is_delivered_and_unknown_one_regenerat
     assert sorted(t.request_id for t in trajs) == sorted([request_id(0, 1, 0), request_id(-5, 0, 0)])
     assert (await status(manager.target)).pending == 0
     await w1.close()
+
+
+def test_a_trajectory_finished_as_the_stream_ended_goes_with_the_next_step() -> None:
+    """The server hands the state what finished while the stream's last batch went out (ManagerState alone)."""
+    st = ManagerState(lease_timeout_s=1.0)
+    sampling = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=4, seed=1)
+    st.add_step(RolloutRequest(0, 0, [PromptItem(0, [7, 8])], 1, sampling, target_groups=1), now=0.0)
+    late = Trajectory(request_id(0, 0, 0), 0, 0, 0, [7, 8], [1], [-0.5], "stop", 0)
+    st.carry_step(0, [late])
+    carried = [CarriedGroup(0, 0, [7, 8], [0])]
+    assert st.add_step(RolloutRequest(1, 1, [], 1, sampling, target_groups=1, carried=carried), now=1.0) == 1
+    (delivered,) = st.take_delivered()
+    assert delivered is late and st.delivery_step(delivered) == 1

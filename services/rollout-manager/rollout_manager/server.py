@@ -321,8 +321,9 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
                 log.info("rollout cancelled", extra={"step": req.step, "dropped": n})
                 self.kick()
             else:
-                if delivered < total:  # partial rollout: the rest goes on into the next step
-                    n = self.state.carry_step(req.step)
+                if delivered < total:  # partial rollout: the rest goes on into the next step, with what finished
+                    late = [t for t in _drain_all(sink) if isinstance(t, Trajectory)]  # while the last batch went
+                    n = self.state.carry_step(req.step, late)
                     log.info("rollout step reached its target", extra={"step": req.step, "carried": n})
                 self.offload.end_step(self.clock())
                 self.kick()  # the reserved pool takes work again
@@ -379,6 +380,14 @@ def _drain_ready(queue: asyncio.Queue) -> list:
         out.append(item)
         if not isinstance(item, Trajectory):
             break
+    return out
+
+
+def _drain_all(queue: asyncio.Queue) -> list:
+    """Everything queued, without waiting."""
+    out = []
+    while not queue.empty():
+        out.append(queue.get_nowait())
     return out
 
 

@@ -436,9 +436,12 @@ class ManagerState:
 
     # ---- partial rollout (algorithm.partialRollout) -------------------------------------------------
 
-    def carry_step(self, step: int) -> int:
+    def carry_step(self, step: int, late: Iterable[Trajectory] = ()) -> int:
         """The step's stream ended at its target: its unfinished requests are kept, with their tokens, for the next
-        step to continue under its version (meanwhile they go on under theirs). Returns how many."""
+        step to continue under its version (meanwhile they go on under theirs), and so are `late` ones, finished
+        but not sent before the stream ended. Returns how many requests are carried."""
+        for traj in late:
+            self._carried_done[traj.request_id] = traj
         ids = self._steps.pop(step, set())
         for rid in ids:
             if (req := self.requests.get(rid)) is not None:
