@@ -7,6 +7,7 @@ CRD's OpenAPI schema. Load a file with `load_job_spec(path)`; errors name the fi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Literal, NamedTuple
@@ -435,6 +436,20 @@ class AlgorithmSpec(SpecModel):
         le=1000,
         description="Accept samples generated up to this many weight versions behind the step's (importance-corrected with clipping); 0 = strictly on-policy. Older samples are skipped (no loss) and counted.",
     )
+    partial_rollout: bool = Field(
+        False,
+        description="Partial rollout (APRIL / AReaL): a step's rollout ends once promptsPerStep groups are complete; "
+        "unfinished responses are neither thrown away nor waited for but continue under the next weight version "
+        "(their tokens' versions and behaviour log-probs recorded), counted against maxStaleness by their oldest "
+        "token. Needs maxStaleness >= 1.",
+    )
+    partial_rollout_over_provision: float = Field(
+        0.25,
+        ge=0,
+        le=4,
+        description="With partialRollout: groups kept in flight per step beyond promptsPerStep, as a fraction of it "
+        "(rounded up), so the step can stop at its target while the longest responses go on; 0 = none extra.",
+    )
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clipping.")
     micro_batch_size: int = Field(32, ge=1, le=65536, description="Trajectories per forward/backward micro-batch.")
     seed: int = Field(0, ge=0, description="Seed of the trainer and of every sample's sampling seed.")
@@ -766,6 +781,8 @@ class JobSpec(SpecModel):
                 f"(promptsPerStep x groupSize / trainer.ranks = {per_rank}) so every rank trains the same number "
                 f"of micro-batches; pick a divisor of {per_rank}",
             )
+        if alg.partial_rollout:
+            self._check_partial_rollout()
         evaluation = self.evaluation
         if evaluation.every_steps and evaluation.prompts * evaluation.samples > self.rollout.max_step_requests:
             raise SpecFieldError(
@@ -792,6 +809,34 @@ class JobSpec(SpecModel):
                 "trainer.backend 'nccl' needs GPUs: set trainer.gpusPerRank >= 1 or use 'gloo'/'auto'",
             )
         return self
+
+    def _check_partial_rollout(self) -> None:
+        """algorithm.partialRollout: responses continue across versions, so a bound on their age is needed."""
+        alg = self.algorithm
+        if alg.max_staleness < 1:
+            raise SpecFieldError(
+                "algorithm.partialRollout",
+                "algorithm.partialRollout continues unfinished responses under the next weight version, so their "
+                "oldest tokens lag at least one version: set algorithm.maxStaleness >= 1 (or turn partialRollout off)",
+            )
+        if self.trainer.ranks > 1:
+            raise SpecFieldError(
+                "algorithm.partialRollout",
+                "algorithm.partialRollout trains a variable number of groups per step, which trainer.ranks > 1 cannot "
+                "split evenly yet: use trainer.ranks 1 or turn partialRollout off",
+            )
+        in_flight = self.partial_rollout_groups()
+        if in_flight * alg.group_size > self.rollout.max_step_requests:
+            raise SpecFieldError(
+                "algorithm.partialRolloutOverProvision",
+                f"{in_flight} groups in flight x algorithm.groupSize exceeds rollout.maxStepRequests "
+                f"({self.rollout.max_step_requests}); lower the over-provision or raise the limit",
+            )
+
+    def partial_rollout_groups(self) -> int:
+        """Groups in flight per step with algorithm.partialRollout: promptsPerStep plus the over-provision."""
+        alg = self.algorithm
+        return alg.prompts_per_step + math.ceil(alg.prompts_per_step * alg.partial_rollout_over_provision)
 
 
 def effective_micro_batch(spec: JobSpec) -> int:

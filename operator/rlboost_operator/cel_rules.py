@@ -152,6 +152,12 @@ def cross_field_rules() -> list[Rule]:
             "rollout.reserved.replicas",
         ),
         Rule(
+            f"!{v('algorithm.partialRollout')} || ({v('algorithm.maxStaleness')} >= 1 && {ranks} == 1)",
+            "spec.algorithm.partialRollout continues unfinished responses under the next weight version: set "
+            "spec.algorithm.maxStaleness >= 1, and it needs spec.trainer.ranks 1 for now",
+            "algorithm.partialRollout",
+        ),
+        Rule(
             f'{v("trainer.backend")} != "nccl" || {v("trainer.gpusPerRank")} >= 1',
             "spec.trainer.backend 'nccl' needs GPUs: set spec.trainer.gpusPerRank >= 1 or use 'gloo'/'auto'",
             "trainer.backend",

@@ -106,6 +106,12 @@ class StepReport(BaseModel):
     entropy: float = gauge(0.0, "Mean policy entropy per response token.")
     off_policy: int = Field(0, ge=0, description="Samples skipped for being older than algorithm.maxStaleness.")
     stale: int = Field(0, ge=0, description="Samples accepted within algorithm.maxStaleness, importance-corrected.")
+    carried_over: int = Field(
+        0, ge=0, description="algorithm.partialRollout: samples still in flight at the step's end, continued next step."
+    )
+    stale_tokens: int = Field(
+        0, ge=0, description="Response tokens trained on that were generated under an older weight version."
+    )
     ranks: int = Field(1, ge=1, description="Trainer ranks that took the step.")
     colocation_released: int = Field(
         0, ge=0, description="trainer.colocateReserved: reserved workers that acked the release for this step."

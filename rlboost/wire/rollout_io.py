@@ -99,6 +99,18 @@ class RolloutRequest:
     sampling: SamplingParams  # seed: the step's base seed
     vocab_size: int = 0  # token ids must lie in [0, vocab_size); 0 = not checked against a vocabulary
     received_request_ids: list[str] = field(default_factory=list)  # re-attaching: already delivered, not again
+    target_groups: int = 0  # partial rollout: end the stream at this many complete groups (0: at every request)
+    carried: list[CarriedGroup] = field(default_factory=list)  # partial rollout: earlier steps' samples still owed
+
+
+@dataclass
+class CarriedGroup:
+    """Samples of an earlier step's group the trainer still waits for (partial rollout)."""
+
+    step: int
+    prompt_index: int
+    prompt_ids: list[int]
+    sample_indices: list[int]
 
 
 @dataclass
@@ -126,6 +138,9 @@ class Trajectory:
     finish_reason: str
     weight_version: int
     workers: list[str] = field(default_factory=list)  # workers that generated parts of it, in order
+    # partial rollout: (weight version, tokens) per run of response tokens when they span several versions
+    # (empty: all at weight_version, which is then the oldest)
+    version_spans: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass

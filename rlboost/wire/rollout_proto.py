@@ -16,6 +16,7 @@ from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.spec import MAX_WORKER_CAPACITY
 from rlboost.wire.rollout_io import (
     Assignment,
+    CarriedGroup,
     HeldResponse,
     ManagerStatus,
     Pool,
@@ -341,6 +342,13 @@ def rollout_request_to_pb(r: RolloutRequest) -> pb.RolloutRequest:
         vocab_size=r.vocab_size,
         received_request_ids=r.received_request_ids,
         packed_trajectories=True,  # read by trajectory_from_pb, which takes either form
+        target_groups=r.target_groups,
+        carried=[
+            pb.CarriedGroup(
+                step=c.step, prompt_index=c.prompt_index, prompt_ids=c.prompt_ids, sample_indices=c.sample_indices
+            )
+            for c in r.carried
+        ],  # fmt: skip
     )
 
 
@@ -361,7 +369,25 @@ def rollout_request_from_pb(m: pb.RolloutRequest) -> RolloutRequest:
         prompts=[PromptItem(prompt_index=p.prompt_index, token_ids=list(p.token_ids)) for p in m.prompts],
         vocab_size=m.vocab_size,
         received_request_ids=list(m.received_request_ids),
+        target_groups=m.target_groups,
+        carried=_carried_from_pb(m),
     )
+
+
+def _carried_from_pb(m: pb.RolloutRequest) -> list[CarriedGroup]:
+    """RolloutRequest.carried, checked: a prompt, sample indices within the group; WireError names the field."""
+    if m.target_groups < 0:
+        raise WireError(f"rollout.target_groups: must be >= 0 (0 = every request), got {m.target_groups}")
+    out = []
+    for i, c in enumerate(m.carried):
+        what = f"rollout.carried[{i}]"
+        if not c.prompt_ids:
+            raise WireError(f"{what}.prompt_ids: a carried group needs its prompt")
+        _no_negative_ids(c.prompt_ids, f"{what}.prompt_ids")
+        if any(not 0 <= g < m.group_size for g in c.sample_indices):
+            raise WireError(f"{what}.sample_indices: each must lie in [0, group_size={m.group_size})")
+        out.append(CarriedGroup(c.step, c.prompt_index, list(c.prompt_ids), list(c.sample_indices)))
+    return out
 
 
 def trajectory_to_pb(t: Trajectory, packed: bool = False) -> pb.Trajectory:
@@ -375,6 +401,7 @@ def trajectory_to_pb(t: Trajectory, packed: bool = False) -> pb.Trajectory:
         finish_reason=t.finish_reason,
         weight_version=t.weight_version,
         workers=t.workers,
+        version_spans=[pb.VersionSpan(weight_version=v, tokens=n) for v, n in t.version_spans],
     )
     _put_tokens(m, "response_ids", t.response_ids, t.logprobs, packed)
     return m
@@ -397,6 +424,7 @@ def trajectory_from_pb(m: pb.Trajectory) -> Trajectory:
         finish_reason=m.finish_reason,
         weight_version=m.weight_version,
         workers=list(m.workers),
+        version_spans=[(s.weight_version, s.tokens) for s in m.version_spans],
     )
 
 

@@ -153,6 +153,8 @@ BAD_SPECS = [
     {"algorithm": {"promptsPerStep": 4, "groupSize": 4, "microBatchSize": 3}},
     {"trainer": {"ranks": 2, "colocateReserved": True}},
     {"trainer": {"backend": "nccl"}},
+    {"algorithm": {"partialRollout": True}},  # maxStaleness 0
+    {"algorithm": {"partialRollout": True, "maxStaleness": 1, "promptsPerStep": 4}, "trainer": {"ranks": 2}},
 ]
 
 

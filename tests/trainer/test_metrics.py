@@ -27,6 +27,8 @@ RECORD_ONLY = {
     "cost_so_far",
     "prompts_skipped",
     "data_epoch",
+    "carried_over",  # partial rollout: the manager counts carries (rlboost_manager_carried_requests_total)
+    "stale_tokens",
     "spot_busy_fraction",
 }  # fmt: skip  prompts_skipped: rlboost_trainer_prompts_skipped_total
 

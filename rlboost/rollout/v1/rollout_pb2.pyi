@@ -225,7 +225,7 @@ class Prompt(_message.Message):
     def __init__(self, prompt_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RolloutRequest(_message.Message):
-    __slots__ = ("step", "weight_version", "prompts", "group_size", "sampling", "vocab_size", "received_request_ids", "packed_trajectories")
+    __slots__ = ("step", "weight_version", "prompts", "group_size", "sampling", "vocab_size", "received_request_ids", "packed_trajectories", "target_groups", "carried")
     STEP_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +234,8 @@ class RolloutRequest(_message.Message):
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     PACKED_TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
+    TARGET_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    CARRIED_FIELD_NUMBER: _ClassVar[int]
     step: int
     weight_version: int
     prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
@@ -242,10 +244,32 @@ class RolloutRequest(_message.Message):
     vocab_size: int
     received_request_ids: _containers.RepeatedScalarFieldContainer[str]
     packed_trajectories: bool
-    def __init__(self, step: _Optional[int] = ..., weight_version: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., group_size: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., vocab_size: _Optional[int] = ..., received_request_ids: _Optional[_Iterable[str]] = ..., packed_trajectories: _Optional[bool] = ...) -> None: ...
+    target_groups: int
+    carried: _containers.RepeatedCompositeFieldContainer[CarriedGroup]
+    def __init__(self, step: _Optional[int] = ..., weight_version: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., group_size: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., vocab_size: _Optional[int] = ..., received_request_ids: _Optional[_Iterable[str]] = ..., packed_trajectories: _Optional[bool] = ..., target_groups: _Optional[int] = ..., carried: _Optional[_Iterable[_Union[CarriedGroup, _Mapping]]] = ...) -> None: ...
+
+class CarriedGroup(_message.Message):
+    __slots__ = ("step", "prompt_index", "prompt_ids", "sample_indices")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_INDICES_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    prompt_index: int
+    prompt_ids: _containers.RepeatedScalarFieldContainer[int]
+    sample_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sample_indices: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class VersionSpan(_message.Message):
+    __slots__ = ("weight_version", "tokens")
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    weight_version: int
+    tokens: int
+    def __init__(self, weight_version: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("request_id", "step", "prompt_index", "sample_index", "prompt_ids", "response_ids", "logprobs", "finish_reason", "weight_version", "workers", "response_ids_packed", "logprobs_packed")
+    __slots__ = ("request_id", "step", "prompt_index", "sample_index", "prompt_ids", "response_ids", "logprobs", "finish_reason", "weight_version", "workers", "response_ids_packed", "logprobs_packed", "version_spans")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +282,7 @@ class Trajectory(_message.Message):
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_IDS_PACKED_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_PACKED_FIELD_NUMBER: _ClassVar[int]
+    VERSION_SPANS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     step: int
     prompt_index: int
@@ -270,7 +295,8 @@ class Trajectory(_message.Message):
     workers: _containers.RepeatedScalarFieldContainer[str]
     response_ids_packed: bytes
     logprobs_packed: bytes
-    def __init__(self, request_id: _Optional[str] = ..., step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., sample_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., weight_version: _Optional[int] = ..., workers: _Optional[_Iterable[str]] = ..., response_ids_packed: _Optional[bytes] = ..., logprobs_packed: _Optional[bytes] = ...) -> None: ...
+    version_spans: _containers.RepeatedCompositeFieldContainer[VersionSpan]
+    def __init__(self, request_id: _Optional[str] = ..., step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., sample_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., weight_version: _Optional[int] = ..., workers: _Optional[_Iterable[str]] = ..., response_ids_packed: _Optional[bytes] = ..., logprobs_packed: _Optional[bytes] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ...) -> None: ...
 
 class TrajectoryBatch(_message.Message):
     __slots__ = ("trajectories",)

@@ -40,6 +40,10 @@ TOKENS_REGENERATED = Counter(
 )
 TOKENS_PER_S = Gauge("rlboost_manager_tokens_per_second", "Response tokens received per second", ["pool"])
 TRAJECTORIES = Counter("rlboost_manager_trajectories_total", "Finished trajectories delivered to the trainer")
+CARRIED = Counter(
+    "rlboost_manager_carried_requests_total",
+    "Unfinished requests a step's stream left at its target, continued by the next step (algorithm.partialRollout)",
+)
 REVOKES = Counter("rlboost_manager_revokes_total", "Requests revoked from workers", ["reason"])
 PREEMPTION_NOTICES = Counter("rlboost_manager_preemption_notices_total", "Preemption notices received", ["result"])
 ASSIGN_LATENCY = Histogram(

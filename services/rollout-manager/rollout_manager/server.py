@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import NamedTuple
 
@@ -29,7 +30,7 @@ from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.rollout.v1 import rollout_pb2_grpc as pb_grpc
 from rlboost.spec import RolloutSpec
 from rlboost.wire import rollout_proto as wire
-from rlboost.wire.rollout_io import Trajectory
+from rlboost.wire.rollout_io import RolloutRequest, Trajectory, request_id
 
 from .identity import SessionRefused, WorkerSessions
 from .offload import OffloadController
@@ -164,7 +165,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
                 for msg in _outbox_to_pb(box):
                     conn.queue.put_nowait(msg)
         for traj in self.state.take_delivered():
-            sink = self._sinks.get(traj.step)
+            sink = self._sinks.get(self.state.delivery_step(traj))
             if sink is not None:
                 sink.put_nowait(traj)
         for step, why in self.state.take_failed_steps().items():
@@ -294,8 +295,9 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
                                                 "already_received": len(req.received_request_ids)})  # fmt: skip
         self.kick()
         delivered = 0
+        target = GroupTarget(req) if req.target_groups else None  # partial rollout: end at the target
         try:
-            while delivered < total:
+            while delivered < total and not (target and target.reached):
                 traj = await sink.get()
                 if isinstance(traj, StepFailed):
                     await context.abort(grpc.StatusCode.ABORTED, f"step {req.step} failed: {traj.reason}")
@@ -307,22 +309,53 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
                 if not isinstance(batch[-1], Trajectory):
                     sink.put_nowait(batch.pop())  # an end marker: handled on the next turn
                 delivered += len(batch)
+                if target is not None:
+                    target.count(batch)
                 for msg in _batches(batch, packed):
                     yield msg
         finally:
             if self._sinks.get(req.step) is sink:
                 del self._sinks[req.step]
-            if delivered < total:
+            if delivered < total and not (target and target.reached):
                 n = self.state.cancel_step(req.step, self.clock())
                 log.info("rollout cancelled", extra={"step": req.step, "dropped": n})
                 self.kick()
             else:
+                if delivered < total:  # partial rollout: the rest goes on into the next step, with what finished
+                    late = [t for t in _drain_all(sink) if isinstance(t, Trajectory)]  # while the last batch went
+                    n = self.state.carry_step(req.step, late)
+                    log.info("rollout step reached its target", extra={"step": req.step, "carried": n})
                 self.offload.end_step(self.clock())
                 self.kick()  # the reserved pool takes work again
                 log.info("rollout step delivered", extra={"step": req.step, "trajectories": delivered})
 
     async def GetStatus(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:  # noqa: N802
         return wire.status_to_pb(self.state.status(self.clock()))
+
+
+class GroupTarget:
+    """Partial rollout: counts a stream's complete groups (its new prompts' and the carried ones') towards
+    RolloutRequest.target_groups."""
+
+    def __init__(self, r: RolloutRequest) -> None:
+        received = set(r.received_request_ids)
+        owed = [((r.step, p.prompt_index), request_id(r.step, p.prompt_index, g)) for p in r.prompts for g in
+                range(r.group_size)]  # fmt: skip
+        owed += [((c.step, c.prompt_index), request_id(c.step, c.prompt_index, g)) for c in r.carried
+                 for g in c.sample_indices]  # fmt: skip
+        self.left = Counter(group for group, rid in owed if rid not in received)
+        self.want = min(r.target_groups, len(self.left))
+        self.done = 0
+
+    @property
+    def reached(self) -> bool:
+        return self.done >= self.want
+
+    def count(self, batch: list[Trajectory]) -> None:
+        for t in batch:
+            group = (t.step, t.prompt_index)
+            self.left[group] -= 1
+            self.done += self.left[group] == 0
 
 
 def _outbox_to_pb(box: Outbox) -> list[pb.ManagerMessage]:
@@ -347,6 +380,14 @@ def _drain_ready(queue: asyncio.Queue) -> list:
         out.append(item)
         if not isinstance(item, Trajectory):
             break
+    return out
+
+
+def _drain_all(queue: asyncio.Queue) -> list:
+    """Everything queued, without waiting."""
+    out = []
+    while not queue.empty():
+        out.append(queue.get_nowait())
     return out
 
 

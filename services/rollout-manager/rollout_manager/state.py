@@ -42,6 +42,7 @@ from rlboost.policies.speed_rebalance import MAX_MOVES, MIGRATION_COST_S, Runnin
 from rlboost.spec import MAX_GROUP_SIZE, MAX_NEW_TOKENS, RolloutSpec
 from rlboost.wire.rollout_io import (
     Assignment,
+    CarriedGroup,
     HeldResponse,
     ManagerStatus,
     Pool,
@@ -148,6 +149,15 @@ class Request:
     failed_attempts: int = 0  # migrations for a FAILED_ATTEMPT reason
     last_error: str = ""  # what its worker said when it last reported it failed
     failed_on: set[str] = field(default_factory=set)  # workers it failed on: not given back to them while others can
+    # partial rollout: the later step whose stream delivers it (None: its own), the version it continues under
+    # once its worker flushed it, and (first token offset, version) of each run of tokens when it changed version
+    stream: int | None = None
+    next_version: int | None = None
+    marks: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def stream_step(self) -> int:
+        return self.step if self.stream is None else self.stream
 
 
 @dataclass(slots=True)
@@ -255,6 +265,12 @@ class ManagerState:
         self._speed_targets: dict[str, str] = {}
         self.speed_migration_cost_s = MIGRATION_COST_S
         self.speed_rebalance_moves = MAX_MOVES
+        # Partial rollout: requests of a step whose stream ended at its target, kept for the next step (running
+        # on under their version meanwhile); those that finished meanwhile; the stream a re-homed one goes to.
+        self._carried: dict[str, Request] = {}
+        self._carried_done: dict[str, Trajectory] = {}
+        self._delivered_to: dict[str, int] = {}
+        self.carried_total = 0  # requests carried into a later step, since start
 
     # ---- effects -----------------------------------------------------------------------------------
 
@@ -389,6 +405,7 @@ class ManagerState:
                 ids.add(rid)
         total = len(ids)
         self._pending_count[r.weight_version] += total
+        total += self._continue_carried(r, ids, received, now)  # partial rollout: earlier steps' samples
         if ids:
             self._steps[r.step] = ids  # the same set: adopted responses that finished leave it below
         for rid in [rid for rid in ids if rid in self._orphans]:
@@ -434,17 +451,117 @@ class ManagerState:
         """The trainer went away: drop the step's requests, revoking the running ones. Returns how many."""
         ids = self._steps.pop(step, set())
         for rid in ids:
-            req = self.requests.pop(rid, None)
-            if req is None:
-                continue
-            if req.phase is Phase.PENDING:
-                self._pending_count[req.weight_version] -= 1
-            elif req.worker is not None:
-                self._box(req.worker).revoke.setdefault("cancelled", []).append(rid)
-                self._release(req, now)
-                metrics.REVOKES.labels("cancelled").inc()
+            self._drop_request(rid, now)
         self.dirty = True
         return len(ids)
+
+    def _drop_request(self, rid: str, now: float | None) -> None:
+        """Forget a request nobody waits for any more, revoking it from its worker."""
+        req = self.requests.pop(rid, None)
+        if req is None:
+            return
+        if req.phase is Phase.PENDING:
+            self._pending_count[req.weight_version] -= 1
+        elif req.worker is not None:
+            self._box(req.worker).revoke.setdefault("cancelled", []).append(rid)
+            self._release(req, now)
+            metrics.REVOKES.labels("cancelled").inc()
+
+    # ---- partial rollout (algorithm.partialRollout) -------------------------------------------------
+
+    def carry_step(self, step: int, late: Iterable[Trajectory] = ()) -> int:
+        """The step's stream ended at its target: its unfinished requests are kept, with their tokens, for the next
+        step to continue under its version (meanwhile they go on under theirs), and so are `late` ones, finished
+        but not sent before the stream ended. Returns how many requests are carried."""
+        for traj in late:
+            self._carried_done[traj.request_id] = traj
+        ids = self._steps.pop(step, set())
+        for rid in ids:
+            if (req := self.requests.get(rid)) is not None:
+                self._carried[rid] = req
+        self.carried_total += len(ids)
+        metrics.CARRIED.inc(len(ids))
+        self.dirty = True
+        return len(ids)
+
+    def delivery_step(self, traj: Trajectory) -> int:
+        """The step whose stream delivers a trajectory `take_delivered` gave (once per trajectory): a carried
+        request's is the step that continued it, not its own."""
+        return self._delivered_to.pop(traj.request_id, traj.step)
+
+    def _deliver(self, req: Request, traj: Trajectory) -> None:
+        if self._carried.pop(req.id, None) is not None:  # finished between its step's end and the next step
+            self._carried_done[req.id] = traj
+            return
+        if req.stream is not None:
+            self._delivered_to[req.id] = req.stream
+        self._delivered.append(traj)
+
+    def _continue_carried(self, r: RolloutRequest, ids: set[str], received: set[str], now: float) -> int:
+        """Take the earlier steps' samples the trainer still waits for (r.carried) into step r.step: continued under
+        r's version from the tokens kept, delivered at once if they finished meanwhile, or generated afresh when
+        none were kept. Carried requests a partial step (target_groups > 0) does not list are dropped: the trainer
+        no longer waits for them (another call, an evaluation's, leaves them be). Returns how many the step yields."""
+        if not (r.carried or (r.target_groups and (self._carried or self._carried_done))):
+            return 0
+        wanted = {request_id(c.step, c.prompt_index, g): (c, g) for c in r.carried for g in c.sample_indices}
+        if r.target_groups:
+            for rid in [rid for rid in self._carried if rid not in wanted]:
+                del self._carried[rid]
+                self._drop_request(rid, now)
+            self._carried_done = {rid: t for rid, t in self._carried_done.items() if rid in wanted}
+        n, moved = 0, {}  # re-homed pending request -> the version whose queue it left
+        for rid, (c, g) in wanted.items():
+            if rid in received:
+                continue
+            if (done := self._carried_done.pop(rid, None)) is not None:
+                self._delivered.append(done)
+                self._delivered_to[rid] = r.step
+            elif (req := self._carried.pop(rid, None)) is not None:
+                if (old := self._rehome(req, r.weight_version, now)) is not None:
+                    moved[rid] = old
+                req.stream = r.step
+                ids.add(rid)
+            elif rid not in self.requests:  # nothing kept (a restarted manager, a resumed trainer): afresh
+                self._pending_carried(r, c, g, now)
+                ids.add(rid)
+            else:
+                log.warning("carried request is another step's: skipped", extra={"request_id": rid, "step": r.step})
+                continue
+            n += 1
+        for version in set(moved.values()):  # out of their old version's queue (one pass per version)
+            self._pending[version] = deque(rid for rid in self._pending.get(version, ()) if rid not in moved)
+        return n
+
+    def _rehome(self, req: Request, version: int, now: float) -> int | None:
+        """Continue a carried request under `version`: a pending one now (its old version returned: it must leave
+        that queue), a running one once its worker flushed it (revoked with reason 'carried')."""
+        if req.weight_version == version:
+            return None
+        req.next_version = version
+        if req.phase is Phase.PENDING:
+            old = req.weight_version
+            self._pending_count[old] -= 1
+            _switch_version(req)
+            self._pending.setdefault(version, deque()).appendleft(req.id)
+            self._pending_count[version] += 1
+            return old
+        if req.phase is Phase.RUNNING:
+            self.revoke(req.id, MigrationReason.REVOKED, now, wire_reason="carried")
+        return None
+
+    def _pending_carried(self, r: RolloutRequest, c: CarriedGroup, g: int, now: float) -> None:
+        rid = request_id(c.step, c.prompt_index, g)
+        sampling = SamplingParams(
+            **{**r.sampling.__dict__, "seed": sample_seed(r.sampling.seed, c.step, c.prompt_index, g)}
+        )
+        self.requests[rid] = Request(
+            id=rid, step=c.step, prompt_index=c.prompt_index, sample_index=g, prompt=list(c.prompt_ids),
+            sampling=sampling, weight_version=r.weight_version, pending_since=now, vocab_size=r.vocab_size,
+            stream=r.step,
+        )  # fmt: skip
+        self._pending.setdefault(r.weight_version, deque()).append(rid)
+        self._pending_count[r.weight_version] += 1
 
     # ---- held responses (a restarted manager) -------------------------------------------------------
 
@@ -679,6 +796,8 @@ class ManagerState:
         if done is not None:
             self._finish(req, done, now)
             return
+        if req.next_version is not None:  # carried into a later step: its flush is in, it goes on under that version
+            _switch_version(req)
         req.phase, req.pending_since = Phase.PENDING, now
         self._pending.setdefault(req.weight_version, deque()).appendleft(req.id)
         self._pending_count[req.weight_version] += 1
@@ -697,8 +816,9 @@ class ManagerState:
             self._finish(req, "failed", now)
             return
         self.requests.pop(req.id, None)
-        self._steps.get(req.step, set()).discard(req.id)
-        self._failed_steps.setdefault(req.step, why)
+        self._carried.pop(req.id, None)
+        self._steps.get(req.stream_step, set()).discard(req.id)
+        self._failed_steps.setdefault(req.stream_step, why)
         self.dirty = True
 
     def _finish(self, req: Request, reason: str, now: float) -> None:
@@ -709,7 +829,9 @@ class ManagerState:
         req.phase = Phase.FINISHED
         if not req.workers and last:
             req.workers.append(last)
-        self._delivered.append(
+        oldest, spans = _version_spans(req)
+        self._deliver(
+            req,
             Trajectory(
                 request_id=req.id,
                 step=req.step,
@@ -719,14 +841,15 @@ class ManagerState:
                 response_ids=req.tokens,
                 logprobs=req.logprobs,
                 finish_reason=reason,
-                weight_version=req.weight_version,
+                weight_version=oldest,
                 workers=req.workers,
-            )
+                version_spans=spans,
+            ),
         )
         self.requests.pop(req.id, None)
-        self._steps.get(req.step, set()).discard(req.id)
-        if not self._steps.get(req.step, True):
-            del self._steps[req.step]
+        self._steps.get(req.stream_step, set()).discard(req.id)
+        if not self._steps.get(req.stream_step, True):
+            del self._steps[req.stream_step]
         self.finished += 1
         metrics.TRAJECTORIES.inc()
         self.dirty = True
@@ -1144,3 +1267,28 @@ class ManagerState:
             metrics.WORKERS_MEMORY_RELEASED.labels(pool.value).set(released.get(pool.value, 0))
         metrics.QUEUE_DEPTH.labels("pending").set(self.pending)
         metrics.QUEUE_DEPTH.labels("running").set(self.running)
+
+
+def _switch_version(req: Request) -> None:
+    """The carried request goes on under req.next_version: the tokens from here on are marked with it."""
+    version, req.next_version = req.next_version, None
+    if version is None or version == req.weight_version:
+        return
+    if not req.marks:
+        req.marks.append((0, req.weight_version))
+    if req.marks[-1][0] == len(req.tokens):  # no token came under the previous version
+        req.marks.pop()
+    req.marks.append((len(req.tokens), version))
+    req.weight_version = version
+
+
+def _version_spans(req: Request) -> tuple[int, list[tuple[int, int]]]:
+    """(oldest version, [(version, tokens), ...]) of the response; the spans are empty when it has one version."""
+    n = len(req.tokens)
+    if not req.marks:
+        return req.weight_version, []
+    bounds = [*(start for start, _ in req.marks[1:]), n]
+    spans = [(v, min(end, n) - start) for (start, v), end in zip(req.marks, bounds, strict=True) if min(end, n) > start]
+    if not spans:
+        return req.weight_version, []
+    return spans[0][0], spans if len(spans) > 1 else []

@@ -59,6 +59,8 @@ class TrainerState:
     prompts_per_step: int
     data_cursor: dict[str, int] | None = None  # the prompt stream's Cursor after the step (None: older checkpoints)
     dataset_rows: int = 0  # rows of task.dataset.train when written (0: the built-in task); must match on resume
+    # algorithm.partialRollout: where each group still in flight took its prompt (trainer.partial.GroupCarry)
+    carried_groups: list[dict] | None = None
 
 
 def tag_of(steps_done: int) -> str:

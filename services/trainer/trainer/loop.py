@@ -54,7 +54,8 @@ from rlboost.wire.events import TRAINER_INBOX, JobDone, StepReport, ValidationRe
 from rlboost.wire.rollout_io import PromptItem, RolloutRequest, SamplingParams, Trajectory
 from trainer import metrics, ranks
 from trainer.batching import StepAssembler
-from trainer.grpo import LossStats, MicroBatch, Sample, collate
+from trainer.grpo import LossStats, MicroBatch, Sample, collate, group_advantages
+from trainer.partial import GroupCarry
 from trainer.pool_metrics import PoolMeter, length_percentiles
 from trainer.publisher import WeightPublisher, upload_model_assets, with_retries
 from trainer.rollout_client import RolloutClient, RolloutError
@@ -125,6 +126,8 @@ class Trainer:
         self.stop_ids = tuple(stop_token_ids(self.tokenizer))
         self.prompts: Any = None  # the prompt stream (rlboost.tasks.dataset.make_prompts), opened in run()
         self.cursor = Cursor()  # where the next step's prompts start (checkpointed)
+        # algorithm.partialRollout: the groups in flight across steps (trainer.partial); None: off
+        self.carry = GroupCarry(spec.algorithm.group_size) if spec.algorithm.partial_rollout else None
         self._next_batch: PromptBatch | None = None  # the following step's prompts (known: is this step the last?)
         self.rewards: RewardSandbox | None = None  # rank 0 scores samples in the reward sandbox (see _step)
         self._validation: tuple[list[Any], list[PromptItem]] | None = None  # encoded once, at the first evaluation
@@ -263,6 +266,9 @@ class Trainer:
             self.cursor = Cursor(**st.data_cursor)
         else:  # written before cursors: the built-in task's order is a function of the step
             self.cursor = Cursor(*divmod(st.steps_done * n, self.prompts.num_rows))
+        if self.carry is not None and st.carried_groups:  # rolled out afresh: see trainer.partial
+            self.carry.restore(st.carried_groups, self.prompts)
+            log.info("groups in flight at the checkpoint are rolled out again", extra={"groups": len(self.carry)})
         log.info(
             "resuming",
             extra={"checkpoint": str(path), "steps_done": st.steps_done, "weight_version": st.weight_version},
@@ -319,8 +325,9 @@ class Trainer:
             async with RolloutClient(self.opts.manager, self.opts.auth) as rc:
                 await rc.wait_ready(self.opts.connect_timeout_s)
                 await self._start_colocation()
+                take_step = self._step if self.carry is None else self._step_partial
                 for step in range(self.steps_done, self.steps):
-                    record = await self._step(step, rc, publisher)
+                    record = await take_step(step, rc, publisher)
                     if record is None:
                         log.info("training data exhausted: task.dataset.epochs done",
                                  extra={"step": step, "epochs": self.spec.task.dataset.epochs})  # fmt: skip
@@ -344,7 +351,8 @@ class Trainer:
         return TrainerState(steps_done=steps_done, weight_version=version, weights_checksum=checksum,
                             world_size=ranks.world_size(), zero_stage=self.spec.trainer.zero_stage,
                             task_seed=self.spec.task.seed, prompts_per_step=self.spec.algorithm.prompts_per_step,
-                            data_cursor=asdict(self.cursor), dataset_rows=self._dataset_rows())  # fmt: skip
+                            data_cursor=asdict(self.cursor), dataset_rows=self._dataset_rows(),
+                            carried_groups=self.carry.checkpoint() if self.carry is not None else None)  # fmt: skip
 
     def _dataset_rows(self) -> int:
         return self.prompts.num_rows if self.spec.task.active_dataset is not None else 0
@@ -466,12 +474,101 @@ class Trainer:
             metrics.PROMPTS_SKIPPED.inc(batch.skipped)
             log.warning("prompts longer than task.dataset.maxPromptTokens skipped", extra={
                 "step": step, "skipped": batch.skipped, "skipped_total": self.prompts.skipped_total})  # fmt: skip
-        sampling = SamplingParams(
+        request = RolloutRequest(step, self.version, prompts, alg.group_size, self._sampling(), self.vocab_size)
+        return request, examples, batch.skipped
+
+    def _sampling(self) -> SamplingParams:
+        alg = self.spec.algorithm
+        return SamplingParams(
             temperature=alg.temperature, top_p=alg.top_p, top_k=0, max_new_tokens=alg.max_new_tokens,
             seed=alg.seed, stop_token_ids=self.stop_ids,
         )  # fmt: skip
-        request = RolloutRequest(step, self.version, prompts, alg.group_size, sampling, vocab_size=self.vocab_size)
-        return request, examples, batch.skipped
+
+    # ---- partial rollout (algorithm.partialRollout; trainer.partial) ----
+
+    def _partial_request(self, step: int) -> tuple[RolloutRequest, int] | None:
+        """The step's Rollout: new prompts up to the groups kept in flight, the earlier groups' samples still owed,
+        and the target of complete groups. None: the data is exhausted and nothing is in flight."""
+        assert self.carry is not None
+        alg = self.spec.algorithm
+        new = max(0, self.spec.partial_rollout_groups() - len(self.carry))
+        batch = self.prompts.take(self.cursor, new) if new else None
+        examples, ids = (batch.examples, batch.prompt_ids) if batch else ([], [])
+        if not examples and not len(self.carry):
+            return None
+        if batch is not None:
+            metrics.PROMPTS_SKIPPED.inc(batch.skipped)
+            self.carry.open(step, examples, ids, self.cursor)
+            self.cursor = batch.cursor
+        prompts = [PromptItem(i, p) for i, p in enumerate(ids)]
+        request = RolloutRequest(step, self.version, prompts, alg.group_size, self._sampling(), self.vocab_size,
+                                 target_groups=alg.prompts_per_step, carried=self.carry.carried(step))  # fmt: skip
+        self.carry.start_stream(step)
+        return request, batch.skipped if batch else 0
+
+    async def _step_partial(self, step: int, rc: RolloutClient, publisher: WeightPublisher) -> StepReport | None:
+        """A step under partial rollout: the stream ends at its target; the groups complete by then are trained, the
+        others stay in flight (see trainer.partial)."""
+        carry = self.carry
+        assert carry is not None
+        taken = await asyncio.to_thread(self._partial_request, step)
+        if taken is None:
+            return None
+        request, skipped = taken
+        ctx = StepContext(step, [], [])
+        t0, first_at, finish = time.monotonic(), None, {}
+        queue: asyncio.Queue[Trajectory | None] = asyncio.Queue()
+        reader = asyncio.create_task(self._read(rc, request, queue, carry))
+        ended = False
+        try:
+            while not ended and (first := await queue.get()) is not None:
+                batch, ended = self._drain(queue, first)
+                batch = [t for t in batch if carry.wants(t)]  # re-sent ones (a retried rollout) once
+                if not batch:
+                    continue
+                first_at = first_at if first_at is not None else time.monotonic() - t0
+                for traj, reward in zip(batch, await self._score_groups(batch), strict=True):
+                    finish[traj.finish_reason or "?"] = finish.get(traj.finish_reason or "?", 0) + 1
+                    metrics.FAILED.inc(traj.finish_reason == FAILED)
+                    self._dump(traj)
+                    carry.add(traj, reward)
+            await reader
+        finally:
+            reader.cancel()
+        rollout_end = time.monotonic()
+        samples, counts = self._complete_groups(request, carry.take_complete())
+        if not samples:
+            raise RolloutError(f"rollout stream of step {step} ended with no complete group ({carry.owed()} owed)")
+        counts.update(skipped=skipped, carried_over=carry.owed())
+        mb = effective_micro_batch(self.spec)
+        pending = [samples[i : i + mb] for i in range(0, len(samples), mb)]
+        times = (t0, rollout_end, first_at)
+        return await self._close_step(ctx, rc, publisher, pending, samples, times, counts, finish)
+
+    async def _score_groups(self, trajs: list[Trajectory]) -> list[float]:
+        """Rewards of trajectories of any groups in flight: judged per step, whose examples they index."""
+        assert self.carry is not None
+        rewards: dict[str, float] = {}
+        for origin in sorted({t.step for t in trajs}):
+            part = [t for t in trajs if t.step == origin]
+            judged = await self._judge(origin, self.carry.examples_of(origin), part)  # type: ignore[arg-type]
+            rewards.update((t.request_id, r.value) for t, r in zip(part, judged, strict=True))
+        return [rewards[t.request_id] for t in trajs]
+
+    def _complete_groups(self, request: RolloutRequest, groups: list[Any]) -> tuple[list[Sample], dict[str, int]]:
+        """The complete groups' samples with their advantages and staleness (lag of their oldest token), in order."""
+        samples: list[Sample] = []
+        counts = {"off_policy": 0, "stale": 0, "stale_tokens": 0}
+        for group in groups:
+            members = [group.samples[g] for g in range(self.spec.algorithm.group_size)]
+            advantages = group_advantages([reward for _, reward in members])
+            for (traj, reward), advantage in zip(members, advantages, strict=True):
+                is_stale, weight = self._classify(request, traj)
+                counts["stale"] += is_stale
+                counts["off_policy"] += weight == 0.0 and traj.finish_reason != FAILED
+                counts["stale_tokens"] += _older_tokens(traj, request.weight_version) if weight else 0
+                samples.append(Sample(traj, float(reward), advantage, stale=is_stale, weight=weight))
+        return samples, counts
 
     async def _score(self, ctx: StepContext, trajs: list[Trajectory]) -> list[float]:
         """The rewards of a batch of the step's trajectories (see _judge)."""
@@ -635,9 +732,27 @@ class Trainer:
                 f"rollout stream of step {step} ended with {assembler.received}/{assembler.total} trajectories "
                 f"(first missing (prompt, sample): {missing[:3]})"
             )
+        counts = {"off_policy": off_policy, "stale": stale, "skipped": skipped}
+        times = (t0, rollout_end, first_at)
+        return await self._close_step(ctx, rc, publisher, pending, assembler.samples(), times, counts, finish)
+
+    async def _close_step(
+        self,
+        ctx: StepContext,
+        rc: RolloutClient,
+        publisher: WeightPublisher,
+        pending: list[list[Sample]],
+        samples: list[Sample],
+        times: tuple[float, float, float | None],
+        counts: dict[str, int],
+        finish: dict[str, int],
+    ) -> StepReport:
+        """After the step's rollout: train what is left of `samples` (`pending` micro-batches), step the optimizer,
+        publish the new weights, checkpoint, and make the step's report. `times`: request, last trajectory, first."""
+        step, (t0, rollout_end, first_at) = ctx.step, times
         released = await self._colocation_release(step)
         while pending:  # not streaming (or a remainder): train what is left now
-            await self._train_round(ctx, pending[: ranks.world_size()], assembler.total)
+            await self._train_round(ctx, pending[: ranks.world_size()], len(samples))
             pending = pending[ranks.world_size() :]
         version = self.version + 1
         save = self._trainer_state(step + 1, version, "") if self._save_due() else None
@@ -657,10 +772,10 @@ class Trainer:
         del state
         pools = self.pool_meter.update(await rc.status(), time.monotonic())
         self.version, self.checksum = published.version, published.checksum
+        off_policy, stale, skipped = counts["off_policy"], counts["stale"], counts["skipped"]
         metrics.OFF_POLICY.inc(off_policy)
         metrics.STALE.inc(stale)
         metrics.PUBLISHED_BYTES.inc(published.nbytes)
-        samples = assembler.samples()
         rewards = [s.reward for s in samples]
         n_tok = stats.tokens
         record = StepReport(
@@ -681,6 +796,7 @@ class Trainer:
             workers_lost=pools.workers_lost, migrations=pools.migrations, cost_so_far=pools.cost_so_far,
             spot_busy_fraction=pools.spot_busy_fraction,
             prompts_skipped=skipped, data_epoch=self.cursor.epoch,
+            carried_over=counts.get("carried_over", 0), stale_tokens=counts.get("stale_tokens", 0),
         )  # fmt: skip
         return _with_colocation(record, released, resumed)
 
@@ -719,7 +835,7 @@ class Trainer:
         return await self._colocation.resume(step, version)
 
     async def _read(
-        self, rc: RolloutClient, request: RolloutRequest, queue: asyncio.Queue, assembler: StepAssembler
+        self, rc: RolloutClient, request: RolloutRequest, queue: asyncio.Queue, assembler: StepAssembler | GroupCarry
     ) -> None:
         """Receive the step's trajectories into the queue while training runs; None marks the end.
 
@@ -786,6 +902,8 @@ class Trainer:
             "step": traj.step, "prompt_index": traj.prompt_index, "sample_index": traj.sample_index,
             "token_ids": traj.response_ids, "weight_version": traj.weight_version, "workers": traj.workers,
         }  # fmt: skip
+        if traj.version_spans:  # partial rollout: the versions it was generated under
+            line["version_spans"] = traj.version_spans
         with self.opts.dump_rollouts.open("a") as f:
             f.write(json.dumps(line) + "\n")
 
@@ -815,6 +933,12 @@ def _with_colocation(record: StepReport, released: Any, resumed: Any) -> StepRep
     if resumed is not None:
         record.colocation_resumed = resumed.acked
     return record
+
+
+def _older_tokens(traj: Trajectory, version: int) -> int:
+    """Response tokens generated under a version older than `version` (its spans, or all at its version)."""
+    spans = traj.version_spans or [(traj.weight_version, len(traj.response_ids))]
+    return sum(n for v, n in spans if v < version)
 
 
 def _listed(missing: list[tuple[int, int]], most: int = 10) -> str:
