@@ -153,6 +153,8 @@ BAD_SPECS = [
     {"algorithm": {"promptsPerStep": 4, "groupSize": 4, "microBatchSize": 3}},
     {"trainer": {"ranks": 2, "colocateReserved": True}},
     {"trainer": {"backend": "nccl"}},
+    {"rollout": {"spot": {"gpusPerWorker": 2, "tensorParallel": 2}}},  # engine torch (the default)
+    {"rollout": {"reserved": {"engine": "sglang", "gpusPerWorker": 1, "tensorParallel": 2}}},
 ]
 
 
