@@ -40,7 +40,7 @@ from rlboost.options import (
     worker_options,
 )
 from rlboost.spec import JobSpec, ModelSpec, PoolSpec, ResourcesSpec, SpotVariantSpec, dump_job_spec
-from rlboost_operator import spot
+from rlboost_operator import spot, spot_ask
 from rlboost_operator.config import OperatorSettings
 
 MANAGER_PORT, WEIGHTS_PORT, METRICS_PORT, RENDEZVOUS_PORT = 50051, 8000, 9090, 29500
@@ -60,7 +60,7 @@ CREDENTIALS_DIR = "/etc/rlboost/credentials"  # each role's items of the job's c
 NATS_PORT, NATS_MONITOR_PORT, NATS_CONFIG_DIR = 4222, 8222, "/etc/nats"
 SCRATCH_DIR = "/tmp"  # the one writable path of a read-only root filesystem (an emptyDir), also $HOME
 OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "rlboost", "app.kubernetes.io/component": "operator"}
-VARIANT_LABEL, ACCELERATOR_LABEL = "rlboost.io/spot-variant", "rlboost.io/accelerator"  # a spot variant's pods
+VARIANT_LABEL, ACCELERATOR_LABEL = spot_ask.VARIANT_LABEL, "rlboost.io/accelerator"  # a spot variant's pods
 
 IMAGES = {
     "manager": "rollout-manager",

@@ -272,10 +272,14 @@ async def _recheck(namespace: str, job: str, delay_s: float) -> None:
         await rescale_job(ref)
 
 
-def _spot_split(spec: JobSpec, decision: spot_ask.Decision) -> dict[str, int]:
-    """The spot ask per variant of the job's spot pool ({} without variants): spot.variant_split."""
-    pool = spec.rollout.spot
-    return spot.variant_split(STATE.nodes.values(), pool, decision.replicas, _autoscaled(pool))
+def _spot_split(namespace: str, job: str, spec: JobSpec, decision: spot_ask.Decision) -> dict[str, int]:
+    """The spot ask per variant of the job's spot pool ({} without variants): spot.variant_split, bounded by the
+    variants' nodes, or for an autoscaled pool by the pods each has placed."""
+    pool, placed = spec.rollout.spot, None
+    if _autoscaled(pool):
+        doomed = {name for name, node in STATE.nodes.items() if spot.preemption(node) is not None}
+        placed = spot_ask.placed_per_variant(STATE.spot_pods_of(namespace, job), doomed)
+    return spot.variant_split(STATE.nodes.values(), pool, decision.replicas, placed)
 
 
 def _spot_status(namespace: str, job: str, decision: spot_ask.Decision, split: dict[str, int]) -> dict[str, Any]:
@@ -360,7 +364,7 @@ async def _apply_children(body: kopf.Body, spec: JobSpec) -> bool:
         None if ended else _spot_decision(namespace, job, spec, saved.get("spotAsk"), spot_busy.saved_target(saved))
     )
     replicas = decision.replicas if decision else 0
-    split = _spot_split(spec, decision) if decision else {}
+    split = _spot_split(namespace, job, spec, decision) if decision else {}
     await _ensure_token(namespace, job, body)
     await _ensure_credentials(namespace, job, body)
     built = children.build_children(job, namespace, spec, STATE.settings, replicas, finished=ended, spot_split=split)
@@ -456,7 +460,7 @@ async def rescale(ref: JobRef, force: bool = False) -> None:
 
     `force` writes the ask even if it did not change (the timer's safety net)."""
     decision = _spot_decision(ref.namespace, ref.name, ref.spec)
-    split = _spot_split(ref.spec, decision)
+    split = _spot_split(ref.namespace, ref.name, ref.spec, decision)
     before, reason = ref.spot_replicas, ref.spot_reason
     workers_status = _spot_status(ref.namespace, ref.name, decision, split)
     state = (workers_status["spotAsk"], workers_status["spotTarget"], split)

@@ -123,13 +123,15 @@ def variant_capacity(nodes: Iterable[Mapping[str, Any]], pool: SpotPoolSpec) -> 
 
 
 def variant_split(
-    nodes: Iterable[Mapping[str, Any]], pool: SpotPoolSpec, total: int, autoscaled: bool
+    nodes: Iterable[Mapping[str, Any]], pool: SpotPoolSpec, total: int, placed: Mapping[str, int] | None = None
 ) -> dict[str, int]:
-    """The spot ask `total` per variant ({} without variants): rlboost.spec.split_spot_workers, bounded by what
-    each variant's nodes hold, except for an autoscaled pool (its nodes appear for pods that wait)."""
+    """The spot ask `total` per variant ({} without variants): rlboost.spec.split_spot_workers, first bounded by
+    what each variant's nodes hold, or, for an autoscaled pool (`placed`: its pods that have a node, per variant),
+    by the pods each has placed, so that an ask shrunk after pods stayed unschedulable keeps the placed workers
+    and puts only the rest (the probe) on the cheapest variant with room."""
     if not pool.variants:
         return {}
-    return split_spot_workers(total, pool.variants, None if autoscaled else variant_capacity(nodes, pool))
+    return split_spot_workers(total, pool.variants, placed if placed is not None else variant_capacity(nodes, pool))
 
 
 def spot_accelerators(nodes: Iterable[Mapping[str, Any]], pool: PoolSpec) -> int:

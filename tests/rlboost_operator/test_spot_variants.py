@@ -12,7 +12,7 @@ import pytest
 
 from rlboost.spec import JobSpec, parse_job_spec
 from rlboost.wire.events import StepReport
-from rlboost_operator import children, crd, spot, spot_busy, status
+from rlboost_operator import children, crd, spot, spot_ask, spot_busy, status
 from rlboost_operator.config import OperatorSettings
 
 K8S_VERSION = "1.30.0"
@@ -108,11 +108,24 @@ def test_the_ask_splits_by_what_each_variants_nodes_hold():
     assert spot.variant_capacity(nodes, pool) == {"l4": 2, "a10g": 2}
     assert spot.spot_capacity(nodes, pool) == 4  # the pool's capacity is the variants' together
     # l4 is the cheaper per request slot (0.7 x 1 / 64 < 1.0 x 2 / 96): filled to what its nodes hold, then a10g
-    assert spot.variant_split(nodes, pool, 3, autoscaled=False) == {"l4": 2, "a10g": 1}
-    # more than the nodes hold (minReplicas, busy or autoscaler asks): the rest waits, cheapest first, within max
-    assert spot.variant_split(nodes, pool, 6, autoscaled=False) == {"l4": 3, "a10g": 3}
-    assert spot.variant_split([], pool, 4, autoscaled=True) == {"l4": 3, "a10g": 1}
-    assert spot.variant_split(nodes, parse_job_spec({}).rollout.spot, 3, autoscaled=False) == {}
+    assert spot.variant_split(nodes, pool, 3) == {"l4": 2, "a10g": 1}
+    # more than the nodes hold (minReplicas, busy asks): the rest waits for nodes, cheapest first, within max
+    assert spot.variant_split(nodes, pool, 6) == {"l4": 3, "a10g": 3}
+    assert spot.variant_split(nodes, parse_job_spec({}).rollout.spot, 3) == {}
+
+
+def test_an_autoscaled_pool_keeps_its_placed_workers_and_asks_cheapest_first_for_the_rest():
+    pool = variants_spec().rollout.spot
+    assert spot.variant_split([], pool, 4, placed={}) == {"l4": 3, "a10g": 1}  # no node yet: cheapest first
+    # L4 spot ran short and the ask shrank to the placed pods + a probe: the A10G workers stay, the probe tries L4
+    assert spot.variant_split([], pool, 3, placed={"a10g": 2}) == {"l4": 1, "a10g": 2}
+    pods = [
+        spot_ask.spot_pod({"metadata": {"labels": {children.VARIANT_LABEL: "a10g"}}, "spec": {"nodeName": n}}, 0.0)
+        for n in ("a10g-a", "a10g-b", "going")
+    ]
+    pods.append(spot_ask.spot_pod({"metadata": {"labels": {children.VARIANT_LABEL: "l4"}}, "spec": {}}, 0.0))
+    assert pods[0].variant == "a10g" and pods[-1] == spot_ask.SpotPod(None, variant="l4")
+    assert spot_ask.placed_per_variant(pods, doomed_nodes={"going"}) == {"a10g": 2}
 
 
 def test_status_cost_counts_each_variant_at_its_price():
