@@ -8,7 +8,7 @@ CRD's OpenAPI schema. Load a file with `load_job_spec(path)`; errors name the fi
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Literal, NamedTuple
 
@@ -510,6 +510,9 @@ class TrainerSpec(SpecModel):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Each rank's requests (Kubernetes).")
 
 
+MAX_TENSOR_PARALLEL = 8  # tensorParallel's bound: one node's accelerators
+
+
 class PoolSpec(SpecModel):
     """One pool of rollout workers."""
 
@@ -527,6 +530,13 @@ class PoolSpec(SpecModel):
         default_factory=dict, description="Kubernetes nodeSelector of the pool's pods."
     )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Each worker's requests (Kubernetes).")
+    tensor_parallel: int = Field(
+        1,
+        ge=1,
+        le=MAX_TENSOR_PARALLEL,
+        description="Accelerators one engine shards the model over (SGLang's tp_size), e.g. 2 for wider engines "
+        "that finish the long tail sooner; gpusPerWorker must be at least this. The 'torch' engine takes 1 only.",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> PoolSpec:
@@ -534,7 +544,96 @@ class PoolSpec(SpecModel):
             raise SpecFieldError(
                 "minReplicas", f"minReplicas ({self.min_replicas}) must be <= maxReplicas ({self.max_replicas})"
             )
+        check_tensor_parallel(self.engine, self.tensor_parallel, self.gpus_per_worker)
         return self
+
+
+def check_tensor_parallel(engine: str, tensor_parallel: int, gpus_per_worker: int, prefix: str = "") -> None:
+    """A pool's or spot variant's tensorParallel against its engine and accelerators (`prefix`: the field path to
+    the model that has tensorParallel and gpusPerWorker, e.g. 'variants.0.')."""
+    if engine == "torch" and tensor_parallel > 1:
+        raise SpecFieldError(
+            f"{prefix}tensorParallel",
+            f"engine torch requires tensorParallel 1 (got {tensor_parallel}); use engine 'sglang' for "
+            "tensor-parallel engines",
+        )
+    if tensor_parallel > gpus_per_worker and tensor_parallel > 1:
+        raise SpecFieldError(
+            f"{prefix}gpusPerWorker",
+            f"gpusPerWorker ({gpus_per_worker}) must be >= tensorParallel ({tensor_parallel}): one engine shards "
+            "the model over that many accelerators of its worker",
+        )
+
+
+SpotWorkers = int | Mapping[str, int]  # the spot pool's workers: a total, or workers per variant name
+
+
+class SpotVariantSpec(SpecModel):
+    """One accelerator type of the spot pool at its own price (rollout.spot.variants): its own Deployment
+    ({job}-workers-spot-{name}) on its own nodes; the engine, resources and the rest come from rollout.spot."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=20,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="The variant's name (lowercase letters, digits, '-'): suffixes its Deployment's name and "
+        "labels its pods rlboost.io/spot-variant.",
+    )
+    accelerator: str = Field(
+        "",
+        max_length=63,
+        pattern=r"^$|^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+        description="The accelerator type, e.g. 'nvidia-l4' (labels the pods rlboost.io/accelerator, for "
+        "dashboards); where the pods go is nodeSelector's business.",
+    )
+    price_per_gpu_hour: float = Field(
+        ge=0,
+        le=10000,
+        description="USD per GPU-hour of this variant's spot accelerators: the status's cost (instead of "
+        "prices.spotPerGpuHour) and the order the spot workers are split across the variants in.",
+    )
+    gpus_per_worker: int = Field(1, ge=0, le=16, description="Accelerators per worker of this variant (0 on CPU).")
+    tensor_parallel: int = Field(
+        1,
+        ge=1,
+        le=MAX_TENSOR_PARALLEL,
+        description="Accelerators one engine shards the model over (SGLang's tp_size); at most gpusPerWorker.",
+    )
+    capacity: int = Field(
+        64, ge=1, le=MAX_WORKER_CAPACITY, description="Concurrent requests per worker of this variant."
+    )
+    max_replicas: int = Field(16, ge=0, le=10000, description="Most workers of this variant.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Added to rollout.spot.nodeSelector for this variant's pods, e.g. "
+        "{cloud.google.com/gke-accelerator: nvidia-l4}; give each variant nodes of its own.",
+    )
+
+    def price_per_slot(self) -> float:
+        """USD per hour of one concurrent request: what the split ranks variants by (0 on CPU)."""
+        return self.price_per_gpu_hour * self.gpus_per_worker / self.capacity
+
+
+def split_spot_workers(
+    total: int, variants: Sequence[SpotVariantSpec], available: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """`total` spot workers across the variants. Cheapest per request slot first (pricePerGpuHour x gpusPerWorker
+    / capacity; a tie goes to the variant listed first), each filled up to the lower of its maxReplicas and, when
+    `available` is given, the workers its nodes hold now; what is left after that goes, in the same order, up to
+    each maxReplicas (pods that wait for nodes). More than every maxReplicas together is not asked for."""
+    order = sorted(range(len(variants)), key=lambda i: (variants[i].price_per_slot(), i))
+    out = {v.name: 0 for v in variants}
+    left = total
+    for bounded in (available is not None, False):
+        for i in order:
+            v = variants[i]
+            room = (
+                min(v.max_replicas, available.get(v.name, 0)) if bounded and available is not None else v.max_replicas
+            )
+            take = max(0, min(left, room - out[v.name]))
+            out[v.name] += take
+            left -= take
+    return out
 
 
 class SpotPoolSpec(PoolSpec):
@@ -549,6 +648,55 @@ class SpotPoolSpec(PoolSpec):
         "for rollout and spot is busy, at spec.prices; rlboost.policies.spot_scaling.BusySpotScaler). 'default': the "
         "operator's setting (the chart's jobDefaults.spot.sizing).",
     )
+    variants: list[SpotVariantSpec] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Accelerator types of the spot pool, each with its own price, nodes and Deployment (e.g. L4 "
+        "and A10G spot beside H100 reserved). The operator sizes the pool as a whole (min/maxReplicas, sizing) and "
+        "splits the workers cheapest per request slot first (pricePerGpuHour x gpusPerWorker / capacity), each "
+        "variant up to its maxReplicas and the workers its nodes hold; the status's cost counts each at its price. "
+        "Empty: one spot Deployment with this pool's own gpusPerWorker, capacity and nodeSelector at "
+        "prices.spotPerGpuHour.",
+    )
+
+    @model_validator(mode="after")
+    def _variants(self) -> SpotPoolSpec:
+        names = [v.name for v in self.variants]
+        for i, v in enumerate(self.variants):
+            if v.name in names[:i]:
+                raise SpecFieldError(f"variants.{i}.name", f"variant name {v.name!r} is used twice; name each once")
+            check_tensor_parallel(self.engine, v.tensor_parallel, v.gpus_per_worker, f"variants.{i}.")
+        most = sum(v.max_replicas for v in self.variants)
+        if self.variants and self.min_replicas > most:
+            raise SpecFieldError(
+                "minReplicas",
+                f"minReplicas ({self.min_replicas}) exceeds the variants' maxReplicas together ({most}); lower it "
+                "or raise a variant's maxReplicas",
+            )
+        return self
+
+    def variant(self, name: str) -> SpotVariantSpec:
+        """The variant called `name` (KeyError naming the choices otherwise)."""
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise KeyError(f"no spot variant {name!r}; rollout.spot.variants names {[v.name for v in self.variants]}")
+
+    def variant_pool(self, name: str) -> PoolSpec:
+        """The pool one variant's workers are: this pool with the variant's accelerators, capacity, bound and
+        nodeSelector (added to the pool's), for what reads a PoolSpec (scheduling, capacity, the worker)."""
+        v = self.variant(name)
+        return PoolSpec(
+            replicas=0, min_replicas=0, max_replicas=v.max_replicas, capacity=v.capacity, engine=self.engine,
+            gpus_per_worker=v.gpus_per_worker, tensor_parallel=v.tensor_parallel,
+            node_selector={**self.node_selector, **v.node_selector}, resources=self.resources,
+        )  # fmt: skip
+
+    def per_variant(self, spot_workers: SpotWorkers) -> dict[str, int]:
+        """Spot workers per variant: a mapping as given, a total split as the operator splits it (no node bound)."""
+        if isinstance(spot_workers, int):
+            return split_spot_workers(spot_workers, self.variants)
+        return {v.name: int(spot_workers.get(v.name, 0)) for v in self.variants}
 
 
 class RolloutSpec(SpecModel):
@@ -747,16 +895,28 @@ class JobSpec(SpecModel):
         default_factory=EvaluationSpec, description="Validation every K steps: mean reward, pass@1, pass@k."
     )
 
-    def accelerators(self, reserved_workers: int, spot_workers: int) -> tuple[int, int]:
+    def spot_accelerators(self, spot_workers: SpotWorkers) -> list[tuple[int, float]]:
+        """(accelerators, USD per GPU-hour) of the spot workers: one entry per variant, or one for a pool without.
+        `spot_workers`: workers per variant name, or a total (split as the operator splits it, with variants)."""
+        spot = self.rollout.spot
+        if not spot.variants:
+            n = spot_workers if isinstance(spot_workers, int) else sum(spot_workers.values())
+            return [(n * spot.gpus_per_worker, self.prices.spot_per_gpu_hour)]
+        counts = spot.per_variant(spot_workers)
+        return [(counts[v.name] * v.gpus_per_worker, v.price_per_gpu_hour) for v in spot.variants]
+
+    def accelerators(self, reserved_workers: int, spot_workers: SpotWorkers) -> tuple[int, int]:
         """(reserved, spot) accelerators in use: the trainer's and the reserved workers' at the reserved price."""
         reserved = self.trainer.ranks * self.trainer.gpus_per_rank
         reserved += reserved_workers * self.rollout.reserved.gpus_per_worker
-        return reserved, spot_workers * self.rollout.spot.gpus_per_worker
+        return reserved, sum(gpus for gpus, _ in self.spot_accelerators(spot_workers))
 
-    def cost_per_hour(self, reserved_workers: int, spot_workers: int) -> float:
-        """USD per hour at spec.prices for those workers (the one formula of the operator, trainer and scaler)."""
-        reserved, spot = self.accelerators(reserved_workers, spot_workers)
-        return reserved * self.prices.reserved_per_gpu_hour + spot * self.prices.spot_per_gpu_hour
+    def cost_per_hour(self, reserved_workers: int, spot_workers: SpotWorkers) -> float:
+        """USD per hour at spec.prices (each spot variant at its own price) for those workers: the one formula of
+        the operator, trainer and scaler."""
+        reserved, _ = self.accelerators(reserved_workers, 0)
+        spot = sum(gpus * price for gpus, price in self.spot_accelerators(spot_workers))
+        return reserved * self.prices.reserved_per_gpu_hour + spot
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:

@@ -122,7 +122,26 @@ def _pool_rules() -> list[Rule]:
                 low,
             )
         )
+        out += _tensor_parallel_rules(f"rollout.{pool}")
     return out
+
+
+def _tensor_parallel_rules(pool: str) -> list[Rule]:
+    """A pool's tensorParallel against its engine and accelerators (rlboost.spec.check_tensor_parallel)."""
+    tp, gpus, engine = (value("self", f"{pool}.{name}") for name in ("tensorParallel", "gpusPerWorker", "engine"))
+    return [
+        Rule(
+            f'{engine} != "torch" || {tp} == 1',
+            f"spec.{pool}.tensorParallel must be 1 with engine torch; use engine 'sglang' for tensor parallelism",
+            f"{pool}.tensorParallel",
+        ),
+        Rule(
+            f"{tp} <= 1 || {gpus} >= {tp}",
+            f"spec.{pool}.gpusPerWorker must be >= spec.{pool}.tensorParallel (one engine shards the model over "
+            "that many accelerators of its worker)",
+            f"{pool}.gpusPerWorker",
+        ),
+    ]
 
 
 def cross_field_rules() -> list[Rule]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +39,8 @@ from rlboost.options import (
     weight_server_options,
     worker_options,
 )
-from rlboost.spec import JobSpec, ModelSpec, PoolSpec, ResourcesSpec, dump_job_spec
-from rlboost_operator import spot
+from rlboost.spec import JobSpec, ModelSpec, PoolSpec, ResourcesSpec, SpotVariantSpec, dump_job_spec
+from rlboost_operator import spot, spot_ask
 from rlboost_operator.config import OperatorSettings
 
 MANAGER_PORT, WEIGHTS_PORT, METRICS_PORT, RENDEZVOUS_PORT = 50051, 8000, 9090, 29500
@@ -60,6 +60,7 @@ CREDENTIALS_DIR = "/etc/rlboost/credentials"  # each role's items of the job's c
 NATS_PORT, NATS_MONITOR_PORT, NATS_CONFIG_DIR = 4222, 8222, "/etc/nats"
 SCRATCH_DIR = "/tmp"  # the one writable path of a read-only root filesystem (an emptyDir), also $HOME
 OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "rlboost", "app.kubernetes.io/component": "operator"}
+VARIANT_LABEL, ACCELERATOR_LABEL = spot_ask.VARIANT_LABEL, "rlboost.io/accelerator"  # a spot variant's pods
 
 IMAGES = {
     "manager": "rollout-manager",
@@ -85,6 +86,25 @@ def names(job: str) -> dict[str, str]:
         "reserved": f"{job}-workers-reserved",
         "spot": f"{job}-workers-spot",
     }
+
+
+def spot_variant_name(job: str, variant: str) -> str:
+    """The Deployment of one spot variant (rollout.spot.variants)."""
+    return f"{names(job)['spot']}-{variant}"
+
+
+def spot_deployments(job: str, spec: JobSpec) -> list[str]:
+    """The job's spot Deployments: one per variant, or the pool's single one."""
+    variants = spec.rollout.spot.variants
+    return [spot_variant_name(job, v.name) for v in variants] if variants else [names(job)["spot"]]
+
+
+def _variant_labels(variant: SpotVariantSpec) -> dict[str, str]:
+    """What tells a spot variant's pods apart (its Deployment's selector too): the name, and the accelerator."""
+    out = {VARIANT_LABEL: variant.name}
+    if variant.accelerator:
+        out[ACCELERATOR_LABEL] = variant.accelerator
+    return out
 
 
 def labels(job: str, component: str, pool: str | None = None) -> dict[str, str]:
@@ -558,15 +578,20 @@ def worker(
     settings: OperatorSettings,
     colocated: bool = False,
     model: ModelSpec | None = None,
+    variant: SpotVariantSpec | None = None,
 ) -> dict[str, Any]:
     """A rollout-worker Deployment for one pool ('reserved' or 'spot'); `colocated`: one per trainer rank's node.
     `model`: the reserved pool's pods fetch it in an init container; a spot pod (or any pool given none) gets no
-    model directory and pulls config, tokenizer and weights from the weight-server."""
+    model directory and pulls config, tokenizer and weights from the weight-server. `variant`: one spot variant's
+    Deployment (`pool` is then the variant's, SpotPoolSpec.variant_pool), named and labelled after it."""
     n, lbl, sel = (
         names(job)[pool_name],
         labels(job, "rollout-worker", pool_name),
         selector(job, "rollout-worker", pool_name),
     )
+    if variant is not None:
+        n = spot_variant_name(job, variant.name)
+        lbl, sel = {**lbl, **_variant_labels(variant)}, {**sel, VARIANT_LABEL: variant.name}
     where = site(job, namespace, settings)
     local = model if pool_name == "reserved" else None
     options = worker_options(
@@ -578,6 +603,7 @@ def worker(
         METRICS_PORT,
         accelerated=pool.gpus_per_worker > 0,
         peer_port=PEER_PORT,
+        variant=variant.name if variant is not None else "",
     )
     # The first weight version comes only once the trainer's own init container has fetched the model (minutes
     # for a large one; 2 min for `tiny` on a loaded CPU node): a worker giving up after the local 120 s restarts.
@@ -619,11 +645,13 @@ def initial_reserved(spec: JobSpec) -> int:
     return max(pool.min_replicas, min(pool.max_replicas, pool.replicas))
 
 
-def workloads(job: str) -> list[tuple[str, str]]:
-    """(kind, name) of every child that runs pods: what scaling a job to zero patches."""
+def workloads(job: str, variants: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """(kind, name) of every child that runs pods: what scaling a job to zero patches; `variants`: the names of
+    spot variants whose Deployments there may be."""
     n = names(job)
     deployments = ("nats", "manager", "weights", "reserved", "spot")
-    return [("StatefulSet", n["trainer"]), *(("Deployment", n[k]) for k in deployments)]
+    variant_deployments = [("Deployment", spot_variant_name(job, v)) for v in variants]
+    return [("StatefulSet", n["trainer"]), *(("Deployment", n[k]) for k in deployments), *variant_deployments]
 
 
 def _service_view(spec: JobSpec) -> dict[str, Any]:
@@ -684,10 +712,31 @@ def scaled_to_zero(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return objs
 
 
-def build_children(
-    job: str, namespace: str, spec: JobSpec, settings: OperatorSettings, spot_replicas: int, finished: bool = False
+def spot_workers(
+    job: str, namespace: str, spec: JobSpec, settings: OperatorSettings, replicas: int, split: Mapping[str, int]
 ) -> list[dict[str, Any]]:
-    """Every child of an RLJob but the token Secret, in creation order; `finished`: scaled to zero."""
+    """The spot Deployments: one per variant at its share of the ask (`split`), or the pool's one at `replicas`."""
+    pool = spec.rollout.spot
+    if not pool.variants:
+        return [worker(job, namespace, "spot", pool, replicas, settings)]
+    return [
+        worker(job, namespace, "spot", pool.variant_pool(v.name), split.get(v.name, 0), settings, variant=v)
+        for v in pool.variants
+    ]
+
+
+def build_children(
+    job: str,
+    namespace: str,
+    spec: JobSpec,
+    settings: OperatorSettings,
+    spot_replicas: int,
+    finished: bool = False,
+    spot_split: Mapping[str, int] | None = None,
+) -> list[dict[str, Any]]:
+    """Every child of an RLJob but the token Secret, in creation order; `finished`: scaled to zero; `spot_split`:
+    the spot ask per variant (spot.variant_split; without it, split with no bound of the nodes)."""
+    split = spot_split if spot_split is not None else spec.rollout.spot.per_variant(spot_replicas)
     objs = [
         config_map(job, namespace, spec),
         *([network_policy(job, namespace, settings)] if settings.network_policy else []),
@@ -705,7 +754,7 @@ def build_children(
             colocated=spec.trainer.colocate_reserved,
             model=spec.model,
         ),  # fmt: skip
-        worker(job, namespace, "spot", spec.rollout.spot, spot_replicas, settings),
+        *spot_workers(job, namespace, spec, settings, spot_replicas, split),
     ]
     _annotate_config_hash(objs, spec)
     _apply_retention(objs, spec)

@@ -67,6 +67,12 @@ def _num(description: str, kind: str = "number") -> dict[str, Any]:
     return {"type": kind, "description": description}
 
 
+def _variant_counts(key: str, description: str) -> dict[str, Any]:
+    """A list of {name, <key>}: one count per spot variant."""
+    item = {"type": "object", "properties": {"name": {"type": "string"}, key: {"type": "integer"}}}
+    return {"type": "array", "nullable": True, "items": item, "description": description}
+
+
 def status_schema() -> dict[str, Any]:
     """The schema of RLJob.status (written by the operator)."""
     condition = {
@@ -102,6 +108,16 @@ def status_schema() -> dict[str, Any]:
                 "within minReplicas..maxReplicas; spotDesired is the lower of it and the spot nodes' capacity. Kept "
                 "here so a restarted operator or a new leader carries on with it. Null in other sizings.",
             },
+            "spotSplit": _variant_counts(
+                "replicas",
+                "A spot pool with variants (rollout.spot.variants): spotDesired split across them, cheapest per "
+                "request slot first, each up to its maxReplicas and what its nodes hold. Null without variants.",
+            ),
+            "spotVariants": _variant_counts(
+                "ready",
+                "A spot pool with variants: ready workers per variant at the last step, each priced at its own "
+                "pricePerGpuHour in costPerHour.",
+            ),
             "spotAsk": {
                 "type": "object",
                 "nullable": True,

@@ -272,8 +272,19 @@ async def _recheck(namespace: str, job: str, delay_s: float) -> None:
         await rescale_job(ref)
 
 
-def _spot_status(namespace: str, job: str, decision: spot_ask.Decision) -> dict[str, Any]:
-    """status.workers' spot fields: the ask, why, and the autoscaler state machine (null in capacity mode)."""
+def _spot_split(namespace: str, job: str, spec: JobSpec, decision: spot_ask.Decision) -> dict[str, int]:
+    """The spot ask per variant of the job's spot pool ({} without variants): spot.variant_split, bounded by the
+    variants' nodes, or for an autoscaled pool by the pods each has placed."""
+    pool, placed = spec.rollout.spot, None
+    if _autoscaled(pool):
+        doomed = {name for name, node in STATE.nodes.items() if spot.preemption(node) is not None}
+        placed = spot_ask.placed_per_variant(STATE.spot_pods_of(namespace, job), doomed)
+    return spot.variant_split(STATE.nodes.values(), pool, decision.replicas, placed)
+
+
+def _spot_status(namespace: str, job: str, decision: spot_ask.Decision, split: dict[str, int]) -> dict[str, Any]:
+    """status.workers' spot fields: the ask, why, the autoscaler state machine (null in capacity mode) and the
+    ask per variant (null without variants)."""
     ask = STATE.spot_asks.get((namespace, job))
     return {
         "spotDesired": decision.replicas,
@@ -281,7 +292,40 @@ def _spot_status(namespace: str, job: str, decision: spot_ask.Decision) -> dict[
         "spotMessage": decision.message,
         "spotAsk": ask.to_status() if ask is not None else None,
         "spotTarget": STATE.spot_targets.get((namespace, job)),
+        "spotSplit": status.variant_list(split, "replicas") if split else None,
     }
+
+
+def _status_variants(workers_status: dict[str, Any] | None) -> list[str]:
+    """The spot variants status.workers.spotSplit names (what the operator last asked for)."""
+    split = (workers_status or {}).get("spotSplit") or []
+    return [item["name"] for item in split if isinstance(item, dict) and isinstance(item.get("name"), str)]
+
+
+def _rljob_variants(rljob: dict[str, Any]) -> list[str]:
+    """Every spot variant an RLJob (as read) may have a Deployment of: its spec's and its status's."""
+    spot_spec = ((rljob.get("spec") or {}).get("rollout") or {}).get("spot") or {}
+    declared = [v["name"] for v in spot_spec.get("variants") or [] if isinstance(v, dict) and "name" in v]
+    return [*declared, *_status_variants((rljob.get("status") or {}).get("workers"))]
+
+
+async def _retire_spot(namespace: str, job: str, spec: JobSpec, previous_variants: list[str]) -> None:
+    """Scale to zero the spot Deployments an edit of rollout.spot.variants left behind: variants gone from the
+    spec, the pool's single Deployment once there are variants (it may not exist: fine)."""
+    current = set(children.spot_deployments(job, spec))
+    names = [children.spot_variant_name(job, v) for v in previous_variants]
+    if spec.rollout.spot.variants:
+        names.append(children.names(job)["spot"])
+    for name in dict.fromkeys(n for n in names if n not in current):
+        await _patch_if_present("Deployment", namespace, name, {"spec": {"replicas": 0}})
+
+
+async def _patch_if_present(kind: str, namespace: str, name: str, body: dict[str, Any]) -> None:
+    try:
+        await _kube().patch(kind, namespace, name, body)
+    except KubeError as err:
+        if err.status != 404:
+            raise
 
 
 def _announce_spot(ref: JobRef, before: int | None, decision: spot_ask.Decision) -> None:
@@ -320,31 +364,34 @@ async def _apply_children(body: kopf.Body, spec: JobSpec) -> bool:
         None if ended else _spot_decision(namespace, job, spec, saved.get("spotAsk"), spot_busy.saved_target(saved))
     )
     replicas = decision.replicas if decision else 0
+    split = _spot_split(namespace, job, spec, decision) if decision else {}
     await _ensure_token(namespace, job, body)
     await _ensure_credentials(namespace, job, body)
-    for child in children.build_children(job, namespace, spec, STATE.settings, replicas, finished=ended):
+    built = children.build_children(job, namespace, spec, STATE.settings, replicas, finished=ended, spot_split=split)
+    for child in built:
         if children.adopted(child):
             kopf.adopt(child, owner=body)
         await kube.apply(child)
+    await _retire_spot(namespace, job, spec, _status_variants(saved))
     if decision is None:
         _drop_job(namespace, job)
     else:
-        _remember_job(body, spec, decision)
+        _remember_job(body, spec, decision, split)
     # the model's claim or Secret exists now: a failed pre-check of it no longer holds
     previous = {**previous, "conditions": model_source.without_precheck_failure(previous.get("conditions"))}
     patch = status.reconcile_status(previous, replicas, _generation(body))
     if decision is not None:
-        patch["workers"].update(_spot_status(namespace, job, decision))
+        patch["workers"].update(_spot_status(namespace, job, decision, split))
     await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
     return ended
 
 
-def _remember_job(body: kopf.Body, spec: JobSpec, decision: spot_ask.Decision) -> None:
+def _remember_job(body: kopf.Body, spec: JobSpec, decision: spot_ask.Decision, split: dict[str, int]) -> None:
     """Keep a running job for rescaling; say so when its spot ask is new or changed."""
     namespace, job = body.metadata.namespace or "default", body.metadata.name or ""
     ref = JobRef(namespace, job, body.metadata.uid or "", spec, decision.replicas, decision.reason)
-    workers_status = _spot_status(namespace, job, decision)
-    ref.spot_ask, ref.spot_target = workers_status["spotAsk"], workers_status["spotTarget"]
+    workers_status = _spot_status(namespace, job, decision, split)
+    ref.spot_ask, ref.spot_target, ref.spot_split = workers_status["spotAsk"], workers_status["spotTarget"], split
     known = STATE.jobs.get((namespace, job))
     STATE.jobs[(namespace, job)] = ref
     if known is None or (known.spot_replicas, known.spot_reason) != (decision.replicas, decision.reason):
@@ -413,23 +460,35 @@ async def rescale(ref: JobRef, force: bool = False) -> None:
 
     `force` writes the ask even if it did not change (the timer's safety net)."""
     decision = _spot_decision(ref.namespace, ref.name, ref.spec)
+    split = _spot_split(ref.namespace, ref.name, ref.spec, decision)
     before, reason = ref.spot_replicas, ref.spot_reason
-    workers_status = _spot_status(ref.namespace, ref.name, decision)
-    state = (workers_status["spotAsk"], workers_status["spotTarget"])
-    unchanged = (before, reason, (ref.spot_ask, ref.spot_target)) == (decision.replicas, decision.reason, state)
+    workers_status = _spot_status(ref.namespace, ref.name, decision, split)
+    state = (workers_status["spotAsk"], workers_status["spotTarget"], split)
+    unchanged = (before, reason, (ref.spot_ask, ref.spot_target, ref.spot_split)) == (
+        decision.replicas,
+        decision.reason,
+        state,
+    )
     if not force and unchanged:
         return
     ref.spot_replicas, ref.spot_reason = decision.replicas, decision.reason
-    ref.spot_ask, ref.spot_target = state
+    ref.spot_ask, ref.spot_target, ref.spot_split = state
     kube = _kube()
-    name = children.names(ref.name)["spot"]
     if STATE.jobs.get((ref.namespace, ref.name)) is not ref:
         return  # the job ended (scaled to zero) or was reconciled anew meanwhile: its own write wins
-    await kube.patch("Deployment", ref.namespace, name, {"spec": {"replicas": decision.replicas}})
+    for name, replicas in _spot_replicas(ref.name, ref.spec, decision.replicas, split):
+        await kube.patch("Deployment", ref.namespace, name, {"spec": {"replicas": replicas}})
     await kube.patch("RLJob", ref.namespace, ref.name, {"status": {"workers": workers_status}}, sub="status")
     DESIRED_SPOT.labels(ref.namespace, ref.name).set(decision.replicas)
     if (before, reason) != (decision.replicas, decision.reason):
         _announce_spot(ref, before, decision)
+
+
+def _spot_replicas(job: str, spec: JobSpec, total: int, split: dict[str, int]) -> list[tuple[str, int]]:
+    """(Deployment, replicas) of each of the job's spot Deployments for the ask `total` split as `split`."""
+    if not spec.rollout.spot.variants:
+        return [(children.names(job)["spot"], total)]
+    return [(children.spot_variant_name(job, v.name), split.get(v.name, 0)) for v in spec.rollout.spot.variants]
 
 
 async def rescale_job(ref: JobRef, force: bool = False) -> None:
@@ -570,13 +629,26 @@ async def _fetch_failed(namespace: str, job: str, pod: str, problem: model_sourc
 # --- Status from the job's services ---------------------------------------------------------
 
 
-async def _ready_workers(namespace: str, job: str) -> dict[str, int]:
-    out = {}
-    for pool in ("reserved", "spot"):
-        dep = await _kube().get("Deployment", namespace, children.names(job)[pool])
-        out[pool] = int(((dep or {}).get("status") or {}).get("readyReplicas") or 0)
-        READY_WORKERS.labels(namespace, job, pool).set(out[pool])
-    return out
+async def _ready_replicas(namespace: str, name: str) -> int:
+    dep = await _kube().get("Deployment", namespace, name)
+    return int(((dep or {}).get("status") or {}).get("readyReplicas") or 0)
+
+
+async def _ready_workers(namespace: str, job: str, spec: JobSpec) -> tuple[dict[str, int], dict[str, int] | None]:
+    """Ready workers per pool, and per spot variant (None without variants)."""
+    variants = None
+    if spec.rollout.spot.variants:
+        names = {v.name: children.spot_variant_name(job, v.name) for v in spec.rollout.spot.variants}
+        variants = {v: await _ready_replicas(namespace, name) for v, name in names.items()}
+    out = {"reserved": await _ready_replicas(namespace, children.names(job)["reserved"])}
+    out["spot"] = (
+        sum(variants.values())
+        if variants is not None
+        else await _ready_replicas(namespace, children.names(job)["spot"])
+    )
+    for pool, n in out.items():
+        READY_WORKERS.labels(namespace, job, pool).set(n)
+    return out, variants
 
 
 def _status_lock(namespace: str, job: str) -> asyncio.Lock:
@@ -598,8 +670,8 @@ async def _write_step(namespace: str, job: str, spec: JobSpec, data: bytes) -> N
     previous, generation = current.get("status") or {}, _generation(current)
     if status.finished(previous):  # an ended job's status stays as it ended (no workers, no cost)
         return
-    workers = await _ready_workers(namespace, job)
-    patch = status.step_status(report, spec, workers, previous, datetime.now(UTC), generation)
+    workers, variants = await _ready_workers(namespace, job, spec)
+    patch = status.step_status(report, spec, workers, previous, datetime.now(UTC), generation, variants)
     await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
     if spot_busy.busy_sized(spec):
         await _follow_busy(namespace, job, spec, report, previous.get("workers"))
@@ -629,22 +701,17 @@ async def _write_done(namespace: str, job: str, data: bytes) -> None:
         return
     previous = current.get("status") or {}
     if status.finished(previous):  # a repeated `done` (a restarted trainer re-publishes it): keep the first end
-        await _scale_to_zero(namespace, job)
+        await _scale_to_zero(namespace, job, _rljob_variants(current))
         return
     outcome = status.done_status(done, previous, generation=_generation(current))
     event = ("JobSucceeded", f"{done.steps} steps") if done.ok else ("JobFailed", done.error or "trainer failed")
     await _end(current, outcome, "JobFinished", event, ok=done.ok)
 
 
-async def _scale_to_zero(namespace: str, job: str) -> None:
-    """Every workload of the job at zero replicas (a child already gone is fine)."""
-    kube = _kube()
-    for kind, name in children.workloads(job):
-        try:
-            await kube.patch(kind, namespace, name, {"spec": {"replicas": 0}})
-        except KubeError as err:
-            if err.status != 404:
-                raise
+async def _scale_to_zero(namespace: str, job: str, variants: list[str]) -> None:
+    """Every workload of the job (`variants`: its spot variants') at zero replicas (a child already gone is fine)."""
+    for kind, name in children.workloads(job, variants):
+        await _patch_if_present(kind, namespace, name, {"spec": {"replicas": 0}})
 
 
 async def _end(current: dict[str, Any], outcome: dict[str, Any], reason: str, event: tuple[str, str], ok: bool) -> None:
@@ -654,7 +721,7 @@ async def _end(current: dict[str, Any], outcome: dict[str, Any], reason: str, ev
     meta = current.get("metadata") or {}
     namespace, job = meta.get("namespace") or "default", meta.get("name") or ""
     _drop_job(namespace, job)  # no more spot rescaling
-    await _scale_to_zero(namespace, job)
+    await _scale_to_zero(namespace, job, _rljob_variants(current))
     previous, generation = current.get("status") or {}, _generation(current)
     patch = {**outcome, **status.stopped_status({**previous, **outcome}, reason, generation=generation)}
     await _kube().patch("RLJob", namespace, job, {"status": patch}, sub="status")

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rlboost.spec import PoolSpec
+from rlboost.spec import PoolSpec, SpotPoolSpec, split_spot_workers
 
 # Spot labels by provider: (label, value).
 SPOT_LABELS: dict[str, tuple[str, str]] = {
@@ -110,8 +110,28 @@ def node_slots(node: Mapping[str, Any], pool: PoolSpec) -> int:
 
 
 def spot_capacity(nodes: Iterable[Mapping[str, Any]], pool: PoolSpec) -> int:
-    """Workers of this pool that the spot nodes present can hold."""
+    """Workers of this pool that the spot nodes present can hold (a pool with variants: theirs together)."""
+    if isinstance(pool, SpotPoolSpec) and pool.variants:
+        return sum(variant_capacity(nodes, pool).values())
     return sum(node_slots(n, pool) for n in nodes)
+
+
+def variant_capacity(nodes: Iterable[Mapping[str, Any]], pool: SpotPoolSpec) -> dict[str, int]:
+    """Workers of each variant of the spot pool that its nodes present hold, at most its maxReplicas."""
+    nodes = list(nodes)
+    return {v.name: min(v.max_replicas, spot_capacity(nodes, pool.variant_pool(v.name))) for v in pool.variants}
+
+
+def variant_split(
+    nodes: Iterable[Mapping[str, Any]], pool: SpotPoolSpec, total: int, placed: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """The spot ask `total` per variant ({} without variants): rlboost.spec.split_spot_workers, first bounded by
+    what each variant's nodes hold, or, for an autoscaled pool (`placed`: its pods that have a node, per variant),
+    by the pods each has placed, so that an ask shrunk after pods stayed unschedulable keeps the placed workers
+    and puts only the rest (the probe) on the cheapest variant with room."""
+    if not pool.variants:
+        return {}
+    return split_spot_workers(total, pool.variants, placed if placed is not None else variant_capacity(nodes, pool))
 
 
 def spot_accelerators(nodes: Iterable[Mapping[str, Any]], pool: PoolSpec) -> int:

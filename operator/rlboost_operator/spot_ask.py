@@ -30,6 +30,7 @@ from rlboost_operator import spot
 CAPACITY = "SpotScaled"  # sized to the spot nodes present
 ASKING = "SpotAskingAutoscaler"  # asking for maxReplicas so the autoscaler provisions nodes
 BACKING_OFF = "SpotPendingBackoff"  # shrunk after pods stayed unschedulable; retrying later
+VARIANT_LABEL = "rlboost.io/spot-variant"  # a spot variant's pods (children.VARIANT_LABEL)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class SpotPod:
 
     node: str | None  # spec.nodeName; None while unscheduled
     unschedulable_since: float | None = None  # PodScheduled=False/Unschedulable since (epoch s), else None
+    variant: str = ""  # its spot variant (label rlboost.io/spot-variant); '' for a pool without variants
 
 
 @dataclass(frozen=True)
@@ -175,8 +177,9 @@ def spot_pod(pod: Mapping[str, Any], first_seen_unschedulable: float) -> SpotPod
 
     The condition's lastTransitionTime is the start; `first_seen_unschedulable` stands in when it is absent."""
     node = (pod.get("spec") or {}).get("nodeName") or None
+    variant = ((pod.get("metadata") or {}).get("labels") or {}).get(VARIANT_LABEL, "")
     if node:
-        return SpotPod(node)
+        return SpotPod(node, variant=variant)
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if (
             cond.get("type") == "PodScheduled"
@@ -184,8 +187,17 @@ def spot_pod(pod: Mapping[str, Any], first_seen_unschedulable: float) -> SpotPod
             and cond.get("reason") == "Unschedulable"
         ):
             since = _epoch(cond.get("lastTransitionTime"))
-            return SpotPod(None, since if since is not None else first_seen_unschedulable)
-    return SpotPod(None)
+            return SpotPod(None, since if since is not None else first_seen_unschedulable, variant)
+    return SpotPod(None, variant=variant)
+
+
+def placed_per_variant(pods: Iterable[SpotPod], doomed_nodes: set[str]) -> dict[str, int]:
+    """Spot pods that have a node not going away, per variant."""
+    out: dict[str, int] = {}
+    for pod in pods:
+        if pod.node is not None and pod.node not in doomed_nodes:
+            out[pod.variant] = out.get(pod.variant, 0) + 1
+    return out
 
 
 def counts_as_spot_worker(pod: Mapping[str, Any]) -> bool:

@@ -31,11 +31,14 @@ def busy_sized(spec: JobSpec) -> bool:
 
 
 def prices(spec: JobSpec) -> SpotPrices:
-    """The job's prices per pool: the reserved pool (trainer ranks + reserved workers) and one spot worker."""
-    reserved_gpus, spot_gpus = spec.accelerators(spec.rollout.reserved.replicas, 1)
+    """The job's prices per pool: the reserved pool (trainer ranks + reserved workers) and one spot worker (with
+    variants: the first the split places, the cheapest per request slot), from JobSpec.cost_per_hour."""
+    reserved_workers = spec.rollout.reserved.replicas
+    reserved_gpus, spot_gpus = spec.accelerators(reserved_workers, 1)
+    reserved_per_hour = spec.cost_per_hour(reserved_workers, 0)
     return SpotPrices(
-        reserved_per_hour=reserved_gpus * spec.prices.reserved_per_gpu_hour,
-        spot_per_instance_hour=spot_gpus * spec.prices.spot_per_gpu_hour,
+        reserved_per_hour=reserved_per_hour,
+        spot_per_instance_hour=spec.cost_per_hour(reserved_workers, 1) - reserved_per_hour,
         reserved_gpus=reserved_gpus,
         gpus_per_instance=spot_gpus,
     )

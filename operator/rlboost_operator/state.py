@@ -31,6 +31,7 @@ class JobRef:
     spot_reason: str | None = None  # why (spot_ask's decision reason), for an Event when it changes
     spot_ask: dict[str, Any] | None = None  # the autoscaler state last written to status.workers.spotAsk
     spot_target: int | None = None  # busy sizing: the target last written to status.workers.spotTarget
+    spot_split: dict[str, int] | None = None  # a spot pool with variants: the ask per variant last written
 
     def body(self) -> dict[str, Any]:
         """A minimal object reference for kopf.event()."""

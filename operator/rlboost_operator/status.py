@@ -1,7 +1,8 @@
 """Pure status computations for an RLJob: phase, conditions, cost so far and cost efficiency.
 
-Accelerators counted: trainer ranks x gpusPerRank and reserved workers x gpusPerWorker at the
-reserved price, ready spot workers x gpusPerWorker at the spot price. CPU-only jobs cost 0.
+Accelerators counted (JobSpec.cost_per_hour): trainer ranks x gpusPerRank and reserved workers x gpusPerWorker at
+the reserved price, ready spot workers x gpusPerWorker at the spot price, or, for a spot pool with variants, each
+variant's ready workers x its gpusPerWorker at its pricePerGpuHour. CPU-only jobs cost 0.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from rlboost.spec import JobSpec
+from rlboost.spec import JobSpec, SpotWorkers
 from rlboost.wire.events import JobDone, StepReport, ValidationReport
 
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
@@ -64,13 +65,19 @@ def set_condition(conditions: list[Mapping[str, Any]] | None, new: dict[str, str
     return out
 
 
-def accelerator_counts(spec: JobSpec, reserved_workers: int, spot_workers: int) -> tuple[int, int]:
+def accelerator_counts(spec: JobSpec, reserved_workers: int, spot_workers: SpotWorkers) -> tuple[int, int]:
     """(reserved accelerators, spot accelerators) in use."""
     return spec.accelerators(reserved_workers, spot_workers)
 
 
-def cost_per_hour(spec: JobSpec, reserved_workers: int, spot_workers: int) -> float:
+def cost_per_hour(spec: JobSpec, reserved_workers: int, spot_workers: SpotWorkers) -> float:
     return spec.cost_per_hour(reserved_workers, spot_workers)
+
+
+def variant_list(counts: Mapping[str, int], key: str) -> list[dict[str, Any]]:
+    """Per-variant counts as status.workers lists them ([{name, <key>}]: a list, which a merge patch replaces
+    whole, so a variant removed from the spec leaves the status too)."""
+    return [{"name": name, key: n} for name, n in counts.items()]
 
 
 def accumulate_cost(cost_so_far: float, rate_per_hour: float, since: datetime | None, now: datetime) -> float:
@@ -109,13 +116,16 @@ def step_status(
     previous: Mapping[str, Any],
     now: datetime | None = None,
     generation: int | None = None,
+    spot_variants: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """The .status patch after a StepReport: step, reward, tokens/s, workers, cost; phase Running."""
+    """The .status patch after a StepReport: step, reward, tokens/s, workers, cost; phase Running.
+    `spot_variants`: ready spot workers per variant (a spot pool with variants), each priced at its own price."""
     now = now or datetime.now(UTC)
     seconds = report.rollout_seconds + report.train_seconds + report.sync_seconds
     tps = report.tokens / seconds if seconds > 0 else 0.0
     reserved, spot = int(workers.get("reserved", 0)), int(workers.get("spot", 0))
-    rate = cost_per_hour(spec, reserved, spot)
+    rate = cost_per_hour(spec, reserved, spot_variants if spot_variants is not None else spot)
+    variants = {"spotVariants": variant_list(spot_variants, "ready")} if spot_variants is not None else {}
     # Integrate at the previous rate: it was the one in force since the previous update.
     prev_rate = float(previous.get("costPerHour") or rate)
     so_far = accumulate_cost(
@@ -130,7 +140,7 @@ def step_status(
         "weightVersion": report.weight_version,
         "rewardMean": _json_number(report.reward_mean, 6),
         "tokensPerSecond": _json_number(tps, 3),
-        "workers": {**dict(previous.get("workers") or {}), "reserved": reserved, "spot": spot},
+        "workers": {**dict(previous.get("workers") or {}), "reserved": reserved, "spot": spot, **variants},
         "costPerHour": _json_number(rate, 6),
         "costSoFar": _json_number(so_far, 6),
         "costEfficiency": _json_number(cost_efficiency(tps, rate), 3),

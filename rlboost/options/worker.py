@@ -19,6 +19,12 @@ class WorkerOptions(ServiceOptions):
 
     worker_id: str = Field("", max_length=253, description="Unique worker id ('' = host-pid).")
     pool: Literal["reserved", "spot"] = Field("reserved", description="Worker pool: 'reserved' or 'spot'.")
+    variant: str = Field(
+        "",
+        max_length=20,
+        pattern=r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Spot variant (rollout.spot.variants) whose capacity and tensorParallel it takes ('' = the pool's).",
+    )
     node: str = Field("", max_length=253, description="Node name for preemption notices ('' = this host's name).")
     manager: HostPort = Field(DEFAULT_MANAGER_ADDRESS, description="The rollout-manager's HOST:PORT.")
     weight_server: str = Field("", description="The weight-server's URL ('' = the model directory's weights).")
@@ -50,12 +56,14 @@ def worker_options(
     metrics_port: int,
     accelerated: bool = False,
     peer_port: int = -1,
+    variant: str = "",
 ) -> WorkerOptions:
     """`accelerated`: the pool has accelerators (gpusPerWorker >= 1): the engine runs on CUDA in bf16;
-    `peer_port`: serve the weights held to other workers (0 = any free port, -1 = off)."""
+    `peer_port`: serve the weights held to other workers (0 = any free port, -1 = off); `variant`: a spot variant's
+    name ('' = none)."""
     device = {"device": "cuda", "dtype": "bfloat16"} if accelerated else {}
     return WorkerOptions(
         **site.common(), worker_id=worker_id, pool=pool, node=node, manager=site.manager_address,
         weight_server=site.weight_server_url, model_dir=str(model_dir), metrics_port=metrics_port, **device,
-        **({"peer_port": peer_port} if peer_port >= 0 else {}),
+        **({"peer_port": peer_port} if peer_port >= 0 else {}), **({"variant": variant} if variant else {}),
     )  # fmt: skip

@@ -155,6 +155,8 @@ BAD_SPECS = [
     {"trainer": {"backend": "nccl"}},
     {"algorithm": {"partialRollout": True}},  # maxStaleness 0
     {"algorithm": {"partialRollout": True, "maxStaleness": 1, "promptsPerStep": 4}, "trainer": {"ranks": 2}},
+    {"rollout": {"spot": {"gpusPerWorker": 2, "tensorParallel": 2}}},  # engine torch (the default)
+    {"rollout": {"reserved": {"engine": "sglang", "gpusPerWorker": 1, "tensorParallel": 2}}},
 ]
 
 

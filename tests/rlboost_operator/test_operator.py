@@ -382,3 +382,59 @@ def test_busy_sizing_follows_the_step_reports_within_the_nodes_capacity(operator
     wait_until(scaled_to(2, report(1, busy=0.95, wait_s=50.0)), timeout=20, interval=0.3, what="busy spot grows")
     wait_until(lambda: status_of(api, "busy")["workers"].get("spotTarget") == 2, timeout=20, what="grown target")
     assert status_of(api, "busy")["workers"]["spotReason"] == "SpotBusyScaled"
+
+
+def test_spot_variants_get_a_deployment_each_and_the_status_prices_each(operator, job_nats):
+    """rollout.spot.variants: one Deployment per variant on its own nodes, with its GPU requests and its share of
+    the ask (the cheaper per request slot first, bounded by its maxReplicas and its nodes); the status's cost counts
+    each variant's ready workers at its own price."""
+    api = operator
+    accelerator = "cloud.google.com/gke-accelerator"
+    variants = [
+        {"name": "l4", "accelerator": "nvidia-l4", "pricePerGpuHour": 0.7, "maxReplicas": 2,
+         "nodeSelector": {accelerator: "nvidia-l4"}},
+        {"name": "a10g", "accelerator": "nvidia-a10g", "pricePerGpuHour": 1.0, "gpusPerWorker": 2,
+         "tensorParallel": 2, "maxReplicas": 4, "nodeSelector": {accelerator: "nvidia-a10g"}},
+    ]  # fmt: skip
+    spec = {
+        "trainer": {"ranks": 1, "gpusPerRank": 1},
+        "rollout": {"reserved": {"replicas": 1, "gpusPerWorker": 1},
+                    "spot": {"engine": "sglang", "minReplicas": 0, "maxReplicas": 6, "variants": variants}},
+        "prices": {"reservedPerGpuHour": 10.0, "spotPerGpuHour": 99.0},
+    }  # fmt: skip
+    for name, kind, gpus in [("l4-a", "nvidia-l4", 1), ("l4-b", "nvidia-l4", 1), ("l4-c", "nvidia-l4", 1),
+                             ("a10g-a", "nvidia-a10g", 4)]:  # fmt: skip
+        node = spot_node(name, gpus=gpus)
+        node["metadata"]["labels"][accelerator] = kind
+        api.create("Node", node)
+    api.create("RLJob", rljob("mixed", spec))
+
+    def replicas(variant: str) -> int | None:
+        dep = api.get("Deployment", NS, f"mixed-workers-spot-{variant}")
+        return dep["spec"]["replicas"] if dep else None
+
+    wait_until(lambda: (replicas("l4"), replicas("a10g")) == (2, 2), timeout=20, what="2 L4 and 2 A10G workers")
+    assert api.get("Deployment", NS, "mixed-workers-spot") is None
+    for variant, kind, gpus in [("l4", "nvidia-l4", "1"), ("a10g", "nvidia-a10g", "2")]:
+        pod = api.get("Deployment", NS, f"mixed-workers-spot-{variant}")["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {accelerator: kind}
+        assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == gpus
+    wait_until(lambda: status_of(api, "mixed")["workers"].get("spotSplit") is not None, timeout=20, what="split")
+    assert status_of(api, "mixed")["workers"]["spotSplit"] == [{"name": "l4", "replicas": 2},
+                                                                {"name": "a10g", "replicas": 2}]  # fmt: skip
+    job_nats.start(api, NS, "mixed")
+    for name in ("mixed-workers-reserved", "mixed-workers-spot-l4", "mixed-workers-spot-a10g"):
+        api.patch("Deployment", NS, name, {"status": {"readyReplicas": 1 if name.endswith("reserved") else 2}})
+    report = StepReport(step=1, reward_mean=0.5, tokens=100, rollout_seconds=1.0, train_seconds=0.0,
+                        sync_seconds=0.0, weight_version=1, weights_checksum="x")  # fmt: skip
+    steps = subject(NS, "mixed", "steps")
+
+    def reported() -> bool:
+        _publish(job_nats, [(steps, report.model_dump_json().encode())])
+        return status_of(api, "mixed").get("step") == 1
+
+    wait_until(reported, timeout=20, interval=0.3, what="status.step == 1")
+    st = status_of(api, "mixed")
+    assert st["workers"]["spot"] == 4
+    assert st["workers"]["spotVariants"] == [{"name": "l4", "ready": 2}, {"name": "a10g", "ready": 2}]
+    assert st["costPerHour"] == pytest.approx(2 * 10.0 + 2 * 1 * 0.7 + 2 * 2 * 1.0)  # trainer + reserved, L4, A10G

@@ -13,6 +13,8 @@ temporary one for ''), builds the engine from the config while it pulls the weig
 needs nothing but the weight-server's address.
 Peer fan-out (`--peer-port`, 0 = any free port, -1 = off; `--peer-advertise`, `--zone`, `--region`): the worker
 serves the weight payloads it holds to other workers and pulls from them first (rlboost.weights.fanout).
+`--variant NAME` (with `--pool spot`): the worker is one of the spot variant rollout.spot.variants names and takes
+its capacity and tensorParallel (SGLang's tp_size); it registers in the spot pool like any spot worker.
 SIGTERM drains: DrainNotice, abort running requests, flush every token, close the stream, exit 0.
 Colocation (`trainer.colocateReserved: true`, reserved workers with NATS): the worker follows the trainer's
 release / resume commands on rlboost.<ns>.<job>.colocation and acks each on ...colocation-acks.
@@ -34,6 +36,7 @@ import tempfile
 from rlboost.observability import serve_http, setup_logging
 from rlboost.options.base import parse_service_args
 from rlboost.options.worker import WorkerOptions
+from rlboost.spec import PoolSpec
 from rlboost.wire.rollout_io import Pool
 
 log = logging.getLogger("rollout_worker")
@@ -56,8 +59,8 @@ async def _amain(args: WorkerOptions) -> int:
     except CredentialsError as err:
         print(f"{PROG}: --credentials-dir: {err}", file=sys.stderr)
         return 1
-    pool_spec = getattr(args.spec.rollout, args.pool)
-    engine = _make_engine(args.engine or pool_spec.engine, args.capacity or pool_spec.capacity, args)
+    pool_spec = _pool_spec(args)
+    engine = _make_engine(args.engine or pool_spec.engine, args.capacity or pool_spec.capacity, args, pool_spec)
     client = puller = nats = pulled_dir = fanout = None
     _stop_early_on_sigterm()
     try:
@@ -102,7 +105,8 @@ async def _amain(args: WorkerOptions) -> int:
         log.info(
             "worker ready",
             extra={"worker_id": cfg.worker_id, "weight_version": version, "capacity": cfg.capacity,
-                   "engine": args.engine or pool_spec.engine, "device": args.device, "dtype": args.dtype},
+                   "engine": args.engine or pool_spec.engine, "device": args.device, "dtype": args.dtype,
+                   "variant": args.variant, "tensor_parallel": pool_spec.tensor_parallel},
         )  # fmt: skip
         await session.run()
         log.info("worker stopped", extra={"worker_id": cfg.worker_id})
@@ -223,11 +227,25 @@ async def _start_beside_first_pull(engine, model_dir: str, puller, timeout: floa
     return pulled.version
 
 
-def _make_engine(name: str, capacity: int, args: WorkerOptions):
+def _pool_spec(args: WorkerOptions) -> PoolSpec:
+    """The spec's pool this worker is one of: rollout.<pool>, or the spot variant `--variant` names."""
+    if not args.variant:
+        return getattr(args.spec.rollout, args.pool)
+    if args.pool != "spot":
+        raise SystemExit(f"{PROG}: --variant {args.variant!r}: variants are of the spot pool; add --pool spot")
+    try:
+        return args.spec.rollout.spot.variant_pool(args.variant)
+    except KeyError as err:
+        raise SystemExit(f"{PROG}: --variant: {err.args[0]}") from None
+
+
+def _make_engine(name: str, capacity: int, args: WorkerOptions, pool: PoolSpec):
     from rollout_worker.engine import make_engine
 
     try:
-        return make_engine(name, capacity=capacity, dtype=args.dtype, device=args.device)
+        return make_engine(
+            name, capacity=capacity, dtype=args.dtype, device=args.device, tensor_parallel=pool.tensor_parallel
+        )
     except ValueError as err:
         raise SystemExit(f"{PROG}: --engine: {err}") from None
 

@@ -137,10 +137,14 @@ class SglangEngine(Engine):
         mem_fraction_static: float | None = None,
         enable_memory_saver: bool = False,
         extra_args: Mapping[str, Any] | None = None,
+        tensor_parallel: int = 1,
     ) -> None:
         if capacity <= 0:
             raise ValueError(f"capacity: must be > 0, got {capacity}")
+        if tensor_parallel < 1:
+            raise ValueError(f"tensorParallel: must be >= 1, got {tensor_parallel}")
         self.capacity = capacity
+        self.tensor_parallel = tensor_parallel  # SGLang's tp_size: the model sharded over this many accelerators
         self.dtype = dtype
         self.device = device
         self.mem_fraction_static = mem_fraction_static
@@ -183,6 +187,8 @@ class SglangEngine(Engine):
             "random_seed": 0,
             "log_level": "error",
         }
+        if self.tensor_parallel > 1:
+            kwargs["tp_size"] = self.tensor_parallel
         if self.on_cpu:
             kwargs.update(CPU_ENGINE_KWARGS)
             # On CPU SGLang sizes its KV pool from *system* memory: three engines on one machine
