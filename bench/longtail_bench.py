@@ -272,17 +272,18 @@ def _progress(items: list, what: str):
 def _console():
     from rich.console import Console
 
-    return Console(stderr=True)
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 120)  # a log keeps the whole table
 
 
 def _print(result: dict) -> None:
     from rich.table import Table
 
-    cols = ("runs", "step_wall_median_s", "step_wall_p90_s", "samples_per_second", "offloaded", "migrated",
-            "lost_samples", "response_length_p90", "load_avg_1m")  # fmt: skip
-    table = Table("config", *cols, title="rlboost local, long-tailed responses")
+    columns = {"runs": "runs", "step_wall_median_s": "step s p50", "step_wall_p90_s": "step s p90",
+               "samples_per_second": "samples/s", "offloaded": "offloaded", "migrated": "migrated",
+               "lost_samples": "lost", "response_length_p90": "len p90", "load_avg_1m": "load"}  # fmt: skip
+    table = Table("config", *columns.values(), title="rlboost local, long-tailed responses")
     for name, s in result["configs"].items():
-        table.add_row(name, *(str(s[k]) for k in cols))
+        table.add_row(name, *(str(s[k]) for k in columns))
     console = _console()
     console.print(table)
     console.print(f"runs, reports and plot: {result['out']}")
