@@ -108,14 +108,18 @@ def step_done_times(trainer_log: Path) -> dict[int, float]:
     return times
 
 
-def run_figures(report: dict, times: dict[int, float], samples_per_step: int) -> dict:
-    """One run's figures from its JSON report and the trainer's step times (step 0 excluded: workers load)."""
+def run_figures(report: dict, times: dict[int, float], samples_per_step: int, steps_asked: int) -> dict:
+    """One run's figures from its JSON report and the trainer's step times (step 0 excluded: workers load).
+
+    Lost samples: asked for (every step of the spec, so a run that died counts what it never delivered) and
+    neither trained on nor skipped as too stale.
+    """
     steps = sorted(times)
     walls = [round(times[b] - times[a], 3) for a, b in zip(steps, steps[1:], strict=False)]
     by_step = {s["step"]: s for s in report.get("steps", [])}
     timed = [by_step[s] for s in steps[1:] if s in by_step]
     samples = sum(s["trajectories"] for s in timed)
-    asked = samples_per_step * len(report.get("steps", []))
+    asked = samples_per_step * steps_asked
     accounted = sum(s["trajectories"] + s["off_policy"] for s in report.get("steps", []))
     lengths = [s["response_length"] for s in report.get("steps", []) if s.get("response_length")]
     return {
@@ -153,6 +157,7 @@ def local_run(spec: dict, workdir: Path, label: str) -> dict:
         json.loads(report.read_text()) if report.exists() else {"ok": False, "error": f"exit {done.returncode}"},
         step_done_times(run_dir / "logs" / "trainer.log"),
         spec["algorithm"]["promptsPerStep"] * spec["algorithm"]["groupSize"],
+        spec["algorithm"]["steps"],
     )
     return figures | {"exit_code": done.returncode, "load_before": load_before, "load_after": os.getloadavg()[0]}
 

@@ -75,7 +75,7 @@ def test_figures_and_summary_schema(tmp_path: Path) -> None:
     log = tmp_path / "trainer.log"
     lines = [{"ts": 100.0 + 2 * s * s, "msg": "step done", "step": s} for s in range(3)]  # walls 2 s then 6 s
     log.write_text("not json\n" + "\n".join(json.dumps(x) for x in lines) + "\n")
-    run = bench.run_figures(json.loads(report.model_dump_json()), bench.step_done_times(log), samples_per_step=8)
+    run = bench.run_figures(json.loads(report.model_dump_json()), bench.step_done_times(log), 8, steps_asked=3)
     assert run["step_wall_seconds"] == [2.0, 6.0]
     assert run["samples_per_second"] == round(14 / 8, 3)
     assert (run["offloaded"], run["migrated"], run["lost_samples"]) == (3, 5, 2)
@@ -84,3 +84,5 @@ def test_figures_and_summary_schema(tmp_path: Path) -> None:
     assert summary["step_wall_median_s"] == 4.0 and summary["step_wall_p90_s"] == 6.0
     assert (summary["offloaded"], summary["lost_samples"], summary["load_avg_1m"]) == (6, 4, 1.5)
     json.dumps(summary)  # the --json output is plain JSON
+    died = bench.run_figures({"ok": False, "error": "exit 1"}, {}, 8, steps_asked=3)
+    assert (died["ok"], died["lost_samples"], died["step_wall_seconds"]) == (False, 24, [])
