@@ -29,7 +29,7 @@ from typing import Any
 
 import kopf
 
-from rlboost.auth.credentials import CA_CERT, generate_items
+from rlboost.auth.credentials import CA_CERT, added_items, generate_items
 from rlboost.auth.nats import client_options
 from rlboost.spec import JobSpec, SpotPoolSpec
 from rlboost.wire.events import JobDone, PreemptionNotice, StepReport
@@ -184,6 +184,10 @@ async def _ensure_credentials(namespace: str, job: str, body: kopf.Body) -> None
         await _create_adopted(children.credentials_secret(job, namespace, items), body)
     else:
         items = children.secret_items(found)
+        if added := added_items(items):  # made before these items existed: add them, keep the rest
+            patch = children.credentials_secret(job, namespace, added)
+            await kube.patch("Secret", namespace, n["credentials"], {"data": patch["data"]})
+            items |= added
     if await kube.get("Secret", namespace, n["nats_config"]) is None:
         await _create_adopted(children.nats_config_secret(job, namespace, items), body)
     if (namespace, job) not in STATE.nats:

@@ -89,11 +89,19 @@ def write_endpoints(plan: LocalPlan) -> None:
 
 def ensure_credentials(directory: Path) -> None:
     """The job's credentials, made on the first run and kept by later ones (a resumed job keeps its keys)."""
-    from rlboost.auth.credentials import NATS_USERS, TOKEN_ROLES, generate, nats_password_file, token_file
+    from rlboost.auth.credentials import (
+        NATS_USERS,
+        TOKEN_ROLES,
+        add_missing,
+        generate,
+        nats_password_file,
+        token_file,
+    )
 
     wanted = [token_file(r) for r in TOKEN_ROLES] + [nats_password_file(u) for u in NATS_USERS]
     if not all((directory / name).is_file() for name in wanted):
         generate(directory)
+    add_missing(directory)  # an older job's credentials get the items added since (its other keys kept)
 
 
 def ensure_model(spec: JobSpec, plan: LocalPlan, console: Console) -> None:
