@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -163,15 +162,6 @@ async def _write_model_failure(rljob: Any, problem: model_source.ModelProblem) -
     patch = status.model_failed_status(problem.field, problem.reason, problem.message, previous, generation=generation)
     await _kube().patch("RLJob", meta.get("namespace") or "default", meta["name"], {"status": patch}, sub="status")
     kopf.warn(rljob, reason=problem.reason, message=message)
-
-
-async def _ensure_token(namespace: str, job: str, body: kopf.Body) -> None:
-    """The job's upload token: generated once, never rewritten (running pods hold it)."""
-    kube = _kube()
-    if await kube.get("Secret", namespace, children.names(job)["token"]) is None:
-        secret = children.token_secret(job, namespace, secrets.token_urlsafe(32))
-        kopf.adopt(secret, owner=body)
-        await kube.create(secret)
 
 
 async def _ensure_credentials(namespace: str, job: str, body: kopf.Body) -> None:
@@ -324,7 +314,6 @@ async def _apply_children(body: kopf.Body, spec: JobSpec) -> bool:
         None if ended else _spot_decision(namespace, job, spec, saved.get("spotAsk"), spot_busy.saved_target(saved))
     )
     replicas = decision.replicas if decision else 0
-    await _ensure_token(namespace, job, body)
     await _ensure_credentials(namespace, job, body)
     for child in children.build_children(job, namespace, spec, STATE.settings, replicas, finished=ended):
         if children.adopted(child):

@@ -63,7 +63,6 @@ def test_create_builds_adopted_children_and_update_patches_them(operator):
     wait_until(lambda: api.get("Deployment", NS, "demo-workers-spot"), timeout=20, what="the spot Deployment")
     for kind, name in [
         ("ConfigMap", "demo-config"),
-        ("Secret", "demo-token"),
         ("StatefulSet", "demo-trainer"),
         ("Service", "demo-trainer"),
         ("Deployment", "demo-manager"),
@@ -321,7 +320,7 @@ def test_inconsistent_rljob_fails_with_a_condition_and_no_children(operator):
         assert cond["type"] == "Valid" and cond["status"] == "False" and cond["reason"] == "InvalidSpec"
         assert f"spec.{field}" in cond["message"], cond
         assert api.get("Deployment", NS, f"{name}-manager") is None
-        assert api.get("Secret", NS, f"{name}-token") is None
+        assert api.get("Secret", NS, f"{name}-credentials") is None
     events = [e for e in api.list("Event", NS) if e.get("reason") == "InvalidSpec"]
     assert {e["involvedObject"]["name"] for e in events} >= {"toomany", "badreward", "minmax"}
     assert any("spec.task.reward" in e["message"] for e in events), json.dumps(events)[:500]
