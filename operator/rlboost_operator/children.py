@@ -1,7 +1,7 @@
 """Pure builders of an RLJob's children: plain Kubernetes manifests (dicts), no API calls.
 
 `build_children(job, namespace, spec, settings, spot_replicas)` returns every child except the Secrets made once
-and never rewritten: the token Secret (`token_secret`), the job's credentials (`credentials_secret`, items of
+and never rewritten: the job's credentials (`credentials_secret`, items of
 rlboost.auth.credentials; each role's pods mount only its ROLE_ITEMS at /etc/rlboost/credentials) and its NATS
 configuration (`nats_config_secret`). Each job has its own NATS (a Deployment and Service, TLS with the job CA,
 one user per role with rights on that job's subjects only) and, unless the operator's settings say otherwise, a
@@ -9,8 +9,8 @@ NetworkPolicy letting only the job's own pods in (the operator to NATS, the moni
 Job pods run with a read-only root filesystem (an emptyDir at /tmp, which is $HOME, for what they write), no
 service-account token, and CPU and memory requests from the spec. Each container's command is rendered
 from its service's options model in `rlboost.options`, for a `Site` whose sockets bind 0.0.0.0 (probes and
-Prometheus reach the pod's IP); the job spec travels in a ConfigMap mounted at /etc/rlboost/job.yaml, the
-upload token in a Secret.
+Prometheus reach the pod's IP); the job spec travels in a ConfigMap mounted at /etc/rlboost/job.yaml, every
+token in the credentials Secret.
 
 The model (spec.model): the trainer and the reserved workers get it before they start, from an init container
 `fetch-model` that runs `python -m rlboost.models.fetch` into an emptyDir mounted at /models (the model at
@@ -45,8 +45,7 @@ from rlboost_operator.config import OperatorSettings
 
 MANAGER_PORT, WEIGHTS_PORT, METRICS_PORT, RENDEZVOUS_PORT = 50051, 8000, 9090, 29500
 PEER_PORT = 8700  # a worker serves the weights it holds to the job's other workers (peer fan-out)
-CONFIG_PATH, TOKEN_DIR = "/etc/rlboost/job.yaml", "/etc/rlboost/token"
-TOKEN_FILE = f"{TOKEN_DIR}/token"
+CONFIG_PATH = "/etc/rlboost/job.yaml"
 CHECKPOINT_DIR = "/data/checkpoints"  # on the trainer rank's PVC: a restarted trainer resumes from it
 CONFIG_HASH = "rlboost.io/config-hash"  # pod template annotation: what the pods run; a change rolls them
 # Spec fields only the operator reads: an edit of them must not roll the pods (it would cost the trainer the
@@ -75,7 +74,6 @@ def names(job: str) -> dict[str, str]:
     """Names of a job's children."""
     return {
         "config": f"{job}-config",
-        "token": f"{job}-token",
         "credentials": f"{job}-credentials",
         "nats": f"{job}-nats",
         "nats_config": f"{job}-nats-config",
@@ -156,7 +154,6 @@ def site(job: str, namespace: str, settings: OperatorSettings) -> Site:
         manager_address=f"{n['manager']}.{namespace}.svc:{MANAGER_PORT}",
         # https: the weight-server serves TLS with the job CA's certificate for this name (tls_hosts)
         weight_server_url=f"https://{n['weights']}.{namespace}.svc:{WEIGHTS_PORT}",
-        token_file=TOKEN_FILE,
         credentials_dir=CREDENTIALS_DIR,
     )
 
@@ -197,27 +194,20 @@ def credentials_volume(job: str, role: str) -> dict[str, Any]:
     return {"name": "credentials", "secret": secret}
 
 
-def _volumes(job: str, token: bool, role: str) -> list[dict[str, Any]]:
-    n = names(job)
-    out: list[dict[str, Any]] = [
-        {"name": "config", "configMap": {"name": n["config"]}},
+def _volumes(job: str, role: str) -> list[dict[str, Any]]:
+    return [
+        {"name": "config", "configMap": {"name": names(job)["config"]}},
         credentials_volume(job, role),
         {"name": "scratch", "emptyDir": {}},
     ]
-    if token:
-        out.append({"name": "token", "secret": {"secretName": n["token"], "defaultMode": 0o440}})
-    return out
 
 
-def _mounts(token: bool) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [
+def _mounts() -> list[dict[str, Any]]:
+    return [
         {"name": "config", "mountPath": CONFIG_PATH, "subPath": "job.yaml", "readOnly": True},
         {"name": "credentials", "mountPath": CREDENTIALS_DIR, "readOnly": True},
         {"name": "scratch", "mountPath": SCRATCH_DIR},
     ]
-    if token:
-        out.append({"name": "token", "mountPath": TOKEN_DIR, "readOnly": True})
-    return out
 
 
 def _topology_env() -> list[dict[str, Any]]:
@@ -274,7 +264,7 @@ def fetch_model_container(
         "securityContext": _security(),
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [*_mounts(False), _model_mount(model)],
+        "volumeMounts": [*_mounts(), _model_mount(model)],
     }
 
 
@@ -312,10 +302,6 @@ def config_map(job: str, namespace: str, spec: JobSpec) -> dict[str, Any]:
         "metadata": _meta(names(job)["config"], namespace, labels(job, "config")),
         "data": {"job.yaml": dump_job_spec(spec)},
     }
-
-
-def token_secret(job: str, namespace: str, token: str) -> dict[str, Any]:
-    return _secret(names(job)["token"], namespace, labels(job, "token"), {"token": token.encode()})
 
 
 def _secret(name: str, namespace: str, lbl: dict[str, str], items: Mapping[str, bytes]) -> dict[str, Any]:
@@ -464,9 +450,9 @@ def manager(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings)
         "env": _scratch_env(),
         "resources": _resources(0, spec.services.manager),
         "securityContext": _security(),
-        "volumeMounts": _mounts(False),
+        "volumeMounts": _mounts(),
     }
-    pod = _pod_spec([container], _volumes(job, False, "manager"))
+    pod = _pod_spec([container], _volumes(job, "manager"))
     dep = _deployment(n, namespace, lbl, sel, 1, pod)
     return [dep, _service(n, namespace, lbl, sel, {"grpc": MANAGER_PORT, "metrics": METRICS_PORT})]
 
@@ -487,9 +473,9 @@ def weight_server(job: str, namespace: str, spec: JobSpec, settings: OperatorSet
         "env": _scratch_env(),
         "resources": _resources(0, spec.services.weight_server),
         "securityContext": _security(),
-        "volumeMounts": [*_mounts(True), {"name": "data", "mountPath": "/data"}],
+        "volumeMounts": [*_mounts(), {"name": "data", "mountPath": "/data"}],
     }
-    volumes = [*_volumes(job, True, "weight-server"), {"name": "data", "persistentVolumeClaim": {"claimName": n}}]
+    volumes = [*_volumes(job, "weight-server"), {"name": "data", "persistentVolumeClaim": {"claimName": n}}]
     pvc_spec: dict[str, Any] = {
         "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": settings.weights_storage}},
@@ -533,7 +519,7 @@ def trainer(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings)
         "livenessProbe": _probe("metrics"),
         "resources": _resources(spec.trainer.gpus_per_rank, spec.trainer.resources),
         "securityContext": _security(),
-        "volumeMounts": [*_mounts(True), {"name": "data", "mountPath": "/data"}, _model_mount(spec.model)],
+        "volumeMounts": [*_mounts(), {"name": "data", "mountPath": "/data"}, _model_mount(spec.model)],
     }
     pvc_spec: dict[str, Any] = {
         "accessModes": ["ReadWriteOnce"],
@@ -556,7 +542,7 @@ def trainer(job: str, namespace: str, spec: JobSpec, settings: OperatorSettings)
             "selector": {"matchLabels": sel},
             "template": {
                 "metadata": {"labels": lbl},
-                "spec": _pod_spec([container], [*_volumes(job, True, "trainer"), _model_volume(spec.model)], extra),
+                "spec": _pod_spec([container], [*_volumes(job, "trainer"), _model_volume(spec.model)], extra),
             },
             "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": pvc_spec}],
             # Checkpoints survive scaling to zero always, the RLJob's deletion per spec.retention.pvcs.
@@ -624,7 +610,7 @@ def worker(
         "livenessProbe": _probe("metrics"),
         "resources": _resources(pool.gpus_per_worker, pool.resources),
         "securityContext": _security(),
-        "volumeMounts": [*_mounts(False), *([_model_mount(local)] if local else [])],
+        "volumeMounts": [*_mounts(), *([_model_mount(local)] if local else [])],
     }
     if pool_name == "spot":
         sched = spot.spot_scheduling(pool)
@@ -634,7 +620,7 @@ def worker(
         sched = spot.reserved_scheduling(pool)
     # Spot pods get the notice window (up to 120 s on GKE) to drain; the manager migrates their tokens.
     extra = {**sched, "terminationGracePeriodSeconds": 25 if pool_name == "spot" else 60}
-    volumes = [*_volumes(job, False, "worker"), *([_model_volume(local)] if local else [])]
+    volumes = [*_volumes(job, "worker"), *([_model_volume(local)] if local else [])]
     if local:
         extra["initContainers"] = [fetch_model_container(local, settings, pool.engine, pool.resources)]
     return _deployment(n, namespace, lbl, sel, replicas, _pod_spec([container], volumes, extra))

@@ -22,14 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
-from rlboost.auth.credentials import CA_CERT, generate_items
+from rlboost.auth.credentials import CA_CERT, added_items, generate_items
 from rlboost.auth.nats import client_options
 from rlboost.spec import JobSpec, SpotPoolSpec
 from rlboost.wire.events import JobDone, PreemptionNotice, StepReport
@@ -165,15 +164,6 @@ async def _write_model_failure(rljob: Any, problem: model_source.ModelProblem) -
     kopf.warn(rljob, reason=problem.reason, message=message)
 
 
-async def _ensure_token(namespace: str, job: str, body: kopf.Body) -> None:
-    """The job's upload token: generated once, never rewritten (running pods hold it)."""
-    kube = _kube()
-    if await kube.get("Secret", namespace, children.names(job)["token"]) is None:
-        secret = children.token_secret(job, namespace, secrets.token_urlsafe(32))
-        kopf.adopt(secret, owner=body)
-        await kube.create(secret)
-
-
 async def _ensure_credentials(namespace: str, job: str, body: kopf.Body) -> None:
     """The job's credentials and its NATS configuration: made once, never rewritten (running pods hold them); and
     the operator's link to the job's NATS, as its user `operator`."""
@@ -184,6 +174,10 @@ async def _ensure_credentials(namespace: str, job: str, body: kopf.Body) -> None
         await _create_adopted(children.credentials_secret(job, namespace, items), body)
     else:
         items = children.secret_items(found)
+        if added := added_items(items):  # made before these items existed: add them, keep the rest
+            patch = children.credentials_secret(job, namespace, added)
+            await kube.patch("Secret", namespace, n["credentials"], {"data": patch["data"]})
+            items |= added
     if await kube.get("Secret", namespace, n["nats_config"]) is None:
         await _create_adopted(children.nats_config_secret(job, namespace, items), body)
     if (namespace, job) not in STATE.nats:
@@ -365,7 +359,6 @@ async def _apply_children(body: kopf.Body, spec: JobSpec) -> bool:
     )
     replicas = decision.replicas if decision else 0
     split = _spot_split(namespace, job, spec, decision) if decision else {}
-    await _ensure_token(namespace, job, body)
     await _ensure_credentials(namespace, job, body)
     built = children.build_children(job, namespace, spec, STATE.settings, replicas, finished=ended, spot_split=split)
     for child in built:

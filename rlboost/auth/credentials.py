@@ -12,6 +12,9 @@ Files (every one mode 0600):
   observer); the NATS server's configuration gives each user publish/subscribe rights on its job's subjects.
 - `manifest.key` / `manifest.pub`: the Ed25519 key pair (PEM) the trainer signs each weight version's
   manifest with and workers verify it with.
+- `manager-ticket.key`: the rollout-manager's HMAC key for the tickets it gives with each assignment (a worker
+  hands a ticket back with a response it held across a manager restart; only the manager mounts it, and it
+  outlives the manager's process so a restarted manager can check the tickets its predecessor gave).
 - `ca.crt`, `tls-<service>.crt`, `tls-<service>.key`: TLS (made when `tls_hosts` is given, as the operator
   does): a per-job CA and a server certificate for the manager, the weight-server and NATS.
 
@@ -33,6 +36,7 @@ TOKEN_ROLES = ("trainer", "worker", "observer")
 NATS_USERS = ("operator", "trainer", "manager", "worker", "weight-server", "observer")
 TLS_SERVICES = ("manager", "weight-server", "nats")
 SIGNING_KEY, VERIFY_KEY, CA_CERT = "manifest.key", "manifest.pub", "ca.crt"
+TICKET_KEY = "manager-ticket.key"
 
 # What each pod role mounts: everything it presents, verifies or serves with, and nothing else.
 ROLE_ITEMS: dict[str, tuple[str, ...]] = {
@@ -43,6 +47,7 @@ ROLE_ITEMS: dict[str, tuple[str, ...]] = {
         "token-worker",
         "token-observer",
         "nats-manager.pass",
+        TICKET_KEY,
         CA_CERT,
         "tls-manager.crt",
         "tls-manager.key",
@@ -84,9 +89,28 @@ def generate_items(tls_hosts: Mapping[str, Iterable[str]] | None = None) -> dict
     items = {token_file(r): secrets.token_urlsafe(32).encode() for r in TOKEN_ROLES}
     items |= {nats_password_file(u): secrets.token_urlsafe(24).encode() for u in NATS_USERS}
     items |= _signing_pair()
+    items |= added_items(())
     if tls_hosts:
         items |= _tls_items(tls_hosts)
     return items
+
+
+# Items a job's credentials may lack because they were made before the item existed, and how to make each.
+_ADDED = {TICKET_KEY: lambda: secrets.token_urlsafe(32).encode()}
+
+
+def added_items(present: Iterable[str]) -> dict[str, bytes]:
+    """Fresh values of the items added since a job's credentials could have been made without them, that
+    `present` (the names a job's credentials hold) lacks: the operator and `rlboost local` add them to an older
+    job's credentials without touching the rest (running pods hold those)."""
+    have = set(present)
+    return {name: make() for name, make in _ADDED.items() if name not in have}
+
+
+def add_missing(directory: Path) -> None:
+    """Write into an existing credentials directory the items added since it was made (added_items)."""
+    for name, data in added_items(p.name for p in directory.iterdir()).items():
+        _write_private(directory / name, data)
 
 
 def generate(directory: Path, tls_hosts: Mapping[str, Iterable[str]] | None = None) -> JobCredentials:
@@ -198,6 +222,10 @@ class JobCredentials:
         from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
         return load_pem_public_key(self.read(VERIFY_KEY))
+
+    def ticket_key(self) -> bytes:
+        """The rollout-manager's HMAC key for assignment tickets."""
+        return self.read(TICKET_KEY)
 
     def tls(self, service: str) -> tuple[bytes, bytes, bytes] | None:
         """(CA, certificate, key) PEM of `service`'s server TLS, or None where no TLS was made (local runs)."""

@@ -34,7 +34,7 @@ HOST = LOOPBACK
 class LocalOptions(BaseModel):
     """What `rlboost local` was asked for beyond the job spec."""
 
-    run_dir: Path = Field(description="Directory of this run: job.yaml, token, logs/, model/, weights/, report.")
+    run_dir: Path = Field(description="Directory of this run: job.yaml, credentials/, logs/, model/, weights/, report.")
     namespace: str = Field("local", description="NATS subject namespace passed to every service.")
     job: str = Field("local", description="Job name passed to every service (NATS subjects, metrics labels).")
     dump_rollouts: Path | None = Field(None, description="Trainer writes every finished sample here as JSON lines.")
@@ -102,7 +102,6 @@ class LocalPlan:
     spec: JobSpec
     options: LocalOptions
     job_file: Path
-    token_file: Path
     credentials_dir: Path
     model_dir: Path
     log_dir: Path
@@ -146,7 +145,7 @@ class LocalPlan:
         o = self.options
         return Site(config=str(self.job_file), nats_url=self.nats_url, namespace=o.namespace, job=o.job,
                     bind_host=HOST, manager_address=self.manager_address, weight_server_url=self.weight_server_url,
-                    token_file=str(self.token_file), credentials_dir=str(self.credentials_dir),
+                    credentials_dir=str(self.credentials_dir),
                     log_level=o.log_level)  # fmt: skip
 
     @property
@@ -263,7 +262,7 @@ def build_plan(
     run_dir = options.run_dir
     ports = {name: port_fn() for name in ("nats", "ws", "mgr", "mgr_metrics", "trainer_metrics")}
     plan = LocalPlan(
-        spec=spec, options=options, job_file=run_dir / "job.yaml", token_file=run_dir / "token",
+        spec=spec, options=options, job_file=run_dir / "job.yaml",
         credentials_dir=run_dir / "credentials",
         model_dir=model_dir_for(spec, run_dir), log_dir=run_dir / "logs",
         nats_port=ports["nats"], weight_server_port=ports["ws"], manager_port=ports["mgr"],

@@ -11,7 +11,6 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import signal
 import time
 from dataclasses import dataclass, field
@@ -66,14 +65,10 @@ class LocalRunError(RuntimeError):
 
 
 def prepare_run_dir(spec: JobSpec, plan: LocalPlan) -> None:
-    """Write job.yaml (what every child reads) and a random upload token (mode 600)."""
+    """Write job.yaml (what every child reads) and the job's credentials (made once, kept by later runs)."""
     plan.options.run_dir.mkdir(parents=True, exist_ok=True)
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     plan.job_file.write_text(dump_job_spec(spec))
-    fd = os.open(plan.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32) + "\n")
-    os.chmod(plan.token_file, 0o600)  # also when the file already existed
     ensure_credentials(plan.credentials_dir)
     fd = os.open(plan.nats_config_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds passwords
     with os.fdopen(fd, "w") as f:
@@ -89,11 +84,19 @@ def write_endpoints(plan: LocalPlan) -> None:
 
 def ensure_credentials(directory: Path) -> None:
     """The job's credentials, made on the first run and kept by later ones (a resumed job keeps its keys)."""
-    from rlboost.auth.credentials import NATS_USERS, TOKEN_ROLES, generate, nats_password_file, token_file
+    from rlboost.auth.credentials import (
+        NATS_USERS,
+        TOKEN_ROLES,
+        add_missing,
+        generate,
+        nats_password_file,
+        token_file,
+    )
 
     wanted = [token_file(r) for r in TOKEN_ROLES] + [nats_password_file(u) for u in NATS_USERS]
     if not all((directory / name).is_file() for name in wanted):
         generate(directory)
+    add_missing(directory)  # an older job's credentials get the items added since (its other keys kept)
 
 
 def ensure_model(spec: JobSpec, plan: LocalPlan, console: Console) -> None:

@@ -182,7 +182,6 @@ class Site(BaseModel):
     bind_host: str = Field(min_length=1, description=f"{LOOPBACK} locally; {ANY_ADDRESS} in a pod.")
     manager_address: HostPort = Field(description="HOST:PORT the rollout-manager is dialled at.")
     weight_server_url: str = Field(min_length=1, description="Base URL the weight-server is reached at.")
-    token_file: str = Field(min_length=1, description="File holding the weight-server's upload token.")
     credentials_dir: str = Field("", description="Directory of the job's credentials ('' = none).")
     log_level: str = Field("INFO", description="Log level of every service.")
 

@@ -20,8 +20,13 @@ class WeightServerOptions(ServiceOptions):
 
     port: Port = Field(WEIGHT_SERVER_PORT, description="HTTP port.")
     data_dir: str = Field("./weights-data", min_length=1, description="Where the versions live.")
-    token_file: str = Field("", description="File holding the upload token ('' = the RLBOOST_TOKEN variable).")
-    read_token_file: str = Field("", description="File holding a token that reads must present ('' = open reads).")
+    token_file: str = Field(
+        "", description="Without --credentials-dir (a weight-server run alone): file holding the upload token "
+        "('' = the RLBOOST_TOKEN variable). With it, the job's trainer token uploads.",
+    )  # fmt: skip
+    read_token_file: str = Field(
+        "", description="Without --credentials-dir: file holding a token that reads must present ('' = open reads)."
+    )
     chunk_bytes: int | None = Field(
         None, ge=1, le=1 << 30, description="Payload chunk size in bytes (unset: the job spec's weightSync.chunkBytes)."
     )
@@ -44,4 +49,4 @@ DEFAULT_WEIGHT_SERVER_URL = f"http://{LOOPBACK}:{WEIGHT_SERVER_PORT}"  # what a 
 
 
 def weight_server_options(site: Site, port: int, data_dir: Path | str) -> WeightServerOptions:
-    return WeightServerOptions(**site.common(), port=port, data_dir=str(data_dir), token_file=site.token_file)
+    return WeightServerOptions(**site.common(), port=port, data_dir=str(data_dir))

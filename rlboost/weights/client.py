@@ -4,7 +4,7 @@
         await wc.upload(0, payload, kind="full", checksum=digest)
         data = await wc.pull(0)            # every chunk's sha256 verified (chunks tile the payload)
         await wc.upload_asset("config.json", text)  # the model's config, tokenizer... (before version 0)
-        await wc.pull_assets(model_dir)    # every asset, sha256 verified, each written atomically
+        await wc.pull_assets(model_dir)    # every asset, sha256 verified (signed, with a verifier), written atomically
 
 With a `verifier` (rlboost.weights.signing.ManifestVerifier: the job's public key) every manifest a pull or a
 sync plan brings is checked against the trainer's signature before a byte is fetched, sync plans leave out the
@@ -39,7 +39,7 @@ import httpx
 from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from rlboost.weights.signing import ManifestVerifier, WeightsRejectedError
+from rlboost.weights.signing import ASSET_MANIFEST, ManifestVerifier, WeightsRejectedError
 from rlboost.wire.peers_io import PeerRegistration, Source, SourceList, SourcesRequest
 from rlboost.wire.weights_io import (
     API_PREFIX,
@@ -455,21 +455,38 @@ class WeightClient:
         """One asset's bytes, checked against its sha256."""
         data = (await self._get(f"/assets/{info.name}")).content
         if hashlib.sha256(data).hexdigest() != info.sha256:
-            raise WeightServerError(0, f"asset {info.name}: its bytes do not match their sha256")
+            message = f"asset {info.name}: its bytes do not match their sha256"
+            raise WeightsRejectedError("asset", message) if self.verifier else WeightServerError(0, message)
         return data
 
     async def pull_assets(self, model_dir: str | Path) -> list[Path]:
-        """Write every asset into `model_dir` (each to a temporary file renamed into place); returns the paths."""
+        """Write every asset into `model_dir` (each to a temporary file renamed into place); returns the paths.
+        With a verifier, only the assets the trainer's signed asset manifest names, each checked against its
+        signed sha256 (WeightsRejectedError before anything is written)."""
         root = Path(model_dir)
+        listed = {a.name: a for a in (await self.assets()).assets}
+        signed_list = listed.pop(ASSET_MANIFEST, None)
+        if self.verifier is not None:
+            listed = await self._signed_assets(listed, signed_list)
+        fetched = [(info, await self.asset(info)) for info in listed.values()]
         root.mkdir(parents=True, exist_ok=True)
         written = []
-        for info in (await self.assets()).assets:
-            data = await self.asset(info)
+        for info, data in fetched:
             tmp = root / f".{info.name}.tmp"
             await asyncio.to_thread(tmp.write_bytes, data)
             await asyncio.to_thread(tmp.replace, root / info.name)
             written.append(root / info.name)
         return written
+
+    async def _signed_assets(self, listed: dict[str, AssetInfo], signed_list: AssetInfo | None) -> dict[str, AssetInfo]:
+        """The assets the trainer's signed asset manifest names, with its sha256s (not the server's)."""
+        assert self.verifier is not None
+        sha256s = self.verifier.check_assets(await self.asset(signed_list) if signed_list else None)
+        missing = sorted(set(sha256s) - set(listed))
+        if missing:
+            raise WeightsRejectedError("asset", f"the weight-server lacks the signed model assets {missing}")
+        # each fetched asset is then checked against the signed sha256, whatever the server lists
+        return {name: AssetInfo(name=name, size=listed[name].size, sha256=h) for name, h in sha256s.items()}
 
     async def upload_asset(self, name: str, data: bytes) -> AssetInfo:
         """PUT one model asset (needs the token); the same bytes again are accepted, other bytes refused."""

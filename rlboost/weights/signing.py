@@ -14,13 +14,19 @@ The trust chain (docs/architecture.md, "Authentic weights"):
    fetches must match its signed sha256, so every payload byte it applies is one the trainer signed. The state
    checksum the worker compares at the end is a signed field too.
 
+The model's assets (config, tokenizer, chat template: what a worker without a model directory builds its engine
+from) are signed too: the trainer uploads, beside them, one more asset `ASSET_MANIFEST` holding every asset's
+sha256 and a signature over them (`sign_assets`); a verifying worker reads it first and writes only assets it
+names, each matching its signed sha256 (`check_assets`), whatever the weight-server's asset list says.
+
 Compacted deltas are composed by the weight-server from the chain, so no trainer signature covers them (and the
 state checksum, built on xxh3, is not collision-resistant, so matching it proves nothing against a forger): a
 verifying worker asks for plans without them (`compact=0`) and refuses one that holds one anyway.
 
 Refusals raise `WeightsRejectedError` with a `reason` (the label of the worker's
 `rlboost_worker_weight_rejected_total`): `unsigned`, `bad_signature`, `plan` (a signed manifest, but not the
-version or chain asked for) or `payload` (bytes that never matched their signed sha256).
+version or chain asked for), `payload` (bytes that never matched their signed sha256) or `asset` (a model asset
+missing, or not the bytes the signed asset manifest names).
 """
 
 from __future__ import annotations
@@ -39,7 +45,9 @@ from rlboost.wire.weights_io import SIGNATURE_PATTERN, ChunkInfo, Manifest
 
 DOMAIN = b"rlboost weight manifest v1\n"  # a signature of this key over anything else never verifies as a manifest
 HASH_THREADS = 4  # chunk hashes in parallel beside the whole-payload sha256 (hashlib releases the GIL)
-REASONS = ("unsigned", "bad_signature", "plan", "payload")
+REASONS = ("unsigned", "bad_signature", "plan", "payload", "asset")
+ASSET_DOMAIN = b"rlboost model assets v1\n"  # an asset manifest's signature never verifies as a weight manifest's
+ASSET_MANIFEST = "rlboost-assets.json"  # the signed asset manifest, itself stored as an asset
 
 
 class WeightsRejectedError(Exception):
@@ -99,6 +107,11 @@ def describe_payload(
     )  # fmt: skip
 
 
+def canonical_assets(sha256s: dict[str, str]) -> bytes:
+    """The bytes an asset manifest's signature covers: every asset's name and sha256, in one fixed encoding."""
+    return ASSET_DOMAIN + json.dumps(sha256s, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
 class ManifestSigner:
     """The trainer's side: signs manifests with the job's Ed25519 private key."""
 
@@ -113,6 +126,14 @@ class ManifestSigner:
 
     def sign(self, m: Manifest) -> str:
         return base64.b64encode(self.key.sign(canonical_manifest(m))).decode()
+
+    def sign_assets(self, assets: dict[str, bytes]) -> bytes:
+        """The asset manifest (ASSET_MANIFEST's bytes) of these assets: their sha256s and the signature over them.
+        The same assets always give the same bytes (Ed25519 is deterministic), so a resumed trainer's upload of
+        it is accepted as the same asset."""
+        sha256s = {name: hashlib.sha256(data).hexdigest() for name, data in assets.items()}
+        signature = base64.b64encode(self.key.sign(canonical_assets(sha256s))).decode()
+        return json.dumps({"assets": sha256s, "signature": signature}, sort_keys=True).encode()
 
     def sign_payload(
         self, payload: bytes | bytearray | memoryview, *, version: int, kind: str, base_version: int | None,
@@ -156,6 +177,29 @@ class ManifestVerifier:
             ) from None
         if version is not None and m.version != version:
             raise WeightsRejectedError("plan", f"asked for version {version}, got a signed manifest of {m.version}")
+
+    def check_assets(self, document: bytes | None) -> dict[str, str]:
+        """The sha256 of every asset, by name, from an asset manifest (ASSET_MANIFEST's bytes; None: the server
+        holds none); raises WeightsRejectedError unless the job's trainer signed it."""
+        from cryptography.exceptions import InvalidSignature
+
+        if document is None:
+            raise WeightsRejectedError("unsigned", f"the model's assets come without {ASSET_MANIFEST}, the trainer's "
+                                       "signed list of them (no job credentials on the trainer, or a forged server?)")  # fmt: skip
+        try:
+            doc = json.loads(document)
+            sha256s, signature = doc["assets"], doc["signature"]
+            if not (isinstance(sha256s, dict) and all(isinstance(v, str) for v in sha256s.values())):
+                raise ValueError("assets: not a map of names to sha256s")
+            if not (isinstance(signature, str) and re.fullmatch(SIGNATURE_PATTERN, signature)):
+                raise ValueError("not base64 of 64 bytes")
+            self.key.verify(base64.b64decode(signature, validate=True), canonical_assets(sha256s))
+        except (InvalidSignature, ValueError, KeyError, TypeError, binascii.Error):
+            raise WeightsRejectedError(
+                "bad_signature",
+                f"{ASSET_MANIFEST}: its signature does not verify with this job's key (altered, or another job's)",
+            ) from None
+        return sha256s
 
     def check_plan(self, plan: Sequence[Manifest], from_version: int | None, to_version: int | None) -> None:
         """Every manifest signed, and together a chain from `from_version` (None: nothing held) to `to_version`

@@ -54,6 +54,7 @@ class Assignment:
     sampling: SamplingParams
     weight_version: int  # version the request must be generated with
     prior_logprobs: list[float] = field(default_factory=list)  # of input_ids[prompt_len:] (may be absent: [])
+    ticket: str = ""  # the manager's proof of this assignment, handed back in HeldResponse ('' = none issued)
 
     @property
     def generated(self) -> int:
@@ -124,6 +125,8 @@ class HeldResponse:
     logprobs: list[float]  # one per token
     finished: bool = False  # generation ended; otherwise paused mid-response
     finish_reason: str = ""  # "stop" | "length" when finished
+    ticket: str = ""  # Assignment.ticket of the assignment the tokens were generated under
+    lease_epoch: int = 0  # that assignment's lease_epoch (the ticket covers it)
 
 
 @dataclass

@@ -161,6 +161,7 @@ def assignment_to_pb(a: Assignment) -> pb.Assignment:
         sampling=sampling_to_pb(a.sampling),
         weight_version=a.weight_version,
         prior_logprobs=a.prior_logprobs,
+        ticket=a.ticket,
     )
 
 
@@ -180,6 +181,7 @@ def assignment_from_pb(m: pb.Assignment) -> Assignment:
         sampling=sampling_from_pb(m.sampling),
         weight_version=m.weight_version,
         prior_logprobs=prior,
+        ticket=m.ticket,
     )
 
 
@@ -192,6 +194,8 @@ def held_to_pb(h: HeldResponse) -> pb.HeldResponse:
         logprobs=h.logprobs,
         finished=h.finished,
         finish_reason=h.finish_reason,
+        ticket=h.ticket,
+        lease_epoch=h.lease_epoch,
     )
 
 
@@ -223,6 +227,8 @@ def held_from_pb(m: pb.Register) -> list[HeldResponse]:
                 list(h.logprobs),
                 h.finished,
                 h.finish_reason,
+                h.ticket,
+                h.lease_epoch,
             )  # fmt: skip
         )
     return out

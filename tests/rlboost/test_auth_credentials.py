@@ -8,8 +8,11 @@ from cryptography import x509
 
 from rlboost.auth.credentials import (
     ROLE_ITEMS,
+    TICKET_KEY,
     CredentialsError,
     JobCredentials,
+    add_missing,
+    added_items,
     generate,
     generate_items,
 )
@@ -50,3 +53,14 @@ def test_missing_item_names_file_and_fix(tmp_path: Path) -> None:
     with pytest.raises(CredentialsError, match="token-worker.*rlboost.auth.credentials"):
         JobCredentials(tmp_path).token("worker")
     assert JobCredentials(tmp_path).tls("manager") is None
+
+
+def test_older_credentials_get_only_the_items_added_since(tmp_path: Path) -> None:
+    creds = generate(tmp_path)
+    (tmp_path / TICKET_KEY).unlink()  # made before the manager's ticket key existed
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert set(added_items(before)) == {TICKET_KEY}
+    add_missing(tmp_path)
+    assert len(creds.ticket_key()) >= 32 and stat.S_IMODE((tmp_path / TICKET_KEY).stat().st_mode) == 0o600
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != TICKET_KEY} == before
+    assert added_items(p.name for p in tmp_path.iterdir()) == {}

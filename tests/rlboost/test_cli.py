@@ -147,7 +147,8 @@ def test_local_run_completes_with_report_and_leaves_nothing(tmp_path: Path) -> N
     assert {w["worker_id"]: w["weight_version"] for w in report["workers"]} == {"reserved-0": 2, "spot-0": 2}
     run = tmp_path / "run"
     assert (run / "reward.png").exists() and (run / "job.yaml").exists()
-    assert (run / "token").stat().st_mode & 0o777 == 0o600
+    assert not (run / "token").exists()  # every token is in the job's credentials
+    assert (run / "credentials" / "token-trainer").stat().st_mode & 0o777 == 0o600
     assert {p.name.split("-")[0] for p in (tmp_path / "pids").iterdir()} >= {"weight_server", "rollout_manager",
                                                                            "rollout_worker", "trainer"}  # fmt: skip
     assert "summary" in res.stdout

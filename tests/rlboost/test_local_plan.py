@@ -61,7 +61,8 @@ def test_service_flags_follow_the_contract(tmp_path: Path) -> None:
         assert _flag(c.argv, "--namespace") == "local" and _flag(c.argv, "--job") == "local"
     ws = plan.child("weight-server").argv
     assert _flag(ws, "--port") == str(plan.weight_server_port)
-    assert _flag(ws, "--token-file") == str(run / "token") and _flag(ws, "--data-dir") == str(run / "weights")
+    assert _flag(ws, "--data-dir") == str(run / "weights") and "--token-file" not in ws  # credentials: the tokens
+    assert _flag(ws, "--credentials-dir") == str(run / "credentials")
     mgr = plan.child("rollout-manager")
     assert _flag(mgr.argv, "--port") == str(plan.manager_port)
     assert mgr.health_url == f"http://127.0.0.1:{plan.manager_metrics_port}/healthz"
@@ -72,7 +73,7 @@ def test_service_flags_follow_the_contract(tmp_path: Path) -> None:
     assert _flag(w, "--model-dir") == str(run / "model")
     tr = plan.child("trainer").argv
     assert _flag(tr, "--run-dir") == str(run) and _flag(tr, "--dump-rollouts") == str(tmp_path / "r.jsonl")
-    assert _flag(tr, "--token-file") == str(run / "token")
+    assert "--token-file" not in tr and _flag(tr, "--credentials-dir") == str(run / "credentials")
     assert "--dump-rollouts" not in _plan(tmp_path).child("trainer").argv
 
 

@@ -18,7 +18,9 @@ import nats
 import pytest
 from prometheus_client import REGISTRY
 
+from rlboost.auth.credentials import TICKET_KEY, generate_items
 from rlboost.wire.events import JobDone, PreemptionNotice, StepReport, subject
+from rlboost_operator import children
 from tests.helpers import wait_until
 
 NS = "team-a"
@@ -61,7 +63,6 @@ def test_create_builds_adopted_children_and_update_patches_them(operator):
     wait_until(lambda: api.get("Deployment", NS, "demo-workers-spot"), timeout=20, what="the spot Deployment")
     for kind, name in [
         ("ConfigMap", "demo-config"),
-        ("Secret", "demo-token"),
         ("StatefulSet", "demo-trainer"),
         ("Service", "demo-trainer"),
         ("Deployment", "demo-manager"),
@@ -98,6 +99,22 @@ def test_create_builds_adopted_children_and_update_patches_them(operator):
     assert "ranks: 2" in api.get("ConfigMap", NS, "demo-config")["data"]["job.yaml"]
     # The credentials were made once: the reconcile of the edit kept them (running pods hold them).
     assert api.get("Secret", NS, "demo-credentials")["data"] == credentials
+
+
+def test_an_older_jobs_credentials_get_the_items_added_since_and_keep_the_rest(operator):
+    """A job whose credentials Secret was made before `manager-ticket.key` existed: the operator adds that item
+    (the manager's pods mount it) and leaves every other one as it was (running pods hold them)."""
+    api = operator
+    items = {k: v for k, v in generate_items().items() if k != TICKET_KEY}
+    api.create("Secret", children.credentials_secret("older", NS, items))
+    api.create("RLJob", rljob("older"))
+
+    def added() -> dict[str, str] | None:
+        data = api.get("Secret", NS, "older-credentials")["data"]
+        return data if TICKET_KEY in data else None
+
+    data = wait_until(added, timeout=20, what="the ticket key added to the older Secret")
+    assert {k: v for k, v in data.items() if k != TICKET_KEY} == children.credentials_secret("older", NS, items)["data"]
 
 
 def test_spot_nodes_appearing_and_vanishing_scale_the_spot_workers(operator):
@@ -303,7 +320,7 @@ def test_inconsistent_rljob_fails_with_a_condition_and_no_children(operator):
         assert cond["type"] == "Valid" and cond["status"] == "False" and cond["reason"] == "InvalidSpec"
         assert f"spec.{field}" in cond["message"], cond
         assert api.get("Deployment", NS, f"{name}-manager") is None
-        assert api.get("Secret", NS, f"{name}-token") is None
+        assert api.get("Secret", NS, f"{name}-credentials") is None
     events = [e for e in api.list("Event", NS) if e.get("reason") == "InvalidSpec"]
     assert {e["involvedObject"]["name"] for e in events} >= {"toomany", "badreward", "minmax"}
     assert any("spec.task.reward" in e["message"] for e in events), json.dumps(events)[:500]

@@ -245,8 +245,7 @@ def test_children_are_valid_kubernetes_objects_with_the_services_flags():
     settings = OperatorSettings(nats_url="nats://nats:4222")
     objs = children.build_children("job1", "ns1", spec, settings, spot_replicas=3)
     items = generate_items(children.tls_hosts("job1", "ns1"))
-    objs += [children.token_secret("job1", "ns1", "s3cret"), children.credentials_secret("job1", "ns1", items),
-             children.nats_config_secret("job1", "ns1", items)]  # fmt: skip
+    objs += [children.credentials_secret("job1", "ns1", items), children.nats_config_secret("job1", "ns1", items)]
     for obj in objs:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
     by = {(o["kind"], o["metadata"]["name"]): o for o in objs}
@@ -267,7 +266,8 @@ def test_children_are_valid_kubernetes_objects_with_the_services_flags():
     mgr = by[("Deployment", "job1-manager")]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert mgr[:3] == ["python", "-m", "rollout_manager"] and "--port" in mgr and "--metrics-port" in mgr
     ws = by[("Deployment", "job1-weights")]["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert ws[:3] == ["python", "-m", "weight_server"] and ws[ws.index("--token-file") + 1] == children.TOKEN_FILE
+    assert ws[:3] == ["python", "-m", "weight_server"] and "--token-file" not in ws  # its tokens: the credentials
+    assert ws[ws.index("--credentials-dir") + 1] == children.CREDENTIALS_DIR
     assert "ranks: 2" in by[("ConfigMap", "job1-config")]["data"]["job.yaml"]
 
 

@@ -158,7 +158,6 @@ def test_offloaded_reserved_pool_gets_no_work():
     assert st.schedule(0.0) == 0
     st.set_pool_offloaded(Pool.RESERVED, False)
     assert st.schedule(0.0) == 1
-    assert st.revoke_pool(Pool.RESERVED, MigrationReason.OFFLOAD, 0.1) == 1
 
 
 def memory_released_gauge() -> float | None:

@@ -42,3 +42,13 @@ def test_unknown_prior_logprobs_are_not_reported_and_a_newer_lease_replaces_the_
     held.end(old, finished=False, reason="abort", lost=False, now=0.0)
     held.end(new, finished=False, reason="abort", lost=True, now=0.0)
     assert [h.token_ids for h in held.report(now=0.0)] == [[3]]
+
+
+def test_a_held_response_carries_its_assignments_ticket_and_lease_epoch():
+    held = HeldResponses(capacity=1)
+    a = _assignment("t", [])
+    a.ticket, a.lease_epoch = "ab" * 32, 4
+    held.pause_waiting(a)
+    held.add(a, [5], [-0.3])
+    (h,) = held.report(now=0.0)
+    assert (h.ticket, h.lease_epoch) == ("ab" * 32, 4)  # what the restarted manager checks against this worker

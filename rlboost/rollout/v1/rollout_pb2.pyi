@@ -67,7 +67,7 @@ class Register(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., node: _Optional[str] = ..., capacity: _Optional[int] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ..., session_token: _Optional[str] = ..., held: _Optional[_Iterable[_Union[HeldResponse, _Mapping]]] = ...) -> None: ...
 
 class HeldResponse(_message.Message):
-    __slots__ = ("request_id", "weight_version", "prompt_ids", "token_ids", "logprobs", "finished", "finish_reason")
+    __slots__ = ("request_id", "weight_version", "prompt_ids", "token_ids", "logprobs", "finished", "finish_reason", "ticket", "lease_epoch")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,8 @@ class HeldResponse(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     weight_version: int
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -82,7 +84,9 @@ class HeldResponse(_message.Message):
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     finished: bool
     finish_reason: str
-    def __init__(self, request_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ...) -> None: ...
+    ticket: str
+    lease_epoch: int
+    def __init__(self, request_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., ticket: _Optional[str] = ..., lease_epoch: _Optional[int] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
     __slots__ = ("request_id", "lease_epoch", "offset", "token_ids", "logprobs", "finished", "finish_reason", "error", "invalid_input", "token_ids_packed", "logprobs_packed")
@@ -173,7 +177,7 @@ class Registered(_message.Message):
     def __init__(self, heartbeat_interval_ms: _Optional[int] = ..., lease_timeout_ms: _Optional[int] = ..., chunk_max_tokens: _Optional[int] = ..., chunk_max_ms: _Optional[int] = ..., session_token: _Optional[str] = ..., packed_tokens: _Optional[bool] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("request_id", "lease_epoch", "input_ids", "prompt_len", "sampling", "weight_version", "prior_logprobs")
+    __slots__ = ("request_id", "lease_epoch", "input_ids", "prompt_len", "sampling", "weight_version", "prior_logprobs", "ticket")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +185,7 @@ class Assignment(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PRIOR_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     lease_epoch: int
     input_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -188,7 +193,8 @@ class Assignment(_message.Message):
     sampling: SamplingParams
     weight_version: int
     prior_logprobs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, request_id: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., prompt_len: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., weight_version: _Optional[int] = ..., prior_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+    ticket: str
+    def __init__(self, request_id: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., prompt_len: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., weight_version: _Optional[int] = ..., prior_logprobs: _Optional[_Iterable[float]] = ..., ticket: _Optional[str] = ...) -> None: ...
 
 class AssignBatch(_message.Message):
     __slots__ = ("assignments",)

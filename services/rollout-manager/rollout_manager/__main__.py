@@ -30,6 +30,19 @@ def offload_window_s(args: ManagerOptions) -> float:
     return args.spec.rollout.offload_window_s if args.offload_window is None else args.offload_window
 
 
+def ticket_book(args: ManagerOptions):
+    """Assignment tickets keyed with the job's manager-ticket.key (None without credentials: open, unchecked)."""
+    if not args.credentials_dir:
+        return None
+    from pathlib import Path
+
+    from rlboost.auth.credentials import JobCredentials
+
+    from .tickets import TicketBook
+
+    return TicketBook(JobCredentials(Path(args.credentials_dir)).ticket_key(), args.job)
+
+
 async def serve(args: ManagerOptions, started: list | None = None) -> int:
     """Run until SIGTERM/SIGINT; the server is appended to `started` (what /healthz asks) once it exists."""
     from rlboost.auth.credentials import CredentialsError
@@ -41,6 +54,7 @@ async def serve(args: ManagerOptions, started: list | None = None) -> int:
 
     try:
         auth = ServerAuth.from_dir(args.credentials_dir, "manager", METHOD_ROLES)
+        tickets = ticket_book(args)
     except CredentialsError as err:
         print(f"rollout-manager: --credentials-dir: {err}", file=sys.stderr)
         return 1
@@ -52,7 +66,7 @@ async def serve(args: ManagerOptions, started: list | None = None) -> int:
 
         offload = OffloadWindow(OffloadConfig(initial_s=window_s))
     manager = RolloutManagerServer(
-        args.spec.rollout, balance_interval_s=args.balance_interval, offload=offload, auth=auth
+        args.spec.rollout, balance_interval_s=args.balance_interval, offload=offload, auth=auth, tickets=tickets
     )
     if started is not None:
         started.append(manager)

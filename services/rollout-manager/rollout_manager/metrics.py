@@ -33,6 +33,12 @@ ADOPTED = Counter(
     "Responses re-registering workers held across a manager restart: 'adopted' with their tokens, or 'refused'",
     ["result"],
 )
+HELD_REFUSED = Counter(
+    "rlboost_manager_held_refused_total",
+    "Held responses refused before adoption because the reporting worker showed no valid assignment ticket: "
+    "'ticket_missing' or 'ticket_invalid' (forged, or another worker's or request's)",
+    ["reason"],
+)
 TOKENS_LOST = Counter("rlboost_manager_tokens_lost_total", "Tokens received but not kept (offset gaps)")
 TOKENS_REGENERATED = Counter(
     "rlboost_manager_tokens_regenerated_total",

@@ -35,6 +35,7 @@ from rlboost.wire.rollout_io import RolloutRequest, Trajectory, request_id
 from .identity import SessionRefused, WorkerSessions
 from .offload import OffloadController
 from .state import ManagerState, Outbox, RequestPolicy, StepError
+from .tickets import TicketBook
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +69,14 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         clock=time.monotonic,
         auth: ServerAuth | None = None,
         health_max_lag_s: float = 10.0,
+        tickets: TicketBook | None = None,
     ) -> None:
-        """`auth`: role tokens and TLS (identity.METHOD_ROLES); None = open and plaintext (no credentials dir)."""
+        """`auth`: role tokens and TLS (identity.METHOD_ROLES); None = open and plaintext (no credentials dir).
+        `tickets`: assignment tickets (tickets.py), checked on held responses; None = none given, held
+        responses adopted unchecked (no credentials dir: anyone may connect as any worker anyway)."""
         self.rollout = rollout
         self.auth = auth or ServerAuth()
+        self.tickets = tickets
         self.sessions = WorkerSessions()
         self.clock = clock
         self.state = ManagerState(
@@ -162,6 +167,9 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         for wid, box in self.state.take_outbox().items():
             conn = self._conns.get(wid)
             if conn is not None:
+                if self.tickets is not None:  # the worker hands it back if it holds the response across a restart
+                    for a in box.assign:
+                        a.ticket = self.tickets.issue(a.request_id, wid, a.lease_epoch)
                 for msg in _outbox_to_pb(box):
                     conn.queue.put_nowait(msg)
         for traj in self.state.take_delivered():
@@ -201,6 +209,8 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
             old.queue.put_nowait(None)
         conn = self._conns[wid] = _WorkerConn()
         self.state.register(reg, self.clock())
+        if self.tickets is not None:  # only what this session's worker id was assigned
+            held = self.tickets.admit(wid, held)
         self.state.on_held(wid, held, self.clock())  # after a manager restart: what it kept of its responses
         log.info("worker registered", extra={"worker_id": wid, "pool": reg.pool.value, "capacity": reg.capacity,
                                              "held": len(held)})  # fmt: skip

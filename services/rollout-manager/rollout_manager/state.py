@@ -939,14 +939,6 @@ class ManagerState:
         req = self.requests[rid]
         return HeldRequest(rid, len(req.tokens), now - req.assigned_at)
 
-    def revoke_pool(self, pool: Pool, reason: MigrationReason, now: float) -> int:
-        """Revoke every running request of a pool's workers (the offload step). Returns how many."""
-        n = 0
-        for w in self.workers.values():
-            if w.reg.pool is pool:
-                n += sum(self.revoke(rid, reason, now) for rid in list(w.running))
-        return n
-
     def capacity_by_pool(self) -> dict[Pool, int]:
         out = {Pool.RESERVED: 0, Pool.SPOT: 0}
         for w in self.workers.values():

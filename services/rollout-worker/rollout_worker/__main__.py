@@ -189,6 +189,8 @@ def needs_assets(model_dir: str) -> bool:
 async def _pull_assets(client, url: str, model_dir: str, timeout: float) -> None:
     """Wait for the first version (the trainer uploads the assets before it), then write them into model_dir."""
     from rlboost.weights.client import WeightServerError
+    from rlboost.weights.signing import WeightsRejectedError
+    from rollout_worker import metrics
 
     try:
         await client.wait_for_version(0, timeout)
@@ -198,6 +200,10 @@ async def _pull_assets(client, url: str, model_dir: str, timeout: float) -> None
                            "so no model assets either; is the trainer running?") from None  # fmt: skip
     except WeightServerError as err:
         raise StartupError(f"--weight-server {url}: cannot pull the model's assets: {err}") from None
+    except WeightsRejectedError as err:  # nothing was written: the engine is never built from them
+        metrics.WEIGHT_REJECTED.labels(err.reason).inc()
+        raise StartupError(f"--weight-server {url}: model assets refused, not signed by this job's trainer: "
+                           f"{err.message}") from None  # fmt: skip
     if not any(path.name == "config.json" for path in written):
         raise StartupError(
             f"--weight-server {url} holds no model assets (config.json, tokenizer): its trainer uploaded none; "

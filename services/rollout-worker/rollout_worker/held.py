@@ -106,4 +106,6 @@ def _held(r: _Response) -> HeldResponse:
         logprobs=list(r.logprobs),
         finished=r.state == "finished",
         finish_reason=r.finish_reason if r.state == "finished" else "",
+        ticket=a.ticket,  # the manager adopts the response only with the ticket of this worker's assignment
+        lease_epoch=a.lease_epoch,
     )

@@ -55,7 +55,8 @@ DELTA_REJECTED = Counter(
 )
 WEIGHT_REJECTED = Counter(
     "rlboost_worker_weight_rejected_total",
-    "Weight versions refused as not the trainer's (unsigned, bad_signature, plan, payload): nothing of them applied.",
+    "Weight versions (or the model's assets: 'asset') refused as not the trainer's (unsigned, bad_signature, plan, "
+    "payload, asset): nothing of them applied.",
     ["reason"],
 )
 FALLBACKS = Counter(

@@ -292,7 +292,7 @@ class Trainer:
         ours = await asyncio.to_thread(state_checksum, bf16)
         if self.checksum and ours != self.checksum:
             raise await asyncio.to_thread(_checksum_mismatch, bf16, ours, self.checksum)
-        await upload_model_assets(publisher.client, self.opts.model_dir)  # before any version: see its docstring
+        await upload_model_assets(publisher.client, self.opts.model_dir, publisher.signer)  # before any version
         held = await publisher.held_versions()
         version = self.version
         if held:

@@ -50,7 +50,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 from rlboost.models.layout import asset_files
 from rlboost.weights.checksum import state_checksum
 from rlboost.weights.safetensors_io import state_to_bytes, to_publish_dtype
-from rlboost.weights.signing import ManifestSigner
+from rlboost.weights.signing import ASSET_MANIFEST, ManifestSigner
 
 log = logging.getLogger(__name__)
 
@@ -104,15 +104,20 @@ class WeightUploader(Protocol):
     async def upload_asset(self, name: str, data: bytes) -> Any: ...
 
 
-async def upload_model_assets(client: WeightUploader, model_dir: Path) -> list[str]:
+async def upload_model_assets(
+    client: WeightUploader, model_dir: Path, signer: ManifestSigner | None = None
+) -> list[str]:
     """Upload the model directory's assets (config, tokenizer, chat template: rlboost.models.layout) so a worker
     with no model directory builds its engine from the weight-server alone; before the first version, so a worker
-    that sees a version finds them. The same bytes again (a resumed trainer) are accepted."""
+    that sees a version finds them. The same bytes again (a resumed trainer) are accepted. With a `signer`, last
+    the signed asset manifest (rlboost.weights.signing.ASSET_MANIFEST) that verifying workers check them with."""
+    assets = {path.name: await asyncio.to_thread(path.read_bytes) for path in asset_files(model_dir)}
+    if signer is not None:
+        assets[ASSET_MANIFEST] = signer.sign_assets(assets)
     names = []
-    for path in asset_files(model_dir):
-        data = await asyncio.to_thread(path.read_bytes)
-        await with_retries(f"asset {path.name}", lambda name=path.name, data=data: client.upload_asset(name, data))
-        names.append(path.name)
+    for name, data in assets.items():
+        await with_retries(f"asset {name}", lambda name=name, data=data: client.upload_asset(name, data))
+        names.append(name)
     log.info("model assets uploaded", extra={"assets": names})
     return names
 
