@@ -48,3 +48,12 @@ ASSIGN_LATENCY = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 OFFLOAD_WINDOW = Gauge("rlboost_manager_offload_window_seconds", "Current adaptive offload window T")
+WORKER_MESSAGES = Counter(
+    "rlboost_manager_worker_messages_total",
+    "Messages received on worker streams, by kind (chunks, heartbeat, weight_version, drain)",
+    ["kind"],
+)
+CHUNK_MAX_MS = Gauge(
+    "rlboost_manager_chunk_max_ms",
+    "The workers' chunk flush period the manager announces (rollout.maxChunkMessagesPerS stretches it with the fleet)",
+)
