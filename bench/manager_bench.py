@@ -9,16 +9,21 @@ the JSON instead of the table.
 What runs (all on loopback, all real gRPC with the generated stubs):
 - the manager: `python -m rollout_manager` as its own process (so it has its own core, as in production);
 - one or two load-generator processes (`--procs`), each an asyncio loop holding one Connect stream
-  (and, by default, one channel = one TCP connection) per simulated worker. A worker registers,
-  accepts assignments up to its capacity, and every `--chunk-ms` sends ONE ChunkBatch with a
-  `--chunk-tokens` chunk for each request it runs (the real worker's per-worker batching). A request
-  ends after `--max-new-tokens`; a Revoke is answered with an "abort" flush, like a real worker;
+  (and, by default, one channel = one TCP connection) per simulated worker. A worker registers and
+  accepts assignments up to its capacity; each request generates `--tokens-per-s`. It flushes as a real
+  worker's chunker does: ONE ChunkBatch with every request's buffered tokens when the oldest is
+  chunkMaxMs old, a request holds chunkMaxTokens (`--chunk-ms` / `--chunk-tokens`, or what the manager's
+  ChunkCadence says under `--max-chunk-messages-per-s`), a request ends, or a Revoke aborts one ("abort"
+  flush); it skips a heartbeat when a ChunkBatch left within the heartbeat period. A request ends after a
+  length in [`--max-new-tokens`/4, `--max-new-tokens`];
 - a trainer client in this process opens Rollout steps (each for 1/4 of all worker slots) whenever fewer
   requests than one step wait in the manager's queue (at most `--max-steps-in-flight` open), so work is
   always pending.
 
 Figures, over a window of `--seconds` after `--warmup` seconds:
 - ingest tokens/s: the manager's rlboost_manager_tokens_received_total (from its /metrics) over the window;
+- the manager's message load: ChunkBatch and heartbeat messages per second the workers wrote, tokens per
+  ChunkBatch, and the flush periods the manager told them;
 - assignment latency (refill): for every request a worker finishes, the time from writing the ChunkBatch
   that finishes it to receiving the Assignment that fills the freed slot (CLOCK_MONOTONIC is shared by
   processes). It spans loadgen send queue -> wire -> manager read, schedule, send -> wire -> loadgen
@@ -63,11 +68,10 @@ class LoadConfig:
 
     target: str
     capacity: int
-    chunk_tokens: int
-    chunk_ms: int
+    tokens_per_s: float  # each running request's generation rate (the engine's speed)
     max_new_tokens: int  # responses end at a length in [max/4, max] drawn from the request id
-    heartbeat_ms: int
     shared_channels: int  # 0: one channel (TCP connection) per worker, like real pods
+    heartbeat_skip: bool = True  # skip a heartbeat after a ChunkBatch within its period (False: a worker before it)
 
 
 @dataclass
@@ -76,6 +80,10 @@ class LoadResult:
 
     refills: list[tuple[float, float]] = field(default_factory=list)  # (finish written at, latency s)
     sent: dict[int, int] = field(default_factory=dict)  # 100 ms bucket -> tokens written
+    batches: dict[int, int] = field(default_factory=dict)  # 100 ms bucket -> ChunkBatch messages written
+    beats: dict[int, int] = field(default_factory=dict)  # 100 ms bucket -> heartbeats written
+    skipped_beats: int = 0  # heartbeats skipped because a ChunkBatch left within the period (as a real worker)
+    cadences: dict[int, int] = field(default_factory=dict)  # chunk period (ms) the manager set -> workers told
     full_at: list[float] = field(default_factory=list)  # when each worker first reached capacity
     lag: list[tuple[float, float]] = field(default_factory=list)  # (tick at, seconds the loop was late), sampled
     assignments: int = 0
@@ -83,8 +91,28 @@ class LoadResult:
     errors: list[str] = field(default_factory=list)
 
 
+def _bump(buckets: dict[int, int], at: float, n: int) -> None:
+    bucket = int(at * 10)
+    buckets[bucket] = buckets.get(bucket, 0) + n
+
+
+_PACKED: dict[int, tuple[bytes, bytes]] = {}  # n -> (token ids, log-probs) packed, as chunk_to_pb(c, packed=True)
+
+
+def _packed(n: int) -> tuple[bytes, bytes]:
+    if n not in _PACKED:
+        _PACKED[n] = (array("i", range(1000, 1000 + n)).tobytes(), array("f", [-0.5] * n).tobytes())
+    return _PACKED[n]
+
+
 class SimWorker:
-    """One simulated rollout worker on one Connect stream."""
+    """One simulated rollout worker on one Connect stream, flushing exactly as a real worker's chunker does.
+
+    Each running request generates `tokens_per_s`. The worker flushes ONE ChunkBatch with every request's
+    buffered tokens when the oldest buffered token is `chunk_max_ms` old, a request holds `chunk_max_tokens`, a
+    request finishes or a revoke aborts one; the bounds come from Registered and later ChunkCadence messages
+    (the manager's load-adaptive cadence). A heartbeat is skipped when a ChunkBatch left within its period.
+    """
 
     def __init__(self, wid: str, cfg: LoadConfig, channel, result: LoadResult) -> None:
         from rlboost.rollout.v1 import rollout_pb2 as pb
@@ -92,10 +120,12 @@ class SimWorker:
 
         self.pb, self.wid, self.cfg, self.res = pb, wid, cfg, result
         self.stub = pb_grpc.RolloutManagerStub(channel)
-        self.running: dict[str, list[int]] = {}  # request id -> [lease_epoch, offset, response length]
+        # request id -> [lease_epoch, offset sent, response length, start time, offset at start]
+        self.running: dict[str, list] = {}
         self.finishes: deque[float] = deque()  # write times of finishing batches, one per freed slot
         self.aborts: list[str] = []
         self.full_seen = False
+        self.wake = asyncio.Event()  # an assignment or a revoke arrived: recompute when to flush
 
     async def run(self, stop: asyncio.Event) -> None:
         pb = self.pb
@@ -105,15 +135,21 @@ class SimWorker:
         first = await self.call.read()
         if first.WhichOneof("body") != "registered":
             raise RuntimeError(f"{self.wid}: expected registered, got {first}")
-        self.packed = (
-            first.registered.packed_tokens
-        )  # send tokens packed, like a real worker, if the manager reads them
+        r = first.registered
+        self.packed = r.packed_tokens  # send tokens packed, like a real worker, if the manager reads them
+        self.heartbeat_s = r.heartbeat_interval_ms / 1000
+        self._set_bounds(r.chunk_max_tokens, r.chunk_max_ms)
         reader = asyncio.create_task(self._read())
         try:
             await self._generate(stop)
         finally:
             reader.cancel()
             self.call.cancel()
+
+    def _set_bounds(self, max_tokens: int, max_ms: int) -> None:
+        """The flush period: the age bound, or sooner when a request fills max_tokens at the engine's rate."""
+        self.period = min(max_ms / 1000, max_tokens / self.cfg.tokens_per_s)
+        self.res.cadences[max_ms] = self.res.cadences.get(max_ms, 0) + 1
 
     async def _read(self) -> None:
         eof = _EOF()
@@ -123,61 +159,92 @@ class SimWorker:
             if kind == "assign":
                 for a in msg.assign.assignments:
                     length = _response_length(a.request_id, a.sampling.max_new_tokens)
-                    self.running[a.request_id] = [a.lease_epoch, len(a.input_ids) - a.prompt_len, length]
+                    offset = len(a.input_ids) - a.prompt_len
+                    self.running[a.request_id] = [a.lease_epoch, offset, length, now, offset]
                     self.res.assignments += 1
                     if self.finishes:
                         self.res.refills.append((t0 := self.finishes.popleft(), now - t0))
                 if not self.full_seen and len(self.running) >= self.cfg.capacity:
                     self.full_seen = True
                     self.res.full_at.append(now)
+                self.wake.set()
             elif kind == "revoke":
                 for rid in msg.revoke.request_ids:
                     if rid in self.running:
                         self.aborts.append(rid)
                         self.res.revokes += 1
+                self.wake.set()
+            elif kind == "chunk_cadence":
+                self._set_bounds(msg.chunk_cadence.chunk_max_tokens, msg.chunk_cadence.chunk_max_ms)
+                self.wake.set()
             elif kind not in ("drain", "set_weight_version", "registered"):
                 self.res.errors.append(f"{self.wid}: unexpected {kind}")
 
+    def _next_event(self, last_flush: float, next_beat: float) -> float:
+        """When the next flush (age or size bound, or a request's end) or heartbeat is due."""
+        if not self.running:
+            return next_beat
+        rate = self.cfg.tokens_per_s
+        started = max(last_flush, min(st[3] for st in self.running.values()))  # the oldest buffered token's age
+        ends = min(st[3] + (st[2] - st[4]) / rate for st in self.running.values())
+        return min(started + self.period, ends, next_beat)
+
     async def _generate(self, stop: asyncio.Event) -> None:
-        pb, cfg = self.pb, self.cfg
-        period = cfg.chunk_ms / 1000
-        tokens = list(range(1000, 1000 + cfg.chunk_tokens))
-        logprobs = [-0.5] * cfg.chunk_tokens
-        if self.packed:  # the same values, as the bytes a real worker's chunk_to_pb(c, packed=True) makes
-            tokens = [array("i", tokens[:n]).tobytes() for n in range(cfg.chunk_tokens + 1)]
-            logprobs = [array("f", logprobs[:n]).tobytes() for n in range(cfg.chunk_tokens + 1)]
-        beat_every = max(1, cfg.heartbeat_ms // cfg.chunk_ms)
-        next_at = time.monotonic() + random.random() * period  # spread the workers over the period
+        pb = self.pb
+        last_flush = last_batch = time.monotonic()
+        next_beat = last_flush + random.random() * self.heartbeat_s  # spread the workers over the period
         tick = 0
         while not stop.is_set():
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            at = self._next_event(last_flush, next_beat)
+            if self.aborts:
+                at = time.monotonic()
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, at - time.monotonic())):
+                    await self.wake.wait()
+            if self.wake.is_set():
+                continue  # an assignment, revoke or new cadence: recompute what is due
             now = time.monotonic()
-            if tick % 20 == 0:  # sampled: how far behind its schedule the load generator's loop runs
-                self.res.lag.append((now, now - next_at))
-            next_at = max(next_at + period, now)  # a late loop lowers the offered rate, never bursts
             tick += 1
-            chunks, n_tokens, n_done = self._chunks(pb, tokens, logprobs)
-            if chunks:
-                await self.call.write(pb.WorkerMessage(chunks=pb.ChunkBatch(chunks=chunks)))
-                written = time.monotonic()
-                self.finishes.extend([written] * n_done)
-                bucket = int(written * 10)
-                self.res.sent[bucket] = self.res.sent.get(bucket, 0) + n_tokens
-            if tick % beat_every == 0:
-                hb = pb.Heartbeat(weight_version=0, running=len(self.running))
-                await self.call.write(pb.WorkerMessage(heartbeat=hb))
+            if tick % 20 == 0:  # sampled: how far behind its schedule the load generator's loop runs
+                self.res.lag.append((now, now - at))
+            if now - at > 0.001:  # a late loop lowers the offered rate, never bursts: the engine "paused" meanwhile
+                for st in self.running.values():
+                    st[3] += now - at
+            if now >= next_beat:
+                next_beat = max(next_beat + self.heartbeat_s, now)
+                if now - last_batch >= self.heartbeat_s or not self.cfg.heartbeat_skip:
+                    hb = pb.Heartbeat(weight_version=0, running=len(self.running))
+                    await self.call.write(pb.WorkerMessage(heartbeat=hb))
+                    _bump(self.res.beats, now, 1)
+                else:
+                    self.res.skipped_beats += 1
+            if self.running and (self.aborts or now >= self._next_event(last_flush, float("inf")) - 1e-4):
+                chunks, n_tokens, n_done = self._chunks(pb, now)
+                last_flush = now
+                if chunks:
+                    await self.call.write(pb.WorkerMessage(chunks=pb.ChunkBatch(chunks=chunks)))
+                    last_batch = written = time.monotonic()
+                    self.finishes.extend([written] * n_done)
+                    _bump(self.res.sent, written, n_tokens)
+                    _bump(self.res.batches, written, 1)
 
-    def _chunks(self, pb, tokens: list, logprobs: list) -> tuple[list, int, int]:
-        """One chunk per running request (plus abort flushes); returns (chunks, tokens, requests finished)."""
+    def _chunks(self, pb, now: float) -> tuple[list, int, int]:
+        """Every request's tokens generated by `now` (plus abort flushes); returns (chunks, tokens, finished)."""
         out, n_tokens, n_done = [], 0, 0
         for rid in self.aborts:
             st = self.running.pop(rid, None)
             if st is not None:
                 out.append(pb.TokenChunk(request_id=rid, lease_epoch=st[0], offset=st[1], finish_reason="abort"))
         self.aborts.clear()
+        rate = self.cfg.tokens_per_s
         for rid, st in list(self.running.items()):
-            n = min(self.cfg.chunk_tokens, st[2] - st[1])
-            done = st[1] + n >= st[2]
+            ended = now >= st[3] + (st[2] - st[4]) / rate - 1e-4  # as _next_event computes the end
+            generated = st[2] if ended else min(st[2], st[4] + int((now - st[3]) * rate))
+            n = generated - st[1]
+            if n <= 0:
+                continue
+            done = generated >= st[2]
             chunk = pb.TokenChunk(
                 request_id=rid,
                 lease_epoch=st[0],
@@ -185,13 +252,14 @@ class SimWorker:
                 finished=done,
                 finish_reason=("length" if st[2] >= self.cfg.max_new_tokens else "stop") if done else "",
             )
-            if self.packed:  # prebuilt bytes per length
-                chunk.token_ids_packed, chunk.logprobs_packed = tokens[n], logprobs[n]
+            ids, lps = _packed(n)
+            if self.packed:
+                chunk.token_ids_packed, chunk.logprobs_packed = ids, lps
             else:
-                chunk.token_ids.extend(tokens[:n])
-                chunk.logprobs.extend(logprobs[:n])
+                chunk.token_ids.extend(array("i", ids))
+                chunk.logprobs.extend(array("f", lps))
             out.append(chunk)
-            st[1] += n
+            st[1] = generated
             n_tokens += n
             if done:
                 del self.running[rid]
@@ -306,7 +374,8 @@ def _start_manager(port: int, metrics_port: int, args, tmp: Path) -> subprocess.
         f"  lease_timeout_ms: {args.lease_timeout_ms}\n"
         f"  chunk_max_tokens: {args.chunk_tokens}\n"
         f"  chunk_max_ms: {args.chunk_ms}\n"
-    )
+        + (f"  max_chunk_messages_per_s: {args.max_chunk_messages_per_s}\n" if args.max_chunk_messages_per_s else "")
+    )  # the knob only when set: a baseline manager (--manager-tree) predates it
     cmd = [sys.executable, "-m", "rollout_manager", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--metrics-port", str(metrics_port), "--nats-url", "", "--config", str(cfg), "--log-level", "WARNING"]
     env = dict(os.environ)
@@ -412,7 +481,7 @@ async def _measure(args, target: str, metrics_port: int, manager_pid: int, stop_
     while time.monotonic() - t0 < args.seconds:
         await asyncio.sleep(min(1.0, args.seconds - (time.monotonic() - t0)))
         loads.append(os.getloadavg()[0])
-        if len(loads) % 5 == 0:  # sparse: a GetStatus of 1,000 workers costs the manager CPU we are measuring
+        if len(loads) % (5 if args.workers > 200 else 1) == 0:  # sparse at 1,000 workers: a GetStatus costs CPU
             pending.append(await _pending(target))
         if trainer.done():
             trainer.result()  # surface the trainer's failure
@@ -450,13 +519,7 @@ def run(args) -> dict:
             wait_for_port("127.0.0.1", port, 30, manager)
             wait_for_port("127.0.0.1", metrics_port, 10, manager)
             cfg = LoadConfig(
-                target,
-                args.capacity,
-                args.chunk_tokens,
-                args.chunk_ms,
-                args.max_new_tokens,
-                args.heartbeat_ms,
-                args.shared_channels,
+                target, args.capacity, args.tokens_per_s, args.max_new_tokens, args.shared_channels, args.heartbeat_skip
             )
             ids = [f"w{i:05d}" for i in range(args.workers)]
             for p in range(args.procs):
@@ -491,6 +554,12 @@ def _report(args, m: dict, results: list[LoadResult], manager_log: str) -> dict:
     full = [ts for r in results for ts in r.full_at]
     hist = _hist_quantiles(m0, m1, "rlboost_manager_assignment_latency_seconds", (0.5, 0.99))
     assigned = m1.get("rlboost_manager_assignments_total", 0) - m0.get("rlboost_manager_assignments_total", 0)
+    batches = sum(n for r in results for b, n in r.batches.items() if t0 * 10 <= b < t1 * 10)
+    beats = sum(n for r in results for b, n in r.beats.items() if t0 * 10 <= b < t1 * 10)
+    cadences: dict[int, int] = {}
+    for r in results:
+        for ms, n in r.cadences.items():
+            cadences[ms] = cadences.get(ms, 0) + n
     return {
         # the interface other tools read (issue 16): assignment latency = slot refill, seen by the workers
         "workers": args.workers,
@@ -509,13 +578,22 @@ def _report(args, m: dict, results: list[LoadResult], manager_log: str) -> dict:
             "capacity": args.capacity,
             "chunk_tokens": args.chunk_tokens,
             "chunk_ms": args.chunk_ms,
+            "tokens_per_s_per_request": args.tokens_per_s,
+            "max_chunk_messages_per_s": args.max_chunk_messages_per_s,
+            "heartbeat_skip": args.heartbeat_skip,
             "max_new_tokens": args.max_new_tokens,
             "loadgen_procs": args.procs,
-            "offered_tokens_per_s": args.workers * args.capacity * args.chunk_tokens * 1000 / args.chunk_ms,
+            "offered_tokens_per_s": args.workers * args.capacity * args.tokens_per_s,
             "window_s": round(dur, 2),
         },
         "ingest_tokens_per_s": ingested / dur,
         "sent_tokens_per_s": sent / dur,
+        # the manager's message load: ChunkBatch and heartbeat messages the workers wrote in the window
+        "chunk_batches_per_s": batches / dur,
+        "heartbeats_per_s": beats / dur,
+        "tokens_per_chunk_batch": sent / batches if batches else None,
+        "heartbeats_skipped": sum(r.skipped_beats for r in results),
+        "chunk_max_ms_told": {str(ms): n for ms, n in sorted(cadences.items())},  # period -> times workers were told
         "trajectories_per_s": len(trajs) / dur,
         "manager_finished_per_s": (
             m1.get("rlboost_manager_trajectories_total", 0) - m0.get("rlboost_manager_trajectories_total", 0)
@@ -533,6 +611,8 @@ def _report(args, m: dict, results: list[LoadResult], manager_log: str) -> dict:
         },
         "manager_histogram_ms": {"p50": _ms(hist.get(0.5)), "p99": _ms(hist.get(0.99))},
         "pending_min": min(m["pending"]) if m["pending"] else None,
+        "pending_samples": m["pending"],
+        "refills_over_100ms": sum(1 for lat in refills if lat > 0.1),
         "loadgen_lag_ms": {
             "p50": _ms(_pct(lags := [lag for r in results for (ts, lag) in r.lag if t0 <= ts < t1], 0.5)),
             "p99": _ms(_pct(lags, 0.99)),
@@ -572,7 +652,14 @@ def _print_table(r: dict) -> None:
     t.add_row(
         "offered / written by loadgen",
         f"{c['offered_tokens_per_s'] / 1e6:.2f} / {r['sent_tokens_per_s'] / 1e6:.3f} M tok/s",
-        f"{c['chunk_tokens']} tok chunks every {c['chunk_ms']} ms, batched per worker",
+        f"{c['tokens_per_s_per_request']:.0f} tok/s per request; spec {c['chunk_tokens']} tok / {c['chunk_ms']} ms, "
+        f"maxChunkMessagesPerS {c['max_chunk_messages_per_s']}",
+    )
+    per_msg = r["tokens_per_chunk_batch"]
+    t.add_row(
+        "ChunkBatch / heartbeat messages",
+        f"{r['chunk_batches_per_s']:.0f} / {r['heartbeats_per_s']:.0f} per s",
+        f"{per_msg:.0f} tok per ChunkBatch; periods told {r['chunk_max_ms_told']}" if per_msg else "",
     )
     t.add_row(
         "trajectories to trainer",
@@ -619,13 +706,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=20.0, help="measurement window")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds after the first Rollout before measuring")
     p.add_argument("--capacity", type=int, default=4, help="concurrent requests per worker")
-    p.add_argument("--chunk-tokens", type=int, default=32, help="tokens per request per chunk")
-    p.add_argument("--chunk-ms", type=int, default=50, help="each worker sends one ChunkBatch this often")
+    p.add_argument("--chunk-tokens", type=int, default=32, help="the spec's rollout.chunkMaxTokens")
+    p.add_argument("--chunk-ms", type=int, default=50, help="the spec's rollout.chunkMaxMs")
+    p.add_argument(
+        "--tokens-per-s",
+        type=float,
+        default=0.0,
+        help="each running request's generation rate (default: chunk-tokens per chunk-ms, one full chunk per period)",
+    )
+    p.add_argument(
+        "--max-chunk-messages-per-s",
+        type=int,
+        default=0,
+        help="the spec's rollout.maxChunkMessagesPerS (0: the fixed cadence; a baseline manager ignores it)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=1024, help="response length of every request")
     p.add_argument("--procs", type=int, default=1, choices=(1, 2), help="load-generator processes")
     p.add_argument("--shared-channels", type=int, default=0, help="channels per loadgen process (0: one per worker)")
     p.add_argument("--max-steps-in-flight", type=int, default=64, help="most Rollout calls open at once")
     p.add_argument("--heartbeat-ms", type=int, default=500, help="worker heartbeat period")
+    p.add_argument(
+        "--heartbeat-skip",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="workers skip a heartbeat after a ChunkBatch within its period (--no-heartbeat-skip: as before)",
+    )
     p.add_argument("--lease-timeout-ms", type=int, default=10000, help="manager lease timeout")
     p.add_argument(
         "--manager-tree",
@@ -644,6 +749,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.tokens_per_s = args.tokens_per_s or args.chunk_tokens * 1000 / max(1, args.chunk_ms)
     for name in ("workers", "capacity", "chunk_tokens", "chunk_ms", "max_new_tokens"):
         if getattr(args, name) <= 0:
             print(f"manager_bench: --{name.replace('_', '-')} must be > 0", file=sys.stderr)

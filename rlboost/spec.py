@@ -768,6 +768,18 @@ class RolloutSpec(SpecModel):
         description="Times the trainer asks again for a step's rollout after its deadline passed (stepDeadlineS); "
         "once they are spent the next deadline fails the job with the missing samples named.",
     )
+    max_chunk_messages_per_s: int = Field(
+        0,
+        ge=0,
+        le=10_000_000,
+        description="Load-adaptive chunk cadence: the ChunkBatch messages per second the rollout-manager wants from "
+        "all its workers together (their periodic flushes; a request's end still flushes at once). It stretches "
+        "every worker's flush period to workers x 1000 / this ms (never below chunkMaxMs, at most 1000 ms and a "
+        "fifth of leaseTimeoutMs; re-announced when it moves by more than 25%) and chunkMaxTokens by the same "
+        "factor, so its CPU per token stays low at 1,000 workers (2000: 0.5 s at 1,000 workers). Costs: tokens "
+        "reach the manager up to that period later, and what a worker had not flushed when it dies is generated "
+        "again (a drain flushes first). 0 = the fixed chunkMaxTokens / chunkMaxMs.",
+    )
 
 
 class WeightSyncSpec(SpecModel):

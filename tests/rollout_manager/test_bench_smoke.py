@@ -28,3 +28,16 @@ def test_bench_rejects_bad_flags_with_one_line():
     proc = subprocess.run([sys.executable, str(BENCH), "--workers", "0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "manager_bench: --workers must be > 0"
+
+
+def test_bench_workers_obey_the_manager_s_cadence():
+    """maxChunkMessagesPerS 100 at 20 workers: the manager tells them 200 ms, and they flush at it."""
+    cmd = [sys.executable, str(BENCH), "--workers", "20", "--seconds", "2", "--warmup", "1", "--json"]
+    cmd += ["--max-chunk-messages-per-s", "100", "--max-new-tokens", "100000"]  # no request ends in the window
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["errors"] == [] and report["lease_expiries"] == 0
+    assert "200" in report["chunk_max_ms_told"]
+    assert report["chunk_batches_per_s"] < 150  # 20 workers x 5/s, not 20 x 20/s at the spec's 50 ms
+    assert report["tokens_per_chunk_batch"] > 4 * 32 * 2  # 4 requests x 640 tok/s x 200 ms = 512

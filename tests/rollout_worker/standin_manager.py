@@ -8,6 +8,7 @@ lets the test push ManagerMessages, so the worker's side of the protocol is test
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import defaultdict
 
 import grpc
@@ -23,6 +24,7 @@ class StandInManager(RolloutManagerServicer):
         self.registered = registered
         self.registrations: list[pb.Register] = []
         self.received: list[pb.WorkerMessage] = []
+        self.received_at: list[float] = []  # time.monotonic() of each message in `received`
         self.chunks: dict[str, list[TokenChunk]] = defaultdict(list)
         self.outbox: asyncio.Queue = asyncio.Queue()
         self.streams_ended = 0
@@ -70,6 +72,7 @@ class StandInManager(RolloutManagerServicer):
         try:
             while (msg := await context.read()) is not grpc.aio.EOF:
                 self.received.append(msg)
+                self.received_at.append(time.monotonic())
                 if msg.WhichOneof("body") == "chunks":
                     for c in msg.chunks.chunks:
                         self.chunks[c.request_id].append(chunk_from_pb(c))

@@ -179,3 +179,50 @@ async def test_a_refused_request_ends_alone_and_its_last_chunk_carries_the_cause
     assert "input_ids[2] = 64 is outside the model's vocabulary" in last.error
     assert manager.tokens("bad") == [] and len(manager.tokens("good")) == 6
     assert manager.last_chunk("good").error == ""
+
+
+def _kinds_between(manager: StandInManager, kind: str, start: float, end: float) -> list[float]:
+    return [t for m, t in zip(manager.received, manager.received_at, strict=True)
+            if m.WhichOneof("body") == kind and start <= t < end]  # fmt: skip
+
+
+async def test_heartbeats_are_skipped_while_chunks_flow(rig):
+    """Chunks every 20 ms, heartbeat period 50 ms: the chunks say the worker is alive, so (almost) no heartbeat."""
+    manager, _, _, _, _ = rig
+    manager.assign(pb_assignment("long", PROMPT, 3000))
+    await eventually(lambda: len(manager.tokens("long")) >= 8, what="first tokens")
+    start = time.monotonic()
+    await eventually(lambda: len(manager.tokens("long")) >= 400 or len(manager.of_kind("chunks")) >= 60, what="flow")
+    end = time.monotonic()
+    chunk_times = _kinds_between(manager, "chunks", start, end)
+    beats = _kinds_between(manager, "heartbeat", start, end)
+    gaps = [b - a for a, b in zip([start, *chunk_times], [*chunk_times, end], strict=True)]
+    # a heartbeat is due only after a period (50 ms) with no chunk; allow one per such gap
+    assert len(beats) <= sum(1 for g in gaps if g >= 0.045) + 1, (len(beats), len(chunk_times), end - start)
+    assert len(beats) < (end - start) / 0.05 / 2
+    manager.send(revoke=pb.Revoke(request_ids=["long"], reason="test over"))
+
+
+async def test_the_worker_flushes_at_the_cadence_the_manager_sets(rig):
+    """ChunkCadence replaces Registered's bounds mid-stream: batches then leave every 300 ms, far fuller."""
+    manager, _, session, _, _ = rig
+    manager.send(chunk_cadence=pb.ChunkCadence(chunk_max_tokens=4096, chunk_max_ms=300))
+    await eventually(lambda: session.link and session.link.chunker.max_ms == 300, what="cadence applied")
+    manager.assign(pb_assignment("a", PROMPT, 3000), pb_assignment("b", PROMPT, 3000))
+    await eventually(lambda: len(manager.of_kind("chunks")) >= 4, what="4 batches")
+    batches = [(m, t) for m, t in zip(manager.received, manager.received_at, strict=True)
+               if m.WhichOneof("body") == "chunks"]  # fmt: skip
+    times = [t for _, t in batches]
+    assert all(b - a >= 0.25 for a, b in zip(times, times[1:], strict=False)), times  # 300 ms by the worker's clock
+    for m, _ in batches[1:]:  # every running request's tokens in each batch, many tokens per chunk
+        assert {c.request_id for c in m.chunks.chunks} == {"a", "b"}
+    assert max(len(c.token_ids) for m, _ in batches for c in m.chunks.chunks) > REGISTERED.chunk_max_tokens
+    assert_contiguous_any_size(manager, "a")
+    manager.send(revoke=pb.Revoke(request_ids=["a", "b"], reason="test over"))
+
+
+def assert_contiguous_any_size(manager: StandInManager, rid: str) -> None:
+    offset = 0
+    for c in manager.chunks[rid]:
+        assert c.offset == offset and len(c.logprobs) == len(c.token_ids)
+        offset += len(c.token_ids)

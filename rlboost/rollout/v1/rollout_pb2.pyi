@@ -147,18 +147,20 @@ class WeightVersionReport(_message.Message):
     def __init__(self, weight_version: _Optional[int] = ..., checksum: _Optional[str] = ...) -> None: ...
 
 class ManagerMessage(_message.Message):
-    __slots__ = ("registered", "assign", "revoke", "drain", "set_weight_version")
+    __slots__ = ("registered", "assign", "revoke", "drain", "set_weight_version", "chunk_cadence")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     ASSIGN_FIELD_NUMBER: _ClassVar[int]
     REVOKE_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     SET_WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_CADENCE_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     assign: AssignBatch
     revoke: Revoke
     drain: DrainCommand
     set_weight_version: SetWeightVersion
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., assign: _Optional[_Union[AssignBatch, _Mapping]] = ..., revoke: _Optional[_Union[Revoke, _Mapping]] = ..., drain: _Optional[_Union[DrainCommand, _Mapping]] = ..., set_weight_version: _Optional[_Union[SetWeightVersion, _Mapping]] = ...) -> None: ...
+    chunk_cadence: ChunkCadence
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., assign: _Optional[_Union[AssignBatch, _Mapping]] = ..., revoke: _Optional[_Union[Revoke, _Mapping]] = ..., drain: _Optional[_Union[DrainCommand, _Mapping]] = ..., set_weight_version: _Optional[_Union[SetWeightVersion, _Mapping]] = ..., chunk_cadence: _Optional[_Union[ChunkCadence, _Mapping]] = ...) -> None: ...
 
 class Registered(_message.Message):
     __slots__ = ("heartbeat_interval_ms", "lease_timeout_ms", "chunk_max_tokens", "chunk_max_ms", "session_token", "packed_tokens")
@@ -175,6 +177,14 @@ class Registered(_message.Message):
     session_token: str
     packed_tokens: bool
     def __init__(self, heartbeat_interval_ms: _Optional[int] = ..., lease_timeout_ms: _Optional[int] = ..., chunk_max_tokens: _Optional[int] = ..., chunk_max_ms: _Optional[int] = ..., session_token: _Optional[str] = ..., packed_tokens: _Optional[bool] = ...) -> None: ...
+
+class ChunkCadence(_message.Message):
+    __slots__ = ("chunk_max_tokens", "chunk_max_ms")
+    CHUNK_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    chunk_max_tokens: int
+    chunk_max_ms: int
+    def __init__(self, chunk_max_tokens: _Optional[int] = ..., chunk_max_ms: _Optional[int] = ...) -> None: ...
 
 class Assignment(_message.Message):
     __slots__ = ("request_id", "lease_epoch", "input_ids", "prompt_len", "sampling", "weight_version", "prior_logprobs", "ticket")

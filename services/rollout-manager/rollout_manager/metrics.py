@@ -70,3 +70,12 @@ WEIGHT_SYNC = Histogram(
     ["pool"],
     buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
 )
+WORKER_MESSAGES = Counter(
+    "rlboost_manager_worker_messages_total",
+    "Messages received on worker streams, by kind (chunks, heartbeat, weight_version, drain)",
+    ["kind"],
+)
+CHUNK_MAX_MS = Gauge(
+    "rlboost_manager_chunk_max_ms",
+    "The workers' chunk flush period the manager announces (rollout.maxChunkMessagesPerS stretches it with the fleet)",
+)

@@ -24,6 +24,7 @@ import grpc
 
 from rlboost.auth.grpc_auth import ServerAuth
 from rlboost.observability import LoopWatchdog
+from rlboost.policies.cadence import CadenceTracker
 from rlboost.policies.migration import MigrationReason
 from rlboost.policies.offload import OffloadWindow
 from rlboost.rollout.v1 import rollout_pb2 as pb
@@ -32,6 +33,7 @@ from rlboost.spec import RolloutSpec
 from rlboost.wire import rollout_proto as wire
 from rlboost.wire.rollout_io import RolloutRequest, Trajectory, request_id
 
+from . import metrics
 from .identity import SessionRefused, WorkerSessions
 from .offload import OffloadController
 from .state import ManagerState, Outbox, RequestPolicy, StepError
@@ -91,6 +93,9 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         self._server: grpc.aio.Server | None = None
         self._last_balance = 0.0
         self.watchdog = LoopWatchdog(max_lag_s=health_max_lag_s)
+        self.cadence = CadenceTracker(rollout)  # the workers' chunk bounds, stretched with the fleet
+        metrics.CHUNK_MAX_MS.set(self.cadence.current.max_ms)
+        self._received = {kind: metrics.WORKER_MESSAGES.labels(kind) for kind in _WORKER_MESSAGE_KINDS}
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -155,7 +160,21 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
                 self._last_balance = now
                 self.state.balance(now)
             self.offload.tick(now, period)
+            self._retune_cadence()
             self._run_policies()
+
+    def _retune_cadence(self) -> None:
+        """rollout.maxChunkMessagesPerS: the fleet grew or shrank enough that every worker flushes at a new period."""
+        bounds = self.cadence.update(len(self._conns))
+        if bounds is None:
+            return
+        metrics.CHUNK_MAX_MS.set(bounds.max_ms)
+        log.info("chunk cadence changed", extra={"workers": len(self._conns), "chunk_max_ms": bounds.max_ms,
+                                                 "chunk_max_tokens": bounds.max_tokens})  # fmt: skip
+        msg = pb.ManagerMessage(chunk_cadence=pb.ChunkCadence(chunk_max_tokens=bounds.max_tokens,
+                                                              chunk_max_ms=bounds.max_ms))  # fmt: skip
+        for conn in self._conns.values():
+            conn.queue.put_nowait(msg)
 
     def _run_policies(self) -> None:
         now = self.clock()
@@ -214,13 +233,13 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         self.state.on_held(wid, held, self.clock())  # after a manager restart: what it kept of its responses
         log.info("worker registered", extra={"worker_id": wid, "pool": reg.pool.value, "capacity": reg.capacity,
                                              "held": len(held)})  # fmt: skip
-        r = self.rollout
+        r, bounds = self.rollout, self.cadence.current  # the cadence the fleet flushes at now
         yield pb.ManagerMessage(
             registered=pb.Registered(
                 heartbeat_interval_ms=r.heartbeat_interval_ms,
                 lease_timeout_ms=r.lease_timeout_ms,
-                chunk_max_tokens=r.chunk_max_tokens,
-                chunk_max_ms=r.chunk_max_ms,
+                chunk_max_tokens=bounds.max_tokens,
+                chunk_max_ms=bounds.max_ms,
                 session_token=session,
                 packed_tokens=True,
             )
@@ -263,6 +282,8 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         now = self.clock()
         kind = msg.WhichOneof("body")
         st = self.state
+        if kind in self._received:
+            self._received[kind].inc()
         if kind == "chunks":
             chunks, bounds = wire.chunks_from_pb(msg.chunks)
             st.on_chunks(wid, chunks, now, bounds)
@@ -366,6 +387,9 @@ class GroupTarget:
             group = (t.step, t.prompt_index)
             self.left[group] -= 1
             self.done += self.left[group] == 0
+
+
+_WORKER_MESSAGE_KINDS = ("chunks", "heartbeat", "weight_version", "drain")
 
 
 def _outbox_to_pb(box: Outbox) -> list[pb.ManagerMessage]:

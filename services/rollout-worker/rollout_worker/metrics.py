@@ -9,6 +9,10 @@ TOKENS_PER_S = Gauge("rlboost_worker_tokens_per_second", "Tokens generated per s
 RUNNING = Gauge("rlboost_worker_running_requests", "Requests running in the engine (queued or decoding).")
 CHUNKS = Counter("rlboost_worker_chunks_sent_total", "Token chunks sent to the rollout-manager.")
 BATCHES = Counter("rlboost_worker_chunk_batches_sent_total", "ChunkBatch messages sent to the rollout-manager.")
+HEARTBEATS_SKIPPED = Counter(
+    "rlboost_worker_heartbeats_skipped_total",
+    "Heartbeats not sent because a ChunkBatch left within the heartbeat period (the manager counts it as a sign of life).",
+)
 ASSIGNED = Counter("rlboost_worker_assignments_total", "Requests assigned to this worker.")
 ABORTS = Counter("rlboost_worker_aborts_total", "Requests aborted (revoke, drain, disconnect).", ["reason"])
 REQUEST_ERRORS = Counter(

@@ -2,14 +2,17 @@
 
 Register (id, pool, node, capacity, weight version, engine), then run assignments on the engine and stream
 their tokens as ChunkBatch messages (bounded per request by `chunk_max_tokens` and `chunk_max_ms`, both from
-Registered), heartbeat every `heartbeat_interval_ms`, and obey Revoke, DrainCommand and SetWeightVersion.
+Registered, later from ChunkCadence: the manager stretches them as the fleet grows), heartbeat every
+`heartbeat_interval_ms` unless a ChunkBatch left within that period (the manager counts any message as a sign
+of life), and obey Revoke, DrainCommand and SetWeightVersion.
 
 Contract for requests that stop early: a revoked, drained or otherwise aborted request's last chunk has
 `finished=false, finish_reason="abort"` (possibly with no tokens). It tells the manager that every token
 generated here has been sent and the request may continue elsewhere from prompt + those tokens.
 
 Drain (SIGTERM or DrainCommand): stop taking work (new assignments are answered with an empty abort chunk),
-send a DrainNotice (SIGTERM only), abort running requests, flush every token, close the stream. A stream
+send a DrainNotice (SIGTERM only), flush every token at once (with a long cadence, much may be buffered),
+abort running requests, flush what they made since, close the stream. A stream
 that breaks pauses the running requests, keeping their tokens (held.py), and reconnects with backoff; the next
 Register reports them (`held`), so a restarted manager continues them from there instead of from scratch.
 
@@ -98,6 +101,7 @@ class _Link:
         self.tasks: dict[str, asyncio.Task] = {}
         self.drained = False  # this stream was drained: flushed and half-closed
         self.lost = False  # this stream broke: requests that stop now are paused and kept (held.py)
+        self.chunks_sent_at = float("-inf")  # monotonic time of the last ChunkBatch: heartbeats skip while they flow
 
 
 class WorkerSession:
@@ -310,6 +314,15 @@ class WorkerSession:
             self.request_drain(msg.drain.reason or "manager", notice=False)
         elif kind == "set_weight_version":
             self.schedule_update(msg.set_weight_version.weight_version)
+        elif kind == "chunk_cadence":
+            self._set_cadence(link, msg.chunk_cadence)
+
+    def _set_cadence(self, link: _Link, cadence: pb.ChunkCadence) -> None:
+        """The manager's load-adaptive cadence: flush by these bounds from now on (0 = keep the current one)."""
+        chunker = link.chunker
+        chunker.set_bounds(cadence.chunk_max_tokens or chunker.max_tokens, cadence.chunk_max_ms or chunker.max_ms)
+        link.flush.set()  # the flusher waits on the old deadline: recompute it
+        log.info("chunk cadence", extra={"chunk_max_tokens": chunker.max_tokens, "chunk_max_ms": chunker.max_ms})
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -352,14 +365,15 @@ class WorkerSession:
         finished, reason, error, invalid_input = False, FINISH_ABORT, "", False
         try:
             async for step in self.engine.generate(a):
-                link.chunker.add(rid, step.token_ids, step.logprobs, monotonic_ms())
+                # a new age clock: the flusher, waiting on a later deadline (or none), must see it
+                new_deadline = link.chunker.add(rid, step.token_ids, step.logprobs, monotonic_ms())
                 self.held.add(a, step.token_ids, step.logprobs)
                 self._tokens_total += len(step.token_ids)
                 metrics.TOKENS.inc(len(step.token_ids))
                 if step.finished:
                     finished, reason = step.finish_reason != FINISH_ABORT, step.finish_reason
                     error, invalid_input = step.error, step.invalid_input
-                if step.finished or link.chunker.pending_tokens() >= link.chunker.max_tokens:
+                if new_deadline or step.finished or link.chunker.pending_tokens() >= link.chunker.max_tokens:
                     link.flush.set()
         except Exception as err:  # the engine's trouble, not the request's: it goes back to the manager
             what = f"generation failed: {type(err).__name__}"
@@ -424,6 +438,7 @@ class WorkerSession:
             packed = link.registered.packed_tokens  # the manager reads packed tokens (one bytes copy per chunk)
             batch = pb.ChunkBatch(chunks=[chunk_to_pb(c, packed) for c in chunks])
             link.outbox.put_nowait(pb.WorkerMessage(chunks=batch))
+            link.chunks_sent_at = time.monotonic()
             metrics.CHUNKS.inc(len(chunks))
             metrics.BATCHES.inc()
 
@@ -431,7 +446,10 @@ class WorkerSession:
         period = max(0.01, (link.registered.heartbeat_interval_ms or _SPEC_DEFAULTS.heartbeat_interval_ms) / 1000)
         last_t, last_tokens = time.monotonic(), self._tokens_total
         while True:
-            self._send_heartbeat(link)
+            if time.monotonic() - link.chunks_sent_at >= period:  # chunks that flowed within the period said it
+                self._send_heartbeat(link)
+            else:
+                metrics.HEARTBEATS_SKIPPED.inc()
             await asyncio.sleep(period)  # the heartbeat period itself, not synchronisation
             now = time.monotonic()
             metrics.TOKENS_PER_S.set((self._tokens_total - last_tokens) / max(now - last_t, 1e-9))
@@ -455,6 +473,7 @@ class WorkerSession:
             link.outbox.put_nowait(
                 pb.WorkerMessage(drain=pb.DrainNotice(reason=reason, deadline_ms=self.cfg.drain_deadline_ms))
             )
+        self._send_due(link, flush_all=True)  # what is buffered leaves now, before the aborts have to finish
         for a in self._held + self._held_while_released:
             self._reject(link, a)
         self._held.clear()
