@@ -769,7 +769,7 @@ class RolloutSpec(SpecModel):
         "once they are spent the next deadline fails the job with the missing samples named.",
     )
     max_chunk_messages_per_s: int = Field(
-        0,
+        2000,
         ge=0,
         le=10_000_000,
         description="Load-adaptive chunk cadence: the ChunkBatch messages per second the rollout-manager wants from "
@@ -778,7 +778,7 @@ class RolloutSpec(SpecModel):
         "fifth of leaseTimeoutMs; re-announced when it moves by more than 25%) and chunkMaxTokens by the same "
         "factor, so its CPU per token stays low at 1,000 workers (2000: 0.5 s at 1,000 workers). Costs: tokens "
         "reach the manager up to that period later, and what a worker had not flushed when it dies is generated "
-        "again (a drain flushes first). 0 = the fixed chunkMaxTokens / chunkMaxMs.",
+        "again (a drain flushes first). Below 100 workers (at 2000) nothing stretches. 0 = the fixed chunkMaxTokens / chunkMaxMs.",
     )
 
 

@@ -76,10 +76,14 @@ class Task:
         """The `n` examples of `step` with their dataset indices; depends only on (seed, step, n)."""
         if step < 0 or n < 1:
             raise ValueError(f"batch needs step >= 0 and n >= 1, got step={step}, n={n}")
+        return self._run(step * n, n)
+
+    def _run(self, start: int, n: int) -> list[tuple[int, Example]]:
+        """The `n` examples at global positions start.. (epoch after epoch, each in its seeded order)."""
         size = len(self.examples)
         out: list[tuple[int, Example]] = []
         cached_epoch, order = -1, []
-        for g in range(step * n, (step + 1) * n):
+        for g in range(start, start + n):
             epoch, pos = divmod(g, size)
             if epoch != cached_epoch:
                 cached_epoch, order = epoch, self._epoch_order(epoch)
@@ -93,11 +97,9 @@ class Task:
 
     def take(self, cursor: Cursor, n: int, encode: Encoder) -> PromptBatch:
         """The `n` examples from `cursor` on (the order of `batch`: take from (0, 0) with the same n each step
-        gives batch(0, n), batch(1, n), ...); the generated task never skips or ends."""
+        gives batch(0, n), batch(1, n), ...; partial rollout takes a varying n); the generated task never ends."""
         start = cursor.epoch * len(self.examples) + cursor.position
-        if start % n:
-            raise ValueError(f"cursor {cursor} is not at a batch boundary of {n} prompts")
-        examples = [ex for _, ex in self.batch(start // n, n)]
+        examples = [ex for _, ex in self._run(start, n)]
         epoch, position = divmod(start + n, len(self.examples))
         return PromptBatch(examples, [encode(self.messages(ex)) for ex in examples], 0, Cursor(epoch, position))
 

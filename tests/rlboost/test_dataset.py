@@ -196,6 +196,22 @@ def test_builtin_task_takes_the_same_batches_as_before() -> None:
     assert warmup_task(spec).examples == reference.examples
 
 
+def test_builtin_task_takes_any_count_from_any_cursor_in_one_order() -> None:
+    """Partial rollout tops up a varying number of prompts per step: the order stays the epochs' one."""
+    spec = TaskSpec(num_prompts=10)
+    prompts, cursor = make_prompts(spec, words), Cursor()
+    from rlboost.tasks import make_task
+
+    flat = [ex for _, ex in make_task(spec).batch(0, 30)]
+    taken = []
+    for n in (3, 5, 1, 7, 4, 10):  # 30 rows in all, across 3 epochs, never at a multiple of n
+        batch = prompts.take(cursor, n)
+        taken += batch.examples
+        cursor = batch.cursor
+    assert taken == flat
+    assert cursor == Cursor(3, 0)
+
+
 # ---- bad input: a clear error naming the field and the fix, before the first step ----
 
 
