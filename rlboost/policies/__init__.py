@@ -9,4 +9,6 @@
 - `length_offload`: at the offload window, the longest-running requests first, to the least-loaded spot workers.
 - `spot_scaling`: how many of the available spot instances to use, from how busy they were; `BusySpotScaler`
   pays only for busy spot, with the prices per pool.
+- `partial_rollout`: partial rollout's step rules (groups in flight, when a step's stream ends, the staleness
+  bound on what is trained and carried), shared by the trainer, the manager and the simulator.
 """
