@@ -7,7 +7,6 @@ CRD's OpenAPI schema. Load a file with `load_job_spec(path)`; errors name the fi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Literal, NamedTuple
@@ -26,6 +25,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from rlboost.policies.partial_rollout import fits_step_limit, in_flight
 from rlboost.reward_registry import check_reward_name
 
 
@@ -997,18 +997,18 @@ class JobSpec(SpecModel):
                 "algorithm.partialRollout trains a variable number of groups per step, which trainer.ranks > 1 cannot "
                 "split evenly yet: use trainer.ranks 1 or turn partialRollout off",
             )
-        in_flight = self.partial_rollout_groups()
-        if in_flight * alg.group_size > self.rollout.max_step_requests:
+        groups = self.partial_rollout_groups()
+        if not fits_step_limit(groups, alg.group_size, self.rollout.max_step_requests):
             raise SpecFieldError(
                 "algorithm.partialRolloutOverProvision",
-                f"{in_flight} groups in flight x algorithm.groupSize exceeds rollout.maxStepRequests "
+                f"{groups} groups in flight x algorithm.groupSize exceeds rollout.maxStepRequests "
                 f"({self.rollout.max_step_requests}); lower the over-provision or raise the limit",
             )
 
     def partial_rollout_groups(self) -> int:
         """Groups in flight per step with algorithm.partialRollout: promptsPerStep plus the over-provision."""
         alg = self.algorithm
-        return alg.prompts_per_step + math.ceil(alg.prompts_per_step * alg.partial_rollout_over_provision)
+        return in_flight(alg.prompts_per_step, alg.partial_rollout_over_provision)
 
 
 def effective_micro_batch(spec: JobSpec) -> int:

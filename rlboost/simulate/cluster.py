@@ -54,7 +54,7 @@ class ClusterConfig:
     max_batch: int = 256
     spot_tp2_share: float = 0.0  # share of spot VMs running one engine over 2x the model's TP (tail engines)
     tp_scaling: float = 0.8  # a 2x wider engine decodes this x 2 as fast (all-reduce per layer costs the rest)
-    partial_overprovision: float = 0.25  # staleness > 0: requests in flight per step = samples x (1 + this)
+    partial_overprovision: float = 0.25  # staleness > 0: in flight per step = samples + ceil(samples x this)
     # weight distribution (rlboost.simulate.weights); None: every VM pulls at its own link rate, an unshared server
     weights: WeightNetwork | None = None
     weights_fanout: bool = True  # relays (peer fan-out, the product's default) rather than all from the server

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from rlboost.policies.offload import OffloadConfig, OffloadWindow, StepMeasurements
+from rlboost.policies.partial_rollout import in_flight, may_carry, new_groups, stream_ended, stream_target
 from rlboost.policies.spot_scaling import BusySpotScaler, SpotPrices, SpotScaler, SpotSignals
 from rlboost.simulate.cluster import ClusterConfig, Instances, PolicyResult, SimStepResult, SpotPool, StepSim, Trainer
 from rlboost.simulate.hardware import sync_seconds
@@ -61,6 +62,7 @@ class StepRunner:
         self.now = 0.0
         self.carry_need = np.zeros(0)  # partial rollout: responses carried into the next step
         self.carry_gen = np.zeros(0)
+        self.carry_version = np.zeros(0, dtype=np.int64)  # the step (weight version) each was issued under
 
     def build_reserved(self, gpus: int) -> list[int]:
         self.rollout_gpus = gpus
@@ -68,10 +70,9 @@ class StepRunner:
 
     def fresh_count(self) -> int:
         """New responses this step: the step's samples, plus the over-provision that partial rollout keeps in flight."""
-        n = self.cfg.workload.samples_per_step
-        if self.features.staleness <= 0:
-            return n
-        return max(round(n * (1 + self.cfg.partial_overprovision)) - len(self.carry_need), 0)
+        partial = self.features.staleness > 0
+        kept = in_flight(self.cfg.workload.samples_per_step, self.cfg.partial_overprovision, partial)
+        return new_groups(kept, len(self.carry_need))
 
     def step(self, k: int, fresh: np.ndarray, reserved: list[int]) -> None:
         cfg, t0 = self.cfg, self.now
@@ -85,12 +86,16 @@ class StepRunner:
         partial = self.features.staleness > 0
         carried = len(self.carry_need)
         lengths = np.concatenate([self.carry_need, fresh]).astype(np.int64)
+        versions = np.concatenate([self.carry_version, np.full(len(fresh), k, dtype=np.int64)])
+        # a response issued under a version the next step could not train (the staleness bound) must finish now;
+        # counted from the version it was issued under (its oldest token's, or earlier when it had not started)
+        must_finish = np.array([not may_carry(int(v), k + 1, self.features.staleness) for v in versions], dtype=bool)
         generated = np.concatenate([self.carry_gen, np.zeros(len(fresh))])
         sim = StepSim(cfg, self.inst, lengths, t0, generated, self.features.length_aware)
         self.spot.follow(t0, sim)
         streamed = self.policy == "disaggregated"
         trainer = Trainer(cfg, cfg.reserved_gpus - (self.rollout_gpus if streamed else 0), sim)
-        target = cfg.workload.samples_per_step if partial else len(lengths)
+        target = stream_target(cfg.workload.samples_per_step if partial else 0, len(lengths))
         if partial:
             trainer.total = np.inf  # known once the step's samples are in
         if streamed:
@@ -128,7 +133,7 @@ class StepRunner:
             spot_samples.append(len(self.spot.vms))
             self.now += dt
             if not complete:
-                complete = self._rollout_complete(sim, trainer, target, carried, partial)
+                complete = self._rollout_complete(sim, trainer, target, carried, must_finish if partial else None)
             if complete and partial and not offloaded:  # colocated: the reserved GPUs stop generating and train
                 offloaded = True
                 sim.blocked |= set(reserved)
@@ -137,7 +142,7 @@ class StepRunner:
                 trainer.paused = False
         if partial:
             end = self.now
-            self._carry(sim, target, carried)
+            self._carry(sim, target, carried, versions)
         else:
             rollout_end = float(np.max(sim.done_at))
             if trainer.start is None:  # colocated: training starts once rollout is over
@@ -154,12 +159,14 @@ class StepRunner:
         ready = ready_spot_gpu_s + self.spot.ready_gpus(self.now) * (self.now - t0 - len(spot_samples) * dt)
         self._scale(sim, trainer, paid, ready, self.now - t0)
 
-    def _rollout_complete(self, sim: StepSim, trainer: Trainer, target: int, carried: int, partial: bool) -> bool:
-        """Synchronous: every response is in. Partial: `target` samples are in, carried ones among them (a carried
-        response may not cross a second version: the staleness bound)."""
-        if not partial:
+    def _rollout_complete(
+        self, sim: StepSim, trainer: Trainer, target: int, carried: int, must_finish: np.ndarray | None
+    ) -> bool:
+        """Synchronous (`must_finish` None): every response is in. Partial: `target` samples are in, and every
+        response the staleness bound does not let cross into the next version (`must_finish`)."""
+        if must_finish is None:
             return sim.all_done
-        if sim.done_count() < target or not np.all(sim.done_at[:carried] < np.inf):
+        if not stream_ended(sim.done_count(), target) or not np.all(sim.done_at[must_finish] < np.inf):
             return False
         order = self._consumed(sim, target, carried)
         trainer.cap = trainer.total = float(np.sum(sim.need[order])) + sim.prompt * len(order)
@@ -172,11 +179,11 @@ class StepRunner:
         rank = np.lexsort((sim.done_at[done], done >= carried))
         return done[rank[:target]]
 
-    def _carry(self, sim: StepSim, target: int, carried: int) -> None:
+    def _carry(self, sim: StepSim, target: int, carried: int, versions: np.ndarray) -> None:
         """What the step did not train on continues under the next version (the KV is rebuilt: re-prefill)."""
         keep = np.ones(len(sim.need), dtype=bool)
         keep[self._consumed(sim, target, carried)] = False
-        self.carry_need, self.carry_gen = sim.need[keep], sim.gen[keep]
+        self.carry_need, self.carry_gen, self.carry_version = sim.need[keep], sim.gen[keep], versions[keep]
 
     def _scale(self, sim: StepSim, trainer: Trainer, paid: float, ready: float, step_s: float) -> None:
         """The paper's scaler measures busy over paid spot time; rlboost's over ready (registered) spot time, as

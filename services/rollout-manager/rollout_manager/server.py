@@ -27,6 +27,7 @@ from rlboost.observability import LoopWatchdog
 from rlboost.policies.cadence import CadenceTracker
 from rlboost.policies.migration import MigrationReason
 from rlboost.policies.offload import OffloadWindow
+from rlboost.policies.partial_rollout import stream_ended, stream_target
 from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.rollout.v1 import rollout_pb2_grpc as pb_grpc
 from rlboost.spec import RolloutSpec
@@ -375,12 +376,12 @@ class GroupTarget:
         owed += [((c.step, c.prompt_index), request_id(c.step, c.prompt_index, g)) for c in r.carried
                  for g in c.sample_indices]  # fmt: skip
         self.left = Counter(group for group, rid in owed if rid not in received)
-        self.want = min(r.target_groups, len(self.left))
+        self.want = stream_target(r.target_groups, len(self.left))
         self.done = 0
 
     @property
     def reached(self) -> bool:
-        return self.done >= self.want
+        return stream_ended(self.done, self.want)
 
     def count(self, batch: list[Trajectory]) -> None:
         for t in batch:

@@ -44,6 +44,7 @@ from typing import Any
 from rlboost.auth.grpc_auth import ClientAuth
 from rlboost.evaluation import ScoredResponse, summarize
 from rlboost.observability import LoopWatchdog
+from rlboost.policies.partial_rollout import lag, new_groups, trainable
 from rlboost.reward_registry import describe_reward
 from rlboost.spec import JobSpec, effective_micro_batch
 from rlboost.tasks.base import Cursor, PromptBatch
@@ -491,7 +492,7 @@ class Trainer:
         and the target of complete groups. None: the data is exhausted and nothing is in flight."""
         assert self.carry is not None
         alg = self.spec.algorithm
-        new = max(0, self.spec.partial_rollout_groups() - len(self.carry))
+        new = new_groups(self.spec.partial_rollout_groups(), len(self.carry))
         batch = self.prompts.take(self.cursor, new) if new else None
         examples, ids = (batch.examples, batch.prompt_ids) if batch else ([], [])
         if not examples and not len(self.carry):
@@ -676,12 +677,10 @@ class Trainer:
         """(stale, loss weight) of a trajectory: on-policy, stale within maxStaleness, or skipped."""
         if traj.finish_reason == FAILED:
             return False, 0.0
-        lag = request.weight_version - traj.weight_version
-        if lag == 0:
-            return False, 1.0
-        if 0 < lag <= self.spec.algorithm.max_staleness:
-            return True, 1.0
-        return False, 0.0
+        behind = lag(request.weight_version, traj.weight_version)  # its oldest token's (partial rollout)
+        if not trainable(behind, self.spec.algorithm.max_staleness):
+            return False, 0.0
+        return behind > 0, 1.0
 
     async def _step(self, step: int, rc: RolloutClient, publisher: WeightPublisher) -> StepReport | None:
         alg = self.spec.algorithm

@@ -5,7 +5,8 @@ samples of earlier steps' groups it still waits for (RolloutRequest.carried), an
 step's stream once promptsPerStep groups are complete. A group's finished samples are kept until the whole group is
 in (advantages are per group); it is trained in the step where it completes, in canonical (step, prompt, sample)
 order. Its samples' lag is counted by their oldest token's weight version (Trajectory.weight_version) against
-maxStaleness, as for any stale sample, and the importance ratio uses their per-token behaviour log-probs.
+maxStaleness, as for any stale sample, and the importance ratio uses their per-token behaviour log-probs. The
+counts and bounds are the shared rules of `rlboost.policies.partial_rollout` (also the manager's and the simulator's).
 
 Checkpoints record where each open group's prompt was taken from (the data cursor of its batch and its offset), not
 its samples: on resume those groups are taken again from the data and rolled out afresh (counted in
