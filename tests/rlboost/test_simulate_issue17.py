@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from rlboost.policies.partial_rollout import may_carry
 from rlboost.simulate.cluster import ClusterConfig, Instances, StepSim
 from rlboost.simulate.hardware import MODELS
 from rlboost.simulate.runner import HYBRIDS, StepRunner, run_policy
@@ -106,3 +108,18 @@ def test_length_aware_offload_places_the_longest_on_the_emptiest_spot():
     sim.offload(reserved)
     assert sim.where[1] == empty  # the request with the most tokens into the smallest batch
     assert sim.where[0] in (busy, empty)
+
+
+def test_the_simulator_carries_only_what_the_shared_staleness_bound_lets_cross():
+    """At staleness 2 (no built-in policy uses it) a response may cross two versions, never three: the simulator
+    keeps to rlboost.policies.partial_rollout.may_carry, the trainer's and the manager's rule."""
+    runner = StepRunner(SMALL, "hybrid+staleness", SpotTrace.constant(2))
+    runner.features = replace(runner.features, staleness=2)
+    reserved = runner.build_reserved(SMALL.reserved_gpus)
+    rng, crossed_two = np.random.default_rng(0), False
+    for k in range(6):
+        runner.step(k, SMALL.workload.response_lengths(k, 6, rng, runner.fresh_count()), reserved)
+        assert runner.result.steps[-1].samples == SMALL.workload.samples_per_step
+        assert all(may_carry(int(v), k + 1, 2) for v in runner.carry_version)
+        crossed_two |= bool(np.any(runner.carry_version < k))  # carried into its third version's step
+    assert crossed_two
