@@ -15,6 +15,9 @@ Files (every one mode 0600):
 - `manager-ticket.key`: the rollout-manager's HMAC key for the tickets it gives with each assignment (a worker
   hands a ticket back with a response it held across a manager restart; only the manager mounts it, and it
   outlives the manager's process so a restarted manager can check the tickets its predecessor gave).
+- `colocation.key`: the HMAC key colocation acks are bound to worker ids with (rlboost.auth.colocation_acks):
+  the manager derives each reserved worker's own ack key from it and hands it over on the worker's session;
+  the trainer derives the same key to check each ack. Mounted by the manager and the trainer only.
 - `ca.crt`, `tls-<service>.crt`, `tls-<service>.key`: TLS (made when `tls_hosts` is given, as the operator
   does): a per-job CA and a server certificate for the manager, the weight-server and NATS.
 
@@ -37,10 +40,11 @@ NATS_USERS = ("operator", "trainer", "manager", "worker", "weight-server", "obse
 TLS_SERVICES = ("manager", "weight-server", "nats")
 SIGNING_KEY, VERIFY_KEY, CA_CERT = "manifest.key", "manifest.pub", "ca.crt"
 TICKET_KEY = "manager-ticket.key"
+COLOCATION_KEY = "colocation.key"
 
 # What each pod role mounts: everything it presents, verifies or serves with, and nothing else.
 ROLE_ITEMS: dict[str, tuple[str, ...]] = {
-    "trainer": ("token-trainer", "nats-trainer.pass", SIGNING_KEY, VERIFY_KEY, CA_CERT),
+    "trainer": ("token-trainer", "nats-trainer.pass", SIGNING_KEY, VERIFY_KEY, CA_CERT, COLOCATION_KEY),
     "worker": ("token-worker", "nats-worker.pass", VERIFY_KEY, CA_CERT),
     "manager": (
         "token-trainer",
@@ -51,6 +55,7 @@ ROLE_ITEMS: dict[str, tuple[str, ...]] = {
         CA_CERT,
         "tls-manager.crt",
         "tls-manager.key",
+        COLOCATION_KEY,
     ),  # fmt: skip
     "weight-server": (
         "token-trainer",
@@ -96,7 +101,10 @@ def generate_items(tls_hosts: Mapping[str, Iterable[str]] | None = None) -> dict
 
 
 # Items a job's credentials may lack because they were made before the item existed, and how to make each.
-_ADDED = {TICKET_KEY: lambda: secrets.token_urlsafe(32).encode()}
+_ADDED = {
+    TICKET_KEY: lambda: secrets.token_urlsafe(32).encode(),
+    COLOCATION_KEY: lambda: secrets.token_urlsafe(32).encode(),
+}
 
 
 def added_items(present: Iterable[str]) -> dict[str, bytes]:
@@ -226,6 +234,10 @@ class JobCredentials:
     def ticket_key(self) -> bytes:
         """The rollout-manager's HMAC key for assignment tickets."""
         return self.read(TICKET_KEY)
+
+    def colocation_key(self) -> bytes:
+        """The HMAC key reserved workers' colocation-ack keys derive from (manager and trainer)."""
+        return self.read(COLOCATION_KEY)
 
     def tls(self, service: str) -> tuple[bytes, bytes, bytes] | None:
         """(CA, certificate, key) PEM of `service`'s server TLS, or None where no TLS was made (local runs)."""

@@ -203,3 +203,7 @@ class ColocationAck(BaseModel):
     nbytes: int = Field(0, ge=0, description="Engine bytes freed (release) or allocated again (resume).")
     seconds: float = Field(0.0, ge=0, allow_inf_nan=False, description="Time the engine took.")
     weight_version: int = Field(0, ge=0, description="Weight version the engine holds.")
+    mac: str = Field(
+        "", max_length=128, description="HMAC of the other fields with the worker's own ack key (rlboost.auth."
+        "colocation_acks); '' from a worker without one (a job without credentials)."
+    )  # fmt: skip

@@ -7,8 +7,9 @@ import sys
 
 import grpc
 import httpx
+import pytest
 
-from rlboost.auth.credentials import TICKET_KEY, generate
+from rlboost.auth.credentials import COLOCATION_KEY, TICKET_KEY, generate
 from rlboost.nats_server import free_port, wait_for_port
 from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.rollout.v1 import rollout_pb2_grpc as pb_grpc
@@ -80,9 +81,10 @@ def test_offload_window_comes_from_the_spec_unless_the_flag_or_env_overrides(tmp
     assert offload_window_s(parse_service_args(ManagerOptions, ["--config", str(config)])) == 7.0
 
 
-def test_credentials_without_the_ticket_key_are_one_line_naming_it(tmp_path):
+@pytest.mark.parametrize("item", [TICKET_KEY, COLOCATION_KEY])
+def test_credentials_without_a_key_are_one_line_naming_it(tmp_path, item):
     creds = generate(tmp_path / "credentials")
-    (creds.directory / TICKET_KEY).unlink()  # made by hand before the key existed, and never upgraded
+    (creds.directory / item).unlink()  # made by hand before the key existed, and never upgraded
     proc = _start(free_port(), 0, "", "--credentials-dir", str(creds.directory))
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 1 and TICKET_KEY in err and "Traceback" not in err, err
+    assert proc.returncode == 1 and item in err and "Traceback" not in err, err

@@ -1,5 +1,5 @@
-"""Colocation in a real `python -m rollout_worker` process with a real nats-server: a release command is acked
-(engine memory released, shown on /metrics, every heartbeat says `memory_released` from before the ack), work that
+"""Colocation in a real `python -m rollout_worker` process with a real nats-server: a release command is acked,
+MACed with the ack key the manager's Registered gave (rlboost.auth.colocation_acks), (engine memory released, shown on /metrics, every heartbeat says `memory_released` from before the ack), work that
 arrives meanwhile waits, and a resume is acked (heartbeats say resumed) and the worker generates again, token for token as
 before. The manager side is the in-test stand-in
 (standin_manager.py) because services never import each other; the trainer side is this test on NATS."""
@@ -13,7 +13,9 @@ import httpx
 import nats
 import pytest
 
+from rlboost.auth.colocation_acks import AckVerifier, worker_ack_key
 from rlboost.nats_server import free_port
+from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.wire.events import ColocationAck, ColocationCommand, subject
 from tests.rollout_worker.standin_manager import StandInManager
 from tests.rollout_worker.test_session import PROMPT, REGISTERED, eventually, pb_assignment
@@ -21,6 +23,7 @@ from tests.rollout_worker.test_torch_engine import hf_greedy
 from tests.rollout_worker.test_worker_process import spawn, worker_argv
 
 JOB = "colo"
+COLOCATION_KEY = b"the-jobs-colocation-key"  # what the trainer and the manager would read from colocation.key
 
 
 def metric(text: str, name: str) -> float:
@@ -45,7 +48,9 @@ async def test_release_is_acked_work_waits_and_resume_generates_again(
     tiny_model_dir, tmp_path, nats_server, colocated_config
 ):
     mport, metrics_port = free_port(), free_port()
-    manager = await StandInManager(REGISTERED).start(mport)
+    registered = pb.Registered(colocation_ack_key=worker_ack_key(COLOCATION_KEY, JOB, "reserved-0"))
+    registered.MergeFrom(REGISTERED)
+    manager = await StandInManager(registered).start(mport)
     nc = await nats.connect(nats_server.url)
     acks: asyncio.Queue[ColocationAck] = asyncio.Queue()
 
@@ -69,6 +74,7 @@ async def test_release_is_acked_work_waits_and_resume_generates_again(
         beats_before = len(manager.of_kind("heartbeat"))
         ack = await command("release")
         assert (ack.worker_id, ack.step, ack.action, ack.ok, ack.released) == ("reserved-0", 4, "release", True, True)
+        assert AckVerifier(COLOCATION_KEY, JOB).refusal(ack) is None, "the ack is not MACed with its own key"
         # The manager is told (a heartbeat sent before the release, not a period later) that it takes no work.
         beats = lambda: [m.heartbeat.memory_released for m in manager.of_kind("heartbeat")]  # noqa: E731
         await eventually(lambda: True in beats()[beats_before:], what="a released heartbeat")
@@ -87,6 +93,7 @@ async def test_release_is_acked_work_waits_and_resume_generates_again(
         beats_released = len(manager.of_kind("heartbeat"))
         ack = await command("resume")
         assert (ack.action, ack.ok, ack.released) == ("resume", True, False)
+        assert AckVerifier(COLOCATION_KEY, JOB).refusal(ack) is None
         await eventually(lambda: False in beats()[beats_released:], what="a resumed heartbeat")
         await eventually(lambda: (c := manager.last_chunk("during")) and c.finished, timeout=30, what="held run")
         assert manager.tokens("during") == manager.tokens("before") == hf_greedy(tiny_model_dir, PROMPT, 10)

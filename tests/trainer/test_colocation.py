@@ -14,6 +14,7 @@ import nats
 import pytest
 from prometheus_client import REGISTRY
 
+from rlboost.auth.colocation_acks import AckVerifier, sign, worker_ack_key
 from rlboost.models import load_tokenizer, stop_token_ids
 from rlboost.spec import dump_job_spec
 from rlboost.wire.events import ColocationAck, ColocationCommand, StepReport, WeightsAnnounced, subject
@@ -22,8 +23,11 @@ from tests.trainer.peers import StandInManager, WeightServerProcess, child_env, 
 from trainer.colocation import Colocation
 
 
-async def fake_workers(nc, job: str, ids: list[str], ok: bool = True) -> list[ColocationCommand]:
-    """Colocated workers that ack every command at once; returns the list the commands are recorded in."""
+async def fake_workers(
+    nc, job: str, ids: list[str], ok: bool = True, keys: dict[str, str] | None = None
+) -> list[ColocationCommand]:
+    """Colocated workers that ack every command at once, each MACed with `keys[id]` (the ack key the manager would
+    give; none: unsigned); returns the list the commands are recorded in."""
     seen: list[ColocationCommand] = []
 
     async def on_command(msg) -> None:
@@ -32,6 +36,7 @@ async def fake_workers(nc, job: str, ids: list[str], ok: bool = True) -> list[Co
         for wid in ids:
             ack = ColocationAck(step=cmd.step, action=cmd.action, worker_id=wid, ok=ok,
                                 error="" if ok else "EngineError: boom", released=cmd.action == "release", nbytes=10)  # fmt: skip
+            sign(ack, (keys or {}).get(wid, ""))
             await nc.publish(subject("default", job, "colocation-acks"), ack.model_dump_json().encode())
 
     await nc.subscribe(subject("default", job, "colocation"), cb=on_command)
@@ -41,6 +46,10 @@ async def fake_workers(nc, job: str, ids: list[str], ok: bool = True) -> list[Co
 
 def counter(name: str, action: str) -> float:
     return REGISTRY.get_sample_value(name, {"action": action}) or 0.0
+
+
+def refused(reason: str) -> float:
+    return REGISTRY.get_sample_value("rlboost_trainer_colocation_acks_refused_total", {"reason": reason}) or 0.0
 
 
 async def test_release_and_resume_wait_for_every_worker(nats_server):
@@ -96,6 +105,32 @@ async def test_failed_ack_is_reported(nats_server):
         await colo.start()
         rel = await colo.release(1, version=1)
         assert (rel.acked, rel.failed) == (1, ["reserved-0"])
+    finally:
+        await nc.close()
+
+
+async def test_an_ack_in_another_workers_name_is_refused_and_counted(nats_server, caplog):
+    """With the job's colocation key the trainer counts an ack only when its MAC is the named worker's: reserved-1
+    acking as reserved-0 (with its own key, or none) is refused, counted and logged once; reserved-0's own counts."""
+    key = b"the-jobs-colocation-key"
+    own = {w: worker_ack_key(key, "c5", w) for w in ("reserved-0", "reserved-1")}
+    nc = await nats.connect(nats_server.url)
+    try:
+        colo = Colocation(nc, "default", "c5", workers=1, timeout_s=1.5, verifier=AckVerifier(key, "c5"))
+        await colo.start()
+        await fake_workers(nc, "c5", ["reserved-0"], keys={"reserved-0": own["reserved-1"]})  # the forger
+        await fake_workers(nc, "c5", ["reserved-2"])  # a worker the manager gave no key
+        invalid, missing = refused("mac_invalid"), refused("mac_missing")
+        rel = await colo.release(0, version=0)
+        assert rel.acked == 0, "an ack in another worker's name ended the wait"
+        assert refused("mac_invalid") >= invalid + 1 and refused("mac_missing") >= missing + 1
+        logged = [r for r in caplog.records if r.getMessage().startswith("colocation ack refused")]
+        assert sorted(r.reason for r in logged) == ["mac_invalid", "mac_missing"], "each refusal is logged once"
+
+        colo.timeout_s = 10
+        await fake_workers(nc, "c5", ["reserved-0"], keys=own)  # the real reserved-0
+        rel = await colo.release(1, version=1)
+        assert (rel.acked, rel.failed) == (1, [])
     finally:
         await nc.close()
 

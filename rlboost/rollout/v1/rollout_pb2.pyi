@@ -163,20 +163,22 @@ class ManagerMessage(_message.Message):
     def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., assign: _Optional[_Union[AssignBatch, _Mapping]] = ..., revoke: _Optional[_Union[Revoke, _Mapping]] = ..., drain: _Optional[_Union[DrainCommand, _Mapping]] = ..., set_weight_version: _Optional[_Union[SetWeightVersion, _Mapping]] = ..., chunk_cadence: _Optional[_Union[ChunkCadence, _Mapping]] = ...) -> None: ...
 
 class Registered(_message.Message):
-    __slots__ = ("heartbeat_interval_ms", "lease_timeout_ms", "chunk_max_tokens", "chunk_max_ms", "session_token", "packed_tokens")
+    __slots__ = ("heartbeat_interval_ms", "lease_timeout_ms", "chunk_max_tokens", "chunk_max_ms", "session_token", "packed_tokens", "colocation_ack_key")
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_MAX_MS_FIELD_NUMBER: _ClassVar[int]
     SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     PACKED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COLOCATION_ACK_KEY_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval_ms: int
     lease_timeout_ms: int
     chunk_max_tokens: int
     chunk_max_ms: int
     session_token: str
     packed_tokens: bool
-    def __init__(self, heartbeat_interval_ms: _Optional[int] = ..., lease_timeout_ms: _Optional[int] = ..., chunk_max_tokens: _Optional[int] = ..., chunk_max_ms: _Optional[int] = ..., session_token: _Optional[str] = ..., packed_tokens: _Optional[bool] = ...) -> None: ...
+    colocation_ack_key: str
+    def __init__(self, heartbeat_interval_ms: _Optional[int] = ..., lease_timeout_ms: _Optional[int] = ..., chunk_max_tokens: _Optional[int] = ..., chunk_max_ms: _Optional[int] = ..., session_token: _Optional[str] = ..., packed_tokens: _Optional[bool] = ..., colocation_ack_key: _Optional[str] = ...) -> None: ...
 
 class ChunkCadence(_message.Message):
     __slots__ = ("chunk_max_tokens", "chunk_max_ms")

@@ -43,6 +43,20 @@ def ticket_book(args: ManagerOptions):
     return TicketBook(JobCredentials(Path(args.credentials_dir)).ticket_key(), args.job)
 
 
+def colocation_ack_keys(args: ManagerOptions):
+    """worker id -> that reserved worker's colocation-ack key, from the job's colocation.key (None without
+    credentials: no keys given, and the trainer checks no acks)."""
+    if not args.credentials_dir:
+        return None
+    import functools
+    from pathlib import Path
+
+    from rlboost.auth.colocation_acks import worker_ack_key
+    from rlboost.auth.credentials import JobCredentials
+
+    return functools.partial(worker_ack_key, JobCredentials(Path(args.credentials_dir)).colocation_key(), args.job)
+
+
 async def serve(args: ManagerOptions, started: list | None = None) -> int:
     """Run until SIGTERM/SIGINT; the server is appended to `started` (what /healthz asks) once it exists."""
     from rlboost.auth.credentials import CredentialsError
@@ -55,6 +69,7 @@ async def serve(args: ManagerOptions, started: list | None = None) -> int:
     try:
         auth = ServerAuth.from_dir(args.credentials_dir, "manager", METHOD_ROLES)
         tickets = ticket_book(args)
+        ack_keys = colocation_ack_keys(args)
     except CredentialsError as err:
         print(f"rollout-manager: --credentials-dir: {err}", file=sys.stderr)
         return 1
@@ -66,7 +81,12 @@ async def serve(args: ManagerOptions, started: list | None = None) -> int:
 
         offload = OffloadWindow(OffloadConfig(initial_s=window_s))
     manager = RolloutManagerServer(
-        args.spec.rollout, balance_interval_s=args.balance_interval, offload=offload, auth=auth, tickets=tickets
+        args.spec.rollout,
+        balance_interval_s=args.balance_interval,
+        offload=offload,
+        auth=auth,
+        tickets=tickets,
+        colocation_ack_key=ack_keys,
     )
     if started is not None:
         started.append(manager)

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import NamedTuple
 
 import grpc
@@ -32,7 +32,7 @@ from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.rollout.v1 import rollout_pb2_grpc as pb_grpc
 from rlboost.spec import RolloutSpec
 from rlboost.wire import rollout_proto as wire
-from rlboost.wire.rollout_io import RolloutRequest, Trajectory, request_id
+from rlboost.wire.rollout_io import Pool, RolloutRequest, Trajectory, request_id
 
 from . import metrics
 from .identity import SessionRefused, WorkerSessions
@@ -73,13 +73,17 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         auth: ServerAuth | None = None,
         health_max_lag_s: float = 10.0,
         tickets: TicketBook | None = None,
+        colocation_ack_key: Callable[[str], str] | None = None,
     ) -> None:
         """`auth`: role tokens and TLS (identity.METHOD_ROLES); None = open and plaintext (no credentials dir).
         `tickets`: assignment tickets (tickets.py), checked on held responses; None = none given, held
-        responses adopted unchecked (no credentials dir: anyone may connect as any worker anyway)."""
+        responses adopted unchecked (no credentials dir: anyone may connect as any worker anyway).
+        `colocation_ack_key`: a reserved worker id's own colocation-ack key (rlboost.auth.colocation_acks), given
+        in its Registered; None = none given (no credentials dir: the trainer checks no acks either)."""
         self.rollout = rollout
         self.auth = auth or ServerAuth()
         self.tickets = tickets
+        self.colocation_ack_key = colocation_ack_key
         self.sessions = WorkerSessions()
         self.clock = clock
         self.state = ManagerState(
@@ -243,6 +247,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
                 chunk_max_ms=bounds.max_ms,
                 session_token=session,
                 packed_tokens=True,
+                colocation_ack_key=self._ack_key(wid, reg.pool),
             )
         )
         self.kick()
@@ -265,6 +270,12 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         """A stream is open for `wid` and its worker is not silent past its lease."""
         worker = self.state.workers.get(wid)
         return wid in self._conns and worker is not None and not worker.expired
+
+    def _ack_key(self, worker_id: str, pool: Pool) -> str:
+        """The colocation-ack key of a reserved worker (bound to `worker_id`, this stream's session); '' else."""
+        if self.colocation_ack_key is None or pool != Pool.RESERVED:
+            return ""
+        return self.colocation_ack_key(worker_id)
 
     async def _read(self, wid: str, it: AsyncIterator[pb.WorkerMessage], conn: _WorkerConn) -> None:
         try:

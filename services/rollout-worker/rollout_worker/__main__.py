@@ -299,7 +299,9 @@ async def _subscribe_weights(args: WorkerOptions, session):
 
 
 async def _subscribe_colocation(nc, args: WorkerOptions, session) -> None:
-    """Follow the trainer's release / resume commands (colocation) and ack each one."""
+    """Follow the trainer's release / resume commands (colocation) and ack each one, MACed with this worker's
+    own ack key from the manager (rlboost.auth.colocation_acks: the trainer refuses an ack it cannot check)."""
+    from rlboost.auth.colocation_acks import sign
     from rlboost.wire.events import COLOCATION_RELEASE, COLOCATION_RESUME, ColocationAck, ColocationCommand, subject
 
     acks = subject(args.namespace, args.job, "colocation-acks")
@@ -322,7 +324,7 @@ async def _subscribe_colocation(nc, args: WorkerOptions, session) -> None:
             log.error("colocation command failed", extra={"action": cmd.action, "step": cmd.step, "error": str(err)})
             ack.ok, ack.error = False, f"{type(err).__name__}: {err}"
         ack.released, ack.weight_version = session.released, session.engine.weight_version
-        await nc.publish(acks, ack.model_dump_json().encode())
+        await nc.publish(acks, sign(ack, session.colocation_ack_key).model_dump_json().encode())
 
     await nc.subscribe(subject(args.namespace, args.job, "colocation"), cb=on_message)
     await nc.flush(timeout=5)  # subscribed before the worker registers: no command is missed after that

@@ -125,6 +125,7 @@ class WorkerSession:
         self._deferred_version = 0  # newest version announced while released: synced on resume
         self._memory_lock = asyncio.Lock()
         self._session_token = ""  # from the manager's Registered: proves a reconnect is this worker
+        self.colocation_ack_key = ""  # from Registered (reserved workers): MACs its colocation acks as its own
         self._errors = RepeatedLog(log)  # a failure repeated per request logs one line with a count
         self.held = HeldResponses(cfg.capacity, cfg.keep_finished_s)  # responses a restarted manager adopts
 
@@ -278,6 +279,7 @@ class WorkerSession:
             call.cancel()
             raise _NotConnectedError("the manager did not answer Register with Registered")
         self._session_token = first.registered.session_token
+        self.colocation_ack_key = first.registered.colocation_ack_key
         if held:
             self.held.clear()  # the manager owns them now
             metrics.HELD_REPORTED.inc(len(held))

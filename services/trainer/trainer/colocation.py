@@ -15,6 +15,12 @@ reserved worker may subscribe only after the first step's rollout ran on spot wo
 repeated command idempotently. A deadline that passes is logged as an error and counted (rlboost_trainer_colocation_timeouts_total), and
 training goes on: a reserved worker that died does not stop the job (on a GPU the trainer may then run
 short of memory, which the log line explains). A negative ack (the engine failed) is logged the same way.
+
+With the job's credentials each ack must carry the MAC of the worker it names (rlboost.auth.colocation_acks:
+a key only that reserved worker got from the manager, and the trainer derives from the job's colocation.key):
+an ack without one, or with another worker's, is not counted, so a worker cannot ack in another's name and end
+the wait early. Each refusal is counted in rlboost_trainer_colocation_acks_refused_total{reason} and logged
+once per worker id and reason (the command is re-sent every second, and so would a forger's acks be).
 """
 
 from __future__ import annotations
@@ -25,12 +31,14 @@ import logging
 import time
 from dataclasses import dataclass
 
+from rlboost.auth.colocation_acks import AckVerifier
 from rlboost.wire.events import COLOCATION_RELEASE, COLOCATION_RESUME, ColocationAck, ColocationCommand, subject
 from trainer import metrics
 
 log = logging.getLogger(__name__)
 
 RESEND_S = 1.0  # a command not yet acked by every worker is published again this often
+MAX_REFUSALS_LOGGED = 64  # (worker id, reason) pairs logged; more are only counted (ids are the sender's choice)
 
 
 @dataclass
@@ -45,13 +53,18 @@ class PhaseResult:
 class Colocation:
     """Sends release / resume commands over NATS and waits for the colocated workers' acks."""
 
-    def __init__(self, nc, namespace: str, job: str, workers: int, timeout_s: float) -> None:
-        self.nc, self.workers, self.timeout_s = nc, workers, timeout_s
+    def __init__(
+        self, nc, namespace: str, job: str, workers: int, timeout_s: float, verifier: AckVerifier | None = None
+    ) -> None:
+        """`verifier`: checks each ack's MAC (the job's colocation.key); None = acks taken as given (no
+        credentials dir: NATS is open to anyone then anyway)."""
+        self.nc, self.workers, self.timeout_s, self.verifier = nc, workers, timeout_s, verifier
         self.commands = subject(namespace, job, "colocation")
         self.acks_subject = subject(namespace, job, "colocation-acks")
         self._acks: dict[tuple[int, str], dict[str, ColocationAck]] = {}
         self._changed = asyncio.Condition()
         self._sub = None
+        self._refusals_logged: set[tuple[str, str]] = set()
 
     async def start(self) -> None:
         """Subscribe to the acks (before the first command, so none is missed)."""
@@ -64,9 +77,24 @@ class Colocation:
         except ValueError as err:
             log.warning("bad colocation ack ignored", extra={"error": str(err)[:200]})
             return
+        if self.verifier is not None and (why := self.verifier.refusal(ack)) is not None:
+            self._refuse(ack, why)
+            return
         async with self._changed:
             self._acks.setdefault((ack.step, ack.action), {})[ack.worker_id] = ack
             self._changed.notify_all()
+
+    def _refuse(self, ack: ColocationAck, why: str) -> None:
+        metrics.COLOCATION_ACKS_REFUSED.labels(why).inc()
+        key = (ack.worker_id, why)
+        if key in self._refusals_logged or len(self._refusals_logged) >= MAX_REFUSALS_LOGGED:
+            return
+        self._refusals_logged.add(key)
+        log.warning(
+            "colocation ack refused: its MAC is not the named worker's (an ack in another worker's name, or from a "
+            "worker the manager gave no key); not counted",
+            extra={"worker_id": ack.worker_id[:200], "step": ack.step, "action": ack.action, "reason": why},
+        )
 
     async def release(self, step: int, version: int) -> PhaseResult:
         return await self._phase(step, COLOCATION_RELEASE, version)

@@ -120,6 +120,7 @@ class Trainer:
             from rlboost.auth.credentials import JobCredentials
 
             JobCredentials(opts.credentials_dir).signing_key()
+        self._ack_verifier = self._colocation_ack_verifier()  # likewise a missing colocation.key
         self.steps = opts.steps if opts.steps is not None else spec.algorithm.steps
         self.tokenizer = load_tokenizer(opts.model_dir)
         self.vocab_size = _vocab_size(opts.model_dir)
@@ -812,12 +813,22 @@ class Trainer:
         from trainer.colocation import Colocation
 
         self._colocation = Colocation(self._nc, self.opts.namespace, self.opts.job, workers,
-                                      self.opts.colocation_timeout_s)  # fmt: skip
+                                      self.opts.colocation_timeout_s, self._ack_verifier)  # fmt: skip
         await self._colocation.start()
         log.info(
             "colocated with the reserved rollout workers: they release memory while the trainer trains",
             extra={"workers": workers, "stream_training": False, "timeout_s": self.opts.colocation_timeout_s},
         )
+
+    def _colocation_ack_verifier(self) -> Any:
+        """Checks each colocation ack is its worker's (the job's colocation.key); None without credentials or
+        when not colocated."""
+        if self.opts.credentials_dir is None or not self.spec.trainer.colocate_reserved:
+            return None
+        from rlboost.auth.colocation_acks import AckVerifier
+        from rlboost.auth.credentials import JobCredentials
+
+        return AckVerifier(JobCredentials(self.opts.credentials_dir).colocation_key(), self.opts.job)
 
     async def _colocation_release(self, step: int) -> Any:
         """Before training: the colocated workers free their engine memory (None when not colocated)."""

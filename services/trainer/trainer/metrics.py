@@ -47,6 +47,11 @@ COLOCATION_WAIT_SECONDS = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120),
 )
 COLOCATION_ACKS = Counter("rlboost_trainer_colocation_acks_total", "Colocation acks received, by action.", ["action"])
+COLOCATION_ACKS_REFUSED = Counter(
+    "rlboost_trainer_colocation_acks_refused_total",
+    "Colocation acks not counted because their MAC is not the named worker's, by reason (mac_missing, mac_invalid).",
+    ["reason"],
+)
 COLOCATION_TIMEOUTS = Counter(
     "rlboost_trainer_colocation_timeouts_total", "Release / resume phases whose acks did not all arrive.", ["action"]
 )
