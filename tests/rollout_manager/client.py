@@ -12,6 +12,21 @@ from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.rollout.v1 import rollout_pb2_grpc as pb_grpc
 
 TIMEOUT = 5.0
+# A lease that is only a safety net: a test whose subject is not expiry uses it, so that a loaded machine stalling
+# the event loop (heartbeats and the ticker share it) for more than a short lease cannot expire a live worker.
+# A test of expiry drives the manager's clock instead (ManualClock).
+SAFETY_LEASE_MS = 60_000
+
+
+class ManualClock:
+    """The manager's monotonic clock, moved by the test: what expires does so when the test says, not when the
+    machine's load happens to delay a heartbeat."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
 
 
 class WorkerClient:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from array import array
 
 import grpc
@@ -21,8 +22,8 @@ from rlboost.wire.rollout_io import Trajectory
 from rlboost.wire.rollout_proto import TRAJECTORY_BATCH_BYTES
 from rollout_manager.server import RolloutManagerServer, _batches
 
-from .client import WorkerClient, collect_rollout, rollout_request
-from .test_server import metric
+from .client import SAFETY_LEASE_MS, ManualClock, WorkerClient, collect_rollout, rollout_request
+from .test_server import _is, _tokens_received, metric, wait_for
 
 VOCAB = 1000
 
@@ -60,12 +61,12 @@ async def _all(call) -> list[pb.TrajectoryBatch]:
 
 @pytest.fixture
 async def make_manager():
-    """Start a manager with short leases, balancing off and these rollout spec fields."""
+    """Start a manager with balancing off, a safety-net lease (client.SAFETY_LEASE_MS) and these spec fields."""
     servers: list[RolloutManagerServer] = []
 
-    async def start(**fields) -> RolloutManagerServer:
-        spec = RolloutSpec(**{"heartbeat_interval_ms": 50, "lease_timeout_ms": 300, **fields})
-        server = RolloutManagerServer(spec, balance_interval_s=3600.0)
+    async def start(clock=time.monotonic, **fields) -> RolloutManagerServer:
+        spec = RolloutSpec(**{"heartbeat_interval_ms": 50, "lease_timeout_ms": SAFETY_LEASE_MS, **fields})
+        server = RolloutManagerServer(spec, balance_interval_s=3600.0, clock=clock)
         server.target = f"127.0.0.1:{await server.start('127.0.0.1', 0)}"
         servers.append(server)
         return server
@@ -186,7 +187,7 @@ async def test_duplicate_rollout_is_refused_and_leaves_the_first_call_untouched(
 
 
 async def test_trajectory_batches_are_cut_by_bytes_over_the_wire(make_manager):
-    manager = await make_manager(lease_timeout_ms=60_000)  # ~10 MB through one loop: no lease may expire meanwhile
+    manager = await make_manager()  # ~10 MB through one loop: the safety-net lease does not expire meanwhile
     tokens = 100_000  # ~0.6 MB per trajectory: 8 of them finish together, over one 4 MiB message
     w1 = await WorkerClient(manager.target, "w1", capacity=8).connect()
     async with grpc.aio.insecure_channel(manager.target) as ch:  # the client's default 4 MiB receive limit
@@ -245,16 +246,30 @@ async def test_dropped_request_is_delivered_as_failed_and_the_rest_complete(make
     await w1.close()
 
 
+async def _advance(manager: RolloutManagerServer, clock: ManualClock, seconds: float, *alive: str) -> None:
+    """Move the manager's clock once each of `alive` has been heard at the current time: a jump shorter than the
+    lease expires none of them, however late the loaded machine delivers their heartbeats."""
+    await wait_for(lambda: _is(all(manager.state.workers[w].last_seen == clock.t for w in alive)), what="heartbeats")
+    clock.t += seconds
+
+
 async def test_stalled_request_migrates_although_its_worker_heartbeats(make_manager):
-    strict_manager = await make_manager(request_stall_timeout_ms=1000)
+    """The manager runs on the test's clock: the stall timeout (1 s) and the revoke deadline (the lease, 2 s) pass
+    when the test moves it, and the heartbeating workers' leases never do."""
+    clock = ManualClock()
+    strict_manager = await make_manager(clock=clock, request_stall_timeout_ms=1000, lease_timeout_ms=2000)
     target = strict_manager.target
     rollout = asyncio.create_task(collect_rollout(target, _request(max_new_tokens=3)))
     hung = await WorkerClient(target, "hung", capacity=1).connect()  # heartbeats, never generates
     a1 = (await hung.expect("assign")).assign.assignments[0]
     _send(hung, a1.request_id, a1.lease_epoch, 0, [6], [-0.3])
+    await wait_for(lambda: _tokens_received(target, 1), what="the hung worker's one token")
+    await _advance(strict_manager, clock, 1.001, "hung")  # no token for longer than the stall timeout
     revoke = (await hung.expect("revoke", timeout=5)).revoke
     assert list(revoke.request_ids) == [a1.request_id] and revoke.reason == "stalled"
     w2 = await WorkerClient(target, "w2", capacity=1).connect()
+    await _advance(strict_manager, clock, 1.0, "hung", "w2")  # the revoke deadline in two steps, each under the lease
+    await _advance(strict_manager, clock, 1.001, "hung", "w2")
     a2 = (await w2.expect("assign")).assign.assignments[0]  # at the revoke deadline: the hung worker never flushed
     assert a2.request_id == a1.request_id and list(a2.input_ids)[a2.prompt_len :] == [6]
     _send(w2, a2.request_id, a2.lease_epoch, 1, [7, 8], [-0.3] * 2, finished=True, finish_reason="length")

@@ -14,22 +14,12 @@ from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.spec import RolloutSpec
 from rollout_manager.server import RolloutManagerServer
 
-from .client import WorkerClient, collect_rollout, rollout_request, status
-
-
-class _Clock:
-    """The manager's monotonic clock, moved by the test."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from .client import ManualClock, WorkerClient, collect_rollout, rollout_request, status
 
 
 @pytest.fixture
 async def timed_manager():
-    clock = _Clock()
+    clock = ManualClock()
     server = RolloutManagerServer(
         RolloutSpec(heartbeat_interval_ms=1000, lease_timeout_ms=600_000), balance_interval_s=3600.0, clock=clock
     )

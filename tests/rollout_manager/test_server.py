@@ -13,10 +13,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 from rlboost.rollout.v1 import rollout_pb2 as pb
+from rlboost.spec import RolloutSpec
 from rlboost.wire.rollout_io import request_id, sample_seed
 from rlboost.wire.rollout_proto import status_from_pb
+from rollout_manager.server import RolloutManagerServer
 
-from .client import WorkerClient, collect_rollout, rollout_request, status
+from .client import SAFETY_LEASE_MS, ManualClock, WorkerClient, collect_rollout, rollout_request, status
 
 
 def metric(name: str, **labels: str) -> float:
@@ -39,7 +41,7 @@ async def wait_for(predicate, timeout: float = 5.0, what: str = "condition"):
 
 async def test_assign_collect_and_stream_trajectories(manager):
     w1 = await WorkerClient(manager.target, "w1", capacity=8).connect()
-    assert w1.registered.lease_timeout_ms == 300 and w1.registered.chunk_max_tokens == 16
+    assert w1.registered.lease_timeout_ms == SAFETY_LEASE_MS and w1.registered.chunk_max_tokens == 16
     rollout = asyncio.create_task(collect_rollout(manager.target, rollout_request(step=3, prompts=2, group=2)))
     batch = (await w1.expect("assign")).assign.assignments
     assert sorted(a.request_id for a in batch) == sorted(request_id(3, p, g) for p in range(2) for g in range(2))
@@ -82,18 +84,34 @@ async def _tokens_received(target: str, n: int) -> bool:
     return (await status(target)).tokens_received >= n
 
 
-async def test_lease_expiry_fences_zombie_chunks(manager):
+async def test_lease_expiry_fences_zombie_chunks():
+    """The manager's clock is the test's: w1's lease expires when the test moves it past 300 ms (a loaded machine
+    cannot expire w2 as well, nor keep w1 alive), then its request continues on w2 and w1's late chunk is fenced."""
+    clock = ManualClock()
+    manager = RolloutManagerServer(
+        RolloutSpec(heartbeat_interval_ms=50, lease_timeout_ms=300), balance_interval_s=3600.0, clock=clock
+    )
+    manager.target = f"127.0.0.1:{await manager.start('127.0.0.1', 0)}"
+    try:
+        await _zombie_is_fenced(manager, clock)
+    finally:
+        await manager.stop(grace=0)
+
+
+async def _zombie_is_fenced(manager: RolloutManagerServer, clock: ManualClock) -> None:
     zombie = await WorkerClient(manager.target, "w1", capacity=1, heartbeats=False).connect()
     rollout = asyncio.create_task(collect_rollout(manager.target, rollout_request(max_new_tokens=4)))
     a1 = (await zombie.expect("assign")).assign.assignments[0]
     zombie.chunk(a1.request_id, a1.lease_epoch, 0, [1, 2])
+    await wait_for(lambda: _tokens_received(manager.target, 2), what="w1's chunk received")
     expiries = metric("rlboost_manager_lease_expiries_total")
-    w2 = await WorkerClient(manager.target, "w2", capacity=1).connect()
-    a2 = (await w2.expect("assign")).assign.assignments[0]  # only after w1's lease (300 ms) expired
-    assert metric("rlboost_manager_lease_expiries_total") == expiries + 1
-    assert list(a2.input_ids)[3:] == [1, 2] and a2.lease_epoch == 2
+    clock.t += 0.301  # w1 has been silent for longer than its lease
     revoke = await zombie.expect("revoke")
     assert list(revoke.revoke.request_ids) == [a1.request_id] and revoke.revoke.reason == "lease_expired"
+    assert metric("rlboost_manager_lease_expiries_total") == expiries + 1
+    w2 = await WorkerClient(manager.target, "w2", capacity=1).connect()
+    a2 = (await w2.expect("assign")).assign.assignments[0]
+    assert list(a2.input_ids)[3:] == [1, 2] and a2.lease_epoch == 2
     stale = metric("rlboost_manager_stale_chunks_total")
     zombie.chunk(a1.request_id, a1.lease_epoch, 2, [99, 98], finished=True, reason="stop")  # late, old epoch
     await wait_for(lambda: _is(metric("rlboost_manager_stale_chunks_total") == stale + 1), what="stale chunk counted")
@@ -226,11 +244,11 @@ async def test_bad_registration_and_bad_rollout_are_invalid_argument(manager):
 
 async def test_offload_window_moves_reserved_work_to_spot():
     from rlboost.policies.offload import OffloadConfig, OffloadWindow
-    from rlboost.spec import RolloutSpec
-    from rollout_manager.server import RolloutManagerServer
 
     window = OffloadWindow(OffloadConfig(initial_s=0.2, min_s=0.1))
-    manager = RolloutManagerServer(RolloutSpec(heartbeat_interval_ms=50, lease_timeout_ms=300), 3600.0, window)
+    manager = RolloutManagerServer(
+        RolloutSpec(heartbeat_interval_ms=50, lease_timeout_ms=SAFETY_LEASE_MS), 3600.0, window
+    )
     target = f"127.0.0.1:{await manager.start('127.0.0.1', 0)}"
     r1 = await WorkerClient(target, "r1", pool=pb.POOL_RESERVED, capacity=1).connect()
     s1 = await WorkerClient(target, "s1", pool=pb.POOL_SPOT, capacity=1).connect()

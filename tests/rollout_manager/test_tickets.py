@@ -15,7 +15,7 @@ from rlboost.spec import RolloutSpec
 from rlboost.wire.rollout_io import HeldResponse
 from rollout_manager.server import RolloutManagerServer
 from rollout_manager.tickets import TicketBook
-from tests.rollout_manager.client import WorkerClient, collect_rollout, rollout_request
+from tests.rollout_manager.client import SAFETY_LEASE_MS, WorkerClient, collect_rollout, rollout_request
 
 KEY = b"k" * 32
 PROMPT = [100, 200, 300]  # rollout_request's prompt 0
@@ -45,7 +45,9 @@ def _refused(reason: str) -> float:
 
 async def _serve(tickets: TicketBook) -> tuple[RolloutManagerServer, str]:
     server = RolloutManagerServer(
-        RolloutSpec(heartbeat_interval_ms=50, lease_timeout_ms=300), balance_interval_s=3600.0, tickets=tickets
+        RolloutSpec(heartbeat_interval_ms=50, lease_timeout_ms=SAFETY_LEASE_MS),
+        balance_interval_s=3600.0,
+        tickets=tickets,
     )
     return server, f"127.0.0.1:{await server.start('127.0.0.1', 0)}"
 
