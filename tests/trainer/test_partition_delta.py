@@ -65,6 +65,9 @@ def _rank_main(model_dir: str, out: str) -> None:
                          "gathered_bytes": engine.last_extraction["bytes_to_rank0"]})  # fmt: skip
     if rank == 0:
         Path(out).write_text(json.dumps({"extraction": engine.extraction, "rows": rows}))
+    from trainer import ranks
+
+    ranks.shutdown()  # as the trainer ends: without it a rank could abort at exit (-6) after its work was done
 
 
 @pytest.mark.slow

@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         _fail(prog, "interrupted", code=130)
     except Exception as err:  # noqa: BLE001 (logged in full by the loop; the user gets one line)
         _fail(prog, f"failed: {type(err).__name__}: {str(err).strip().splitlines()[0] if str(err) else ''}", 1)
+    from trainer import ranks
+
+    ranks.shutdown()
     log.info("job done", extra={"steps": done.steps, "final_weights_checksum": done.final_weights_checksum})
     return 0
 

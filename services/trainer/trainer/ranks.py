@@ -59,3 +59,19 @@ def all_reduce_stats(loss: float, stats: LossStats) -> tuple[float, LossStats]:
     dist.all_reduce(t)
     v = t.tolist()
     return v[0], LossStats(int(v[1]), int(v[2]), v[3], v[4], v[5], v[6])
+
+
+def shutdown(timeout_s: float = 30.0) -> None:
+    """End the process group cleanly once every rank is done. Without it a rank's gloo threads can be torn down
+    by the interpreter's exit while a peer's connection closes, which aborts the process ('terminate called
+    without an active exception', exit -6) after the job succeeded: a pod that fails after finishing."""
+    if not _multi():
+        return
+    import contextlib
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    with contextlib.suppress(RuntimeError):  # a rank that never arrives (it failed) must not hold this one's exit
+        dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
+    dist.destroy_process_group()
