@@ -4,16 +4,21 @@
 `serve_http(port, health)` serves Prometheus metrics and a health check from a daemon thread
 (for services whose main transport is not HTTP); a connection idle for `IDLE_TIMEOUT_S` is closed, so idle
 clients cannot hold its threads. `LoopWatchdog` makes a health check reflect progress: it fails while the
-service's asyncio loop is blocked (or has been, within the allowed lag).
+service's asyncio loop is blocked (or has been, within the allowed lag). Every service set up by
+`setup_logging` dumps its stacks to its log on request: `kill -USR1 PID` its threads' (even with its loop blocked),
+`kill -USR2 PID` its asyncio tasks' (what a hung service waits on).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -51,6 +56,42 @@ def setup_logging(service: str, level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    dump_stacks_on_signals()
+
+
+def dump_stacks_on_signals() -> None:
+    """SIGUSR1: every thread's stack to stderr (faulthandler: works while the loop is blocked); SIGUSR2: every
+    asyncio task's stack (a hang in a service is a task waiting on something that never comes)."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread (a service sets up logging there)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    signal.signal(signal.SIGUSR2, _print_tasks)
+
+
+def _print_tasks(signum: int, frame: object) -> None:
+    """A signal handler runs on the main thread between bytecodes, so the loop running there is reachable."""
+    try:
+        tasks = asyncio.all_tasks(asyncio.get_running_loop())
+    except RuntimeError:
+        print("stack dump: no asyncio loop running on the main thread", file=sys.stderr, flush=True)
+        return
+    print(f"stack dump: {len(tasks)} asyncio tasks", file=sys.stderr)
+    for task in tasks:
+        print(f"task {task.get_name()}: " + " -> ".join(_await_chain(task.get_coro())), file=sys.stderr)
+    sys.stderr.flush()
+
+
+def _await_chain(coro: object) -> list[str]:
+    """`file:line in function` down a suspended coroutine's awaits (Task.print_stack shows only the outermost)."""
+    out = []
+    while coro is not None and len(out) < 40:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            out.append(type(coro).__name__)  # a Future, or a finished coroutine
+            break
+        out.append(f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno} in {frame.f_code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return out
 
 
 IDLE_TIMEOUT_S = 10.0  # a metrics/health connection that sends nothing for this long is closed

@@ -183,7 +183,9 @@ def run(args: argparse.Namespace) -> int:
     from rlboost.local.chaos import parse_targets
     from rlboost.local.plan import LocalOptions
     from rlboost.local.runner import run_local
+    from rlboost.observability import dump_stacks_on_signals
 
+    dump_stacks_on_signals()  # `kill -USR1/-USR2` this process: where a stuck run waits (tests do it on a deadline)
     run_dir = (args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
     options = LocalOptions(
         run_dir=run_dir,

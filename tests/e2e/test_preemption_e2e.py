@@ -1,10 +1,11 @@
 """End to end: rollout on preemptible workers with every real service as a separate process on 127.0.0.1.
 
-`rlboost local --config examples/local-preemption.yaml --temperature 0` (greedy, a fixed seed) is run
+`rlboost local --config examples/local-preemption.yaml --temperature 0` (greedy, a fixed seed; responses
+of MAX_NEW_TOKENS) is run
 uninterrupted once; then again with spot workers preempted by the real CLI. Every fault is triggered by an
 event of the job, never by the wall clock, so a fast idle machine and a slow loaded one test the same thing:
   * SIGKILL: chaos kills a spot worker the moment the manager's status shows it holding streamed tokens of an
-    unfinished response (the first as soon as one streams, then at most one per period);
+    unfinished response (the first as soon as one streams, then at most one per step of the job's progress);
   * SIGTERM: the same trigger; the worker announces the drain, flushes every token, exits;
   * a Bamboo spot trace replayed by the job's progress (`--trace-step-seconds`: finished samples advance the
     trace), so its rise and drop land at the same steps on any machine; workers beyond its count get SIGKILL.
@@ -31,14 +32,29 @@ TRACE = REPO / "traces" / "bamboo" / "aws-spot-instances-p2-xlarge-2020-11-20-to
 STEPS = 3
 PROMPTS_PER_STEP, GROUP_SIZE = 4, 4  # as in the config
 RUN_TIMEOUT_S = 240
+# Responses run to maxNewTokens (an untrained model rarely stops). The example's 48 took 0.3 s a step on an idle
+# machine, too short a window: a CI run's chaos never once saw a spot worker mid-response in 3 steps. At 160 a
+# worker streams for about a second each step, and chaos (paced by progress) gets a chance in every step.
+MAX_NEW_TOKENS = 160
+CHAOS = ("--chaos-kill-every", "1", "--chaos-step-seconds", "1")  # armed again one step of samples after a kill
 
 Key = tuple[int, int, int]
+
+
+def _config(out: Path) -> Path:
+    """The preemption example with longer responses (MAX_NEW_TOKENS)."""
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = out / "job.yaml"
+    text = CONFIG.read_text().replace("  maxNewTokens: 48\n", f"  maxNewTokens: {MAX_NEW_TOKENS}\n", 1)
+    assert f"maxNewTokens: {MAX_NEW_TOKENS}" in text, "examples/local-preemption.yaml changed: update _config"
+    cfg.write_text(text)
+    return cfg
 
 
 def run_local(out: Path, *flags: str, steps: int = STEPS) -> tuple[dict[str, Any], dict[Key, dict[str, Any]]]:
     """Run `rlboost local` greedily; return its JSON report and the dumped rollouts keyed by (step, prompt, sample)."""
     report, dump = out / "report.json", out / "rollouts.jsonl"
-    run_local_cli("--config", CONFIG, "--steps", str(steps), "--temperature", "0", "--run-dir", out / "run",
+    run_local_cli("--config", _config(out), "--steps", str(steps), "--temperature", "0", "--run-dir", out / "run",
                   "--json-report", report, "--dump-rollouts", dump, *flags, timeout=RUN_TIMEOUT_S)  # fmt: skip
     rollouts: dict[Key, dict[str, Any]] = {}
     for line in dump.read_text().splitlines():
@@ -86,7 +102,7 @@ def migrated(rollouts: dict[Key, dict[str, Any]]) -> list[dict[str, Any]]:
 @pytest.mark.slow
 def test_sigkill_mid_response_gives_the_uninterrupted_greedy_rollouts(uninterrupted, tmp_path: Path) -> None:
     expected_report, expected = uninterrupted
-    report, rollouts = run_local(tmp_path, "--chaos-kill-every", "2")
+    report, rollouts = run_local(tmp_path, *CHAOS)
     assert_identical(rollouts, expected)
     assert_nothing_lost(report, rollouts)
     kills = [e for e in report["spot_events"] if e.startswith("SIGKILL")]
@@ -102,7 +118,7 @@ def test_sigkill_mid_response_gives_the_uninterrupted_greedy_rollouts(uninterrup
 @pytest.mark.slow
 def test_sigterm_drain_flushes_every_token(uninterrupted, tmp_path: Path) -> None:
     _, expected = uninterrupted
-    report, rollouts = run_local(tmp_path, "--chaos-kill-every", "2", "--chaos-signal", "TERM")
+    report, rollouts = run_local(tmp_path, *CHAOS, "--chaos-signal", "TERM")
     assert_identical(rollouts, expected)
     assert_nothing_lost(report, rollouts)
     terms = [e for e in report["spot_events"] if e.startswith("SIGTERM")]

@@ -4,11 +4,15 @@ and LoopWatchdog's health fails while (and shortly after) its loop is blocked.""
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
 import httpx
+import pytest
 
 from rlboost.nats_server import free_port
 from rlboost.observability import LoopWatchdog, serve_http
@@ -84,3 +88,40 @@ def test_a_block_is_still_reported_just_after_the_loop_turns_again():
 async def _until(predicate) -> None:
     while not predicate():
         await asyncio.sleep(0.01)
+
+
+HUNG_SERVICE = """
+import asyncio
+from rlboost.observability import setup_logging
+setup_logging("hung")
+
+async def wait_for_a_reply_that_never_comes():
+    await asyncio.Event().wait()
+
+async def main():
+    task = asyncio.create_task(wait_for_a_reply_that_never_comes(), name="stuck-step")
+    await asyncio.sleep(0)  # the task runs up to its await
+    print("ready", flush=True)
+    await task
+
+asyncio.run(main())
+"""
+
+
+def test_a_hung_service_tells_where_it_waits_on_sigusr1_and_sigusr2() -> None:
+    """A real process with a task stuck on an await: SIGUSR2 writes each task's await chain, SIGUSR1 every
+    thread's stack, to its stderr (its log), and neither signal stops it."""
+    cmd = [sys.executable, "-c", HUNG_SERVICE]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGUSR2)
+        proc.send_signal(signal.SIGUSR1)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.0)  # still running: a dump is no stop
+        proc.kill()
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert "task stuck-step: <string>:7 in wait_for_a_reply_that_never_comes -> locks.py" in err, err
+    assert "most recent call first" in err, err  # faulthandler's thread dump

@@ -251,3 +251,53 @@ def test_busy_seconds_count_time_a_worker_holds_a_request_per_pool():
     assert st.status(20.0).busy_seconds == pytest.approx({"reserved": 2.5, "spot": 2.0 * len(boxes)})
     status = st.status(20.0)
     assert status_from_pb(status_to_pb(status)).busy_seconds == status.busy_seconds  # GetStatus carries them
+
+
+def test_a_step_cancelled_while_pending_and_re_attached_places_each_request_once():
+    """Found by the all-services chaos run: the trainer was SIGKILLed while its step's requests were still pending
+    (cancel_step leaves their ids in the pending queue), came back and sent the same step (the same request ids).
+    Speed-aware placement read the old and the new queue entry as two pending requests and assigned the request to
+    two workers: one kept an id no request had any more, GetStatus failed on it from then on, and the job hung."""
+    st = _state(("a", 8), ("b", 8))
+    _step(st, step=0, prompts=2, budget=32)
+    st.schedule(0.0)
+    for wid, box in st.take_outbox().items():  # measured rates, "b" 8x slower: speed-aware placement pairs by length
+        (a,) = box.assign
+        done = _chunk(a.request_id, a.lease_epoch, 0, [5] * 16, finished=True, reason="stop")
+        st.on_chunks(wid, [done], 1.0 if wid == "a" else 8.0)
+    assert st.workers["a"].tokens_per_s > st.workers["b"].tokens_per_s > 0
+    for w in st.workers.values():
+        w.running.update(f"busy-{w.id}-{i}" for i in range(8))  # no free slot: step 1 stays pending
+        st._free.pop(w.id, None)
+    _step(st, step=1, prompts=4, budget=32, now=8.0)
+    assert st.cancel_step(1, 8.5) == 4  # the trainer died: its pending requests are dropped
+    for w in st.workers.values():
+        w.running.clear()
+        st._free[w.id] = None
+    _step(st, step=1, prompts=4, budget=32, now=9.0)  # the restarted trainer: the same step, the same ids
+    for rid in ("s1-p0-g0", "s1-p1-g0"):  # expected shorter than the rest (as adopted held responses are): the slow
+        st.requests[rid].tokens, st.requests[rid].logprobs = [5] * 24, [0.0] * 24  # worker's slots take them
+
+    assert st.schedule(9.0) == 4
+    sent = [a.request_id for box in st.take_outbox().values() for a in box.assign]
+    assert sorted(sent) == sorted(st.requests), sent  # each request sent to one worker, once
+    held = [rid for w in st.workers.values() for rid in w.running]
+    assert sorted(held) == sorted(set(held)) and set(held) == set(st.requests), held
+    assert all(st.requests[rid].worker == w.id for w in st.workers.values() for rid in w.running)
+    assert st.status(9.0).running == 4  # GetStatus works
+
+
+def test_a_late_chunk_of_a_cancelled_step_does_not_pass_as_the_re_sent_steps():
+    """The trainer died mid-step and came back with the same step (the same request ids), which went to the same
+    worker: the new lease's epoch follows the dropped one's, so the old run's late chunk is stale."""
+    st = _state(("a", 4))
+    _step(st, budget=8)
+    st.schedule(0.0)
+    (old,) = st.take_outbox()["a"].assign
+    st.cancel_step(0, 0.5)
+    _step(st, budget=8, now=1.0)
+    st.schedule(1.0)
+    (new,) = st.take_outbox()["a"].assign
+    assert new.request_id == old.request_id and new.lease_epoch > old.lease_epoch
+    st.on_chunks("a", [_chunk(old.request_id, old.lease_epoch, 0, [5, 6])], 1.1)  # the cancelled run's flush
+    assert list(st.requests[new.request_id].tokens) == [] and st.tokens_received == 0

@@ -257,6 +257,7 @@ class ManagerState:
         # at status time): kept on assign/release, not per token, so the spot scaler's busy share costs nothing.
         self._busy_s: Counter[str] = Counter()
         self.speed_aware = speed_aware
+        self._dropped_epochs: dict[str, int] = {}  # request id -> last lease epoch, of requests of cancelled steps
         # step -> prompt index (-1: the whole step) -> (tokens, responses) of finished responses: the length prior
         self._finished_lengths: dict[int, dict[int, tuple[int, int]]] = {}
         # Speed-aware rebalance: request id -> the faster worker it was revoked for (its slot waits for it), and
@@ -398,6 +399,7 @@ class ManagerState:
                     prompt=list(p.token_ids),
                     sampling=sampling,
                     weight_version=r.weight_version,
+                    lease_epoch=self._dropped_epochs.pop(rid, 0),  # an id sent again: its leases go on
                     pending_since=now,
                     vocab_size=r.vocab_size,
                 )
@@ -460,6 +462,9 @@ class ManagerState:
         req = self.requests.pop(rid, None)
         if req is None:
             return
+        # A trainer that comes back sends this step again, with the same ids: their leases must not start over,
+        # or a late chunk of this incarnation (same worker, same epoch) would pass as one of the next.
+        self._dropped_epochs[rid] = req.lease_epoch
         if req.phase is Phase.PENDING:
             self._pending_count[req.weight_version] -= 1
         elif req.worker is not None:
@@ -1083,13 +1088,15 @@ class ManagerState:
         return len(placed)
 
     def _take_pending(self, queue: deque[str], n: int) -> list[Request]:
-        """Up to `n` pending requests off the head of `queue` (stale ids dropped)."""
-        out: list[Request] = []
+        """Up to `n` distinct pending requests off the head of `queue` (stale ids dropped). An id can be queued
+        twice: a dropped pending request leaves its entry behind, and a step sent again (a restarted trainer)
+        queues the same ids anew; both entries then name the one request, which must be placed once."""
+        out: dict[str, Request] = {}
         while queue and len(out) < n:
             req = self.requests.get(queue.popleft())
             if req is not None and req.phase is Phase.PENDING:
-                out.append(req)
-        return out
+                out.setdefault(req.id, req)
+        return list(out.values())
 
     def _expected_remaining(self, req: Request) -> float:
         """Its expected tokens to come, from the mean finished length of its prompt group, else of its step,

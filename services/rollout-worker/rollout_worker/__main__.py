@@ -32,6 +32,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 
 from rlboost.observability import serve_http, setup_logging
 from rlboost.options.base import parse_service_args
@@ -191,10 +192,14 @@ async def _pull_assets(client, url: str, model_dir: str, timeout: float) -> None
     from rlboost.weights.client import WeightServerError
     from rlboost.weights.signing import WeightsRejectedError
     from rollout_worker import metrics
+    from rollout_worker.weights import transient_retries
 
+    deadline = time.monotonic() + timeout
     try:
         await client.wait_for_version(0, timeout)
-        written = await client.pull_assets(model_dir)
+        async for attempt in transient_retries(deadline):  # the weight-server may restart meanwhile
+            with attempt:
+                written = await client.pull_assets(model_dir)
     except TimeoutError:
         raise StartupError(f"--weight-server {url}: no weight version within {timeout:.0f}s (--startup-timeout), "
                            "so no model assets either; is the trainer running?") from None  # fmt: skip
@@ -217,10 +222,7 @@ async def _start_beside_first_pull(engine, model_dir: str, puller, timeout: floa
     returns that version. A new spot worker's model load and first download overlap instead of adding up (an
     engine whose start blocks the loop, as SGLang's does, simply runs them one after the other)."""
 
-    async def pull_latest():
-        return await puller.pull(await puller.wait_latest(timeout))
-
-    loading, pulling = asyncio.create_task(engine.start(model_dir)), asyncio.create_task(pull_latest())
+    loading, pulling = asyncio.create_task(engine.start(model_dir)), asyncio.create_task(puller.pull_first(timeout))
     try:
         await asyncio.gather(loading, pulling)  # the first failure, of either, ends the wait at once
     except BaseException:

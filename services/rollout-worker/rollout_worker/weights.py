@@ -87,6 +87,16 @@ class WeightPuller:
             await asyncio.sleep(delay)  # polling an HTTP endpoint for the first upload, not test synchronisation
             delay = min(delay * 2, 1.0)
 
+    async def pull_first(self, timeout_s: float) -> PulledWeights:
+        """The newest version, for a worker that holds none yet: waits for the first upload, and rides out a
+        weight-server that is unreachable or restarting meanwhile (it is a separate process that can be
+        preempted like any other) until `timeout_s`; then, or on any other error, raises."""
+        deadline = time.monotonic() + timeout_s
+        async for attempt in transient_retries(deadline):
+            with attempt:
+                return await self.pull(await self.wait_latest(max(0.0, deadline - time.monotonic())))
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
     async def pull(self, version: int) -> PulledWeights:
         """Fetch, apply and verify `version`; on a bad delta or checksum mismatch refetch the full snapshot once;
         a version the trainer did not sign is refused (WeightsError) with the held state untouched."""
@@ -232,3 +242,27 @@ def _apply_delta(state: Mapping[str, torch.Tensor], payload: bytes) -> str | Non
         metrics.DELTA_REJECTED.inc()
         raise _BadPayloadError(f"delta refused: {err}") from None
     return delta_state_checksum(delta)
+
+
+def transient(err: BaseException) -> bool:
+    """A weight-server that did not answer, or answered 5xx: it may be restarting; worth asking again."""
+    from rlboost.weights.client import WeightServerError
+
+    return isinstance(err, WeightServerError) and (err.status == 0 or err.status >= 500)
+
+
+def transient_retries(deadline: float):
+    """Retries of transient weight-server errors with backoff (0.2 s doubling to 2 s) until `deadline`."""
+    from tenacity import AsyncRetrying, retry_if_exception, stop_before_delay, wait_exponential
+
+    def log_retry(state) -> None:
+        log.warning("weight-server unavailable; retrying", extra={"attempt": state.attempt_number,
+                                                                   "error": str(state.outcome.exception())})  # fmt: skip
+
+    return AsyncRetrying(
+        retry=retry_if_exception(transient),
+        wait=wait_exponential(multiplier=0.2, max=2.0),
+        stop=stop_before_delay(max(0.0, deadline - time.monotonic())),
+        before_sleep=log_retry,
+        reraise=True,
+    )
