@@ -188,7 +188,8 @@ class LocalPlan:
         if old.role != "trainer" or self.spec.trainer.ranks != 1:
             return old
         (trainer,) = _trainers(self, resume=True)
-        return ChildPlan(old.name, trainer.argv, old.role, old.ready_port, env=old.env, options=trainer.options)
+        # a fresh rendezvous port: the killed trainer's may still be held (TIME_WAIT)
+        return ChildPlan(old.name, trainer.argv, old.role, old.ready_port, env=trainer.env, options=trainer.options)
 
     def child(self, name: str) -> ChildPlan:
         for c in self.children:
@@ -228,8 +229,15 @@ def _trainers(plan: LocalPlan, resume: bool | None = None) -> list[ChildPlan]:
         return ChildPlan(name, options.command(o.python), "trainer", metrics_port, env=env or {}, options=options)
 
     world = plan.spec.trainer.ranks
-    if world == 1:
-        return [child("trainer", plan.trainer_metrics_port)]
+    if world == 1:  # a rendezvous of its own: one inherited from this process's environment may be in use
+        alone = {
+            "WORLD_SIZE": "1",
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": HOST,
+            "MASTER_PORT": str(plan.port_fn()),
+        }
+        return [child("trainer", plan.trainer_metrics_port, alone)]
     rendezvous = {"WORLD_SIZE": str(world), "MASTER_ADDR": HOST, "MASTER_PORT": str(plan.port_fn())}
     out = []
     for rank in range(world):

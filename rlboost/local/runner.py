@@ -385,7 +385,10 @@ class Run:
         except ValueError as err:
             log.warning("ignoring a malformed step report", extra={"error": str(err)})
             return
-        self.state.progress.steps.append(rec)
+        steps = self.state.progress.steps
+        if any(s.step == rec.step for s in steps):
+            return  # sent again by a resumed trainer (its checkpoint's report): shown and counted once
+        steps.append(rec)
         if self.live is None:
             self.console.print(step_line(rec, self.state.progress.total_steps), soft_wrap=True, highlight=False)
 

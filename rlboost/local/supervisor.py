@@ -29,6 +29,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+RENDEZVOUS_VARS = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
 
 
 class ChildFailedError(RuntimeError):
@@ -119,7 +120,10 @@ class Supervisor:
         if name in self.children and self.children[name].alive:
             raise ValueError(f"child {name!r} is already running")
         # Defaults first: what the user exported (e.g. OMP_NUM_THREADS) wins.
-        full_env = {**(env or {}), **os.environ, "PYTHONUNBUFFERED": "1"}
+        # The plan's env is a default the user's environment overrides, except a trainer's rendezvous: one inherited
+        # (a parent that ran a process group, a shell inside torchrun) would point the trainer at a port in use.
+        plan_wins = {k: v for k, v in (env or {}).items() if k in RENDEZVOUS_VARS}
+        full_env = {**(env or {}), **os.environ, **plan_wins, "PYTHONUNBUFFERED": "1"}
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as out:  # the child keeps its own descriptor
             proc = subprocess.Popen(

@@ -109,3 +109,18 @@ while True:
     assert polite.proc.returncode == -signal.SIGTERM and child.proc.returncode == -signal.SIGKILL
     wait_until(lambda: not pid_alive(grandchild), timeout=5, what="grandchild gone")
     assert not any(pid_alive(p) for p in sup.pids())
+
+
+def test_a_childs_rendezvous_beats_the_inherited_one_and_other_defaults_do_not(tmp_path: Path, monkeypatch) -> None:
+    """An inherited MASTER_PORT (the test process itself had run a process group on it) sent a local trainer to a
+    port in use (EADDRINUSE): the plan's rendezvous wins; its other variables stay defaults the user overrides."""
+    monkeypatch.setenv("MASTER_PORT", "1111")
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    sup = Supervisor(tmp_path / "logs")
+    show = "import os; print(os.environ['MASTER_PORT'], os.environ['OMP_NUM_THREADS'], flush=True)"
+    try:
+        sup.start("child", [PY, "-c", show], env={"MASTER_PORT": "2222", "OMP_NUM_THREADS": "1"})
+        wait_until(lambda: sup.tail("child").strip(), timeout=30, what="the child's output")
+    finally:
+        sup.shutdown(grace_s=5)
+    assert sup.tail("child").strip() == "2222 4"

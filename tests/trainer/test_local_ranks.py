@@ -39,7 +39,10 @@ def test_two_ranks_are_two_processes_on_one_rendezvous(tmp_path: Path):
 def test_one_rank_keeps_the_plain_trainer(tmp_path: Path):
     plan = build_plan(JobSpec(), LocalOptions(run_dir=tmp_path, python="/py"), lambda: 1, nats_binary="/n")
     (trainer,) = [c for c in plan.children if c.role == "trainer"]
-    assert trainer.env == {} and "--checkpoint-dir" not in trainer.argv and "--resume" not in trainer.argv
+    assert "--checkpoint-dir" not in trainer.argv and "--resume" not in trainer.argv
+    # a rendezvous of its own, never one inherited from the runner's environment (it may be in use)
+    assert trainer.env == {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                           "MASTER_PORT": "1"}  # fmt: skip
 
 
 def test_bad_ranks_and_resume_without_dir_are_exit_2_naming_the_flag():

@@ -61,10 +61,18 @@ class TrainerState:
     dataset_rows: int = 0  # rows of task.dataset.train when written (0: the built-in task); must match on resume
     # algorithm.partialRollout: where each group still in flight took its prompt (trainer.partial.GroupCarry)
     carried_groups: list[dict] | None = None
+    # the StepReport of the step that ended here (JSON; no validation): published again on resume, since a trainer
+    # killed between this checkpoint and the report's publication would otherwise leave that step unreported
+    last_report: dict | None = None
 
 
 def tag_of(steps_done: int) -> str:
     return f"step-{steps_done:08d}"
+
+
+def reported_marker(checkpoint: Path) -> Path:
+    """Beside a checkpoint (not in it: its manifest stays as written): present once its step's report went out."""
+    return checkpoint.with_name(checkpoint.name + ".reported")
 
 
 def _sha256(path: Path) -> str:
@@ -152,6 +160,7 @@ def prune(root: Path, keep: int) -> None:
             except CheckpointError:
                 pass  # a corrupt one never counts towards `keep`
         shutil.rmtree(ckpt, ignore_errors=True)
+        reported_marker(ckpt).unlink(missing_ok=True)
 
 
 def _barrier() -> None:
@@ -179,6 +188,7 @@ def save(engine: Any, root: Path, state: TrainerState, keep: int) -> Path:
         write_manifest(incoming / tag, state)
         if final.exists():
             shutil.rmtree(final)  # an older copy of the same step (a re-run after resume)
+        reported_marker(final).unlink(missing_ok=True)  # this copy's report is not out yet
         (incoming / tag).rename(final)
         fsync_dir(root)
         prune(root, keep)

@@ -142,6 +142,7 @@ class Trainer:
         self.checksum = ""
         self.version = 0
         self.steps_done = 0  # a resumed run (checkpoints) will start from its saved step
+        self._last_report: dict | None = None  # the resumed checkpoint's step report, published again
         self._nc: Any = None
         self._events: Any = None  # rlboost.durable.AcknowledgedPublisher on _nc
         self._colocation: Any = None  # trainer.colocation.Colocation when trainer.colocateReserved
@@ -240,7 +241,7 @@ class Trainer:
 
     def _resume_point(self) -> Path | None:
         """Rank 0: the checkpoint to continue from (None: start fresh); checks it fits this job."""
-        from trainer.checkpoint import CheckpointError, latest_valid
+        from trainer.checkpoint import CheckpointError, latest_valid, reported_marker
 
         if not (self.opts.resume and self.opts.checkpoint_dir):
             return None
@@ -263,6 +264,7 @@ class Trainer:
                 f"{self._dataset_rows()}: the order would differ; resume with the same dataset or start fresh"
             )
         self.steps_done, self.version, self.checksum = st.steps_done, st.weight_version, st.weights_checksum
+        self._last_report = None if reported_marker(path).exists() else st.last_report
         n = self.spec.algorithm.prompts_per_step
         if st.data_cursor is not None:
             self.cursor = Cursor(**st.data_cursor)
@@ -276,6 +278,24 @@ class Trainer:
             extra={"checkpoint": str(path), "steps_done": st.steps_done, "weight_version": st.weight_version},
         )
         return path
+
+    def _mark_reported(self, step: int) -> None:
+        """The step's report is out (acknowledged by the status stream, when there is one): its checkpoint, if the
+        step wrote one, need not send it again on resume."""
+        from trainer.checkpoint import reported_marker, tag_of
+
+        if self.opts.checkpoint_dir is not None and (ckpt := self.opts.checkpoint_dir / tag_of(step + 1)).is_dir():
+            reported_marker(ckpt).touch()
+
+    async def _resend_last_report(self) -> None:
+        """The report of the step the checkpoint ended, published again when no mark says it went out: the trainer
+        may have been killed between the checkpoint and the report's publication. Readers keep one report per step
+        (a redelivery counts once)."""
+        if self._last_report is None:
+            return
+        record = StepReport.model_validate(self._last_report)
+        await self._publish_event("steps", record)
+        log.info("step report sent again after resuming", extra={"step": record.step})
 
     def _restore(self, ckpt: Path | None) -> dict[str, Any]:
         """Every rank (in a thread): load the chosen checkpoint, then gather the state to publish."""
@@ -324,6 +344,7 @@ class Trainer:
             )
             await self._publish_initial(publisher, state)
             del state
+            await self._resend_last_report()
             async with RolloutClient(self.opts.manager, self.opts.auth) as rc:
                 await rc.wait_ready(self.opts.connect_timeout_s)
                 await self._start_colocation()
@@ -338,6 +359,7 @@ class Trainer:
                     if self._evaluation_due(step):
                         record.validation = await self._evaluate_within_deadline(step, rc)
                     await self._report(record)
+                    self._mark_reported(step)
             await publisher.flush()  # an upload still in flight (overlap mode) finishes before JobDone
 
     def _save_due(self) -> bool:
@@ -763,13 +785,7 @@ class Trainer:
         ctx.compute_s += train_end - t_step
         published = await publisher.publish(version, state, skip_if_present=True)
         resumed = await self._colocation_resume(step, published.version)
-        if save is not None:
-            save.weights_checksum = published.checksum
-            await asyncio.to_thread(self._checkpoint, save)
         sync_end = time.monotonic()
-        if self._export_due(step + 1):
-            await asyncio.to_thread(self._export, state, step + 1)
-        del state
         pools = self.pool_meter.update(await rc.status(), time.monotonic())
         self.version, self.checksum = published.version, published.checksum
         off_policy, stale, skipped = counts["off_policy"], counts["stale"], counts["skipped"]
@@ -798,7 +814,14 @@ class Trainer:
             prompts_skipped=skipped, data_epoch=self.cursor.epoch,
             carried_over=counts.get("carried_over", 0), stale_tokens=counts.get("stale_tokens", 0),
         )  # fmt: skip
-        return _with_colocation(record, released, resumed)
+        record = _with_colocation(record, released, resumed)
+        if save is not None:  # the report goes into the checkpoint: a trainer killed before publishing it resends it
+            save.weights_checksum, save.last_report = published.checksum, record.model_dump(mode="json")
+            await asyncio.to_thread(self._checkpoint, save)
+        if self._export_due(step + 1):
+            await asyncio.to_thread(self._export, state, step + 1)
+        del state
+        return record
 
     # ---- colocation (trainer.colocateReserved; see trainer.colocation) ----
 

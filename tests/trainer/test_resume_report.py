@@ -1,0 +1,76 @@
+"""A trainer killed between a step's checkpoint and the publication of that step's report (the partial-rollout
+chaos run in CI lost step 4's report so) publishes it again on resume: the checkpoint holds the report.
+
+Real parts: a nats-server with the job's status stream (JetStream), read back by `rlboost local`'s own stream
+reader; the checkpoint's TrainerState written and read by trainer.checkpoint's own code. The trainer is built but
+not run (no model, manager or weight-server): the resume path's publication is called directly."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import nats
+
+from rlboost.local.status_stream import ensure_status_stream, read_from
+from rlboost.wire.events import StepReport
+from tests.trainer.conftest import tiny_spec
+from trainer.checkpoint import TrainerState
+from trainer.loop import Trainer, TrainerOptions
+
+
+def _report(step: int) -> StepReport:
+    return StepReport(step=step, weight_version=step + 1, weights_checksum="ab" * 32, reward_mean=0.5, tokens=96,
+                      rollout_seconds=1.0, train_seconds=0.2, sync_seconds=0.1)  # fmt: skip
+
+
+def test_the_checkpoint_state_keeps_the_report_and_older_checkpoints_have_none() -> None:
+    state = TrainerState(steps_done=5, weight_version=5, weights_checksum="c", world_size=1, zero_stage=1,
+                         task_seed=0, prompts_per_step=4, last_report=_report(4).model_dump(mode="json"))  # fmt: skip
+    again = TrainerState(**json.loads(json.dumps(asdict(state))))  # as trainer.checkpoint stores and reads it
+    assert StepReport.model_validate(again.last_report) == _report(4)
+    older = {k: v for k, v in asdict(state).items() if k != "last_report"}
+    assert TrainerState(**older).last_report is None
+
+
+async def test_a_resumed_trainer_publishes_its_checkpoints_report_again(
+    tmp_path: Path, tiny_model_dir, nats_server
+) -> None:
+    opts = TrainerOptions(manager="127.0.0.1:1", weight_server="http://127.0.0.1:1", token="t", model_dir=tiny_model_dir,
+                          run_dir=tmp_path / "run", nats_url=nats_server.url, job="j")  # fmt: skip
+    trainer = Trainer(tiny_spec(), opts)
+    reader = await nats.connect(nats_server.url)
+    try:
+        cursor = await ensure_status_stream(reader, "default", "j")
+        await trainer._connect_nats()
+        trainer._last_report = _report(4).model_dump(mode="json")  # as _resume_point takes it from the checkpoint
+        await trainer._resend_last_report()
+        got = await read_from(reader, cursor)
+    finally:
+        await reader.close()
+        await trainer._nc.close()
+    assert [(s.rsplit(".", 1)[-1], StepReport.model_validate_json(d)) for s, d in got] == [("steps", _report(4))]
+
+
+async def test_a_fresh_trainer_sends_nothing_again(tmp_path: Path, tiny_model_dir, nats_server) -> None:
+    opts = TrainerOptions(manager="127.0.0.1:1", weight_server="http://127.0.0.1:1", token="t", model_dir=tiny_model_dir,
+                          run_dir=tmp_path / "run", nats_url=nats_server.url, job="j")  # fmt: skip
+    trainer = Trainer(tiny_spec(), opts)
+    reader = await nats.connect(nats_server.url)
+    try:
+        cursor = await ensure_status_stream(reader, "default", "j")
+        await trainer._connect_nats()
+        await trainer._resend_last_report()
+        assert await read_from(reader, cursor) == []
+    finally:
+        await reader.close()
+        await trainer._nc.close()
+
+
+def test_a_checkpoint_whose_report_went_out_is_marked_beside_it(tmp_path: Path) -> None:
+    """The mark is a file next to the checkpoint's directory (its manifest is untouched), named after it."""
+    from trainer.checkpoint import reported_marker
+
+    ckpt = tmp_path / "step-00000005"
+    assert reported_marker(ckpt) == tmp_path / "step-00000005.reported"
