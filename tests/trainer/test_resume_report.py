@@ -34,38 +34,32 @@ def test_the_checkpoint_state_keeps_the_report_and_older_checkpoints_have_none()
     assert TrainerState(**older).last_report is None
 
 
-async def test_a_resumed_trainer_publishes_its_checkpoints_report_again(
-    tmp_path: Path, tiny_model_dir, nats_server
-) -> None:
-    opts = TrainerOptions(manager="127.0.0.1:1", weight_server="http://127.0.0.1:1", token="t", model_dir=tiny_model_dir,
-                          run_dir=tmp_path / "run", nats_url=nats_server.url, job="j")  # fmt: skip
+async def _resend(tmp_path: Path, model_dir: Path, nats_url: str, last_report: dict | None) -> list:
+    """A trainer connected to NATS, with `last_report` as _resume_point takes it from the checkpoint, resends;
+    what the job's status stream then holds, read as `rlboost local` reads it."""
+    opts = TrainerOptions(manager="127.0.0.1:1", weight_server="http://127.0.0.1:1", token="t", model_dir=model_dir,
+                          run_dir=tmp_path / "run", nats_url=nats_url, job="j")  # fmt: skip
     trainer = Trainer(tiny_spec(), opts)
-    reader = await nats.connect(nats_server.url)
+    reader = await nats.connect(nats_url)
     try:
         cursor = await ensure_status_stream(reader, "default", "j")
         await trainer._connect_nats()
-        trainer._last_report = _report(4).model_dump(mode="json")  # as _resume_point takes it from the checkpoint
+        trainer._last_report = last_report
         await trainer._resend_last_report()
-        got = await read_from(reader, cursor)
+        return await read_from(reader, cursor)
     finally:
         await reader.close()
-        await trainer._nc.close()
+        if trainer._nc is not None:
+            await trainer._nc.close()
+
+
+async def test_a_resumed_trainer_publishes_its_checkpoints_report_again(tmp_path: Path, tiny_model_dir, nats_server):
+    got = await _resend(tmp_path, tiny_model_dir, nats_server.url, _report(4).model_dump(mode="json"))
     assert [(s.rsplit(".", 1)[-1], StepReport.model_validate_json(d)) for s, d in got] == [("steps", _report(4))]
 
 
-async def test_a_fresh_trainer_sends_nothing_again(tmp_path: Path, tiny_model_dir, nats_server) -> None:
-    opts = TrainerOptions(manager="127.0.0.1:1", weight_server="http://127.0.0.1:1", token="t", model_dir=tiny_model_dir,
-                          run_dir=tmp_path / "run", nats_url=nats_server.url, job="j")  # fmt: skip
-    trainer = Trainer(tiny_spec(), opts)
-    reader = await nats.connect(nats_server.url)
-    try:
-        cursor = await ensure_status_stream(reader, "default", "j")
-        await trainer._connect_nats()
-        await trainer._resend_last_report()
-        assert await read_from(reader, cursor) == []
-    finally:
-        await reader.close()
-        await trainer._nc.close()
+async def test_a_fresh_trainer_or_a_marked_checkpoint_sends_nothing_again(tmp_path: Path, tiny_model_dir, nats_server):
+    assert await _resend(tmp_path, tiny_model_dir, nats_server.url, None) == []
 
 
 def test_a_checkpoint_whose_report_went_out_is_marked_beside_it(tmp_path: Path) -> None:
