@@ -229,16 +229,9 @@ def _trainers(plan: LocalPlan, resume: bool | None = None) -> list[ChildPlan]:
         return ChildPlan(name, options.command(o.python), "trainer", metrics_port, env=env or {}, options=options)
 
     world = plan.spec.trainer.ranks
-    if world == 1:  # a rendezvous of its own: one inherited from this process's environment may be in use
-        alone = {
-            "WORLD_SIZE": "1",
-            "RANK": "0",
-            "LOCAL_RANK": "0",
-            "MASTER_ADDR": HOST,
-            "MASTER_PORT": str(plan.port_fn()),
-        }
-        return [child("trainer", plan.trainer_metrics_port, alone)]
     rendezvous = {"WORLD_SIZE": str(world), "MASTER_ADDR": HOST, "MASTER_PORT": str(plan.port_fn())}
+    if world == 1:  # a rendezvous of its own too: one inherited from this process's environment may be in use
+        return [child("trainer", plan.trainer_metrics_port, {**rendezvous, "RANK": "0", "LOCAL_RANK": "0"})]
     out = []
     for rank in range(world):
         port = plan.trainer_metrics_port if rank == 0 else plan.port_fn()

@@ -119,8 +119,7 @@ class Supervisor:
         """Start `argv` in a new session (its own process group), output appended to logs/<name>.log."""
         if name in self.children and self.children[name].alive:
             raise ValueError(f"child {name!r} is already running")
-        # Defaults first: what the user exported (e.g. OMP_NUM_THREADS) wins.
-        # The plan's env is a default the user's environment overrides, except a trainer's rendezvous: one inherited
+        # The plan's env is a default the user's environment overrides (e.g. OMP_NUM_THREADS), except a trainer's rendezvous: one inherited
         # (a parent that ran a process group, a shell inside torchrun) would point the trainer at a port in use.
         plan_wins = {k: v for k, v in (env or {}).items() if k in RENDEZVOUS_VARS}
         full_env = {**(env or {}), **os.environ, **plan_wins, "PYTHONUNBUFFERED": "1"}
