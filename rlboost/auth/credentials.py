@@ -18,6 +18,11 @@ Files (every one mode 0600):
 - `colocation.key`: the HMAC key colocation acks are bound to worker ids with (rlboost.auth.colocation_acks):
   the manager derives each reserved worker's own ack key from it and hands it over on the worker's session;
   the trainer derives the same key to check each ack. Mounted by the manager and the trainer only.
+- `worker-identity.key`: the HMAC key `rlboost local` mints each worker's identity proof with, and the manager
+  checks it with (rlboost.auth.worker_identity); mounted by the manager only.
+- `worker-identity.json` (Kubernetes only, written by the operator): the cluster's service-account token
+  signing keys, the job's audience and the workers' service accounts, which the manager checks each worker
+  pod's projected token against (rlboost.auth.worker_identity.ClusterIdentity).
 - `ca.crt`, `tls-<service>.crt`, `tls-<service>.key`: TLS (made when `tls_hosts` is given, as the operator
   does): a per-job CA and a server certificate for the manager, the weight-server and NATS.
 
@@ -41,6 +46,8 @@ TLS_SERVICES = ("manager", "weight-server", "nats")
 SIGNING_KEY, VERIFY_KEY, CA_CERT = "manifest.key", "manifest.pub", "ca.crt"
 TICKET_KEY = "manager-ticket.key"
 COLOCATION_KEY = "colocation.key"
+WORKER_IDENTITY_KEY = "worker-identity.key"  # rlboost.auth.worker_identity.LOCAL_KEY
+WORKER_IDENTITY_CLUSTER = "worker-identity.json"  # rlboost.auth.worker_identity.CLUSTER_ITEM
 
 # What each pod role mounts: everything it presents, verifies or serves with, and nothing else.
 ROLE_ITEMS: dict[str, tuple[str, ...]] = {
@@ -56,6 +63,7 @@ ROLE_ITEMS: dict[str, tuple[str, ...]] = {
         "tls-manager.crt",
         "tls-manager.key",
         COLOCATION_KEY,
+        WORKER_IDENTITY_KEY,
     ),  # fmt: skip
     "weight-server": (
         "token-trainer",
@@ -104,6 +112,7 @@ def generate_items(tls_hosts: Mapping[str, Iterable[str]] | None = None) -> dict
 _ADDED = {
     TICKET_KEY: lambda: secrets.token_urlsafe(32).encode(),
     COLOCATION_KEY: lambda: secrets.token_urlsafe(32).encode(),
+    WORKER_IDENTITY_KEY: lambda: secrets.token_urlsafe(32).encode(),
 }
 
 

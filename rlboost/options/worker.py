@@ -34,6 +34,12 @@ class WorkerOptions(ServiceOptions):
     engine: Literal["", "torch", "sglang"] = Field("", description="Engine: 'torch' or 'sglang' ('' = the spec's).")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Compute dtype: 'float32' or 'bfloat16'.")
     device: str = Field("cpu", min_length=1, description="Torch device (cpu, cuda, cuda:1...).")
+    identity_token_file: str = Field(
+        "",
+        max_length=4096,
+        description="File holding this worker's identity proof, read at each registration ('' = none; required "
+        "by a manager with credentials): the projected service-account token on Kubernetes.",
+    )
     startup_timeout: float = Field(120, gt=0, description="Seconds to wait for the weight-server's first version.")
     reconnect_timeout: float = Field(60, gt=0, description="Give up when the manager stays unreachable this long (s).")
     drain_deadline_ms: int = Field(10000, ge=0, le=3_600_000, description="Deadline announced in the DrainNotice.")

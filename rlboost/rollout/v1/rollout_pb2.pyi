@@ -47,7 +47,7 @@ class WorkerMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., chunks: _Optional[_Union[ChunkBatch, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., drain: _Optional[_Union[DrainNotice, _Mapping]] = ..., weight_version: _Optional[_Union[WeightVersionReport, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("worker_id", "pool", "node", "capacity", "weight_version", "engine", "session_token", "held")
+    __slots__ = ("worker_id", "pool", "node", "capacity", "weight_version", "engine", "session_token", "held", "identity_proof")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,7 @@ class Register(_message.Message):
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_PROOF_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     pool: Pool
     node: str
@@ -64,7 +65,8 @@ class Register(_message.Message):
     engine: str
     session_token: str
     held: _containers.RepeatedCompositeFieldContainer[HeldResponse]
-    def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., node: _Optional[str] = ..., capacity: _Optional[int] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ..., session_token: _Optional[str] = ..., held: _Optional[_Iterable[_Union[HeldResponse, _Mapping]]] = ...) -> None: ...
+    identity_proof: str
+    def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., node: _Optional[str] = ..., capacity: _Optional[int] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ..., session_token: _Optional[str] = ..., held: _Optional[_Iterable[_Union[HeldResponse, _Mapping]]] = ..., identity_proof: _Optional[str] = ...) -> None: ...
 
 class HeldResponse(_message.Message):
     __slots__ = ("request_id", "weight_version", "prompt_ids", "token_ids", "logprobs", "finished", "finish_reason", "ticket", "lease_epoch")
