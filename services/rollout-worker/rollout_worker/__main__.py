@@ -90,7 +90,7 @@ async def _amain(args: WorkerOptions) -> int:
         cfg = SessionConfig(
             worker_id=args.worker_id, pool=Pool(args.pool), node=args.node, capacity=engine.capacity,
             manager=args.manager, engine=engine.name, reconnect_timeout_s=args.reconnect_timeout,
-            drain_deadline_ms=args.drain_deadline_ms, auth=auth,
+            drain_deadline_ms=args.drain_deadline_ms, auth=auth, identity_token_file=args.identity_token_file,
         )  # fmt: skip
         session = WorkerSession(cfg, engine, puller.pull if puller else None)
         _install_signals(session)
