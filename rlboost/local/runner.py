@@ -109,6 +109,13 @@ def write_identity_proof(plan: LocalPlan, child: ChildPlan) -> None:
     write_private(path, local_proof(key, plan.options.job, child.pool, child.name).encode())
 
 
+def start_child(sup: Supervisor, plan: LocalPlan, child: ChildPlan) -> None:
+    """Start `child` (again); a worker gets its identity proof first."""
+    if child.role == "rollout-worker":
+        write_identity_proof(plan, child)
+    sup.start(child.name, child.argv, child.env, role=child.role, pool=child.pool)
+
+
 def ensure_model(spec: JobSpec, plan: LocalPlan, console: Console) -> None:
     """Create the tiny model (or check the given one) in-process, before any child needs it."""
     try:
@@ -228,7 +235,7 @@ class SpotController:
             self._preempt(name, "trace", signal.SIGKILL)
         for name in to_start:
             self.next_index += 1
-            self._start(self.plan.worker(name, "spot"))
+            start_child(self.sup, self.plan, self.plan.worker(name, "spot"))
             self.events.append(f"started {name}")
 
     def _live_targets(self) -> dict[str, list[str]]:
@@ -265,7 +272,7 @@ class SpotController:
             if child.expected_exit:
                 if child.alive:
                     continue  # a TERM still being handled (a worker drains first)
-                self._start(self.plan.restart_of(name))
+                start_child(self.sup, self.plan, self.plan.restart_of(name))
                 self.events.append(f"restarted {name}")
                 continue
             if self.sup.check_ready(name, self.plan.restart_of(name).ready_port):
@@ -328,9 +335,7 @@ class Run:
                           self.sup.tail(child.name))  # fmt: skip
 
     def _start(self, child: ChildPlan) -> None:
-        if child.role == "rollout-worker":
-            write_identity_proof(self.plan, child)
-        self.sup.start(child.name, child.argv, child.env, role=child.role, pool=child.pool)
+        start_child(self.sup, self.plan, child)
 
     async def start_all(self) -> None:
         """nats, weight-server, manager: each ready before the next. Then every worker and the trainer,
