@@ -61,9 +61,11 @@ def setup_logging(service: str, level: str = "INFO") -> None:
 
 def dump_stacks_on_signals() -> None:
     """SIGUSR1: every thread's stack to stderr (faulthandler: works while the loop is blocked); SIGUSR2: every
-    asyncio task's stack (a hang in a service is a task waiting on something that never comes)."""
+    asyncio task's stack (a hang in a service is a task waiting on something that never comes). A crash in native
+    code (SIGSEGV, SIGBUS, SIGFPE, SIGABRT) prints every thread's Python stack too, so its log says where."""
     if threading.current_thread() is not threading.main_thread():
         return  # signal handlers can only be set from the main thread (a service sets up logging there)
+    faulthandler.enable(all_threads=True)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     signal.signal(signal.SIGUSR2, _print_tasks)
 

@@ -125,3 +125,19 @@ def test_a_hung_service_tells_where_it_waits_on_sigusr1_and_sigusr2() -> None:
         proc.kill()
     assert "task stuck-step: <string>:7 in wait_for_a_reply_that_never_comes -> locks.py" in err, err
     assert "most recent call first" in err, err  # faulthandler's thread dump
+
+
+def test_a_service_crashing_in_native_code_says_where_in_its_log() -> None:
+    """A real process that reads address 0 in C (as the strlen(NULL) crashes this machine's kernel log shows,
+    from a python process nobody could name): its stderr names the Python line that called it."""
+    code = (
+        "from rlboost.observability import dump_stacks_on_signals\n"
+        "import ctypes\n"
+        "dump_stacks_on_signals()\n"
+        "def read_a_null_pointer():\n"
+        "    ctypes.string_at(0)\n"
+        "read_a_null_pointer()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGSEGV, proc
+    assert "Segmentation fault" in proc.stderr and "in read_a_null_pointer" in proc.stderr, proc.stderr
