@@ -13,37 +13,28 @@ is not the request's current lease are stale and discarded, so a zombie never du
 A restarted manager knows nothing: workers re-register reporting the responses they hold (`on_held`), kept as
 orphans until the trainer re-attaches to their step (`add_step` with the ids it already received); then each
 orphan is adopted with its tokens (continued from there, or finished) and the rest of the step runs afresh.
+
+`ManagerState` is one object (one set of bookkeeping, set up in its `__init__`), written in four files: this one
+(workers, steps, chunks, transitions, scheduling, status), speed_placement.py (speed-aware placement and
+rebalance), carry_over.py (partial-rollout carry-over) and adoption.py (held responses after a restart), whose
+mixins it inherits. The records they share (`Request`, `Worker`, `Phase`) are in records.py.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import math
-from array import array
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from rlboost.policies.balancing import BalanceWorker, HeldRequest, plan_rebalance
 from rlboost.policies.migration import FAILED_ATTEMPT, MigrationReason, continuation, finish_reason_if_done
-from rlboost.policies.placement import (
-    VersionView,
-    WorkerLoad,
-    WorkerSpeed,
-    expected_remaining,
-    place,
-    place_by_speed,
-    speed_bands,
-    version_moves,
-)
-from rlboost.policies.speed_rebalance import MAX_MOVES, MIGRATION_COST_S, RunningResponse, plan_speed_rebalance
+from rlboost.policies.placement import VersionView, WorkerLoad, place, version_moves
+from rlboost.policies.speed_rebalance import MAX_MOVES, MIGRATION_COST_S
 from rlboost.spec import MAX_GROUP_SIZE, MAX_NEW_TOKENS, RolloutSpec
 from rlboost.wire.rollout_io import (
     Assignment,
-    CarriedGroup,
-    HeldResponse,
     ManagerStatus,
     Pool,
     RolloutRequest,
@@ -58,6 +49,10 @@ from rlboost.wire.rollout_io import (
 )
 
 from . import metrics
+from .adoption import HeldResponses, Orphan
+from .carry_over import CarryOver, _switch_version, _version_spans
+from .records import MAX_LOGPROB, MIN_LOGPROB, Phase, Request, Worker, invalid_output
+from .speed_placement import SpeedPlacement
 
 log = logging.getLogger(__name__)
 
@@ -68,27 +63,9 @@ def _tokens_received(pool: str):
     return metrics.TOKENS_RECEIVED.labels(pool)
 
 
-class Phase(StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    REVOKING = "revoking"  # asked to stop; waiting for the worker's flush (abort chunk) or a deadline
-    FINISHED = "finished"
-
-
 class StepError(ValueError):
     """A Rollout call that cannot be accepted; the message names the field."""
 
-
-# A sampled token's log-probability lies in (-inf, 0]; the slack above 0 allows for rounding, the floor is far
-# below what a float32 softmax gives a token it sampled. Outside: the worker's output is refused.
-MIN_LOGPROB, MAX_LOGPROB = -1e4, 1e-3
-
-# Speed-aware placement: a scheduling pass looks this many pending requests past the free slots for short ones
-# for the slow workers; a worker's decode rate and sync time are EWMAs with this weight on the newest sample; a
-# request that streamed fewer tokens than MIN_RATE_TOKENS on a worker says nothing about its rate.
-PLACEMENT_LOOKAHEAD = 64
-SPEED_EWMA = 0.2
-MIN_RATE_TOKENS = 8
 
 # Lease epochs of dropped requests kept for a step sent again (cancel_step): the newest this many. A restarted
 # trainer re-sends the step it was on, a few thousand ids at most; a step never sent again ages out.
@@ -116,89 +93,6 @@ class RequestPolicy:
         )
 
 
-def invalid_output(token_ids: list[int], logprobs: list[float], vocab_size: int) -> str | None:
-    """Why a chunk's tokens cannot be kept ('token_id' or 'logprob'), or None. O(n) in C: min, max and sum."""
-    if min(token_ids) < 0 or (vocab_size and max(token_ids) >= vocab_size):
-        return "token_id"
-    # a NaN makes the sum NaN (min/max are unreliable with NaN), an inf makes it inf
-    if not math.isfinite(sum(logprobs)) or min(logprobs) < MIN_LOGPROB or max(logprobs) > MAX_LOGPROB:
-        return "logprob"
-    return None
-
-
-@dataclass(slots=True)
-class Request:
-    id: str
-    step: int
-    prompt_index: int
-    sample_index: int
-    prompt: list[int]
-    sampling: SamplingParams  # per-sample seed already derived
-    weight_version: int
-    pending_since: float
-    vocab_size: int = 0  # token ids must lie below it (0 = unchecked)
-    # packed (int32, float32), not lists: a chunk's tokens are appended as one copy, not an object per token,
-    # and go to the trainer packed the same way (list(...) gives them as lists)
-    tokens: array = field(default_factory=lambda: array("i"))
-    logprobs: array = field(default_factory=lambda: array("f"))
-    phase: Phase = Phase.PENDING
-    worker: str | None = None
-    lease_epoch: int = 0
-    workers: list[str] = field(default_factory=list)  # contributors, in order
-    assigned_at: float = 0.0
-    tokens_at_assign: int = 0  # len(tokens) when its current worker got it: the rest that worker streamed
-    revoke_deadline: float = 0.0
-    revoke_reason: MigrationReason = MigrationReason.REVOKED
-    progress_at: float = 0.0  # when it was assigned or last received a token (the stall deadline runs from here)
-    failed_attempts: int = 0  # migrations for a FAILED_ATTEMPT reason
-    last_error: str = ""  # what its worker said when it last reported it failed
-    failed_on: set[str] = field(default_factory=set)  # workers it failed on: not given back to them while others can
-    # partial rollout: the later step whose stream delivers it (None: its own), the version it continues under
-    # once its worker flushed it, and (first token offset, version) of each run of tokens when it changed version
-    stream: int | None = None
-    next_version: int | None = None
-    marks: list[tuple[int, int]] = field(default_factory=list)
-
-    @property
-    def stream_step(self) -> int:
-        return self.step if self.stream is None else self.stream
-
-
-@dataclass(slots=True)
-class Worker:
-    reg: WorkerRegistration
-    version: int
-    last_seen: float
-    running: set[str] = field(default_factory=set)  # RUNNING and REVOKING requests it holds
-    draining: bool = False
-    memory_released: bool = False  # engine memory released for training (its heartbeat says): kept, assigned nothing
-    expired: bool = False  # lease expired; eligible again once it speaks
-    tokens_generated: int = 0
-    requested_version: int = -1  # last SetWeightVersion sent
-    seq: int = 0  # registration order: scheduling visits workers in it
-    busy_since: float | None = None  # since when it holds at least one request (None: idle)
-    tokens_per_s: float = 0.0  # per-request decode rate, EWMA over the requests that left it (0: none yet)
-    sync_s: float = 0.0  # weight-sync time, EWMA from SetWeightVersion to its report of holding it (0: none yet)
-    sync_asked_at: float | None = None  # when the manager last sent it SetWeightVersion (None: not waiting)
-
-    @property
-    def id(self) -> str:
-        return self.reg.worker_id
-
-    @property
-    def eligible(self) -> bool:
-        return not (self.draining or self.expired or self.memory_released)
-
-
-@dataclass(slots=True)
-class Orphan:
-    """A response a re-registered worker holds, for a step this manager has not been asked for (yet)."""
-
-    held: HeldResponse
-    worker: str
-    since: float
-
-
 @dataclass
 class Outbox:
     """Commands for one worker, batched until the server flushes them."""
@@ -209,7 +103,7 @@ class Outbox:
     set_version: int | None = None
 
 
-class ManagerState:
+class ManagerState(SpeedPlacement, CarryOver, HeldResponses):
     """All scheduling state of one manager. Single-threaded: call from one asyncio loop."""
 
     def __init__(
@@ -478,167 +372,6 @@ class ManagerState:
             self._box(req.worker).revoke.setdefault("cancelled", []).append(rid)
             self._release(req, now)
             metrics.REVOKES.labels("cancelled").inc()
-
-    # ---- partial rollout (algorithm.partialRollout) -------------------------------------------------
-
-    def carry_step(self, step: int, late: Iterable[Trajectory] = ()) -> int:
-        """The step's stream ended at its target: its unfinished requests are kept, with their tokens, for the next
-        step to continue under its version (meanwhile they go on under theirs), and so are `late` ones, finished
-        but not sent before the stream ended. Returns how many requests are carried."""
-        for traj in late:
-            self._carried_done[traj.request_id] = traj
-        ids = self._steps.pop(step, set())
-        for rid in ids:
-            if (req := self.requests.get(rid)) is not None:
-                self._carried[rid] = req
-        self.carried_total += len(ids)
-        metrics.CARRIED.inc(len(ids))
-        self.dirty = True
-        return len(ids)
-
-    def delivery_step(self, traj: Trajectory) -> int:
-        """The step whose stream delivers a trajectory `take_delivered` gave (once per trajectory): a carried
-        request's is the step that continued it, not its own."""
-        return self._delivered_to.pop(traj.request_id, traj.step)
-
-    def _deliver(self, req: Request, traj: Trajectory) -> None:
-        if self._carried.pop(req.id, None) is not None:  # finished between its step's end and the next step
-            self._carried_done[req.id] = traj
-            return
-        if req.stream is not None:
-            self._delivered_to[req.id] = req.stream
-        self._delivered.append(traj)
-
-    def _continue_carried(self, r: RolloutRequest, ids: set[str], received: set[str], now: float) -> int:
-        """Take the earlier steps' samples the trainer still waits for (r.carried) into step r.step: continued under
-        r's version from the tokens kept, delivered at once if they finished meanwhile, or generated afresh when
-        none were kept. Carried requests a partial step (target_groups > 0) does not list are dropped: the trainer
-        no longer waits for them (another call, an evaluation's, leaves them be). Returns how many the step yields."""
-        if not (r.carried or (r.target_groups and (self._carried or self._carried_done))):
-            return 0
-        wanted = {request_id(c.step, c.prompt_index, g): (c, g) for c in r.carried for g in c.sample_indices}
-        if r.target_groups:
-            for rid in [rid for rid in self._carried if rid not in wanted]:
-                del self._carried[rid]
-                self._drop_request(rid, now)
-            self._carried_done = {rid: t for rid, t in self._carried_done.items() if rid in wanted}
-        n, moved = 0, {}  # re-homed pending request -> the version whose queue it left
-        for rid, (c, g) in wanted.items():
-            if rid in received:
-                continue
-            if (done := self._carried_done.pop(rid, None)) is not None:
-                self._delivered.append(done)
-                self._delivered_to[rid] = r.step
-            elif (req := self._carried.pop(rid, None)) is not None:
-                if (old := self._rehome(req, r.weight_version, now)) is not None:
-                    moved[rid] = old
-                req.stream = r.step
-                ids.add(rid)
-            elif rid not in self.requests:  # nothing kept (a restarted manager, a resumed trainer): afresh
-                self._pending_carried(r, c, g, now)
-                ids.add(rid)
-            else:
-                log.warning("carried request is another step's: skipped", extra={"request_id": rid, "step": r.step})
-                continue
-            n += 1
-        for version in set(moved.values()):  # out of their old version's queue (one pass per version)
-            self._pending[version] = deque(rid for rid in self._pending.get(version, ()) if rid not in moved)
-        return n
-
-    def _rehome(self, req: Request, version: int, now: float) -> int | None:
-        """Continue a carried request under `version`: a pending one now (its old version returned: it must leave
-        that queue), a running one once its worker flushed it (revoked with reason 'carried')."""
-        if req.weight_version == version:
-            return None
-        req.next_version = version
-        if req.phase is Phase.PENDING:
-            old = req.weight_version
-            self._pending_count[old] -= 1
-            _switch_version(req)
-            self._pending.setdefault(version, deque()).appendleft(req.id)
-            self._pending_count[version] += 1
-            return old
-        if req.phase is Phase.RUNNING:
-            self.revoke(req.id, MigrationReason.REVOKED, now, wire_reason="carried")
-        return None
-
-    def _pending_carried(self, r: RolloutRequest, c: CarriedGroup, g: int, now: float) -> None:
-        rid = request_id(c.step, c.prompt_index, g)
-        sampling = SamplingParams(
-            **{**r.sampling.__dict__, "seed": sample_seed(r.sampling.seed, c.step, c.prompt_index, g)}
-        )
-        self.requests[rid] = Request(
-            id=rid, step=c.step, prompt_index=c.prompt_index, sample_index=g, prompt=list(c.prompt_ids),
-            sampling=sampling, weight_version=r.weight_version, pending_since=now, vocab_size=r.vocab_size,
-            stream=r.step, lease_epoch=self._dropped_epochs.pop(rid, 0),
-        )  # fmt: skip
-        self._pending.setdefault(r.weight_version, deque()).append(rid)
-        self._pending_count[r.weight_version] += 1
-
-    # ---- held responses (a restarted manager) -------------------------------------------------------
-
-    def on_held(self, worker_id: str, held: list[HeldResponse], now: float) -> None:
-        """A (re-)registered worker reports responses it kept across its broken stream: adopt those of known
-        requests now; keep the others until the trainer re-attaches to their step (or orphan_ttl_s passes)."""
-        for h in held:
-            req = self.requests.get(h.request_id)
-            if req is not None:
-                self._adopt(req, h, worker_id, now)
-            elif len(self._orphans) < self.policy.max_step_requests:
-                self._orphans[h.request_id] = Orphan(h, worker_id, now)
-        if held:
-            log.info("worker reported held responses", extra={"worker_id": worker_id, "held": len(held),
-                                                              "orphans": len(self._orphans)})  # fmt: skip
-
-    def _adopt(self, req: Request, h: HeldResponse, worker_id: str, now: float) -> None:
-        """Continue `req` from the held response's tokens when it holds more than we do (its tokens are the same
-        prefix: token-level continuation is deterministic per seed and position)."""
-        if len(h.token_ids) <= len(req.tokens):
-            return
-        problem = self._adoption_problem(req, h)
-        if problem is not None:
-            metrics.ADOPTED.labels("refused").inc()
-            log.warning("held response refused", extra={"worker_id": worker_id, "request_id": req.id,
-                                                         "problem": problem})  # fmt: skip
-            return
-        if req.phase is Phase.PENDING:
-            self._pending_count[req.weight_version] -= 1  # its queue entry goes stale once it is finished below
-        elif req.worker is not None:  # running afresh elsewhere, behind the held tokens: stop that run
-            self._box(req.worker).revoke.setdefault("adopted", []).append(req.id)
-            metrics.REVOKES.labels("adopted").inc()
-            self._release(req, now)
-            self._pending.setdefault(req.weight_version, deque()).appendleft(req.id)
-        req.tokens, req.logprobs = list(h.token_ids), list(h.logprobs)
-        if not req.workers or req.workers[-1] != worker_id:
-            req.workers.append(worker_id)
-        req.phase, req.pending_since = Phase.PENDING, now
-        self.adopted += 1
-        metrics.ADOPTED.labels("adopted").inc()
-        log.info("held response adopted", extra={"worker_id": worker_id, "request_id": req.id,
-                                                 "tokens": len(req.tokens), "finished": h.finished})  # fmt: skip
-        done = finish_reason_if_done(req.tokens, req.sampling) or (h.finish_reason if h.finished else None)
-        if done is not None:
-            self._finish(req, done, now)
-        else:
-            self._pending_count[req.weight_version] += 1
-        self.dirty = True
-
-    def _adoption_problem(self, req: Request, h: HeldResponse) -> str | None:
-        """Why the held response cannot continue `req` (another version or prompt, too long, bad output)."""
-        if h.weight_version != req.weight_version:
-            return f"weight_version {h.weight_version}, the step's is {req.weight_version}"
-        if h.prompt_ids != req.prompt:
-            return "prompt_ids differ from the step's prompt"
-        if len(h.token_ids) > req.sampling.max_new_tokens:
-            return f"{len(h.token_ids)} tokens is over max_new_tokens {req.sampling.max_new_tokens}"
-        return invalid_output(h.token_ids, h.logprobs, req.vocab_size)
-
-    def _forget_orphans(self, now: float) -> None:
-        old = [rid for rid, o in self._orphans.items() if now - o.since > self.orphan_ttl_s]
-        for rid in old:
-            del self._orphans[rid]
-        if old:
-            log.info("held responses forgotten: no step re-attached", extra={"requests": len(old)})
 
     # ---- chunks ------------------------------------------------------------------------------------
 
@@ -1067,133 +800,6 @@ class ManagerState:
             self.workers[wid].sync_asked_at = now  # its weight-sync time runs from here (_observe_sync)
             self._box(wid).set_version = version
 
-    # ---- speed-aware placement (issue 16): measured speeds, length priors ----------------------------
-
-    def _place_by_speed(
-        self,
-        queue: deque[str],
-        count: int,
-        members: dict[str, Worker],
-        now: float,
-        version_workers: Callable[[], int],
-    ) -> int:
-        """Place the head of `queue` by measured worker speed: the slow workers take the shortest expected of
-        the first free-slots + PLACEMENT_LOOKAHEAD pending requests, the fast ones the longest. What stays is put
-        back at the head in its order. O(k log k + (W + k) log W) for k requests placed."""
-        free = sum(w.reg.capacity - len(w.running) for w in members.values())
-        window = self._take_pending(queue, min(count, free) + PLACEMENT_LOOKAHEAD)
-        expected = [self._expected_remaining(r) for r in window]
-        speeds = [WorkerSpeed(w.id, len(w.running), w.reg.capacity, w.tokens_per_s, w.sync_s) for w in members.values()]
-        placed: set[int] = set()
-        for i, wid in place_by_speed(min(count, free), expected, speeds):
-            req = window[i]
-            if wid in req.failed_on and len(req.failed_on) < version_workers():
-                continue  # failed there before: _fill_free_slots gives it to another worker
-            self._assign(req, members[wid], now)
-            placed.add(i)
-        queue.extendleft(reversed([r.id for i, r in enumerate(window) if i not in placed]))
-        return len(placed)
-
-    def _take_pending(self, queue: deque[str], n: int) -> list[Request]:
-        """Up to `n` distinct pending requests off the head of `queue` (stale ids dropped). An id can be queued
-        twice: a dropped pending request leaves its entry behind, and a step sent again (a restarted trainer)
-        queues the same ids anew; both entries then name the one request, which must be placed once."""
-        out: dict[str, Request] = {}
-        while queue and len(out) < n:
-            req = self.requests.get(queue.popleft())
-            if req is not None and req.phase is Phase.PENDING:
-                out.setdefault(req.id, req)
-        return list(out.values())
-
-    def _expected_remaining(self, req: Request) -> float:
-        """Its expected tokens to come, from the mean finished length of its prompt group, else of its step,
-        else max_new_tokens (placement.expected_remaining)."""
-        budget = req.sampling.max_new_tokens
-        lengths = self._finished_lengths.get(req.step, {})
-        tokens, n = lengths.get(req.prompt_index) or lengths.get(-1) or (budget, 1)
-        return expected_remaining(len(req.tokens), tokens / n, budget)
-
-    def _note_length(self, req: Request) -> None:
-        """A finished response's length, for the priors of its group and step (steps that ended are dropped)."""
-        lengths = self._finished_lengths.get(req.step)
-        if lengths is None:
-            for step in [s for s in self._finished_lengths if s not in self._steps]:
-                del self._finished_lengths[step]
-            lengths = self._finished_lengths[req.step] = {}
-        for key in (req.prompt_index, -1):
-            tokens, n = lengths.get(key, (0, 0))
-            lengths[key] = (tokens + len(req.tokens), n + 1)
-
-    def _observe_rate(self, w: Worker, req: Request, now: float | None) -> None:
-        """The request leaves `w`: fold the rate it decoded at there into the worker's EWMA. Not from a worker
-        that went silent (its lease expired: the silence is no decode rate) nor from a few tokens (noise)."""
-        tokens = len(req.tokens) - req.tokens_at_assign
-        if now is None or w.expired or tokens < MIN_RATE_TOKENS or now <= req.assigned_at:
-            return
-        rate = tokens / (now - req.assigned_at)
-        w.tokens_per_s = rate if w.tokens_per_s <= 0 else w.tokens_per_s + SPEED_EWMA * (rate - w.tokens_per_s)
-        metrics.REQUEST_DECODE_RATE.labels(w.reg.pool.value).observe(rate)
-
-    def _observe_sync(self, w: Worker, version: int, now: float) -> None:
-        """`w` reports holding `version`: if that is the one the manager asked it for, its sync time is measured."""
-        if w.sync_asked_at is None or version < w.requested_version or version == w.version:
-            return
-        took = max(0.0, now - w.sync_asked_at)
-        w.sync_s = took if w.sync_s <= 0 else w.sync_s + SPEED_EWMA * (took - w.sync_s)
-        w.sync_asked_at = None
-        metrics.WEIGHT_SYNC.labels(w.reg.pool.value).observe(took)
-
-    # ---- speed-aware rebalance (issue 16): the tail off slow workers at a step's end -------------------
-
-    def _speed_rebalance(self, members: list[Worker], now: float) -> int:
-        """Nothing of their version pending: revoke the responses that would finish sooner on a faster free worker
-        of `members` (speed_rebalance.plan_speed_rebalance), each pinned to that worker. Returns how many."""
-        inflight = Counter(self._speed_targets.values())  # slots already promised to responses still flushing
-        speeds = [
-            WorkerSpeed(w.id, min(w.reg.capacity, len(w.running) + inflight[w.id]), w.reg.capacity, w.tokens_per_s)
-            for w in members
-        ]
-        running = [
-            RunningResponse(rid, w.id, self._expected_remaining(self.requests[rid]))
-            for w in members
-            for rid in w.running
-            if self.requests[rid].phase is Phase.RUNNING
-        ]
-        moved = 0
-        for rid, target in plan_speed_rebalance(
-            running, speeds, 0, self.speed_migration_cost_s, self.speed_rebalance_moves
-        ):
-            if self.revoke(rid, MigrationReason.SPEED_REBALANCE, now):
-                self._speed_targets[rid] = target
-                moved += 1
-        return moved
-
-    def _speed_peers(self, members: list[Worker]) -> list[list[Worker]]:
-        """`members` by speed band (placement.speed_bands): plain balancing evens load out within a band only, so
-        it never hands a fast worker's work to an idle slow one (which the speed rebalance would move back)."""
-        bands: dict[int, list[Worker]] = {}
-        speeds = [WorkerSpeed(w.id, len(w.running), w.reg.capacity, w.tokens_per_s) for w in members]
-        for w, band in zip(members, speed_bands(speeds, horizon_s=1.0), strict=True):
-            bands.setdefault(band, []).append(w)
-        return list(bands.values())
-
-    def _place_speed_targets(self, now: float) -> int:
-        """Responses the speed rebalance revoked that are back pending go to the worker they were revoked for,
-        if it still holds their version and has a free slot (else placement places them). Returns how many."""
-        made = 0
-        for rid, wid in list(self._speed_targets.items()):
-            req, w = self.requests.get(rid), self.workers.get(wid)
-            if req is not None and req.phase is Phase.REVOKING:
-                continue  # still flushing on the slow worker
-            del self._speed_targets[rid]
-            if req is None or req.phase is not Phase.PENDING or w is None:
-                continue
-            if w.version == req.weight_version and self._schedulable(w) and len(w.running) < w.reg.capacity:
-                self._pending[req.weight_version].remove(rid)  # a short queue: nothing was pending at the revoke
-                self._assign(req, w, now)
-                made += 1
-        return made
-
     # ---- status ------------------------------------------------------------------------------------
 
     @property
@@ -1273,28 +879,3 @@ class ManagerState:
             metrics.WORKERS_MEMORY_RELEASED.labels(pool.value).set(released.get(pool.value, 0))
         metrics.QUEUE_DEPTH.labels("pending").set(self.pending)
         metrics.QUEUE_DEPTH.labels("running").set(self.running)
-
-
-def _switch_version(req: Request) -> None:
-    """The carried request goes on under req.next_version: the tokens from here on are marked with it."""
-    version, req.next_version = req.next_version, None
-    if version is None or version == req.weight_version:
-        return
-    if not req.marks:
-        req.marks.append((0, req.weight_version))
-    if req.marks[-1][0] == len(req.tokens):  # no token came under the previous version
-        req.marks.pop()
-    req.marks.append((len(req.tokens), version))
-    req.weight_version = version
-
-
-def _version_spans(req: Request) -> tuple[int, list[tuple[int, int]]]:
-    """(oldest version, [(version, tokens), ...]) of the response; the spans are empty when it has one version."""
-    n = len(req.tokens)
-    if not req.marks:
-        return req.weight_version, []
-    bounds = [*(start for start, _ in req.marks[1:]), n]
-    spans = [(v, min(end, n) - start) for (start, v), end in zip(req.marks, bounds, strict=True) if min(end, n) > start]
-    if not spans:
-        return req.weight_version, []
-    return spans[0][0], spans if len(spans) > 1 else []
