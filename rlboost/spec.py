@@ -768,6 +768,21 @@ class RolloutSpec(SpecModel):
         description="Times the trainer asks again for a step's rollout after its deadline passed (stepDeadlineS); "
         "once they are spent the next deadline fails the job with the missing samples named.",
     )
+    speed_rebalance_migration_cost_s: float = Field(
+        2.0,
+        ge=0,
+        le=3600,
+        description="Seconds the rollout-manager expects moving one running response to a faster worker to cost "
+        "(revoke, flush, re-assign, re-prefill of prompt and generated tokens): a response moves at a step's tail "
+        "only when the faster worker would finish it sooner by more than this. Larger = fewer moves.",
+    )
+    speed_rebalance_max_moves: int = Field(
+        16,
+        ge=0,
+        le=100000,
+        description="Most responses one balancing pass moves off slow workers to faster idle ones at a step's tail "
+        "(the next pass, a balance interval later, may move more); 0 = no speed rebalance.",
+    )
     max_chunk_messages_per_s: int = Field(
         2000,
         ge=0,

@@ -319,3 +319,19 @@ def test_the_epochs_of_cancelled_steps_are_bounded_and_the_newest_kept(monkeypat
     assert all(st.requests[rid].lease_epoch == 1 for rid in st.requests)
     st.schedule(9.0)
     assert all(a.lease_epoch == 2 for a in st.take_outbox()["a"].assign)
+
+
+def test_the_speed_rebalance_knobs_come_from_the_job_spec():
+    """rollout.speedRebalanceMigrationCostS / speedRebalanceMaxMoves reach the manager's rebalance (0 moves: off);
+    the defaults are the policy's own (rlboost.policies.speed_rebalance)."""
+    from rlboost.policies.speed_rebalance import MAX_MOVES, MIGRATION_COST_S
+    from rlboost.spec import RolloutSpec
+    from rollout_manager.state import RequestPolicy
+
+    spec = RolloutSpec.model_validate({"speedRebalanceMigrationCostS": 30, "speedRebalanceMaxMoves": 0})
+    st = ManagerState(lease_timeout_s=5, policy=RequestPolicy.from_spec(spec))
+    assert (st.speed_migration_cost_s, st.speed_rebalance_moves) == (30, 0)
+    default = ManagerState(lease_timeout_s=5, policy=RequestPolicy.from_spec(RolloutSpec()))
+    assert (default.speed_migration_cost_s, default.speed_rebalance_moves) == (MIGRATION_COST_S, MAX_MOVES)
+    with pytest.raises(ValueError, match="speedRebalanceMaxMoves"):
+        RolloutSpec.model_validate({"speedRebalanceMaxMoves": -1})

@@ -81,6 +81,8 @@ class RequestPolicy:
     max_attempts: int = 5  # failed attempts (FAILED_ATTEMPT reasons) before the request is reported failed
     drop_failed: bool = False  # True: deliver a failed request as finish_reason "failed"; False: fail its step
     stall_timeout_s: float = 120.0  # a running request with no token for this long is revoked
+    speed_migration_cost_s: float = MIGRATION_COST_S  # what a speed-rebalance move is expected to cost (s)
+    speed_rebalance_moves: int = MAX_MOVES  # most speed-rebalance moves per balancing pass (0: off)
 
     @classmethod
     def from_spec(cls, r: RolloutSpec) -> RequestPolicy:
@@ -90,6 +92,8 @@ class RequestPolicy:
             max_attempts=r.max_request_attempts,
             drop_failed=r.on_failed_request == "drop",
             stall_timeout_s=r.request_stall_timeout_ms / 1000,
+            speed_migration_cost_s=r.speed_rebalance_migration_cost_s,
+            speed_rebalance_moves=r.speed_rebalance_max_moves,
         )
 
 
@@ -162,8 +166,8 @@ class ManagerState(SpeedPlacement, CarryOver, HeldResponses):
         # the seconds a move is expected to cost (revoke round trip and re-prefill of prompt + generated tokens),
         # and the most moves per balancing pass (0: off)
         self._speed_targets: dict[str, str] = {}
-        self.speed_migration_cost_s = MIGRATION_COST_S
-        self.speed_rebalance_moves = MAX_MOVES
+        self.speed_migration_cost_s = self.policy.speed_migration_cost_s
+        self.speed_rebalance_moves = self.policy.speed_rebalance_moves
         # Partial rollout: requests of a step whose stream ended at its target, kept for the next step (running
         # on under their version meanwhile); those that finished meanwhile; the stream a re-homed one goes to.
         self._carried: dict[str, Request] = {}
