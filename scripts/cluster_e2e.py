@@ -200,11 +200,25 @@ class Lane:
         self.procs[name] = proc
         return proc
 
+    @property
+    def signing_key(self) -> Path:
+        """The service-account signing key kube_api.py publishes and the podlet signs pods' tokens with."""
+        return self.state / "sa-signing.key"
+
     def start_api(self) -> None:
         ready = self.state / "api.url"
         self.spawn(
             "kube-api",
-            [sys.executable, str(CLUSTER / "kube_api.py"), "--host", self.gateway, "--ready-file", str(ready)],
+            [
+                sys.executable,
+                str(CLUSTER / "kube_api.py"),
+                "--host",
+                self.gateway,
+                "--ready-file",
+                str(ready),
+                "--signing-key",
+                str(self.signing_key),
+            ],  # fmt: skip
         )
         self.wait(lambda: ready.exists() and ready.read_text(), 30, "the kmock API server", proc="kube-api")
         self.api_url = ready.read_text().strip()
@@ -227,6 +241,7 @@ class Lane:
         argv = [sys.executable, str(CLUSTER / "podlet.py"), "--api", self.api_url, "--namespace", self.namespace]
         argv += ["--network", self.network, "--subnet", self.subnet, "--host-ip", self.gateway]
         argv += ["--state-dir", str(self.state / "podlet"), "--run-id", self.run_id]
+        argv += ["--signing-key", str(self.signing_key)]  # the API's: pods' service-account tokens
         for node in self.nodes:
             argv += ["--node", node]
         self.spawn("podlet", argv)
