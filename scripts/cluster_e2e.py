@@ -207,19 +207,8 @@ class Lane:
 
     def start_api(self) -> None:
         ready = self.state / "api.url"
-        self.spawn(
-            "kube-api",
-            [
-                sys.executable,
-                str(CLUSTER / "kube_api.py"),
-                "--host",
-                self.gateway,
-                "--ready-file",
-                str(ready),
-                "--signing-key",
-                str(self.signing_key),
-            ],  # fmt: skip
-        )
+        argv = [sys.executable, str(CLUSTER / "kube_api.py"), "--host", self.gateway, "--ready-file", str(ready)]
+        self.spawn("kube-api", [*argv, "--signing-key", str(self.signing_key)])
         self.wait(lambda: ready.exists() and ready.read_text(), 30, "the kmock API server", proc="kube-api")
         self.api_url = ready.read_text().strip()
         say(f"Kubernetes API (kmock) at {self.api_url}")
