@@ -14,3 +14,10 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """`path` holds `text` whole or not at all: a reader (or a resumed process) never sees half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

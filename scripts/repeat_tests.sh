@@ -14,6 +14,8 @@
 #                   clone, then lint, contracts, stub check and the suite) instead of `python -m pytest`
 #   PYTEST_ARGS     passed to pytest (default: the whole suite)
 #
+# The python: $PYTHON, else the checkout's .venv/bin/python when it exists (what `make` builds), else `python`.
+#
 # Example (the fault tests, 10 times under load):
 #   scripts/repeat_tests.sh -n 10 --burn -- tests/e2e/test_preemption_e2e.py tests/e2e/test_chaos_all_e2e.py \
 #       tests/rollout_manager/test_restart_process.py -x
@@ -41,7 +43,10 @@ done
 repo=$(git -C "$(dirname "$0")" rev-parse --show-toplevel 2>/dev/null || git rev-parse --show-toplevel)
 out=${out:-$(mktemp -d /tmp/repeat-tests.XXXX)}
 mkdir -p "$out"
-python=${PYTHON:-python}
+python=${PYTHON:-}
+if [[ -z $python ]]; then  # the system python has none of the project's packages: the run would fail at import
+    if [[ -x $repo/.venv/bin/python ]]; then python=$repo/.venv/bin/python; else python=python; fi
+fi
 
 burners=()
 stop_burners() {

@@ -91,7 +91,7 @@ def nats_password_file(user: str) -> str:
     return f"nats-{user}.pass"
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
@@ -128,7 +128,7 @@ def added_items(present: Iterable[str]) -> dict[str, bytes]:
 def add_missing(directory: Path) -> None:
     """Write into an existing credentials directory the items added since it was made (added_items)."""
     for name, data in added_items(p.name for p in directory.iterdir()).items():
-        _write_private(directory / name, data)
+        write_private(directory / name, data)
 
 
 def generate(directory: Path, tls_hosts: Mapping[str, Iterable[str]] | None = None) -> JobCredentials:
@@ -136,7 +136,7 @@ def generate(directory: Path, tls_hosts: Mapping[str, Iterable[str]] | None = No
     directory.mkdir(parents=True, exist_ok=True)
     os.chmod(directory, 0o700)
     for name, data in generate_items(tls_hosts).items():
-        _write_private(directory / name, data)
+        write_private(directory / name, data)
     return JobCredentials(directory)
 
 

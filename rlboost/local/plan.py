@@ -175,11 +175,15 @@ class LocalPlan:
             metrics_port,
             accelerated=gpus > 0,
             peer_port=0,  # peer fan-out: each worker serves the weights it holds on a free port it advertises
-        )
+        ).model_copy(update={"identity_token_file": str(self.identity_file(worker_id))})
         # Several workers and the trainer share few cores: one thread each avoids oversubscription.
         env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         return ChildPlan(worker_id, options.command(self.options.python), "rollout-worker", metrics_port, pool=pool,
                          env=env, options=options)  # fmt: skip
+
+    def identity_file(self, worker_id: str) -> Path:
+        """Where the runner writes worker `worker_id`'s identity proof (rlboost.auth.worker_identity.local_proof)."""
+        return self.options.run_dir / "identities" / worker_id
 
     def restart_of(self, name: str) -> ChildPlan:
         """The child to start again after `name` was killed: the same command line (so the same ports); a

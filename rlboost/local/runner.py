@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 
+from rlboost.auth.credentials import write_private
 from rlboost.local.chaos import ChaosMonkey
 from rlboost.local.plan import ChildPlan, LocalOptions, LocalPlan, build_plan, initial_spot_workers
 from rlboost.local.progress import ProgressState, render, step_line, summary_table, validation_line
@@ -70,9 +70,7 @@ def prepare_run_dir(spec: JobSpec, plan: LocalPlan) -> None:
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     plan.job_file.write_text(dump_job_spec(spec))
     ensure_credentials(plan.credentials_dir)
-    fd = os.open(plan.nats_config_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds passwords
-    with os.fdopen(fd, "w") as f:
-        f.write(plan.nats_config_text())
+    write_private(plan.nats_config_file, plan.nats_config_text().encode())  # it holds passwords
 
 
 def write_endpoints(plan: LocalPlan) -> None:
@@ -97,6 +95,18 @@ def ensure_credentials(directory: Path) -> None:
     if not all((directory / name).is_file() for name in wanted):
         generate(directory)
     add_missing(directory)  # an older job's credentials get the items added since (its other keys kept)
+
+
+def write_identity_proof(plan: LocalPlan, child: ChildPlan) -> None:
+    """The worker's identity proof, which the manager admits it under (its id and pool, minted with the job's
+    worker-identity.key): what a client holding only the worker token cannot make."""
+    from rlboost.auth.credentials import JobCredentials
+    from rlboost.auth.worker_identity import LOCAL_KEY, local_proof
+
+    key = JobCredentials(plan.credentials_dir).read(LOCAL_KEY)
+    path = plan.identity_file(child.name)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    write_private(path, local_proof(key, plan.options.job, child.pool, child.name).encode())
 
 
 def ensure_model(spec: JobSpec, plan: LocalPlan, console: Console) -> None:
@@ -218,8 +228,7 @@ class SpotController:
             self._preempt(name, "trace", signal.SIGKILL)
         for name in to_start:
             self.next_index += 1
-            child = self.plan.worker(name, "spot")
-            self.sup.start(child.name, child.argv, child.env, role=child.role, pool=child.pool)
+            self._start(self.plan.worker(name, "spot"))
             self.events.append(f"started {name}")
 
     def _live_targets(self) -> dict[str, list[str]]:
@@ -256,8 +265,7 @@ class SpotController:
             if child.expected_exit:
                 if child.alive:
                     continue  # a TERM still being handled (a worker drains first)
-                again = self.plan.restart_of(name)
-                self.sup.start(again.name, again.argv, again.env, role=again.role, pool=again.pool)
+                self._start(self.plan.restart_of(name))
                 self.events.append(f"restarted {name}")
                 continue
             if self.sup.check_ready(name, self.plan.restart_of(name).ready_port):
@@ -320,6 +328,8 @@ class Run:
                           self.sup.tail(child.name))  # fmt: skip
 
     def _start(self, child: ChildPlan) -> None:
+        if child.role == "rollout-worker":
+            write_identity_proof(self.plan, child)
         self.sup.start(child.name, child.argv, child.env, role=child.role, pool=child.pool)
 
     async def start_all(self) -> None:

@@ -3,7 +3,9 @@ as a separate process on 127.0.0.1.
 
 Checks, after every step: each worker there at the time (the last step: every worker) pulled the published version
 and verified it to the trainer's checksum (the StepReport's, in the JSON report), bit for bit; versions after 0 reached the workers as
-deltas (or a compacted delta), never as a full refetch; the weight-server stored them as deltas.
+deltas (or a compacted delta), never as a full refetch; the weight-server stored them as deltas. A worker that
+did not register (the job ended first) stopped at once and cleanly: its log says so, with no reconnect errors after
+it, and `rlboost local` had to kill no child.
 Run it alone with `.venv/bin/pytest -m slow tests/e2e/test_delta_sync_e2e.py`.
 """
 
@@ -45,6 +47,16 @@ def _records(log: Path, msg: str) -> list[dict]:
 
 
 STEPS = 3
+RETRY_ERRORS = ("NATS connection error; reconnecting", "NATS disconnected; reconnecting",
+                "weight-server unavailable; retrying")  # fmt: skip
+
+
+def _stopped_cleanly(log: Path) -> None:
+    """A worker that never registered stopped because the job ended, and retried nothing after that."""
+    stops = _records(log, "stopped before registering: the job ended")
+    assert stops, f"{log.name}: neither registered nor stopped at the job's end:\n{log.read_text()[-3000:]}"
+    retries = [r for msg in RETRY_ERRORS for r in _records(log, msg) if r["ts"] >= stops[0]["ts"]]
+    assert not retries, f"{log.name}: retried after it stopped: {retries}"
 
 
 @pytest.mark.slow
@@ -52,7 +64,9 @@ def test_every_worker_holds_the_trainers_exact_weights_after_every_step(tmp_path
     cfg = tmp_path / "job.yaml"
     cfg.write_text(CONFIG)
     run_dir, report_path = tmp_path / "run", tmp_path / "report.json"
-    run_local("--config", cfg, "--steps", str(STEPS), "--run-dir", run_dir, "--json-report", report_path, timeout=600)
+    res = run_local("--config", cfg, "--steps", str(STEPS), "--run-dir", run_dir, "--json-report", report_path,
+                    timeout=600)  # fmt: skip
+    assert "children killed after the grace period" not in res.stderr, res.stderr[-2000:]
     report = json.loads(report_path.read_text())
     published = {s["weight_version"]: s["weights_checksum"] for s in report["steps"]}
     assert sorted(published) == list(range(1, STEPS + 1)) and all(published.values())
@@ -62,9 +76,12 @@ def test_every_worker_holds_the_trainers_exact_weights_after_every_step(tmp_path
     uploads = {r["version"]: r["kind"] for r in _records(logs / "weight-server.log", "version uploaded")}
     assert uploads == {0: "full"} | {v: "delta" for v in range(1, STEPS + 1)}
     # The workers that registered: a 3-step job can end (in under a second) before the second worker's 1 s poll
-    # for the first version comes round; the checks below are about the workers that were there.
+    # for the first version comes round; the checks below are about the workers that were there, and one that was
+    # not must have stopped when the job ended instead of retrying NATS and the weight-server until killed.
     workers = [w["worker_id"] for w in report["workers"]]
     assert 1 <= len(workers) <= 2
+    for late in {"reserved-0", "spot-0"} - set(workers):
+        _stopped_cleanly(logs / f"{late}.log")
     announced = {r["weight_version"]: r["ts"] for r in _records(logs / "trainer.log", "weights published")}
     joined = {w: _records(logs / f"{w}.log", "registered")[0]["ts"] for w in workers}
     assert min(joined.values()) < announced[1], "no worker was there for every step: nothing was checked"

@@ -137,7 +137,7 @@ def test_pod_and_local_commands_differ_only_in_deployment_facts(tmp_path: Path) 
     # checkpoint_dir, resume: a pod's trainer always resumes from its PVC; `rlboost local` only when asked.
     facts = {"config", "nats_url", "namespace", "job", "host", "port", "metrics_port", "manager", "weight_server",
              "credentials_dir", "model_dir", "run_dir", "data_dir", "worker_id", "node", "pool",
-             "checkpoint_dir", "resume", "startup_timeout", "peer_port"}  # fmt: skip
+             "checkpoint_dir", "resume", "startup_timeout", "peer_port", "identity_token_file"}  # fmt: skip
     for options in SERVICES:
         differ = {f for f in options.model_fields if getattr(local[options], f) != getattr(pods[options], f)}
         assert differ <= facts, (options.__name__, differ - facts)

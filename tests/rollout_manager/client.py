@@ -7,7 +7,9 @@ import contextlib
 
 import grpc
 
+from rlboost.auth.credentials import JobCredentials
 from rlboost.auth.grpc_auth import ClientAuth
+from rlboost.auth.worker_identity import LOCAL_KEY, local_proof
 from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.rollout.v1 import rollout_pb2_grpc as pb_grpc
 
@@ -29,6 +31,12 @@ class ManualClock:
         return self.t
 
 
+def identity_proof(creds: JobCredentials, worker_id: str, pool: int = pb.POOL_SPOT, job: str = "local") -> str:
+    """The proof `rlboost local` gives worker `worker_id` of `pool` (rlboost.auth.worker_identity)."""
+    name = "reserved" if pool == pb.POOL_RESERVED else "spot"
+    return local_proof(creds.read(LOCAL_KEY), job, name, worker_id)
+
+
 class WorkerClient:
     """One worker's Connect stream; `heartbeats=True` keeps its lease alive like a real worker."""
 
@@ -43,12 +51,18 @@ class WorkerClient:
         version: int = 0,
         heartbeats: bool = True,
         auth: ClientAuth | None = None,
+        identity: JobCredentials | None = None,
+        job: str = "local",
     ) -> None:
-        """`auth`: the token and CA it presents (None: none, for a manager run without credentials)."""
+        """`auth`: the token and CA it presents (None: none, for a manager run without credentials);
+        `identity`: the job's credentials its identity proof is minted from, as `rlboost local` does (None: it
+        presents none); `job`: the manager's --job, which the proof is for."""
         self.target, self.worker_id, self.auth = target, worker_id, auth or ClientAuth()
         self.register = pb.Register(
             worker_id=worker_id, pool=pool, node=node, capacity=capacity, weight_version=version, engine="torch"
         )
+        if identity is not None:
+            self.register.identity_proof = identity_proof(identity, worker_id, pool, job)
         self.heartbeats = heartbeats
         self.version = version
         self.registered: pb.Registered | None = None

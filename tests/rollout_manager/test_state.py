@@ -15,6 +15,7 @@ from rlboost.wire.rollout_io import (
     WorkerRegistration,
 )
 from rlboost.wire.rollout_proto import status_from_pb, status_to_pb
+from rollout_manager import state as state_module
 from rollout_manager.state import ManagerState, StepError
 
 
@@ -301,3 +302,20 @@ def test_a_late_chunk_of_a_cancelled_step_does_not_pass_as_the_re_sent_steps():
     assert new.request_id == old.request_id and new.lease_epoch > old.lease_epoch
     st.on_chunks("a", [_chunk(old.request_id, old.lease_epoch, 0, [5, 6])], 1.1)  # the cancelled run's flush
     assert list(st.requests[new.request_id].tokens) == [] and st.tokens_received == 0
+
+
+def test_the_epochs_of_cancelled_steps_are_bounded_and_the_newest_kept(monkeypatch):
+    """Cancelled steps that are never sent again leave at most MAX_DROPPED_EPOCHS epochs behind, forgetting the
+    oldest; the step cancelled last, sent again, still continues its leases."""
+    monkeypatch.setattr(state_module, "MAX_DROPPED_EPOCHS", 6)
+    st = _state(("a", 4))
+    for step in range(3):  # three steps of 4 requests, each leased once, then cancelled: 12 drops
+        _step(st, step=step, prompts=4, budget=8, now=step)
+        st.schedule(step)
+        st.take_outbox()
+        st.cancel_step(step, step + 0.5)
+    assert len(st._dropped_epochs) == 6 and all(rid.startswith("s2-") for rid in list(st._dropped_epochs)[2:])
+    _step(st, step=2, prompts=4, budget=8, now=9.0)  # the last step sent again: its leases go on
+    assert all(st.requests[rid].lease_epoch == 1 for rid in st.requests)
+    st.schedule(9.0)
+    assert all(a.lease_epoch == 2 for a in st.take_outbox()["a"].assign)

@@ -201,3 +201,48 @@ async def test_a_worker_without_a_model_dir_pulls_the_model_from_the_weight_serv
 def test_without_a_model_dir_or_a_weight_server_the_worker_names_the_flag(tmp_path):
     out = subprocess.run(worker_argv("", free_port(), 0), capture_output=True, text=True, env=ENV, timeout=60)
     assert out.returncode == 2 and "--model-dir ''" in out.stderr and "--weight-server" in out.stderr
+
+
+STOP_DEADLINE_S = 10  # a stop is prompt: well inside `rlboost local`'s 10 s grace, far from --startup-timeout's 600
+
+
+async def stops_at_once_on_sigterm(worker: subprocess.Popen, log: Path, waiting_for: str) -> None:
+    """Once the log shows the worker waiting (`waiting_for`), SIGTERM (the job ended): exit 0 within seconds,
+    saying so, instead of waiting or retrying on until its supervisor's SIGKILL."""
+    await eventually(lambda: waiting_for in log.read_text(), timeout=60, what=waiting_for)
+    worker.send_signal(signal.SIGTERM)
+    assert await wait_exit(worker, STOP_DEADLINE_S) == 0
+    assert "stopped before registering: the job ended" in log.read_text()
+
+
+async def test_sigterm_stops_a_worker_still_waiting_for_its_first_version(tiny_model_dir, tmp_path, nats_server):
+    """The job ends before the trainer published a version (a late spot worker in a short job)."""
+    ws, ws_port = await spawn_weight_server(tmp_path, "--no-nats")
+    argv = worker_argv(tiny_model_dir, free_port(), 0, weight_server=f"http://127.0.0.1:{ws_port}",
+                       nats_url=nats_server.url, startup_timeout="600")  # fmt: skip
+    log = tmp_path / "worker.log"
+    worker = spawn(argv, log)
+    try:
+        await stops_at_once_on_sigterm(worker, log, f"GET http://127.0.0.1:{ws_port}/v1/versions")
+    finally:
+        stop(worker, ws)
+
+
+async def test_sigterm_stops_a_worker_whose_nats_went_away_with_the_job(tiny_model_dir, tmp_path):
+    """The first version pulled, NATS already gone (stopped with the job, before the worker subscribed): the
+    connect retries, and SIGTERM must end them rather than only mark a session that never runs as draining."""
+    ws, ws_port = await spawn_weight_server(tmp_path, "--no-nats")
+    try:
+        v0 = read_model_state(str(tiny_model_dir))
+        async with WeightClient(f"http://127.0.0.1:{ws_port}", token="secret") as wc:
+            await wc.upload(0, state_to_bytes(v0), kind="full", checksum=state_checksum(v0))
+        argv = worker_argv(tiny_model_dir, free_port(), 0, weight_server=f"http://127.0.0.1:{ws_port}",
+                           nats_url=f"nats://127.0.0.1:{free_port()}", startup_timeout="600")  # fmt: skip
+        log = tmp_path / "worker.log"
+        worker = spawn(argv, log)
+        try:
+            await stops_at_once_on_sigterm(worker, log, "NATS connection error; reconnecting")
+        finally:
+            stop(worker)
+    finally:
+        stop(ws)

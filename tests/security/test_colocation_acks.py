@@ -61,7 +61,7 @@ async def test_an_ack_in_another_reserved_workers_name_is_refused_and_the_real_o
     serve = contextlib.contextmanager(_serve)
     with serve("rollout_manager", creds, port, "--job", JOB), _job_nats(creds, tmp_path / "nats") as server:
         workers = {
-            wid: await WorkerClient(target, wid, pool=pool, capacity=1, auth=worker_auth).connect()
+            wid: await WorkerClient(target, wid, pool=pool, capacity=1, auth=worker_auth, identity=creds, job=JOB).connect()
             for wid, pool in (("reserved-0", pb.POOL_RESERVED), ("reserved-1", pb.POOL_RESERVED),
                               ("spot-0", pb.POOL_SPOT))
         }  # fmt: skip

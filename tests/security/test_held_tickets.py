@@ -47,8 +47,8 @@ async def test_a_restarted_manager_refuses_held_tokens_reported_without_the_assi
     port, worker_auth = free_port(), ClientAuth.for_role(creds.directory, "worker")
     target = f"127.0.0.1:{port}"
     with contextlib.contextmanager(_serve)("rollout_manager", creds, port, "--metrics-port", "0"):
-        victim = await WorkerClient(target, "spot-0", capacity=1, auth=worker_auth).connect()
-        attacker = await WorkerClient(target, "spot-1", capacity=1, auth=worker_auth).connect()
+        victim = await WorkerClient(target, "spot-0", capacity=1, auth=worker_auth, identity=creds).connect()
+        attacker = await WorkerClient(target, "spot-1", capacity=1, auth=worker_auth, identity=creds).connect()
         step = asyncio.create_task(_rollout(target, creds))
         (mine,) = (await victim.expect("assign")).assign.assignments
         (theirs,) = (await attacker.expect("assign")).assign.assignments
@@ -58,10 +58,10 @@ async def test_a_restarted_manager_refuses_held_tokens_reported_without_the_assi
 
     metrics_port = free_port()
     with contextlib.contextmanager(_serve)("rollout_manager", creds, port, "--metrics-port", str(metrics_port)):
-        victim = WorkerClient(target, "spot-0", capacity=1, auth=worker_auth)
+        victim = WorkerClient(target, "spot-0", capacity=1, auth=worker_auth, identity=creds)
         victim.register.held.append(_held(mine, VICTIM_TOKENS, mine.ticket))
         await victim.connect()
-        attacker = WorkerClient(target, "spot-1", capacity=1, auth=worker_auth)
+        attacker = WorkerClient(target, "spot-1", capacity=1, auth=worker_auth, identity=creds)
         attacker.register.held.extend([
             _held(theirs, [3, 3, 3, 3], theirs.ticket),  # its own response: adopted
             _held(mine, FORGED_TOKENS, theirs.ticket),  # the victim's request under its own ticket

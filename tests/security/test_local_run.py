@@ -38,10 +38,11 @@ def workers_registered(manager: str, observer: ClientAuth) -> bool:
         return False
 
 
-def anonymous_connect(manager: str) -> grpc.RpcError:
-    register = pb.WorkerMessage(register=pb.Register(worker_id="reserved-0", capacity=1, pool=pb.POOL_RESERVED))
-    with grpc.insecure_channel(manager) as ch, pytest.raises(grpc.RpcError) as err:
-        list(pb_grpc.RolloutManagerStub(ch).Connect(iter([register]), timeout=5))
+def connect_without_proof(manager: str, auth: ClientAuth, worker_id: str = "reserved-0") -> grpc.RpcError:
+    """A Connect claiming a reserved id with no identity proof (and `auth`'s token, if any)."""
+    register = pb.WorkerMessage(register=pb.Register(worker_id=worker_id, capacity=1, pool=pb.POOL_RESERVED))
+    with auth.channel(manager) as ch, pytest.raises(grpc.RpcError) as err:
+        list(pb_grpc.RolloutManagerStub(ch).Connect(iter([register]), timeout=5, metadata=auth.metadata()))
     return err.value
 
 
@@ -64,7 +65,12 @@ def test_a_running_local_jobs_services_refuse_anonymous_clients(tmp_path: Path) 
         with pytest.raises(grpc.RpcError) as anonymous_status:
             status(manager, ClientAuth())
         assert anonymous_status.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        assert anonymous_connect(manager).code() == grpc.StatusCode.UNAUTHENTICATED
+        assert connect_without_proof(manager, ClientAuth()).code() == grpc.StatusCode.UNAUTHENTICATED
+        # the worker token alone: no id of its choosing (issue 14 item 1), neither a fresh one nor a live one
+        worker = ClientAuth.for_role(endpoints["credentials"], "worker")
+        for wid in ("reserved-9", "reserved-0"):
+            refused = connect_without_proof(manager, worker, wid)
+            assert refused.code() == grpc.StatusCode.UNAUTHENTICATED and "identity_proof" in refused.details()
         for path in ("/v1/versions", "/v1/versions/0/manifest", "/v1/assets", "/v1/sync?to=1"):
             assert httpx.get(weights + path, timeout=10).status_code == 401, path
         assert len(status(manager, observer).workers) == WORKERS, "the probes ended no worker's stream"

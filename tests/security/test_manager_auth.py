@@ -3,7 +3,8 @@ refused with a status that names the token needed, and the real worker and step 
 
 Audit: an unauthenticated client connected with a real worker's id and ended that worker's stream; a forged
 worker put bad trajectories in. Workers share the worker role's token, so a holder of it must not take over a
-live worker's id either (the manager binds an id to the session it issued: rollout_manager/identity.py).
+live worker's id either (the manager binds an id to the session it issued: rollout_manager/identity.py), nor
+register under an id it cannot prove (tests/security/test_worker_identity.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ async def status(target: str, auth: ClientAuth) -> pb.StatusReply:
 
 
 async def refused_register(
-    target: str, worker_id: str, auth: ClientAuth, session_token: str = ""
+    target: str, worker_id: str, auth: ClientAuth, session_token: str = "", identity: JobCredentials | None = None
 ) -> grpc.aio.AioRpcError:
     """Open a Connect stream claiming `worker_id` and return the error that ends it (fails if it registers).
 
@@ -42,7 +43,7 @@ async def refused_register(
     and reports its own INTERNAL status in place of the manager's. The probe is then made again (as a worker's
     reconnect would): the manager refused it either way, and only its own status says why."""
     for _ in range(5):
-        claim = WorkerClient(target, worker_id, auth=auth, heartbeats=False)
+        claim = WorkerClient(target, worker_id, auth=auth, heartbeats=False, identity=identity)
         claim.register.session_token = session_token
         try:
             with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -64,7 +65,7 @@ async def live_ids(manager: Service) -> list[str]:
 
 async def test_a_client_without_the_worker_token_cannot_end_or_replace_a_live_workers_stream(manager: Service):
     creds = manager.creds
-    victim = await WorkerClient(manager.target, VICTIM, auth=role(creds, "worker")).connect()
+    victim = await WorkerClient(manager.target, VICTIM, auth=role(creds, "worker"), identity=creds).connect()
     session = victim.registered.session_token
     assert session, "the manager issues each worker a session token"
     try:
@@ -75,9 +76,13 @@ async def test_a_client_without_the_worker_token_cannot_end_or_replace_a_live_wo
         observer = await refused_register(manager.target, VICTIM, role(creds, "observer"))
         assert observer.code() == grpc.StatusCode.PERMISSION_DENIED and "observer" in observer.details()
 
-        # Another holder of the shared worker token claims the live id, with no session or a guessed one.
+        # Another holder of the shared worker token claims the live id: it cannot prove it is that worker.
+        forged = await refused_register(manager.target, VICTIM, role(creds, "worker"))
+        assert forged.code() == grpc.StatusCode.UNAUTHENTICATED and "identity_proof" in forged.details()
+
+        # Even with the worker's own proof (a second process of its pod), a live id needs its session.
         for guess in ("", "not-the-session"):
-            forged = await refused_register(manager.target, VICTIM, role(creds, "worker"), guess)
+            forged = await refused_register(manager.target, VICTIM, role(creds, "worker"), guess, creds)
             assert forged.code() == grpc.StatusCode.ALREADY_EXISTS
             assert VICTIM in forged.details() and "session_token" in forged.details()
 
@@ -100,8 +105,8 @@ async def _victim_still_serves_a_step(manager: Service, victim: WorkerClient) ->
 async def test_a_worker_reconnecting_with_its_session_token_replaces_its_own_stream(manager: Service):
     """A network blip: the worker opens a new stream before the manager saw the old one break."""
     auth = role(manager.creds, "worker")
-    first = await WorkerClient(manager.target, VICTIM, auth=auth).connect()
-    again = WorkerClient(manager.target, VICTIM, auth=auth)
+    first = await WorkerClient(manager.target, VICTIM, auth=auth, identity=manager.creds).connect()
+    again = WorkerClient(manager.target, VICTIM, auth=auth, identity=manager.creds)
     again.register.session_token = first.registered.session_token
     await again.connect()
     try:
@@ -117,12 +122,12 @@ async def test_a_worker_reconnecting_with_its_session_token_replaces_its_own_str
 
 async def test_a_restarted_worker_reclaims_its_id_once_its_old_stream_is_gone(manager: Service):
     auth = role(manager.creds, "worker")
-    old = await WorkerClient(manager.target, VICTIM, auth=auth).connect()
+    old = await WorkerClient(manager.target, VICTIM, auth=auth, identity=manager.creds).connect()
     await old.drop()  # the process died: its session token died with it
     deadline = asyncio.get_running_loop().time() + TIMEOUT
     while await live_ids(manager) and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.05)  # polling the manager's status until the stream's end is seen
-    new = await WorkerClient(manager.target, VICTIM, auth=auth).connect()
+    new = await WorkerClient(manager.target, VICTIM, auth=auth, identity=manager.creds).connect()
     try:
         assert new.registered.session_token != old.registered.session_token
     finally:

@@ -14,7 +14,7 @@ from pathlib import Path
 import nats
 
 from rlboost.local.status_stream import ensure_status_stream, read_from
-from rlboost.wire.events import StepReport
+from rlboost.wire.events import StepReport, ValidationReport
 from tests.trainer.conftest import tiny_spec
 from trainer.checkpoint import TrainerState
 from trainer.loop import Trainer, TrainerOptions
@@ -68,3 +68,22 @@ def test_a_checkpoint_whose_report_went_out_is_marked_beside_it(tmp_path: Path) 
 
     ckpt = tmp_path / "step-00000005"
     assert reported_marker(ckpt) == tmp_path / "step-00000005.reported"
+
+
+def test_the_resent_report_carries_the_evaluation_written_beside_its_checkpoint(tmp_path: Path) -> None:
+    """An evaluation step: the report is stored in the checkpoint before the evaluation runs, so the evaluation
+    lies beside it and is merged back when resuming; a checkpoint without one (or a fresh trainer) is unchanged."""
+    from rlboost.fsio import write_text_atomic
+    from trainer.checkpoint import remove_sidecars, validation_file
+    from trainer.loop import _with_validation
+
+    ckpt = tmp_path / "step-00000005"
+    report = _report(4).model_dump(mode="json")
+    assert _with_validation(report, ckpt) == report and _with_validation(None, ckpt) is None
+    validation = ValidationReport(step=4, weight_version=5, reward_mean=0.75, pass_at_1=0.5, pass_at_k=0.75, k=2,
+                                  prompts=4)  # fmt: skip
+    write_text_atomic(validation_file(ckpt), validation.model_dump_json())
+    resent = StepReport.model_validate(_with_validation(report, ckpt))
+    assert resent.validation == validation and resent.model_copy(update={"validation": None}) == _report(4)
+    remove_sidecars(ckpt)  # a new copy of the checkpoint, or its pruning
+    assert not validation_file(ckpt).exists()

@@ -61,6 +61,7 @@ async def serve(args: ManagerOptions, started: list | None = None) -> int:
     """Run until SIGTERM/SIGINT; the server is appended to `started` (what /healthz asks) once it exists."""
     from rlboost.auth.credentials import CredentialsError
     from rlboost.auth.grpc_auth import ServerAuth
+    from rlboost.auth.worker_identity import WorkerIdentityVerifier
 
     from .identity import METHOD_ROLES
     from .preemption import NatsUnavailableError, PreemptionSubscriber
@@ -70,6 +71,7 @@ async def serve(args: ManagerOptions, started: list | None = None) -> int:
         auth = ServerAuth.from_dir(args.credentials_dir, "manager", METHOD_ROLES)
         tickets = ticket_book(args)
         ack_keys = colocation_ack_keys(args)
+        identities = WorkerIdentityVerifier.from_credentials(args.credentials_dir, args.job)
     except CredentialsError as err:
         print(f"rollout-manager: --credentials-dir: {err}", file=sys.stderr)
         return 1
@@ -87,6 +89,7 @@ async def serve(args: ManagerOptions, started: list | None = None) -> int:
         auth=auth,
         tickets=tickets,
         colocation_ack_key=ack_keys,
+        identities=identities,
     )
     if started is not None:
         started.append(manager)

@@ -33,6 +33,12 @@ ADOPTED = Counter(
     "Responses re-registering workers held across a manager restart: 'adopted' with their tokens, or 'refused'",
     ["result"],
 )
+IDENTITY_REFUSED = Counter(
+    "rlboost_manager_identity_refused_total",
+    "Worker streams refused because their identity proof was missing or invalid (unauthenticated) or named "
+    "another worker id or pool (denied) (rlboost.auth.worker_identity)",
+    ["reason"],
+)
 HELD_REFUSED = Counter(
     "rlboost_manager_held_refused_total",
     "Held responses refused before adoption because the reporting worker showed no valid assignment ticket: "

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import grpc
 
 from rlboost.auth.grpc_auth import ServerAuth
+from rlboost.auth.worker_identity import IdentityRefused, WorkerIdentityVerifier
 from rlboost.observability import LoopWatchdog
 from rlboost.policies.cadence import CadenceTracker
 from rlboost.policies.migration import MigrationReason
@@ -74,13 +75,17 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         health_max_lag_s: float = 10.0,
         tickets: TicketBook | None = None,
         colocation_ack_key: Callable[[str], str] | None = None,
+        identities: WorkerIdentityVerifier | None = None,
     ) -> None:
         """`auth`: role tokens and TLS (identity.METHOD_ROLES); None = open and plaintext (no credentials dir).
         `tickets`: assignment tickets (tickets.py), checked on held responses; None = none given, held
         responses adopted unchecked (no credentials dir: anyone may connect as any worker anyway).
         `colocation_ack_key`: a reserved worker id's own colocation-ack key (rlboost.auth.colocation_acks), given
-        in its Registered; None = none given (no credentials dir: the trainer checks no acks either)."""
+        in its Registered; None = none given (no credentials dir: the trainer checks no acks either).
+        `identities`: checks each Register's identity proof against the id and pool it claims
+        (rlboost.auth.worker_identity); None = ids taken as asserted (no credentials dir)."""
         self.rollout = rollout
+        self.identities = identities
         self.auth = auth or ServerAuth()
         self.tickets = tickets
         self.colocation_ack_key = colocation_ack_key
@@ -224,6 +229,8 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         except wire.WireError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         wid = reg.worker_id
+        if (refusal := self._identity_refusal(first.register.identity_proof, wid, reg.pool)) is not None:
+            await context.abort(*refusal)
         try:
             session = self.sessions.admit(wid, first.register.session_token, self._live(wid))
         except SessionRefused as err:
@@ -265,6 +272,22 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
                 n = self.state.remove_worker(wid, MigrationReason.STREAM_BROKEN, self.clock())
                 log.info("worker stream ended", extra={"worker_id": wid, "migrated": n, "error": conn.error})
                 self.kick()
+
+    def _identity_refusal(self, proof: str, wid: str, pool: Pool) -> tuple[grpc.StatusCode, str] | None:
+        """Why a stream may not register as `wid` of `pool` (status and message), or None when its proof says
+        it is that worker (or this manager checks no proofs)."""
+        if self.identities is None:
+            return None
+        try:
+            self.identities.verify(proof, wid, pool.value)
+        except IdentityRefused as err:
+            reason = "denied" if err.denied else "unauthenticated"
+            metrics.IDENTITY_REFUSED.labels(reason).inc()
+            log.warning("worker refused", extra={"worker_id": wid, "pool": pool.value, "reason": reason,
+                                                 "error": str(err)})  # fmt: skip
+            code = grpc.StatusCode.PERMISSION_DENIED if err.denied else grpc.StatusCode.UNAUTHENTICATED
+            return code, str(err)
+        return None
 
     def _live(self, wid: str) -> bool:
         """A stream is open for `wid` and its worker is not silent past its lease."""

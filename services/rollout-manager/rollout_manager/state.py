@@ -90,6 +90,10 @@ PLACEMENT_LOOKAHEAD = 64
 SPEED_EWMA = 0.2
 MIN_RATE_TOKENS = 8
 
+# Lease epochs of dropped requests kept for a step sent again (cancel_step): the newest this many. A restarted
+# trainer re-sends the step it was on, a few thousand ids at most; a step never sent again ages out.
+MAX_DROPPED_EPOCHS = 65_536
+
 
 @dataclass(frozen=True)
 class RequestPolicy:
@@ -464,7 +468,10 @@ class ManagerState:
             return
         # A trainer that comes back sends this step again, with the same ids: their leases must not start over,
         # or a late chunk of this incarnation (same worker, same epoch) would pass as one of the next.
+        self._dropped_epochs.pop(rid, None)  # re-inserted at the end: the dict's order is the drops' order
         self._dropped_epochs[rid] = req.lease_epoch
+        if len(self._dropped_epochs) > MAX_DROPPED_EPOCHS:  # bounded: the oldest drop is forgotten
+            del self._dropped_epochs[next(iter(self._dropped_epochs))]
         if req.phase is Phase.PENDING:
             self._pending_count[req.weight_version] -= 1
         elif req.worker is not None:

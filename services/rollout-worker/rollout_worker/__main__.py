@@ -15,7 +15,9 @@ Peer fan-out (`--peer-port`, 0 = any free port, -1 = off; `--peer-advertise`, `-
 serves the weight payloads it holds to other workers and pulls from them first (rlboost.weights.fanout).
 `--variant NAME` (with `--pool spot`): the worker is one of the spot variant rollout.spot.variants names and takes
 its capacity and tensorParallel (SGLang's tp_size); it registers in the spot pool like any spot worker.
-SIGTERM drains: DrainNotice, abort running requests, flush every token, close the stream, exit 0.
+SIGTERM drains: DrainNotice, abort running requests, flush every token, close the stream, exit 0. Before it has
+registered (the job ended while it waited for its first version, NATS or a weight-server), SIGTERM or SIGINT
+interrupts the wait at once and the worker exits 0: "stopped before registering: the job ended".
 Colocation (`trainer.colocateReserved: true`, reserved workers with NATS): the worker follows the trainer's
 release / resume commands on rlboost.<ns>.<job>.colocation and acks each on ...colocation-acks.
 Start-up failures (model does not load, manager / weight-server / NATS unreachable) print one line, exit 1.
@@ -33,6 +35,8 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
+from typing import Any, NoReturn, TypeVar
 
 from rlboost.observability import serve_http, setup_logging
 from rlboost.options.base import parse_service_args
@@ -42,6 +46,8 @@ from rlboost.wire.rollout_io import Pool
 
 log = logging.getLogger("rollout_worker")
 PROG = "rollout-worker"
+STOP_WAIT_S = 5.0  # how long a start-up interrupted by SIGTERM may take to unwind before the worker exits anyway
+T = TypeVar("T")
 
 
 class StartupError(RuntimeError):
@@ -52,8 +58,8 @@ async def _amain(args: WorkerOptions) -> int:
     from rlboost.auth.credentials import CredentialsError
     from rlboost.auth.grpc_auth import ClientAuth
     from rollout_worker.engine.base import EngineError
-    from rollout_worker.session import ManagerUnreachableError, SessionConfig, WorkerSession
-    from rollout_worker.weights import WeightPuller, WeightsError
+    from rollout_worker.session import ManagerUnreachableError
+    from rollout_worker.weights import WeightsError
 
     try:
         auth = ClientAuth.for_role(args.credentials_dir, "worker")  # the worker token and the job CA
@@ -61,75 +67,144 @@ async def _amain(args: WorkerOptions) -> int:
         print(f"{PROG}: --credentials-dir: {err}", file=sys.stderr)
         return 1
     pool_spec = _pool_spec(args)
-    engine = _make_engine(args.engine or pool_spec.engine, args.capacity or pool_spec.capacity, args, pool_spec)
-    client = puller = nats = pulled_dir = fanout = None
-    _stop_early_on_sigterm()
+    opened = _Opened(
+        _make_engine(args.engine or pool_spec.engine, args.capacity or pool_spec.capacity, args, pool_spec)
+    )
+    stop = _Stop()
     try:
-        version = 0
-        if args.weight_server:
-            from rlboost.weights.client import WeightClient
-
-            if args.spec.weight_sync.mode == "delta":  # the codec's JIT beside the first pull, not after it
-                import rlboost.delta
-
-                rlboost.delta.warm_up_in_background()
-            client = WeightClient(
-                args.weight_server, token=auth.token, streams=args.spec.weight_sync.streams, ca=auth.ca
-            )
-            client.verifier = _manifest_verifier(args.credentials_dir)
-            if args.peer_port >= 0:
-                fanout = await _start_fanout(client, args, auth.token)
-            puller = WeightPuller(client)
-            model_dir = args.model_dir
-            if needs_assets(model_dir):
-                model_dir = pulled_dir = model_dir or tempfile.mkdtemp(prefix="rlboost-model-")
-                await _pull_assets(client, args.weight_server, model_dir, args.startup_timeout)
-            version = await _start_beside_first_pull(engine, model_dir, puller, args.startup_timeout)
-        else:
-            await engine.start(args.model_dir)
-        cfg = SessionConfig(
-            worker_id=args.worker_id, pool=Pool(args.pool), node=args.node, capacity=engine.capacity,
-            manager=args.manager, engine=engine.name, reconnect_timeout_s=args.reconnect_timeout,
-            drain_deadline_ms=args.drain_deadline_ms, auth=auth,
-        )  # fmt: skip
-        session = WorkerSession(cfg, engine, puller.pull if puller else None)
-        _install_signals(session)
-        if args.nats_url:
-            nats = await _subscribe_weights(args, session)
-            if args.pool == "reserved" and args.spec.trainer.colocate_reserved:
-                await _subscribe_colocation(nats, args, session)
-        if puller is not None:  # versions announced while the engine loaded (before the subscription) are missed
-            session.schedule_update(await puller.wait_latest(args.startup_timeout))
-        from rollout_worker import metrics
-
-        metrics.WEIGHT_VERSION.set(engine.weight_version)
-        log.info(
-            "worker ready",
-            extra={"worker_id": cfg.worker_id, "weight_version": version, "capacity": cfg.capacity,
-                   "engine": args.engine or pool_spec.engine, "device": args.device, "dtype": args.dtype,
-                   "variant": args.variant, "tensor_parallel": pool_spec.tensor_parallel},
-        )  # fmt: skip
+        session = await stop.unless_stopped(_start(args, auth, pool_spec, opened))
+        if session is None:  # the job ended (its supervisor's SIGTERM) before this worker registered
+            log.info("stopped before registering: the job ended", extra={"signal": stop.reason})
+            await opened.close(args)
+            _exit_at_once(0)
+        stop.session = session  # from now on a signal drains the session
         await session.run()
-        log.info("worker stopped", extra={"worker_id": cfg.worker_id})
+        log.info("worker stopped", extra={"worker_id": args.worker_id})
         return 0
     except (EngineError, WeightsError, ManagerUnreachableError, StartupError) as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 1
-    except asyncio.CancelledError:  # SIGTERM before registering: nothing to flush
-        log.info("stopped before registering")
-        return 0
     finally:
+        await opened.close(args)
+
+
+def _exit_at_once(code: int) -> NoReturn:
+    """Exit now, not when the threads of an interrupted start-up are done: a model load in a thread cannot be
+    cancelled, and the interpreter's exit (asyncio.run's too) would wait for it, seconds to minutes. A worker that
+    never registered has nothing left to flush but its log."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+class _Opened:
+    """What start-up opened (engine, weight client, NATS, peer fan-out, a pulled model directory): closed at exit."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.client = self.nats = self.fanout = None
+        self.pulled_dir: str | None = None
+
+    async def close(self, args: WorkerOptions) -> None:
         with contextlib.suppress(Exception):
-            await engine.close()
-        if nats is not None:
+            await self.engine.close()
+        if self.nats is not None:
             with contextlib.suppress(Exception):
-                await nats.close()
-        if fanout is not None:
-            await fanout.close()
-        if client is not None:
-            await client.aclose()
-        if pulled_dir is not None and not args.model_dir:  # a temporary directory of ours
-            shutil.rmtree(pulled_dir, ignore_errors=True)
+                await self.nats.close()
+        if self.fanout is not None:
+            await self.fanout.close()
+        if self.client is not None:
+            await self.client.aclose()
+        if self.pulled_dir is not None and not args.model_dir:  # a temporary directory of ours
+            shutil.rmtree(self.pulled_dir, ignore_errors=True)
+
+
+class _Stop:
+    """SIGTERM / SIGINT: the supervisor ends the job (or the pod). During start-up it interrupts whatever the worker
+    waits for, the first weight version, a NATS or weight-server that went away with the job, and the worker exits
+    0 at once instead of retrying into the supervisor's SIGKILL; once the session runs, it drains the session."""
+
+    def __init__(self) -> None:
+        self.event, self.reason, self.session = asyncio.Event(), "", None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig.name)
+
+    def _on_signal(self, name: str) -> None:
+        if self.session is not None:
+            self.session.request_drain(name, True)
+        self.reason = self.reason or name
+        self.event.set()
+
+    async def unless_stopped(self, start: Coroutine[Any, Any, T]) -> T | None:
+        """`start`'s result, or None when a signal comes first: `start` is then cancelled (and awaited for at most
+        STOP_WAIT_S: a cancelled engine load in a thread finishes its load first)."""
+        work, stopped = asyncio.ensure_future(start), asyncio.ensure_future(self.event.wait())
+        try:
+            await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not self.event.is_set() and not work.done():  # we were cancelled ourselves
+                work.cancel()
+        if not self.event.is_set():
+            return work.result()
+        work.cancel()
+        await asyncio.wait({work}, timeout=STOP_WAIT_S)
+        if work.done() and not work.cancelled():
+            work.exception()  # retrieved: a start-up that failed as the job ended is no error of the worker
+        return None
+
+
+async def _start(args: WorkerOptions, auth, pool_spec: PoolSpec, opened: _Opened):
+    """Load the engine and the newest weights, subscribe to announcements; the session, ready to register."""
+    from rollout_worker.session import SessionConfig, WorkerSession
+    from rollout_worker.weights import WeightPuller
+
+    engine, puller, version = opened.engine, None, 0
+    if args.weight_server:
+        from rlboost.weights.client import WeightClient
+
+        if args.spec.weight_sync.mode == "delta":  # the codec's JIT beside the first pull, not after it
+            import rlboost.delta
+
+            rlboost.delta.warm_up_in_background()
+        client = opened.client = WeightClient(
+            args.weight_server, token=auth.token, streams=args.spec.weight_sync.streams, ca=auth.ca
+        )
+        client.verifier = _manifest_verifier(args.credentials_dir)
+        if args.peer_port >= 0:
+            opened.fanout = await _start_fanout(client, args, auth.token)
+        puller = WeightPuller(client)
+        model_dir = args.model_dir
+        if needs_assets(model_dir):
+            model_dir = opened.pulled_dir = model_dir or tempfile.mkdtemp(prefix="rlboost-model-")
+            await _pull_assets(client, args.weight_server, model_dir, args.startup_timeout)
+        version = await _start_beside_first_pull(engine, model_dir, puller, args.startup_timeout)
+    else:
+        await engine.start(args.model_dir)
+    cfg = SessionConfig(
+        worker_id=args.worker_id, pool=Pool(args.pool), node=args.node, capacity=engine.capacity,
+        manager=args.manager, engine=engine.name, reconnect_timeout_s=args.reconnect_timeout,
+        drain_deadline_ms=args.drain_deadline_ms, auth=auth, identity_token_file=args.identity_token_file,
+    )  # fmt: skip
+    session = WorkerSession(cfg, engine, puller.pull if puller else None)
+    if args.nats_url:
+        opened.nats = await _subscribe_weights(args, session)
+        if args.pool == "reserved" and args.spec.trainer.colocate_reserved:
+            await _subscribe_colocation(opened.nats, args, session)
+    if puller is not None:  # versions announced while the engine loaded (before the subscription) are missed
+        session.schedule_update(await puller.wait_latest(args.startup_timeout))
+    from rollout_worker import metrics
+
+    metrics.WEIGHT_VERSION.set(engine.weight_version)
+    log.info(
+        "worker ready",
+        extra={"worker_id": cfg.worker_id, "weight_version": version, "capacity": cfg.capacity,
+               "engine": args.engine or pool_spec.engine, "device": args.device, "dtype": args.dtype,
+               "variant": args.variant, "tensor_parallel": pool_spec.tensor_parallel},
+    )  # fmt: skip
+    return session
 
 
 def _manifest_verifier(credentials_dir: str):
@@ -256,19 +331,6 @@ def _make_engine(name: str, capacity: int, args: WorkerOptions, pool: PoolSpec):
         )
     except ValueError as err:
         raise SystemExit(f"{PROG}: --engine: {err}") from None
-
-
-def _stop_early_on_sigterm() -> None:
-    """Until the session runs, SIGTERM simply cancels start-up (there are no tokens to flush yet)."""
-    loop, task = asyncio.get_running_loop(), asyncio.current_task()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, task.cancel)
-
-
-def _install_signals(session) -> None:
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, session.request_drain, sig.name, True)
 
 
 async def _subscribe_weights(args: WorkerOptions, session):

@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
@@ -84,6 +85,8 @@ class SessionConfig:
     register_timeout_s: float = 10.0  # wait this long for Registered after sending Register
     keep_finished_s: float = 30.0  # finished responses are kept this long for a manager that restarts
     auth: ClientAuth = ClientAuth()  # the worker token and the job CA ('' / None: an open manager)
+    # this worker's identity proof, re-read at each Register (kubelet rotates a projected token); '' = none
+    identity_token_file: str = ""
 
 
 class _Link:
@@ -264,6 +267,7 @@ class WorkerSession:
         )
         register = registration_to_pb(reg)
         register.session_token = self._session_token
+        register.identity_proof = self._identity_proof()
         held = self.held.report(time.monotonic())
         register.held.extend(held_to_pb(h) for h in held)
         try:  # the write is bounded too: a connection half set up (the manager restarting) must not hang it
@@ -286,6 +290,19 @@ class WorkerSession:
             log.info("reported held responses", extra={"responses": len(held),
                                                        "tokens": sum(len(h.token_ids) for h in held)})  # fmt: skip
         return first.registered
+
+    def _identity_proof(self) -> str:
+        """The proof of who this worker is (rlboost.auth.worker_identity), read afresh: a rotated token counts."""
+        path = self.cfg.identity_token_file
+        if not path:
+            return ""
+        try:
+            return Path(path).read_text().strip()
+        except OSError as err:
+            raise ManagerUnreachableError(
+                f"--identity-token-file {path}: cannot read it ({err.strerror}); on Kubernetes it is the pod's "
+                "projected service-account token, locally `rlboost local` writes it"
+            ) from None
 
     async def _reader(self, link: _Link) -> None:
         while True:

@@ -61,7 +61,8 @@ class TrainerState:
     dataset_rows: int = 0  # rows of task.dataset.train when written (0: the built-in task); must match on resume
     # algorithm.partialRollout: where each group still in flight took its prompt (trainer.partial.GroupCarry)
     carried_groups: list[dict] | None = None
-    # the StepReport of the step that ended here (JSON; no validation): published again on resume, since a trainer
+    # the StepReport of the step that ended here (JSON; its validation, done later, lies beside the checkpoint:
+    # validation_file): published again on resume, since a trainer
     # killed between this checkpoint and the report's publication would otherwise leave that step unreported
     last_report: dict | None = None
 
@@ -73,6 +74,18 @@ def tag_of(steps_done: int) -> str:
 def reported_marker(checkpoint: Path) -> Path:
     """Beside a checkpoint (not in it: its manifest stays as written): present once its step's report went out."""
     return checkpoint.with_name(checkpoint.name + ".reported")
+
+
+def validation_file(checkpoint: Path) -> Path:
+    """Beside a checkpoint: its step's evaluation (the report's `validation`, JSON), written after the checkpoint
+    (evaluation runs at the weights the step published), so that a report sent again on resume carries it."""
+    return checkpoint.with_name(checkpoint.name + ".validation.json")
+
+
+def remove_sidecars(checkpoint: Path) -> None:
+    """What lies beside a checkpoint and belongs to it: gone with it, or when a new copy of it is written."""
+    reported_marker(checkpoint).unlink(missing_ok=True)
+    validation_file(checkpoint).unlink(missing_ok=True)
 
 
 def _sha256(path: Path) -> str:
@@ -160,7 +173,7 @@ def prune(root: Path, keep: int) -> None:
             except CheckpointError:
                 pass  # a corrupt one never counts towards `keep`
         shutil.rmtree(ckpt, ignore_errors=True)
-        reported_marker(ckpt).unlink(missing_ok=True)
+        remove_sidecars(ckpt)
 
 
 def _barrier() -> None:
@@ -188,7 +201,7 @@ def save(engine: Any, root: Path, state: TrainerState, keep: int) -> Path:
         write_manifest(incoming / tag, state)
         if final.exists():
             shutil.rmtree(final)  # an older copy of the same step (a re-run after resume)
-        reported_marker(final).unlink(missing_ok=True)  # this copy's report is not out yet
+        remove_sidecars(final)  # this copy's report is not out yet, nor its evaluation done
         (incoming / tag).rename(final)
         fsync_dir(root)
         prune(root, keep)

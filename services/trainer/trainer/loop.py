@@ -264,7 +264,7 @@ class Trainer:
                 f"{self._dataset_rows()}: the order would differ; resume with the same dataset or start fresh"
             )
         self.steps_done, self.version, self.checksum = st.steps_done, st.weight_version, st.weights_checksum
-        self._last_report = None if reported_marker(path).exists() else st.last_report
+        self._last_report = None if reported_marker(path).exists() else _with_validation(st.last_report, path)
         n = self.spec.algorithm.prompts_per_step
         if st.data_cursor is not None:
             self.cursor = Cursor(**st.data_cursor)
@@ -286,6 +286,16 @@ class Trainer:
 
         if self.opts.checkpoint_dir is not None and (ckpt := self.opts.checkpoint_dir / tag_of(step + 1)).is_dir():
             reported_marker(ckpt).touch()
+
+    def _keep_validation(self, step: int, validation: Any) -> None:
+        """Beside the step's checkpoint (if it wrote one): a report sent again on resume carries its evaluation."""
+        from rlboost.fsio import write_text_atomic
+        from trainer.checkpoint import tag_of, validation_file
+
+        if validation is None or self.opts.checkpoint_dir is None:
+            return
+        if (ckpt := self.opts.checkpoint_dir / tag_of(step + 1)).is_dir():
+            write_text_atomic(validation_file(ckpt), validation.model_dump_json())
 
     async def _resend_last_report(self) -> None:
         """The report of the step the checkpoint ended, published again when no mark says it went out: the trainer
@@ -358,6 +368,7 @@ class Trainer:
                     self.steps_done = step + 1
                     if self._evaluation_due(step):
                         record.validation = await self._evaluate_within_deadline(step, rc)
+                        self._keep_validation(step, record.validation)
                     await self._report(record)
                     self._mark_reported(step)
             await publisher.flush()  # an upload still in flight (overlap mode) finishes before JobDone
@@ -1013,3 +1024,13 @@ def _checksum_mismatch(bf16: dict[str, Any], ours: str, recorded: str) -> Except
         "weights checksum had another definition. Start fresh (without --resume, or with an empty --checkpoint-dir) "
         "or resume it with the rlboost version that wrote it"
     )
+
+
+def _with_validation(report: dict | None, checkpoint: Path) -> dict | None:
+    """A checkpoint's step report with the evaluation written beside it, if there was one (validation_file)."""
+    from trainer.checkpoint import validation_file
+
+    path = validation_file(checkpoint)
+    if report is None or not path.is_file():
+        return report
+    return report | {"validation": json.loads(path.read_text())}
