@@ -200,12 +200,15 @@ class Lane:
         self.procs[name] = proc
         return proc
 
+    @property
+    def signing_key(self) -> Path:
+        """The service-account signing key kube_api.py publishes and the podlet signs pods' tokens with."""
+        return self.state / "sa-signing.key"
+
     def start_api(self) -> None:
         ready = self.state / "api.url"
-        self.spawn(
-            "kube-api",
-            [sys.executable, str(CLUSTER / "kube_api.py"), "--host", self.gateway, "--ready-file", str(ready)],
-        )
+        argv = [sys.executable, str(CLUSTER / "kube_api.py"), "--host", self.gateway, "--ready-file", str(ready)]
+        self.spawn("kube-api", [*argv, "--signing-key", str(self.signing_key)])
         self.wait(lambda: ready.exists() and ready.read_text(), 30, "the kmock API server", proc="kube-api")
         self.api_url = ready.read_text().strip()
         say(f"Kubernetes API (kmock) at {self.api_url}")
@@ -227,6 +230,7 @@ class Lane:
         argv = [sys.executable, str(CLUSTER / "podlet.py"), "--api", self.api_url, "--namespace", self.namespace]
         argv += ["--network", self.network, "--subnet", self.subnet, "--host-ip", self.gateway]
         argv += ["--state-dir", str(self.state / "podlet"), "--run-id", self.run_id]
+        argv += ["--signing-key", str(self.signing_key)]  # the API's: pods' service-account tokens
         for node in self.nodes:
             argv += ["--node", node]
         self.spawn("podlet", argv)

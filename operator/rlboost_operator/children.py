@@ -18,6 +18,12 @@ The model (spec.model): the trainer and the reserved workers get it before they 
 only checks it. A failing fetch writes one line naming spec.model's field to its termination message, which the
 operator copies into the RLJob's status. Spot workers get no model: they pull config, tokenizer and weights from
 the weight-server (a new spot VM never touches the model store).
+
+A worker's identity (issue 14): each pool's pods run as the job's ServiceAccount of that pool (`<job>-reserved-worker`,
+`<job>-spot-worker`; no API token mounted) and get a projected service-account token for the audience
+`rlboost/<namespace>/<job>` (rlboost.auth.worker_identity.audience) at IDENTITY_TOKEN, which the worker presents at
+each registration (`--identity-token-file`; the kubelet rotates it). The manager checks it against the cluster's
+keys, which the operator keeps in the credentials item `worker-identity.json` (worker_identity.py here).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 
 from rlboost.auth.credentials import CA_CERT, ROLE_ITEMS, nats_password_file
 from rlboost.auth.nats_config import NatsTls, render_nats_config
+from rlboost.auth.worker_identity import audience
 from rlboost.options import (
     ANY_ADDRESS,
     Site,
@@ -58,6 +65,10 @@ TERMINATION_LOG = "/dev/termination-log"
 CREDENTIALS_DIR = "/etc/rlboost/credentials"  # each role's items of the job's credentials Secret
 NATS_PORT, NATS_MONITOR_PORT, NATS_CONFIG_DIR = 4222, 8222, "/etc/nats"
 SCRATCH_DIR = "/tmp"  # the one writable path of a read-only root filesystem (an emptyDir), also $HOME
+IDENTITY_DIR = "/var/run/secrets/rlboost/identity"  # a worker's projected service-account token (its identity)
+IDENTITY_TOKEN = f"{IDENTITY_DIR}/token"
+IDENTITY_TOKEN_LIFETIME_S = 3600  # the kubelet renews the token at 80% of this; the worker re-reads it each Register
+WORKER_POOLS = ("reserved", "spot")
 OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "rlboost", "app.kubernetes.io/component": "operator"}
 VARIANT_LABEL, ACCELERATOR_LABEL = spot_ask.VARIANT_LABEL, "rlboost.io/accelerator"  # a spot variant's pods
 
@@ -83,7 +94,33 @@ def names(job: str) -> dict[str, str]:
         "weights": f"{job}-weights",
         "reserved": f"{job}-workers-reserved",
         "spot": f"{job}-workers-spot",
+        "reserved_account": f"{job}-reserved-worker",
+        "spot_account": f"{job}-spot-worker",
     }
+
+
+def worker_service_accounts(job: str) -> dict[str, str]:
+    """The job's worker ServiceAccounts -> the pool whose pods run as each (ClusterIdentity.service_accounts)."""
+    n = names(job)
+    return {n[f"{pool}_account"]: pool for pool in WORKER_POOLS}
+
+
+def service_account(job: str, namespace: str, pool: str) -> dict[str, Any]:
+    """The ServiceAccount a pool's worker pods run as: what their projected token names, so what the manager binds
+    the pool to. It holds no API rights (no Role names it) and mounts no API token."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(names(job)[f"{pool}_account"], namespace, labels(job, "rollout-worker", pool)),
+        "automountServiceAccountToken": False,
+    }
+
+
+def identity_volume(job: str, namespace: str) -> dict[str, Any]:
+    """A projected service-account token for the job's audience only: good for proving the pod to the job's manager,
+    for nothing else (the API server refuses a token of another audience)."""
+    token = {"audience": audience(namespace, job), "expirationSeconds": IDENTITY_TOKEN_LIFETIME_S, "path": "token"}
+    return {"name": "identity", "projected": {"sources": [{"serviceAccountToken": token}], "defaultMode": 0o440}}
 
 
 def spot_variant_name(job: str, variant: str) -> str:
@@ -593,7 +630,8 @@ def worker(
     )
     # The first weight version comes only once the trainer's own init container has fetched the model (minutes
     # for a large one; 2 min for `tiny` on a loaded CPU node): a worker giving up after the local 120 s restarts.
-    cmd = options.model_copy(update={"startup_timeout": WORKER_STARTUP_TIMEOUT_S}).command()
+    update = {"startup_timeout": WORKER_STARTUP_TIMEOUT_S, "identity_token_file": IDENTITY_TOKEN}
+    cmd = options.model_copy(update=update).command()
     container = {
         "name": "rollout-worker",
         "image": image(settings, pool.engine),
@@ -610,7 +648,11 @@ def worker(
         "livenessProbe": _probe("metrics"),
         "resources": _resources(pool.gpus_per_worker, pool.resources),
         "securityContext": _security(),
-        "volumeMounts": [*_mounts(), *([_model_mount(local)] if local else [])],
+        "volumeMounts": [
+            *_mounts(),
+            {"name": "identity", "mountPath": IDENTITY_DIR, "readOnly": True},
+            *([_model_mount(local)] if local else []),
+        ],
     }
     if pool_name == "spot":
         sched = spot.spot_scheduling(pool)
@@ -619,8 +661,16 @@ def worker(
     else:
         sched = spot.reserved_scheduling(pool)
     # Spot pods get the notice window (up to 120 s on GKE) to drain; the manager migrates their tokens.
-    extra = {**sched, "terminationGracePeriodSeconds": 25 if pool_name == "spot" else 60}
-    volumes = [*_volumes(job, "worker"), *([_model_volume(local)] if local else [])]
+    extra = {
+        **sched,
+        "terminationGracePeriodSeconds": 25 if pool_name == "spot" else 60,
+        "serviceAccountName": names(job)[f"{pool_name}_account"],  # its token names the pool (the manager checks)
+    }
+    volumes = [
+        *_volumes(job, "worker"),
+        identity_volume(job, namespace),
+        *([_model_volume(local)] if local else []),
+    ]
     if local:
         extra["initContainers"] = [fetch_model_container(local, settings, pool.engine, pool.resources)]
     return _deployment(n, namespace, lbl, sel, replicas, _pod_spec([container], volumes, extra))
@@ -725,6 +775,7 @@ def build_children(
     split = spot_split if spot_split is not None else spec.rollout.spot.per_variant(spot_replicas)
     objs = [
         config_map(job, namespace, spec),
+        *(service_account(job, namespace, pool) for pool in WORKER_POOLS),
         *([network_policy(job, namespace, settings)] if settings.network_policy else []),
         *nats(job, namespace, spec, settings),
         *weight_server(job, namespace, spec, settings),

@@ -41,6 +41,12 @@ class OperatorSettings(BaseModel):
     storage_class: str = Field("", description="StorageClass of the job's PVCs; empty = the cluster default.")
     trainer_storage: str = Field("20Gi", description="Size of each trainer rank's checkpoint volume.")
     rescale_interval_s: float = Field(30.0, gt=0, description="Safety-net period of the spot rescale timer.")
+    identity_refresh_s: float = Field(
+        300.0,
+        gt=0,
+        description="Period of the re-read of the cluster's service-account signing keys (a rotation reaches each "
+        "job's manager through its credentials item worker-identity.json within this).",
+    )
     spot_sizing: Literal["autoscaler", "capacity"] = Field(
         "capacity",
         description="Sizing of spot pools whose RLJob says sizing 'default': 'autoscaler' asks for maxReplicas so "

@@ -2,7 +2,9 @@
 
 Run: `kopf run -A -m rlboost_operator.handlers` (or `python -m rlboost_operator`).
 - RLJob create/update/resume: validate (rlboost_operator.checks), check that the model's claim or token Secret
-  exists (model_source.py), build children (children.py), adopt them (ownerReferences: deletion is garbage
+  exists (model_source.py), write the cluster's service-account keys into the job's credentials for the
+  manager's check of worker identities (cluster_keys.py; no children until they are there), build children
+  (children.py), adopt them (ownerReferences: deletion is garbage
   collection), create or patch, and subscribe to the job's `steps` and `done` subjects (once per job; the
   subscriptions live in STATE) to write .status.
 - Job pods: a `fetch-model` init container that gave up (no such repo, refused credentials; unreachable after
@@ -13,6 +15,8 @@ Run: `kopf run -A -m rlboost_operator.handlers` (or `python -m rlboost_operator`
 - Nodes and spot worker Pods: the spot Deployment is sized by spot_ask.py (to the spot nodes present, or, for
   autoscaled spot pools, to maxReplicas with a shrink and back-off while pods stay unschedulable);
   preemption signals become NATS notices naming the node and the job's pods on it.
+- The cluster's service-account keys are re-read every identity_refresh_s (identity_loop) and each running job's
+  credentials item rewritten when they changed (a key rotation).
 - No RLJob carries a finalizer: nothing here is per-object kopf machinery (daemons, timers, mandatory delete
   handlers would each add one), so an RLJob deletes even when no operator runs.
 """
@@ -26,13 +30,14 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+import aiohttp
 import kopf
 
-from rlboost.auth.credentials import CA_CERT, added_items, generate_items
+from rlboost.auth.credentials import CA_CERT, WORKER_IDENTITY_CLUSTER, added_items, generate_items
 from rlboost.auth.nats import client_options
 from rlboost.spec import JobSpec, SpotPoolSpec
 from rlboost.wire.events import JobDone, PreemptionNotice, StepReport
-from rlboost_operator import children, model_source, spot, spot_ask, spot_busy, status
+from rlboost_operator import children, cluster_keys, model_source, spot, spot_ask, spot_busy, status
 from rlboost_operator.checks import SpecProblemError, check_job
 from rlboost_operator.config import load_settings
 from rlboost_operator.kube import Kube, KubeError
@@ -53,6 +58,8 @@ from rlboost_operator.state import JobRef, State
 log = logging.getLogger(__name__)
 RLJOB = ("rlboost.io", "v1alpha1", "rljobs")
 MODEL_RECHECK_S = 30  # a missing claim or token Secret is looked for again this often
+IDENTITY_READY = "the manager has the cluster's service-account keys to check its workers' identities"
+IDENTITY_RETRY_S = 30  # unreadable service-account keys (a new job cannot start without them) are tried again
 JOB_POD_LABELS = {"rlboost.io/job": kopf.PRESENT}
 
 STATE = State(settings=load_settings())
@@ -85,6 +92,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     _zero_counters()
     STATE.nats = {}  # a link per job, made with its credentials (_ensure_credentials)
     STATE.background = asyncio.create_task(rescale_loop(), name="rescale-loop")
+    STATE.identity_refresh = asyncio.create_task(identity_loop(), name="identity-loop")
 
 
 def _zero_counters() -> None:
@@ -94,7 +102,7 @@ def _zero_counters() -> None:
         NOTICES.labels(reason)
     for reason in ("node-deleted", "node-not-ready", "node-unschedulable"):
         NOTICES.labels(reason)
-    for kind in ("reconcile", "rescale", "nats"):
+    for kind in ("reconcile", "rescale", "nats", "identity"):
         ERRORS.labels(kind)
     for result in ("ok", "invalid"):
         RECONCILIATIONS.labels(result)
@@ -109,10 +117,11 @@ def _cancel_rechecks() -> None:
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
     _cancel_rechecks()
-    if STATE.background is not None:
-        STATE.background.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await STATE.background
+    for task in (STATE.background, STATE.identity_refresh):
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     for namespace, job in list(STATE.followers):
         _stop_following(namespace, job)
     for link in STATE.nats.values():
@@ -164,9 +173,10 @@ async def _write_model_failure(rljob: Any, problem: model_source.ModelProblem) -
     kopf.warn(rljob, reason=problem.reason, message=message)
 
 
-async def _ensure_credentials(namespace: str, job: str, body: kopf.Body) -> None:
-    """The job's credentials and its NATS configuration: made once, never rewritten (running pods hold them); and
-    the operator's link to the job's NATS, as its user `operator`."""
+async def _ensure_credentials(namespace: str, job: str, body: kopf.Body) -> dict[str, bytes]:
+    """The job's credentials and its NATS configuration: made once, never rewritten (running pods hold them; only
+    the operator's own item worker-identity.json follows the cluster's keys); and the operator's link to the job's
+    NATS, as its user `operator`. Returns the credentials' items."""
     kube, n = _kube(), children.names(job)
     found = await kube.get("Secret", namespace, n["credentials"])
     if found is None:
@@ -182,6 +192,66 @@ async def _ensure_credentials(namespace: str, job: str, body: kopf.Body) -> None
         await _create_adopted(children.nats_config_secret(job, namespace, items), body)
     if (namespace, job) not in STATE.nats:
         STATE.nats[(namespace, job)] = _nats_link(namespace, job, items)
+    return items
+
+
+async def _cluster_keys() -> cluster_keys.ClusterKeys:
+    """The API server's service-account issuer and signing keys (cluster_keys.py: why every service account,
+    the operator's included, may read them)."""
+    kube, answers = _kube(), []
+    for path in (cluster_keys.ISSUER_PATH, cluster_keys.JWKS_PATH):
+        try:
+            answers.append(await kube.get_path(path))
+        except (KubeError, aiohttp.ClientError, ValueError) as err:
+            raise cluster_keys.DiscoveryError(path, str(err)) from err
+    return cluster_keys.parse_discovery(*answers)
+
+
+async def _write_identity_item(namespace: str, job: str, item: bytes, present: bytes | None) -> bool:
+    """Write the job's worker-identity.json when it differs from what its Secret holds; True if written."""
+    if item == present:
+        return False
+    patch = children.credentials_secret(job, namespace, {WORKER_IDENTITY_CLUSTER: item})
+    await _kube().patch("Secret", namespace, children.names(job)["credentials"], {"data": patch["data"]})
+    log.info("wrote the cluster's service-account keys", extra={"job": job, "namespace": namespace})
+    return True
+
+
+async def _ensure_worker_identity(body: kopf.Body, items: dict[str, bytes], ended: bool) -> bool:
+    """The cluster's keys in the job's credentials (worker-identity.json), up to date; True when it is there. A
+    job without it gets no children (its manager would refuse every worker): the failure goes into the status
+    (WorkerIdentityReady False, naming the endpoint and the fix) and the reconcile is retried. A job that has it
+    keeps running on it through a failed re-read; an ended job needs none."""
+    namespace, job = body.metadata.namespace or "default", body.metadata.name or ""
+    present = items.get(WORKER_IDENTITY_CLUSTER)
+    try:
+        keys = await _cluster_keys()
+    except cluster_keys.DiscoveryError as err:
+        if present is not None or ended:
+            log.warning("cannot re-read the cluster's service-account keys", extra={"job": job, "error": str(err)})
+            return present is not None
+        await _write_identity_failure(body, str(err))
+        raise kopf.TemporaryError(str(err), delay=IDENTITY_RETRY_S) from None
+    item = cluster_keys.identity_item(job, namespace, keys)
+    if await _write_identity_item(namespace, job, item, present):
+        items[WORKER_IDENTITY_CLUSTER] = item
+    return True
+
+
+async def _write_identity_failure(body: kopf.Body, message: str) -> None:
+    """WorkerIdentityReady False and a Warning Event, unless the status says so already. Called with the job's
+    status lock held."""
+    namespace, job = body.metadata.namespace or "default", body.metadata.name or ""
+    current = await _kube().get("RLJob", namespace, job) or {}
+    previous = current.get("status") or {}
+    if any(
+        c.get("type") == cluster_keys.CONDITION and c.get("message") == message
+        for c in previous.get("conditions") or []
+    ):
+        return
+    patch = status.worker_identity_status(previous, False, "IssuerDiscoveryFailed", message, _generation(current))
+    await _kube().patch("RLJob", namespace, job, {"status": patch}, sub="status")
+    kopf.warn(body, reason="IssuerDiscoveryFailed", message=message)
 
 
 async def _create_adopted(obj: dict[str, Any], body: kopf.Body) -> None:
@@ -359,7 +429,8 @@ async def _apply_children(body: kopf.Body, spec: JobSpec) -> bool:
     )
     replicas = decision.replicas if decision else 0
     split = _spot_split(namespace, job, spec, decision) if decision else {}
-    await _ensure_credentials(namespace, job, body)
+    items = await _ensure_credentials(namespace, job, body)
+    identity = await _ensure_worker_identity(body, items, ended)
     built = children.build_children(job, namespace, spec, STATE.settings, replicas, finished=ended, spot_split=split)
     for child in built:
         if children.adopted(child):
@@ -375,6 +446,9 @@ async def _apply_children(body: kopf.Body, spec: JobSpec) -> bool:
     patch = status.reconcile_status(previous, replicas, _generation(body))
     if decision is not None:
         patch["workers"].update(_spot_status(namespace, job, decision, split))
+    if identity:
+        ready = status.condition(cluster_keys.CONDITION, True, "KeysWritten", IDENTITY_READY, None, _generation(body))
+        patch["conditions"] = status.set_condition(patch["conditions"], ready)
     await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
     return ended
 
@@ -599,6 +673,31 @@ async def rescale_loop() -> None:
         await asyncio.sleep(STATE.settings.rescale_interval_s)
         for ref in list(STATE.jobs.values()):
             await rescale_job(ref, force=True)  # written even if unchanged: the Deployment may have been edited
+
+
+async def identity_loop() -> None:
+    """Re-read the cluster's service-account keys every identity_refresh_s and rewrite each running job's
+    worker-identity.json that they changed (a key rotation; the manager re-reads the file). One loop for all
+    jobs, as rescale_loop, so no RLJob gets a finalizer."""
+    while True:
+        await asyncio.sleep(STATE.settings.identity_refresh_s)
+        try:
+            await refresh_worker_identities()
+        except Exception:
+            ERRORS.labels("identity").inc()
+            log.exception("refreshing the cluster's service-account keys failed; trying again next period")
+
+
+async def refresh_worker_identities() -> None:
+    """Each running job's worker-identity.json, rewritten where the cluster's keys changed."""
+    if not STATE.jobs:
+        return
+    keys = await _cluster_keys()
+    for namespace, job in list(STATE.jobs):
+        secret = await _kube().get("Secret", namespace, children.names(job)["credentials"])
+        if secret is not None:
+            present = children.secret_items(secret).get(WORKER_IDENTITY_CLUSTER)
+            await _write_identity_item(namespace, job, cluster_keys.identity_item(job, namespace, keys), present)
 
 
 async def _fetch_failed(namespace: str, job: str, pod: str, problem: model_source.ModelProblem) -> None:

@@ -1,7 +1,7 @@
 """A small async Kubernetes client over aiohttp, authenticated with kopf's own login result.
 
 Just what the operator needs: get, create, replace (PUT, for the leader Lease), merge-patch (object or
-/status) and create-or-patch.
+/status), create-or-patch, and GET of a path outside the resources (the service-account issuer's OIDC discovery).
 The credentials come from `kopf.login_with_service_account` / `kopf.login_with_kubeconfig`
 (captured by the login handler), so kopf and this client always talk to the same API server.
 """
@@ -21,6 +21,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "ConfigMap": ("/api/v1", "configmaps"),
     "Secret": ("/api/v1", "secrets"),
     "Service": ("/api/v1", "services"),
+    "ServiceAccount": ("/api/v1", "serviceaccounts"),
     "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
     "Deployment": ("/apis/apps/v1", "deployments"),
     "StatefulSet": ("/apis/apps/v1", "statefulsets"),
@@ -103,6 +104,10 @@ class Kube:
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._call("GET", self.url(kind, namespace, name))
+
+    async def get_path(self, path: str) -> Any:
+        """GET a path of the API server that is no resource (e.g. /openid/v1/jwks); None on 404."""
+        return await self._call("GET", f"{self.server}{path}")
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         meta = obj["metadata"]

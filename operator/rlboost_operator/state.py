@@ -53,6 +53,7 @@ class State:
     followers: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)  # (ns, job) -> subscribing
     trainer_failures: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)  # (ns, pod) -> (job, n)
     background: asyncio.Task[None] | None = None  # the operator-wide rescale loop
+    identity_refresh: asyncio.Task[None] | None = None  # the loop that keeps the jobs' worker-identity.json current
     spot_pods: dict[tuple[str, str], tuple[str, SpotPod]] = field(default_factory=dict)  # (ns, pod) -> (job, pod)
     spot_asks: dict[tuple[str, str], SpotAsk] = field(default_factory=dict)  # (ns, job) -> its autoscaler state
     spot_rechecks: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)  # (ns, job) -> timer

@@ -213,6 +213,16 @@ def reconcile_status(
     return patch
 
 
+def worker_identity_status(
+    previous: Mapping[str, Any], ok: bool, reason: str, message: str, generation: int | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The .status patch saying whether the job's manager has the cluster's keys to check worker identities
+    (condition WorkerIdentityReady); the phase is left as it is (a job waiting for them stays Pending)."""
+    cond = condition("WorkerIdentityReady", ok, reason, message, now, generation)
+    return {"updatedAt": now_iso(now), "conditions": set_condition(previous.get("conditions"), cond)}
+
+
 def stopped_status(
     previous: Mapping[str, Any], reason: str, now: datetime | None = None, generation: int | None = None
 ) -> dict[str, Any]:

@@ -64,6 +64,7 @@ ROLE_ITEMS: dict[str, tuple[str, ...]] = {
         "tls-manager.key",
         COLOCATION_KEY,
         WORKER_IDENTITY_KEY,
+        WORKER_IDENTITY_CLUSTER,  # written by the operator (no pod of the job starts before it is there)
     ),  # fmt: skip
     "weight-server": (
         "token-trainer",

@@ -1,6 +1,7 @@
 """The cluster lane's Kubernetes API server: kmock's emulator as a long-running process.
 
-    python scripts/cluster/kube_api.py --host 10.213.0.1 --port 6443 --ready-file /tmp/x/api.url
+    python scripts/cluster/kube_api.py --host 10.213.0.1 --port 6443 --ready-file /tmp/x/api.url \
+        --signing-key /tmp/x/sa-signing.key
 
 What it adds to kmock's in-memory emulator (which stores objects, merges patches as plain dicts,
 replays every object on each watch and ignores resourceVersion):
@@ -8,7 +9,10 @@ replays every object on each watch and ignores resourceVersion):
 - CustomResourceDefinitions that register their resource when created (`kubectl apply -f crd.yaml`
   then serves `rlboost.io/v1alpha1/rljobs`), as a real API server does;
 - `metadata.generateName` (kopf posts Events that way), a uid and a creationTimestamp on create, and a
-  resourceVersion that every write moves on (kopf's JSON patches test it).
+  resourceVersion that every write moves on (kopf's JSON patches test it);
+- the service-account issuer's OIDC discovery (`/.well-known/openid-configuration`, `/openid/v1/jwks`) for the
+  key in --signing-key (made if missing), with which the podlet signs pods' projected tokens (sa_tokens.py:
+  where the stand-in begins; a real API server signs them through the TokenRequest API).
 What it does not do: authentication, admission (CEL rules), resourceVersion conflicts on merge patches, label
 selectors on list/watch, garbage collection of owned objects. The podlet stands in for the
 controllers and the kubelet (scripts/cluster/podlet.py).
@@ -26,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import kmock
+import sa_tokens
+from aiohttp import web
 
 VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 BUILTIN: dict[str, dict[str, Any]] = {
@@ -70,8 +76,11 @@ class LaneEmulator(kmock.KubernetesEmulator):
     whose `test` op names an older version fails, as it would there)."""
 
     versions = itertools.count(1)
+    discovery: dict[str, Any] = {}  # path -> the OIDC discovery document served there
 
     async def _handle(self, request):  # type: ignore[no-untyped-def]
+        if request.method == kmock.method.GET and request.url.path in self.discovery:
+            return web.json_response(self.discovery[request.url.path])
         data = request.data
         if request.action == kmock.action.UPDATE and request.name is not None:
             version = str(next(self.versions))
@@ -96,7 +105,7 @@ def register(emulator: kmock.KubernetesEmulator, resources: dict[str, dict[str, 
         emulator.resources[key] = kmock.ResourceInfo(verbs=VERBS, **info)
 
 
-async def serve(host: str, port: int, ready_file: Path | None) -> None:
+async def serve(host: str, port: int, ready_file: Path | None, signing_key: Path | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -104,6 +113,12 @@ async def serve(host: str, port: int, ready_file: Path | None) -> None:
     async with LaneEmulator() as emulator, kmock.Server(emulator, host=host, port=port) as server:
         register(emulator, BUILTIN)
         url = str(server.url).rstrip("/")
+        if signing_key is not None:
+            key = sa_tokens.load_or_make_key(signing_key)
+            emulator.discovery = {
+                "/.well-known/openid-configuration": sa_tokens.openid_configuration(url),
+                "/openid/v1/jwks": sa_tokens.jwks(key),
+            }
         print(f"kube-api: serving the Kubernetes API (kmock) at {url}", flush=True)
         if ready_file is not None:
             ready_file.write_text(url)
@@ -115,8 +130,9 @@ def main() -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (the lane's podman network gateway)")
     p.add_argument("--port", type=int, default=0, help="port to bind (0: any free port)")
     p.add_argument("--ready-file", type=Path, help="write the server's URL here once it serves")
+    p.add_argument("--signing-key", type=Path, help="service-account signing key (PEM; made if missing)")
     args = p.parse_args()
-    asyncio.run(serve(args.host, args.port or 0, args.ready_file))
+    asyncio.run(serve(args.host, args.port or 0, args.ready_file, args.signing_key))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ controllers and a kubelet would do for the namespace's Deployments and StatefulS
   args (`$(VAR)` expanded), env (values, fieldRef, secretKeyRef, configMapKeyRef, envFrom, service links),
   ConfigMap/Secret volumes written as files (items, modes, fsGroup), emptyDir (per pod) and PVC (a directory
   per claim, kept across pod restarts and replacements) volumes as host directories, subPath mounts,
+  `projected` volumes of `serviceAccountToken` sources (a token of the pod's serviceAccountName, which must
+  exist, for the source's audience, signed with --signing-key: sa_tokens.py, where the stand-in begins; a real
+  kubelet gets it from the API server's TokenRequest API and renews it, the podlet writes a fresh one at each
+  container start only),
   runAsUser/Group, fsGroup, dropped capabilities, no-new-privileges; an address on the lane's podman network
   with DNS aliases for every Service whose selector matches the pod (`svc`, `svc.ns`, `svc.ns.svc`,
   `svc.ns.svc.cluster.local`) and `<pod>.<serviceName>.<ns>.svc` for StatefulSet pods; startup, readiness
@@ -34,7 +38,8 @@ message (that file, or its log's tail with FallbackToLogsOnError) show in initCo
 
 Not emulated: ClusterIPs and kube-proxy (a Service name resolves to every matching pod, ready or not),
 pods of more than one container (refused, logged), resource limits and requests, image pulls, ConfigMap
-and Secret updates after a pod started, hostPath and projected volumes, rolling-update surge, pod
+and Secret updates after a pod started, hostPath volumes, other projected sources, token renewal, rolling-update
+surge, pod
 disruption budgets, garbage collection of owned objects, QoS and eviction under pressure, NetworkPolicy
 (every lane container shares one podman network: a job's NetworkPolicy is stored by the API, not enforced),
 automountServiceAccountToken (no pod gets a service-account token either way).
@@ -67,6 +72,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import sa_tokens
 
 log = logging.getLogger("podlet")
 FINALIZER = "lane.rlboost.io/podlet"
@@ -234,6 +240,32 @@ def container_port(container: Mapping[str, Any], port: int | str) -> int:
     raise ValueError(f"port {port!r} is not a named port of container {container.get('name')!r}")
 
 
+def projected_token_files(
+    volume: Mapping[str, Any], pod: Mapping[str, Any], accounts: Iterable[Mapping[str, Any]], key: Any
+) -> dict[str, bytes]:
+    """The files of a `projected` volume of serviceAccountToken sources: path -> the token the kubelet would write
+    (for the pod's serviceAccountName, which must exist; the source's audience and expirationSeconds)."""
+    meta, spec = pod["metadata"], pod["spec"]
+    name = spec.get("serviceAccountName") or "default"
+    account = next((a for a in accounts if a["metadata"]["name"] == name), None)
+    if account is None:
+        raise ValueError(f"serviceaccount {name!r} not found (the pod's serviceAccountName)")
+    out: dict[str, bytes] = {}
+    for source in volume["projected"].get("sources") or []:
+        token = source.get("serviceAccountToken")
+        if token is None:
+            raise ValueError(f"volume {volume['name']!r}: only serviceAccountToken projected sources are emulated")
+        lifetime = int(token.get("expirationSeconds", 3600))
+        if lifetime < 600:
+            raise ValueError(f"volume {volume['name']!r}: expirationSeconds must be at least 600, as the API says")
+        pod_ref = (meta["name"], meta.get("uid", ""))
+        account_ref = (name, account["metadata"].get("uid", ""))
+        audience = token.get("audience") or sa_tokens.ISSUER  # the kubelet's default: the API server's audience
+        signed = sa_tokens.pod_token(key, audience, meta["namespace"], pod_ref, account_ref, lifetime)
+        out[token["path"]] = signed.encode()
+    return out
+
+
 def random_suffix(n: int = 5) -> str:
     alphabet = string.ascii_lowercase + string.digits
     return "".join(alphabet[b % len(alphabet)] for b in os.urandom(n))
@@ -250,6 +282,7 @@ class Api:
         "Service": "/api/v1/namespaces/{ns}/services",
         "ConfigMap": "/api/v1/namespaces/{ns}/configmaps",
         "Secret": "/api/v1/namespaces/{ns}/secrets",
+        "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
         "PersistentVolumeClaim": "/api/v1/namespaces/{ns}/persistentvolumeclaims",
         "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
         "StatefulSet": "/apis/apps/v1/namespaces/{ns}/statefulsets",
@@ -400,7 +433,8 @@ class Podlet:
             await asyncio.sleep(max(0.0, self.args.interval - (time.monotonic() - started)))
 
     async def tick(self) -> None:
-        kinds = ("Deployment", "StatefulSet", "Service", "ConfigMap", "Secret", "PersistentVolumeClaim", "Pod")
+        kinds = ("Deployment", "StatefulSet", "Service", "ConfigMap", "Secret", "ServiceAccount", "PersistentVolumeClaim",
+                 "Pod")  # fmt: skip
         lists = await asyncio.gather(*(self.api.list(k) for k in kinds), self.api.list("Node"))
         self.objects = dict(zip(kinds, lists[:-1], strict=True))
         self.nodes = {n["metadata"]["name"]: n for n in lists[-1] if n["metadata"]["name"] in self.own_nodes()}
@@ -1011,6 +1045,16 @@ class Podlet:
             base.mkdir(parents=True, exist_ok=True)
             base.chmod(0o777)
             return base
+        if "projected" in volume:
+            files = projected_token_files(volume, pod.obj, self.objects.get("ServiceAccount", []), self.signing_key())
+            base.mkdir(parents=True, exist_ok=True)
+            mode = int(volume["projected"].get("defaultMode", 0o644))
+            for rel, data in files.items():  # written anew at each container start: a fresh token
+                (base / rel).parent.mkdir(parents=True, exist_ok=True)
+                (base / rel).write_bytes(data)
+                self.own(base / rel, fs_group, mode)
+            self.own(base, fs_group, 0o755)
+            return base
         for kind, key, name_key in (("ConfigMap", "configMap", "name"), ("Secret", "secret", "secretName")):
             if key in volume:
                 src = volume[key]
@@ -1027,7 +1071,15 @@ class Podlet:
                     self.own(target, fs_group, int(item.get("mode", mode)))
                 self.own(base, fs_group, 0o755)
                 return base
-        raise ValueError(f"volume {volume['name']!r}: only configMap, secret, emptyDir and PVC volumes are emulated")
+        raise ValueError(
+            f"volume {volume['name']!r}: only configMap, secret, emptyDir, PVC and projected serviceAccountToken "
+            "volumes are emulated"
+        )
+
+    def signing_key(self) -> Any:
+        if not self.args.signing_key:
+            raise ValueError("a projected serviceAccountToken volume needs the podlet's --signing-key")
+        return sa_tokens.load_or_make_key(Path(self.args.signing_key))
 
     @staticmethod
     def own(path: Path, group: int | None, mode: int) -> None:
@@ -1214,6 +1266,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--state-dir", required=True, help="volumes, logs and endpoints.json go here")
     p.add_argument("--run-id", required=True, help="prefix of container names; label rlboost-lane=<run-id>")
     p.add_argument("--node", action="append", default=[], help="NAME[=label=value,...]; repeatable (default one node)")
+    p.add_argument("--signing-key", default="", help="service-account signing key (kube_api.py's) for pods' tokens")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between reconciliations")
     p.add_argument("--shutdown-grace", type=int, default=10, help="most seconds each pod gets on podlet exit")
     args = p.parse_args(argv)

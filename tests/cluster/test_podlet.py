@@ -5,20 +5,27 @@ The podlet's container side runs in the cluster lane (tests/cluster/test_cluster
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import jwt
 import pytest
+import sa_tokens
 from podlet import (
     container_port,
     dns_aliases,
     expand,
     field_ref,
     node_fits,
+    projected_token_files,
     service_link_env,
     template_hash,
     terminated_state,
 )
 
+from rlboost.auth.worker_identity import IdentityRefused, WorkerIdentityVerifier
 from rlboost.spec import PoolSpec
-from rlboost_operator import spot
+from rlboost_operator import children, cluster_keys, spot
+from rlboost_operator.config import OperatorSettings
 
 SPOT_NODE = {"metadata": {"name": "s", "labels": {"cloud.google.com/gke-spot": "true"}}, "spec": {}}
 PLAIN_NODE = {"metadata": {"name": "r", "labels": {}}, "spec": {}}
@@ -99,3 +106,41 @@ def test_a_failed_containers_termination_message_is_its_file_else_its_logs_tail(
     assert fallback.endswith("line 199") and "line 119" not in fallback
     assert "message" not in terminated_state(1, "", logs, {"name": "plain"})  # policy File: the file only
     assert terminated_state(0, "", logs, fetcher) == {"exitCode": 0, "reason": "Completed"}
+
+
+def _worker_pod(pool: str) -> dict:
+    """A worker pod as the podlet makes it from the operator's Deployment (named, with a uid)."""
+    deployment = children.worker("job1", "ns1", pool, PoolSpec(), 1, OperatorSettings())
+    return {"metadata": {"name": f"job1-workers-{pool}-x1", "namespace": "ns1", "uid": "u1"},
+            "spec": deployment["spec"]["template"]["spec"]}  # fmt: skip
+
+
+def _accounts() -> list[dict]:
+    return [children.service_account("job1", "ns1", pool) | {"metadata": {"name": n, "uid": "s1"}}
+            for pool, n in (("reserved", "job1-reserved-worker"), ("spot", "job1-spot-worker"))]  # fmt: skip
+
+
+def test_a_projected_token_is_one_the_manager_accepts_for_its_pod_and_pool(tmp_path: Path) -> None:
+    key = sa_tokens.load_or_make_key(tmp_path / "sa.key")
+    assert sa_tokens.load_or_make_key(tmp_path / "sa.key").private_numbers() == key.private_numbers()  # shared
+    pod = _worker_pod("spot")
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "identity")
+    files = projected_token_files(volume, pod, _accounts(), key)
+    keys = cluster_keys.parse_discovery(sa_tokens.openid_configuration("http://api"), sa_tokens.jwks(key))
+    (tmp_path / "worker-identity.json").write_bytes(cluster_keys.identity_item("job1", "ns1", keys))
+    verifier = WorkerIdentityVerifier("job1", cluster=tmp_path / "worker-identity.json")
+    proven = verifier.verify(files["token"].decode(), "job1-workers-spot-x1", "spot")
+    assert (proven.worker_id, proven.pool, proven.kind) == ("job1-workers-spot-x1", "spot", "kubernetes")
+    claims = jwt.decode(files["token"], options={"verify_signature": False})
+    assert claims["sub"] == "system:serviceaccount:ns1:job1-spot-worker" and claims["exp"] - claims["iat"] == 3600
+    other = tmp_path / "job2.json"  # another job's manager: its own item, for its own audience
+    other.write_bytes(cluster_keys.identity_item("job2", "ns1", keys))
+    with pytest.raises(IdentityRefused, match="Audience"):
+        WorkerIdentityVerifier("job2", cluster=other).verify(files["token"].decode(), "job1-workers-spot-x1", "spot")
+
+
+def test_a_projected_token_needs_the_pods_service_account(tmp_path: Path) -> None:
+    pod = _worker_pod("reserved")
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "identity")
+    with pytest.raises(ValueError, match="serviceaccount 'job1-reserved-worker' not found"):
+        projected_token_files(volume, pod, [], sa_tokens.load_or_make_key(tmp_path / "sa.key"))

@@ -179,22 +179,28 @@ def test_rbac_is_least_privilege():
     verbs = {v for rule in role["rules"] for v in rule["verbs"]}
     assert "*" not in verbs and "delete" not in verbs
     rules = _rules(role)
-    assert rules["secrets"] == {"create", "get"}  # by name only: no list or watch of Secrets
+    # by name only: no list or watch of Secrets; patch adds an item (worker-identity.json follows the cluster's keys)
+    assert rules["secrets"] == {"create", "get", "patch"}
     assert rules["networkpolicies"] == {"get", "create", "patch"}  # each job's own
+    assert rules["serviceaccounts"] == {"get", "create", "patch"}  # each job's worker accounts (no rights of their own)
 
 
 def test_a_namespaced_install_reads_secrets_and_makes_workloads_only_in_its_namespaces():
     docs = render(None, {"operator": {"watchNamespaces": ["ml", "research"]}})
     cluster = _rules(next(d for d in docs if d["kind"] == "ClusterRole"))
     assert set(cluster) == {"nodes", "namespaces", "customresourcedefinitions"}  # cluster-scoped only
-    assert not {"get", "list", "watch", "create"} & {v for r in ("secrets", "deployments") for v in cluster.get(r, ())}
+    namespaced = ("secrets", "deployments", "serviceaccounts")
+    assert not {"get", "list", "watch", "create"} & {v for r in namespaced for v in cluster.get(r, ())}
     roles = {
         d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role" and "leader" not in d["metadata"]["name"]
     }
     assert set(roles) == {"ml", "research"}
     for namespace, role in roles.items():
         rules = _rules(role)
-        assert rules["secrets"] == {"create", "get"} and "deployments" in rules and "rljobs" in rules, namespace
+        assert rules["secrets"] == {"create", "get", "patch"} and "deployments" in rules and "rljobs" in rules, (
+            namespace
+        )
+        assert rules["serviceaccounts"] == {"get", "create", "patch"}, namespace
         binding = next(d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["namespace"] == namespace)
         assert binding["roleRef"] == {
             "apiGroup": "rbac.authorization.k8s.io",

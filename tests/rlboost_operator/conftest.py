@@ -9,6 +9,10 @@ kmock serves any declared resource, Leases included, but it has no PUT (replace)
 resourceVersion. Leader election needs both, so for Leases the Emulator below adds what the API
 server does: a resourceVersion set on create and bumped on each replace, and a replace carrying a
 stale one answered 409 Conflict.
+
+kmock serves no OIDC discovery: the fixture adds the API server's `/.well-known/openid-configuration` and
+`/openid/v1/jwks` for a key pair of its own (`ClusterDiscovery`; a test rotates the key, or makes the endpoints
+refuse, as a cluster could).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ RESOURCES = {
     "v1/configmaps": dict(kind="ConfigMap", namespaced=True),
     "v1/secrets": dict(kind="Secret", namespaced=True),
     "v1/services": dict(kind="Service", namespaced=True),
+    "v1/serviceaccounts": dict(kind="ServiceAccount", namespaced=True),
     "v1/persistentvolumeclaims": dict(kind="PersistentVolumeClaim", namespaced=True),
     "apps/v1/deployments": dict(kind="Deployment", namespaced=True),
     "apps/v1/statefulsets": dict(kind="StatefulSet", namespaced=True),
@@ -56,13 +61,51 @@ def _status(code: int, reason: str, message: str) -> web.Response:
     return web.json_response({**body, "message": message}, status=code)
 
 
+ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+
+@dataclass
+class ClusterDiscovery:
+    """What the fixture's API server publishes for its service-account tokens: the issuer and the public key of
+    `key` (an EC P-256 key, as a kubelet's tokens could be signed with); `refuse`: answer this HTTP status instead."""
+
+    key: Any = None
+    kid: str = ""
+    refuse: int | None = None
+
+    def rotate(self) -> None:
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        self.key, self.kid = ec.generate_private_key(ec.SECP256R1()), uuid.uuid4().hex
+
+    def jwks(self) -> dict[str, Any]:
+        from jwt.algorithms import ECAlgorithm
+
+        jwk = {**ECAlgorithm.to_jwk(self.key.public_key(), as_dict=True), "kid": self.kid, "use": "sig", "alg": "ES256"}
+        return {"keys": [jwk]}
+
+    def answer(self, path: str) -> web.Response | None:
+        """The API server's answer at `path`, if it is one of the discovery endpoints."""
+        bodies = {"/.well-known/openid-configuration": lambda: {"issuer": ISSUER}, "/openid/v1/jwks": self.jwks}
+        if path not in bodies:
+            return None
+        if self.refuse is not None:
+            return _status(self.refuse, "Forbidden", f"cannot get path {path!r}")
+        return web.json_response(bodies[path]())
+
+
 class Emulator(kmock.KubernetesEmulator):
     """kmock's emulator plus `metadata.generateName` (kopf posts Events that way; kmock keys objects by name),
-    and optimistic concurrency for Leases (see the module docstring)."""
+    optimistic concurrency for Leases and OIDC discovery (see the module docstring)."""
 
     _versions = itertools.count(1)
+    discovery: ClusterDiscovery | None = None
 
     async def _handle(self, request):  # type: ignore[no-untyped-def]
+        if self.discovery is not None and request.method == kmock.method.GET:
+            answer = self.discovery.answer(request.url.path)
+            if answer is not None:
+                return answer
         data = request.data
         is_lease = request.resource is not None and request.resource.plural == "leases"
         if request.action == kmock.action.CREATE and isinstance(data, dict):
@@ -101,6 +144,7 @@ class KubeApi:
     emulator: Emulator
     url: str
     http: httpx.Client
+    discovery: ClusterDiscovery
 
     def path(self, kind: str, namespace: str | None, name: str | None = None) -> str:
         from rlboost_operator.kube import RESOURCES as NAMESPACED
@@ -146,11 +190,14 @@ def kube_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeAp
     """kmock's Kubernetes emulator on a loopback port, in a thread of its own; KUBECONFIG points at it."""
     started = threading.Event()
     box: dict[str, Any] = {}
+    discovery = ClusterDiscovery()
+    discovery.rotate()
 
     async def serve() -> None:
         async with Emulator() as emulator, kmock.Server(emulator) as server:
             for key, info in RESOURCES.items():
                 emulator.resources[key] = kmock.ResourceInfo(verbs=VERBS, **info)
+            emulator.discovery = discovery
             box.update(
                 emulator=emulator,
                 url=str(server.url).rstrip("/"),
@@ -172,7 +219,7 @@ def kube_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeAp
     )
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     with httpx.Client(base_url=box["url"], timeout=10) as http:
-        yield KubeApi(box["emulator"], box["url"], http)
+        yield KubeApi(box["emulator"], box["url"], http, discovery)
     box["loop"].call_soon_threadsafe(box["stop"].set)
     thread.join(10)
 
