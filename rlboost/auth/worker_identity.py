@@ -7,8 +7,8 @@ could register under any fresh id, in either pool, and a reserved id got that id
 
 - **Kubernetes:** the pod's projected service-account token, a JWT the API server signs for the audience
   `rlboost/<namespace>/<job>` (so it is good for nothing else: not the API server, not another job). It names
-  the pod (the worker id is the pod's name) and its service account (one per pool: `<job>-reserved` or
-  `<job>-spot`, so a spot pod cannot join as reserved). The manager checks it offline against the cluster's
+  the pod (the worker id is the pod's name) and its service account (one per pool: `<job>-reserved-worker` or
+  `<job>-spot-worker`, so a spot pod cannot join as reserved). The manager checks it offline against the cluster's
   signing keys, which the operator reads from the API server's `/openid/v1/jwks` and keeps in the credentials
   item `worker-identity.json` (`ClusterIdentity`); it re-reads that file when it changes (key rotation).
 - **Local (`rlboost local`):** the runner mints each worker a token, HMAC-SHA256 over (job, pool, worker id)
@@ -22,6 +22,7 @@ invalid proof) or `PERMISSION_DENIED` (a valid proof of another id or pool).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -92,8 +93,12 @@ class _ClusterFile:
     def __init__(self, path: Path) -> None:
         self.path, self._stamp, self._value = path, None, None
 
-    def get(self) -> tuple[ClusterIdentity, Any]:
-        stamp = self.path.stat().st_mtime_ns
+    def get(self, job: str) -> tuple[ClusterIdentity, Any]:
+        """The identity and its keys; `job`: the manager's, which the file's audience must be for."""
+        try:
+            stamp = self.path.stat().st_mtime_ns
+        except OSError as err:
+            raise IdentityRefused(f"{self.path}: cannot read it ({err.strerror}); the operator writes it") from None
         if stamp != self._stamp:
             import jwt
 
@@ -102,6 +107,11 @@ class _ClusterFile:
                 keys = jwt.PyJWKSet.from_dict(identity.jwks)
             except (ValueError, jwt.PyJWTError) as err:
                 raise IdentityRefused(f"{self.path}: unusable ({err}); the operator rewrites it") from None
+            if identity.audience != audience(identity.namespace, job):
+                raise IdentityRefused(
+                    f"{self.path}: its audience {identity.audience!r} is not job {job!r}'s "
+                    f"({audience(identity.namespace, job)!r}); the manager's --job and the file must be one job's"
+                )
             self._stamp, self._value = stamp, (identity, keys)
         return self._value
 
@@ -154,7 +164,7 @@ class WorkerIdentityVerifier:
                 f"register.identity_proof: a service-account token, but this manager has no {CLUSTER_ITEM} "
                 "(the operator writes it into the job's credentials on Kubernetes)"
             )
-        identity, keys = self._cluster.get()
+        identity, keys = self._cluster.get(self.job)
         return _proven(_decode(token, identity, keys), identity)
 
 
@@ -167,20 +177,29 @@ def _decode(token: str, identity: ClusterIdentity, keys: Any) -> dict[str, Any]:
         candidates = [k for k in keys.keys if kid is None or k.key_id == kid]
         if not candidates:
             raise jwt.InvalidKeyError(f"no signing key with kid {kid!r} in {CLUSTER_ITEM}")
-        return jwt.decode(
-            token,
-            candidates[0],
-            algorithms=ALGORITHMS,
-            audience=identity.audience,
-            issuer=identity.issuer,
-            leeway=LEEWAY_S,
-            options={"require": ["exp", "iat", "iss", "aud", "sub"]},
-        )
+        for key in candidates[:-1]:  # no kid (Kubernetes always sets one): any of the keys may have signed it
+            with contextlib.suppress(jwt.InvalidSignatureError):
+                return _decode_with(token, key, identity)
+        return _decode_with(token, candidates[-1], identity)
     except jwt.PyJWTError as err:
         raise IdentityRefused(
             f"register.identity_proof: service-account token refused ({err}); the pod mounts a projected token "
             f"for audience {identity.audience!r}"
         ) from None
+
+
+def _decode_with(token: str, key: Any, identity: ClusterIdentity) -> dict[str, Any]:
+    import jwt
+
+    return jwt.decode(
+        token,
+        key,
+        algorithms=ALGORITHMS,
+        audience=identity.audience,
+        issuer=identity.issuer,
+        leeway=LEEWAY_S,
+        options={"require": ["exp", "iat", "iss", "aud", "sub"]},
+    )
 
 
 def _proven(claims: dict[str, Any], identity: ClusterIdentity) -> ProvenWorker:

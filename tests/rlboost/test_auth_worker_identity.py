@@ -156,3 +156,29 @@ def test_an_unusable_cluster_file_is_refused_with_its_path(tmp_path):
     verifier = WorkerIdentityVerifier(JOB, b"k", path)
     with pytest.raises(IdentityRefused, match="worker-identity.json: unusable"):
         verifier.verify(_token(_key("k")[0], "k", "p", "a"), "p", "spot")
+
+
+def test_another_jobs_cluster_file_or_none_at_all_admits_nobody(signer, tmp_path):
+    """A manager handed another job's worker-identity.json must not take that job's tokens; a missing file is
+    a refusal naming it, not an OSError."""
+    private, _, path = signer
+    token = _token(private, "k1", "p", "grpo-spot-worker")
+    with pytest.raises(IdentityRefused, match="is not job 'other'"):
+        WorkerIdentityVerifier("other", b"k", path).verify(token, "p", "spot")
+    with pytest.raises(IdentityRefused, match="cannot read it"):
+        WorkerIdentityVerifier(JOB, b"k", tmp_path / "gone.json").verify(token, "p", "spot")
+
+
+def test_a_token_without_kid_is_checked_against_every_key(tmp_path):
+    """During a rotation the file holds old and new keys; a token with no kid is tried against each."""
+    old_private, old_public = _key("old")
+    new_private, new_public = _key("new")
+    path = tmp_path / "worker-identity.json"
+    _write(
+        path, {k: v for k, v in old_public.items() if k != "kid"}, {k: v for k, v in new_public.items() if k != "kid"}
+    )
+    verifier = WorkerIdentityVerifier(JOB, b"k", path)
+    for private in (old_private, new_private):
+        token = jwt.encode(jwt.decode(_token(private, "x", "p", "grpo-spot-worker"), options={"verify_signature": False}),
+                           private, algorithm="RS256")  # fmt: skip
+        assert verifier.verify(token, "p", "spot").worker_id == "p"
