@@ -18,7 +18,7 @@ import nats
 import pytest
 from prometheus_client import REGISTRY
 
-from rlboost.auth.credentials import TICKET_KEY, generate_items
+from rlboost.auth.credentials import TICKET_KEY, WORKER_IDENTITY_CLUSTER, generate_items
 from rlboost.wire.events import JobDone, PreemptionNotice, StepReport, subject
 from rlboost_operator import children
 from tests.helpers import wait_until
@@ -103,7 +103,8 @@ def test_create_builds_adopted_children_and_update_patches_them(operator):
 
 def test_an_older_jobs_credentials_get_the_items_added_since_and_keep_the_rest(operator):
     """A job whose credentials Secret was made before `manager-ticket.key` existed: the operator adds that item
-    (the manager's pods mount it) and leaves every other one as it was (running pods hold them)."""
+        (the manager's pods mount it), writes the cluster's keys (worker-identity.json) as for every job, and leaves
+    every other item as it was (running pods hold them)."""
     api = operator
     items = {k: v for k, v in generate_items().items() if k != TICKET_KEY}
     api.create("Secret", children.credentials_secret("older", NS, items))
@@ -114,7 +115,8 @@ def test_an_older_jobs_credentials_get_the_items_added_since_and_keep_the_rest(o
         return data if TICKET_KEY in data else None
 
     data = wait_until(added, timeout=20, what="the ticket key added to the older Secret")
-    assert {k: v for k, v in data.items() if k != TICKET_KEY} == children.credentials_secret("older", NS, items)["data"]
+    kept = {k: v for k, v in data.items() if k not in (TICKET_KEY, WORKER_IDENTITY_CLUSTER)}  # the cluster's keys too
+    assert kept == children.credentials_secret("older", NS, items)["data"]
 
 
 def test_spot_nodes_appearing_and_vanishing_scale_the_spot_workers(operator):
