@@ -94,10 +94,16 @@ def _expected_pod_options(spec: JobSpec, settings: OperatorSettings) -> dict[typ
     return {
         ManagerOptions: manager_options(site, children.MANAGER_PORT, port),
         WeightServerOptions: weight_server_options(site, children.WEIGHTS_PORT, "/data"),
-        # pulls its model; waits longer for the first version than locally (it follows the trainer's model fetch)
+        # pulls its model; waits longer for the first version than locally (it follows the trainer's model fetch);
+        # proves who it is with its projected service-account token
         WorkerOptions: worker_options(
             site, "$(POD_NAME)", "spot", "$(NODE_NAME)", "", port, peer_port=children.PEER_PORT
-        ).model_copy(update={"startup_timeout": children.WORKER_STARTUP_TIMEOUT_S}),
+        ).model_copy(
+            update={
+                "startup_timeout": children.WORKER_STARTUP_TIMEOUT_S,
+                "identity_token_file": children.IDENTITY_TOKEN,
+            }
+        ),
         TrainerOptions: trainer_options(
             site,
             children.model_dir(spec.model),
