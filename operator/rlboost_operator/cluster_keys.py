@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import jwt
+
 from rlboost.auth.worker_identity import ClusterIdentity, audience, cluster_identity_json
 from rlboost_operator.children import worker_service_accounts
 
@@ -63,7 +65,17 @@ def parse_discovery(config: Any, jwks: Any) -> ClusterKeys:
     keys = jwks.get("keys") if isinstance(jwks, dict) else None
     if not isinstance(keys, list) or not keys:
         raise DiscoveryError(JWKS_PATH, "the answer holds no `keys`")
+    _check_usable(jwks)
     return ClusterKeys(issuer, jwks)
+
+
+def _check_usable(jwks: dict[str, Any]) -> None:
+    """Refuse a key set the manager could not check a token with, here where the RLJob's status can say so,
+    rather than in the manager, where it would refuse every worker of the job."""
+    try:
+        jwt.PyJWKSet.from_dict(jwks)
+    except jwt.PyJWTError as err:
+        raise DiscoveryError(JWKS_PATH, f"no usable signing key ({err})") from None
 
 
 def cluster_identity(job: str, namespace: str, keys: ClusterKeys) -> ClusterIdentity:

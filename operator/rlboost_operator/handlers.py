@@ -195,9 +195,23 @@ async def _ensure_credentials(namespace: str, job: str, body: kopf.Body) -> dict
     return items
 
 
-async def _cluster_keys() -> cluster_keys.ClusterKeys:
+async def _cluster_keys(fresh: bool = False) -> cluster_keys.ClusterKeys:
     """The API server's service-account issuer and signing keys (cluster_keys.py: why every service account,
-    the operator's included, may read them)."""
+    the operator's included, may read them): those read within identity_refresh_s unless `fresh` (the refresh
+    loop's read, which is what brings a key rotation)."""
+    asked = time.monotonic()
+    async with STATE.cluster_keys_lock:  # reconciles that start together share the read the first one makes
+        cached = STATE.cluster_keys
+        read_since = cached is not None and cached[0] >= asked  # by a reconcile that held the lock before us
+        recent = cached is not None and asked - cached[0] < STATE.settings.identity_refresh_s
+        if cached is not None and (read_since or (recent and not fresh)):
+            return cached[1]
+        keys = await _read_cluster_keys()
+        STATE.cluster_keys = (time.monotonic(), keys)
+        return keys
+
+
+async def _read_cluster_keys() -> cluster_keys.ClusterKeys:
     kube, answers = _kube(), []
     for path in (cluster_keys.ISSUER_PATH, cluster_keys.JWKS_PATH):
         try:
@@ -692,7 +706,7 @@ async def refresh_worker_identities() -> None:
     """Each running job's worker-identity.json, rewritten where the cluster's keys changed."""
     if not STATE.jobs:
         return
-    keys = await _cluster_keys()
+    keys = await _cluster_keys(fresh=True)
     for namespace, job in list(STATE.jobs):
         secret = await _kube().get("Secret", namespace, children.names(job)["credentials"])
         if secret is not None:

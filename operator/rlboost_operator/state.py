@@ -58,6 +58,10 @@ class State:
     spot_asks: dict[tuple[str, str], SpotAsk] = field(default_factory=dict)  # (ns, job) -> its autoscaler state
     spot_rechecks: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)  # (ns, job) -> timer
     spot_targets: dict[tuple[str, str], int] = field(default_factory=dict)  # (ns, job) -> busy sizing's target
+    # the cluster's service-account keys and when they were read (monotonic): reconciles within identity_refresh_s
+    # of a read reuse them, so the API server is asked once per period, not twice per reconcile
+    cluster_keys: tuple[float, Any] | None = None
+    cluster_keys_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one read at a time, shared by waiters
 
     def reset(self) -> None:
         """Forget everything seen (a fresh start: kopf lists every object again)."""
@@ -74,6 +78,7 @@ class State:
         ):
             seen.clear()
         self.subscriptions.clear(), self.trainer_failures.clear()
+        self.cluster_keys, self.cluster_keys_lock = None, asyncio.Lock()  # a lock of this run's event loop
 
     def spot_pods_of(self, namespace: str, job: str) -> list[SpotPod]:
         """The job's live spot worker pods."""

@@ -72,6 +72,7 @@ class ClusterDiscovery:
     key: Any = None
     kid: str = ""
     refuse: int | None = None
+    served: int = 0  # requests answered at the discovery endpoints
 
     def rotate(self) -> None:
         from cryptography.hazmat.primitives.asymmetric import ec
@@ -89,6 +90,7 @@ class ClusterDiscovery:
         bodies = {"/.well-known/openid-configuration": lambda: {"issuer": ISSUER}, "/openid/v1/jwks": self.jwks}
         if path not in bodies:
             return None
+        self.served += 1
         if self.refuse is not None:
             return _status(self.refuse, "Forbidden", f"cannot get path {path!r}")
         return web.json_response(bodies[path]())

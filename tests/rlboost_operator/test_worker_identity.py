@@ -76,6 +76,9 @@ def test_the_manager_mounts_the_cluster_identity_item() -> None:
         ({"issuer": "https://i"}, None, cluster_keys.JWKS_PATH, "not found"),
         ({"issuer": "https://i"}, {"keys": []}, cluster_keys.JWKS_PATH, "no `keys`"),
         ({"issuer": "https://i"}, [], cluster_keys.JWKS_PATH, "no `keys`"),
+        # keys the manager could not check a token with: refused here, where the RLJob's status says so
+        ({"issuer": "https://i"}, {"keys": [{}]}, cluster_keys.JWKS_PATH, "no usable signing key"),
+        ({"issuer": "https://i"}, {"keys": [{"kty": "EC", "kid": "k"}]}, cluster_keys.JWKS_PATH, "no usable"),
     ],
 )
 def test_unusable_discovery_answers_name_the_endpoint_and_the_fix(config, jwks, path, problem) -> None:
@@ -140,6 +143,18 @@ def test_the_operator_writes_the_clusters_keys_and_the_manager_checks_pods_with_
         lambda: any(c["type"] == "WorkerIdentityReady" and c["status"] == "True" for c in status_of(api, "ident").get("conditions", [])),
         timeout=10, what="WorkerIdentityReady True",
     )  # fmt: skip
+
+
+def test_jobs_reconciled_within_a_refresh_period_share_one_read_of_the_keys(operator):
+    """The keys are read once per identity_refresh_s (300 s here), not twice per reconcile: three jobs, each
+    reconciled at least once, cost the API server the two discovery GETs of one read."""
+    api = operator
+    for job in ("k1", "k2", "k3"):
+        api.create("RLJob", rljob(job))
+    for job in ("k1", "k2", "k3"):
+        wait_until(lambda j=job: api.get("Deployment", NS, f"{j}-manager"), timeout=20, what=f"{job}'s manager")
+        assert _identity_item(api, job) is not None
+    assert api.discovery.served == 2
 
 
 @pytest.fixture

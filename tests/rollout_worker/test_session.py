@@ -14,7 +14,7 @@ from rlboost.nats_server import free_port
 from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.wire.rollout_io import Pool
 from rollout_worker.engine.torch_engine import TorchEngine
-from rollout_worker.session import ManagerUnreachableError, SessionConfig, WorkerSession
+from rollout_worker.session import IdentityProofUnreadableError, ManagerUnreachableError, SessionConfig, WorkerSession
 from tests.rollout_worker.standin_manager import StandInManager
 
 PROMPT = [5, 9, 3, 17, 8]
@@ -158,6 +158,24 @@ async def test_unreachable_manager_is_reported(tiny_model_dir):
     with pytest.raises(ManagerUnreachableError, match="unreachable"):
         await asyncio.wait_for(WorkerSession(cfg, engine).run(), 15)
     await engine.close()
+
+
+async def test_an_unreadable_identity_proof_ends_the_session_naming_the_flag(tiny_model_dir, tmp_path):
+    """A worker whose --identity-token-file is gone stops with that flag named, not as an unreachable manager
+    (the manager answers; it is the proof that is missing), and sends no Register without it."""
+    port = free_port()
+    manager = await StandInManager(REGISTERED).start(port)
+    engine = TorchEngine(capacity=1)
+    await engine.start(str(tiny_model_dir))
+    missing = tmp_path / "identity" / "token"
+    cfg = SessionConfig("w", Pool.SPOT, "n", 1, f"127.0.0.1:{port}", identity_token_file=str(missing))
+    try:
+        with pytest.raises(IdentityProofUnreadableError, match=f"--identity-token-file {missing}: cannot read it"):
+            await asyncio.wait_for(WorkerSession(cfg, engine).run(), 15)
+        assert manager.registrations == []
+    finally:
+        await engine.close()
+        await manager.stop()
 
 
 def _domain(rid: str, input_ids: list[int], n: int):

@@ -58,7 +58,7 @@ async def _amain(args: WorkerOptions) -> int:
     from rlboost.auth.credentials import CredentialsError
     from rlboost.auth.grpc_auth import ClientAuth
     from rollout_worker.engine.base import EngineError
-    from rollout_worker.session import ManagerUnreachableError
+    from rollout_worker.session import SessionEndedError
     from rollout_worker.weights import WeightsError
 
     try:
@@ -81,7 +81,7 @@ async def _amain(args: WorkerOptions) -> int:
         await session.run()
         log.info("worker stopped", extra={"worker_id": args.worker_id})
         return 0
-    except (EngineError, WeightsError, ManagerUnreachableError, StartupError) as err:
+    except (EngineError, WeightsError, SessionEndedError, StartupError) as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 1
     finally:

@@ -64,8 +64,16 @@ ABORT_WAIT_S = 5.0  # how long an abort may take to stop every request of a stre
 _SPEC_DEFAULTS = RolloutSpec()  # a Registered timing left at 0 (unset) means the job spec's default
 
 
-class ManagerUnreachableError(RuntimeError):
+class SessionEndedError(RuntimeError):
+    """The session cannot go on; the message says why and what to fix (the worker exits 1 with it)."""
+
+
+class ManagerUnreachableError(SessionEndedError):
     """The rollout-manager could not be reached (or refused to register us) within the reconnect window."""
+
+
+class IdentityProofUnreadableError(SessionEndedError):
+    """--identity-token-file could not be read at a registration: without it the manager refuses this worker."""
 
 
 class _NotConnectedError(Exception):
@@ -299,7 +307,7 @@ class WorkerSession:
         try:
             return Path(path).read_text().strip()
         except OSError as err:
-            raise ManagerUnreachableError(
+            raise IdentityProofUnreadableError(
                 f"--identity-token-file {path}: cannot read it ({err.strerror}); on Kubernetes it is the pod's "
                 "projected service-account token, locally `rlboost local` writes it"
             ) from None
