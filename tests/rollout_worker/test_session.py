@@ -160,6 +160,33 @@ async def test_unreachable_manager_is_reported(tiny_model_dir):
     await engine.close()
 
 
+async def test_each_registration_presents_the_identity_proof_as_it_is_then(tiny_model_dir, tmp_path):
+    """The kubelet renews a pod's projected token in place (an hourly token, renewed at 80% of its life): a worker
+    that re-registers with a restarted manager must present the renewed token, not the one it started with."""
+    port, token = free_port(), tmp_path / "token"
+    token.write_text("proof-1\n")
+    manager = await StandInManager(REGISTERED).start(port)
+    engine = TorchEngine(capacity=1)
+    await engine.start(str(tiny_model_dir))
+    cfg = SessionConfig(
+        "w", Pool.SPOT, "n", 1, f"127.0.0.1:{port}", reconnect_timeout_s=10, identity_token_file=str(token)
+    )
+    session = WorkerSession(cfg, engine)
+    task = asyncio.create_task(session.run())
+    try:
+        await eventually(lambda: session.registrations == 1, what="registration")
+        token.write_text("proof-2\n")  # renewed while the stream is up: nothing is sent until the next Register
+        await manager.stop()
+        await manager.start(port)
+        await eventually(lambda: session.registrations == 2, what="re-registration")
+        assert [r.identity_proof for r in manager.registrations] == ["proof-1", "proof-2"]
+        session.request_drain("test over", notice=False)
+        await asyncio.wait_for(task, 10)
+    finally:
+        await engine.close()
+        await manager.stop()
+
+
 async def test_an_unreadable_identity_proof_ends_the_session_naming_the_flag(tiny_model_dir, tmp_path):
     """A worker whose --identity-token-file is gone stops with that flag named, not as an unreachable manager
     (the manager answers; it is the proof that is missing), and sends no Register without it."""
