@@ -9,8 +9,9 @@ fill its last round (partial rollout trains however many groups completed) has t
 weightless rows (`complete_round`): every rank must run one backward pass per round, because ZeRO reduces
 gradients with collectives inside backward hooks, and a weightless row adds exactly 0 to loss, gradient and
 statistics. DeepSpeed averages gradients over ranks; the engine scales each rank's loss by world_size so that a
-step's gradient is the sum of its micro-batches' gradients, whatever the number of ranks. Then every rank takes part in the optimizer step, the statistics all-reduce, the
-ZeRO-3 parameter gathers for publication and the collective checkpoint; only rank 0 publishes.
+step's gradient is the sum of its micro-batches' gradients, whatever the number of ranks. Then every rank takes
+part in the optimizer step, the statistics all-reduce, the ZeRO-3 parameter gathers for publication and the
+collective checkpoint; only rank 0 publishes.
 
 Messages (dicts): {"op": "resume", "ckpt": path|None}, {"op": "round", "mbs": [MicroBatch x world], "n": N},
 {"op": "step", "save": TrainerState|None}, {"op": "stop"}.
