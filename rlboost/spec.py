@@ -998,19 +998,15 @@ class JobSpec(SpecModel):
         return self
 
     def _check_partial_rollout(self) -> None:
-        """algorithm.partialRollout: responses continue across versions, so a bound on their age is needed."""
+        """algorithm.partialRollout: responses continue across versions, so a bound on their age is needed. Any
+        trainer.ranks works: a step's last round of micro-batches, short when the complete groups do not fill it, is
+        completed with weightless rows (trainer.ranks.complete_round)."""
         alg = self.algorithm
         if alg.max_staleness < 1:
             raise SpecFieldError(
                 "algorithm.partialRollout",
                 "algorithm.partialRollout continues unfinished responses under the next weight version, so their "
                 "oldest tokens lag at least one version: set algorithm.maxStaleness >= 1 (or turn partialRollout off)",
-            )
-        if self.trainer.ranks > 1:
-            raise SpecFieldError(
-                "algorithm.partialRollout",
-                "algorithm.partialRollout trains a variable number of groups per step, which trainer.ranks > 1 cannot "
-                "split evenly yet: use trainer.ranks 1 or turn partialRollout off",
             )
         groups = self.partial_rollout_groups()
         if not fits_step_limit(groups, alg.group_size, self.rollout.max_step_requests):

@@ -171,9 +171,9 @@ def cross_field_rules() -> list[Rule]:
             "rollout.reserved.replicas",
         ),
         Rule(
-            f"!{v('algorithm.partialRollout')} || ({v('algorithm.maxStaleness')} >= 1 && {ranks} == 1)",
+            f"!{v('algorithm.partialRollout')} || {v('algorithm.maxStaleness')} >= 1",
             "spec.algorithm.partialRollout continues unfinished responses under the next weight version: set "
-            "spec.algorithm.maxStaleness >= 1, and it needs spec.trainer.ranks 1 for now",
+            "spec.algorithm.maxStaleness >= 1",
             "algorithm.partialRollout",
         ),
         Rule(

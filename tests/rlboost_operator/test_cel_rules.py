@@ -154,7 +154,11 @@ BAD_SPECS = [
     {"trainer": {"ranks": 2, "colocateReserved": True}},
     {"trainer": {"backend": "nccl"}},
     {"algorithm": {"partialRollout": True}},  # maxStaleness 0
-    {"algorithm": {"partialRollout": True, "maxStaleness": 1, "promptsPerStep": 4}, "trainer": {"ranks": 2}},
+    {"algorithm": {"partialRollout": True, "promptsPerStep": 4}, "trainer": {"ranks": 2}},  # maxStaleness 0
+    {
+        "algorithm": {"partialRollout": True, "maxStaleness": 1, "promptsPerStep": 3, "groupSize": 3},
+        "trainer": {"ranks": 2},
+    },
     {"rollout": {"spot": {"gpusPerWorker": 2, "tensorParallel": 2}}},  # engine torch (the default)
     {"rollout": {"reserved": {"engine": "sglang", "gpusPerWorker": 1, "tensorParallel": 2}}},
 ]
@@ -170,6 +174,13 @@ def test_cross_field_rules_refuse_what_the_spec_models_refuse_naming_the_same_fi
     assert found[0].startswith(f"spec.{field} "), (field, found)
     rule = next(r for r in cel_rules.cross_field_rules() if r.message == found[0])
     assert rule.field == field
+
+
+def test_partial_rollout_with_several_trainer_ranks_is_accepted():
+    """A step's short last round is padded with weightless rows (trainer.ranks.complete_round)."""
+    spec = {"algorithm": {"partialRollout": True, "maxStaleness": 1, "promptsPerStep": 4}, "trainer": {"ranks": 2}}
+    parse_job_spec(spec)
+    assert both_ways(spec) == []
 
 
 def test_the_generated_crd_carries_the_rules_with_the_fields_they_name():

@@ -35,3 +35,11 @@ def test_micro_batch_larger_than_a_ranks_share_is_capped():
         {"algorithm": {"promptsPerStep": 4, "groupSize": 4, "microBatchSize": 4}, "trainer": {"ranks": 2}}
     )
     assert effective_micro_batch(two) == 4 and two.trainer.checkpoint_every == 10
+
+
+def test_partial_rollout_takes_any_ranks_but_keeps_the_even_batch_and_the_staleness_bound():
+    two = {"algorithm": {"partialRollout": True, "maxStaleness": 1, "promptsPerStep": 4}, "trainer": {"ranks": 2}}
+    assert parse_job_spec(two).trainer.ranks == 2  # short rounds are padded (trainer.ranks.complete_round)
+    uneven = {"algorithm": {**two["algorithm"], "promptsPerStep": 3, "groupSize": 3}, "trainer": {"ranks": 2}}
+    assert "trainer.ranks (2)" in _err(uneven)
+    assert "set algorithm.maxStaleness >= 1" in _err({**two, "algorithm": {"partialRollout": True}})

@@ -209,7 +209,9 @@ class PolicyEngine:
     def forward_backward(self, batch: MicroBatch, num_sequences: int) -> tuple[float, LossStats]:
         """Accumulate one micro-batch's gradient; returns its share of the step loss and diagnostics."""
         loss, stats = self._loss(batch.to(self.device), num_sequences)
-        self.engine.backward(loss, scale_wrt_gas=False)
+        # DeepSpeed averages gradients over ranks; x world makes the step's gradient the sum over its micro-batches
+        # (num_sequences normalises it), as with one rank. Exact for a power-of-two world.
+        self.engine.backward(loss * self.world if self.world > 1 else loss, scale_wrt_gas=False)
         return float(loss.detach().item()), stats
 
     @torch.no_grad()

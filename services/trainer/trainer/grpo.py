@@ -82,6 +82,18 @@ class MicroBatch:
             *(None if getattr(self, f) is None else getattr(self, f).to(device) for f in self.__dataclass_fields__)
         )
 
+    def weightless_row(self) -> MicroBatch:
+        """A one-row copy of the first row that weighs nothing: response mask, advantage and loss weight all 0, not
+        stale (so its ratio is exactly 1). Its forward and backward pass run every collective a real one does but
+        add exactly 0 to the loss, the gradient and the LossStats (trainer.ranks pads short rounds with it)."""
+        first = slice(0, 1)
+        return MicroBatch(
+            self.input_ids[first].clone(), self.attention_mask[first].clone(),
+            torch.zeros_like(self.response_mask[first]), torch.zeros_like(self.old_logprobs[first]),
+            torch.zeros(1, dtype=torch.bool), torch.zeros(1, dtype=torch.float32),
+            stale=torch.zeros(1, dtype=torch.bool), loss_weight=torch.zeros(1, dtype=torch.float32),
+        )  # fmt: skip
+
 
 def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
     """Right-pad prompt+response rows; the response token j of a row with prompt length P is target P+j-1."""

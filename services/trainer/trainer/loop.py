@@ -934,6 +934,7 @@ class Trainer:
         ctx.add_stats(loss, stats, time.monotonic() - start)
 
     def _round(self, mbs: list[MicroBatch], num_sequences: int) -> tuple[float, LossStats]:
+        mbs = ranks.complete_round(mbs, ranks.world_size())  # a step's last round may be short: see trainer.ranks
         ranks.broadcast({"op": "round", "mbs": mbs, "n": num_sequences})
         return self.engine.forward_backward(mbs[0], num_sequences)
 

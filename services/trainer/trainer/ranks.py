@@ -4,9 +4,14 @@ Choice: rank 0 alone talks to the rollout-manager, the weight-server and NATS. A
 become ready it collates a *round* of `world_size` of them and broadcasts it (torch.distributed
 `broadcast_object_list` on the default group: gloo on CPU); rank r trains micro-batch r of the round.
 Micro-batch k of a step therefore always lands on rank k mod world_size whatever the arrival order, every
-rank runs the same number of backward passes (the job spec guarantees the batch splits evenly), and the
-step is reproducible. Then every rank takes part in the optimizer step, the statistics all-reduce, the
-ZeRO-3 parameter gathers for publication and the collective checkpoint; only rank 0 publishes.
+rank runs the same number of backward passes, and the step is reproducible. A step whose micro-batches do not
+fill its last round (partial rollout trains however many groups completed) has that round completed with
+weightless rows (`complete_round`): every rank must run one backward pass per round, because ZeRO reduces
+gradients with collectives inside backward hooks, and a weightless row adds exactly 0 to loss, gradient and
+statistics. DeepSpeed averages gradients over ranks; the engine scales each rank's loss by world_size so that a
+step's gradient is the sum of its micro-batches' gradients, whatever the number of ranks. Then every rank takes
+part in the optimizer step, the statistics all-reduce, the ZeRO-3 parameter gathers for publication and the
+collective checkpoint; only rank 0 publishes.
 
 Messages (dicts): {"op": "resume", "ckpt": path|None}, {"op": "round", "mbs": [MicroBatch x world], "n": N},
 {"op": "step", "save": TrainerState|None}, {"op": "stop"}.
@@ -19,7 +24,7 @@ from typing import Any
 
 import torch
 
-from trainer.grpo import LossStats
+from trainer.grpo import LossStats, MicroBatch
 
 _FIELDS = ("tokens", "clipped_tokens", "ratio_sum", "abs_logp_diff_sum", "kl_sum", "entropy_sum")
 
@@ -47,6 +52,14 @@ def broadcast(obj: Any = None) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def complete_round(mbs: list[MicroBatch], world: int) -> list[MicroBatch]:
+    """`mbs` (1 to `world` real micro-batches, real ones first so micro-batch k stays on rank k mod world) padded to
+    `world` with weightless rows (MicroBatch.weightless_row): one backward pass per rank."""
+    if not 1 <= len(mbs) <= world:
+        raise ValueError(f"a round has 1 to {world} micro-batches (one per rank), got {len(mbs)}")
+    return mbs + [mbs[-1].weightless_row() for _ in range(world - len(mbs))]
 
 
 def all_reduce_stats(loss: float, stats: LossStats) -> tuple[float, LossStats]:
