@@ -276,12 +276,16 @@ class WeightClient:
         gate = asyncio.Semaphore(self.streams)
         peers: list[Source] = []
         kept: CachedPayload | None = None
-        if self.fanout is not None and _chunks_tile(m):  # each chunk checked alone: it may come from anyone
-            peers = [s for s in await self.fanout.sources(m) if s.url and s.url not in self.bad_peers]
+        fanning = self.fanout is not None and _chunks_tile(m)  # each chunk checked alone: it may come from anyone
+        if fanning:
             with contextlib.suppress(OSError):  # no room to keep it for peers: still pulled for ourselves
+                # before asking for sources: the directory names this worker to the pullers that ask after it at
+                # once, and a peer without the entry answers 404 (they would take those chunks from the server)
                 kept = self.fanout.cache.begin(m)
-        fanned = _PeerPull(peers, set(), kept)
         try:
+            if fanning:
+                peers = [s for s in await self.fanout.sources(m) if s.url and s.url not in self.bad_peers]
+            fanned = _PeerPull(peers, set(), kept)
             await asyncio.gather(*(self._fetch_chunk(m, c, buf, stats, gate, fanned) for c in m.chunks))
         except BaseException:
             if kept is not None:

@@ -59,7 +59,8 @@ async def test_a_wave_pulls_the_payload_from_the_server_once(server, tmp_path) -
         before = served_bytes(server)
         pulled = await asyncio.gather(*(client.pull(0) for client, _ in peers))
         assert all(p == payload for p in pulled)
-        assert served_bytes(server) - before == len(payload)  # the relay's pull; the chain served the rest
+        stats = [c.last_pull for c, _ in peers]
+        assert served_bytes(server) - before == len(payload), stats  # the relay's pull; the chain served the rest
         assert sorted(f.relay_pulls for _, f in peers) == [0, 0, 0, 1]  # whichever asked first
         assert sorted(c.last_pull.peer_bytes for c, _ in peers) == [0] + [len(payload)] * 3
         late, late_fanout = await peer(server, tmp_path, "late", zone="z")
@@ -126,3 +127,24 @@ async def test_a_dead_peer_costs_a_retry_not_the_sync(server, tmp_path) -> None:
         assert second.last_pull.peer_bytes == 0 and second.last_pull.peer_failures >= 1
     finally:
         await close((first, first_fanout), (second, second_fanout))
+
+
+async def test_a_puller_can_serve_the_payload_before_it_learns_its_sources(server, tmp_path) -> None:
+    """The directory names a puller to those who ask after it as soon as it has asked, so the puller must already
+    hold the payload's (empty) cache entry then: a peer without one answers 404, and every puller sent to it in
+    that window took its chunks from the weight-server instead (seen under load: 8 of 24 chunks served twice)."""
+    await upload(server, CHUNK * 4)
+    client, fanout = await peer(server, tmp_path, "w0")
+    asked = fanout.sources
+    entry_when_asking: list[object] = []
+
+    async def sources(m):
+        entry_when_asking.append(fanout.cache.get(m.payload_path))
+        return await asked(m)
+
+    fanout.sources = sources
+    try:
+        await client.pull(0)
+        assert entry_when_asking and entry_when_asking[0] is not None
+    finally:
+        await close((client, fanout))
