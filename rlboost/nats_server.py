@@ -5,19 +5,93 @@ Used by `rlboost local` and by tests: `with NatsServer(tmp_dir) as srv: srv.url`
 
 from __future__ import annotations
 
+import collections
+import errno
+import random
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+DEFAULT_EPHEMERAL_RANGE = (32768, 60999)  # Linux's default, used where the file cannot be read
+LOWEST_PICK = 20000  # below the default range, above most well-known services' ports
+UNPRIVILEGED = 1025  # ports up to 1024 need privileges
+ROOM = 1000  # the fewest ports a side must offer before it is preferred
+PICK_TRIES = 200
+RECENT_PICKS = 1000  # a port handed out is not handed out again by this process for this many picks
+_random = random.SystemRandom()  # not the module's generator: forked or reseeded (pytest-randomly) copies repeat it
+# Callers often pick several ports before binding any (a run's plan), so a free port may be one just handed out.
+_recent: collections.deque[int] = collections.deque(maxlen=RECENT_PICKS)
+_recent_lock = threading.Lock()
+
+
+def ephemeral_port_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The kernel's ephemeral port range (first, last): what bind(0) and outgoing connections get."""
+    try:
+        first, last = (int(word) for word in path.read_text().split())
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL_RANGE
+    if not 1 <= first <= last <= 65535:
+        return DEFAULT_EPHEMERAL_RANGE
+    return first, last
+
+
+def pick_range(ephemeral: tuple[int, int]) -> tuple[int, int] | None:
+    """The ports (first, last) free_port picks from: below the ephemeral range (from LOWEST_PICK where it leaves
+    ROOM, else from UNPRIVILEGED), else above it; the larger side if neither has ROOM; None if neither has a port."""
+    first, last = ephemeral
+    low = LOWEST_PICK if first - LOWEST_PICK >= ROOM else UNPRIVILEGED
+    below, above = (low, first - 1), (max(last + 1, UNPRIVILEGED), 65535)
+    sides = [side for side in (below, above) if side[1] >= side[0]]
+    roomy = [side for side in sides if side[1] - side[0] + 1 >= ROOM]
+    if roomy:
+        return roomy[0]
+    return max(sides, key=lambda side: side[1] - side[0], default=None)
+
+
+def _bindable(host: str, port: int) -> bool:
+    """True if a TCP socket can bind host:port now (no SO_REUSEADDR: a port in TIME_WAIT counts as taken)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+    return True
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free right now on `host` (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port free right now on `host`, picked at random outside the kernel's ephemeral range.
+
+    Whoever asks for a port binds it later, after this returns. A port from bind(0) lies in the ephemeral range,
+    which the kernel hands to every bind(0) and every outgoing connection's local port, so on a busy machine
+    something else often takes it in between (another run's nats-server answered a weight-server's health
+    check). The kernel never hands out a port outside that range by itself: only another picker drawing the same
+    random port at the same instant could take it. Where the range leaves no port outside it, the kernel picks.
+    """
+    ephemeral = ephemeral_port_range()
+    ports = pick_range(ephemeral)
+    if ports is None:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return s.getsockname()[1]
+    with _recent_lock:
+        for _ in range(PICK_TRIES):
+            port = _random.randint(*ports)
+            if port not in _recent and _bindable(host, port):
+                _recent.append(port)
+                return port
+    raise RuntimeError(
+        f"no free TCP port on {host} among {ports[0]}-{ports[1]} (outside the kernel's ephemeral range "
+        f"{ephemeral[0]}-{ephemeral[1]}, {EPHEMERAL_RANGE_FILE}) after {PICK_TRIES} random tries: "
+        "stop programs holding ports there, or narrow the ephemeral range to leave room below it"
+    )
 
 
 def nats_server_binary() -> str:

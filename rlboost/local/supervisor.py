@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import http.client
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,6 +55,7 @@ class Child:
     started_at: float = field(default_factory=time.monotonic)
     expected_exit: bool = False  # we killed it (trace, chaos, shutdown): its exit is no failure
     reported: bool = False
+    ready_port: int | None = None  # the port its readiness was checked on, to name in a failure
 
     @property
     def pid(self) -> int:
@@ -97,12 +101,47 @@ def _port_open(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
-def _healthy(url: str) -> bool:
+NOT_HTTP = "not HTTP"
+
+
+def _health_answer(url: str) -> str:
+    """What a GET of `url` got: "ok" (a 200), NOT_HTTP (bytes that are not HTTP: another program holds the port), or
+    why it is not ready yet. A connection closed without an answer (RemoteDisconnected) is a server still starting."""
     try:
         with urllib.request.urlopen(url, timeout=1.0) as resp:  # noqa: S310 (loopback URL we built)
-            return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+            return "ok" if resp.status == 200 else f"status {resp.status}"
+    except http.client.RemoteDisconnected:
+        return "closed without an answer"
+    except http.client.HTTPException:  # BadStatusLine & co
+        return NOT_HTTP
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def _healthy(url: str) -> bool:
+    """True on a 200; any other answer, or none, is not healthy (never raises)."""
+    return _health_answer(url) == "ok"
+
+
+# What a server's log says when its port is taken: errno 98 (Python, uvicorn, torch), Go's message (nats-server),
+# gRPC's bind failure.
+_PORT_TAKEN = re.compile(r"address already in use|EADDRINUSE|failed to bind to address", re.IGNORECASE)
+_PORT_IN_LINE = re.compile(r"[:, ](\d{4,5})\b")  # ('127.0.0.1', 39163) or 127.0.0.1:4222
+
+
+def port_taken_reason(port: int | None) -> str:
+    where = f"port {port}" if port else "a port it listens on"
+    return f"could not start: {where} is in use by another program"
+
+
+def exit_reason(tail: str, default: str, port: int | None = None) -> str:
+    """`default`, unless the log says the child could not bind its port: then which port, from the log if it
+    names one, else `port`."""
+    lines = [line for line in tail.splitlines() if _PORT_TAKEN.search(line)]
+    if not lines:
+        return default
+    named = [int(p) for p in _PORT_IN_LINE.findall(lines[-1]) if int(p) <= 65535]
+    return port_taken_reason(named[-1] if named else port)
 
 
 class Supervisor:
@@ -147,10 +186,20 @@ class Supervisor:
     def check_ready(self, name: str, port: int | None, health_url: str = "") -> bool:
         """One readiness probe (at most ~1 s); raises ChildFailedError if the child has died."""
         child = self.children[name]
+        child.ready_port = port
         if not child.alive:
             child.reported = True
-            raise ChildFailedError(name, child.proc.returncode, "exited during start-up", self.tail(name))
-        return (port is None or _port_open(port)) and (not health_url or _healthy(health_url))
+            tail = self.tail(name)
+            raise ChildFailedError(name, child.proc.returncode, exit_reason(tail, "exited during start-up", port), tail)
+        if port is not None and not _port_open(port):
+            return False
+        if not health_url:
+            return True
+        answer = _health_answer(health_url)
+        if answer == NOT_HTTP:  # the child would fail to bind the port, or has: either way, not the child answered
+            reason = f"{port_taken_reason(urllib.parse.urlsplit(health_url).port)} (its {health_url} answered {answer})"
+            raise ChildFailedError(name, None, reason, self.tail(name))
+        return answer == "ok"
 
     def tail(self, name: str, n: int = 15) -> str:
         return tail_lines(self.children[name].log_path, n)
@@ -165,7 +214,8 @@ class Supervisor:
         return out
 
     def failure(self, child: Child, reason: str = "exited unexpectedly") -> ChildFailedError:
-        return ChildFailedError(child.name, child.proc.returncode, reason, self.tail(child.name))
+        tail = self.tail(child.name)
+        return ChildFailedError(child.name, child.proc.returncode, exit_reason(tail, reason, child.ready_port), tail)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Signal a child's whole process group and mark its exit as expected (e.g. a spot preemption)."""

@@ -13,13 +13,15 @@ the Grafana dashboard against the server.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+# Run by the venv's python, where rlboost is installed: ports picked outside the ephemeral range, as everywhere.
+from rlboost.nats_server import free_port
 
 # What the chart's PodMonitor selects (tests/cluster/test_prometheus_lane.py keeps these in step with it).
 POD_MONITOR_SELECTOR = {"app.kubernetes.io/part-of": "rlboost", "app.kubernetes.io/managed-by": "rlboost-operator"}
@@ -61,12 +63,6 @@ def panel_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
                 if target.get("expr"):
                     out.append((inner.get("title", "?"), target["expr"]))
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Prometheus:

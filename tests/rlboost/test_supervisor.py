@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
 import pytest
 
-from rlboost.local.supervisor import ChildFailedError, Supervisor, tail_lines
-from rlboost.nats_server import free_port
+from rlboost.local.supervisor import ChildFailedError, Supervisor, _healthy, exit_reason, tail_lines
+from rlboost.nats_server import NatsServer, free_port
 from tests.helpers import wait_until
 
 PY = sys.executable
@@ -124,3 +125,54 @@ def test_a_childs_rendezvous_beats_the_inherited_one_and_other_defaults_do_not(t
     finally:
         sup.shutdown(grace_s=5)
     assert sup.tail("child").strip() == "2222 4"
+
+
+def test_a_port_answered_by_another_program_is_not_ready_and_named(tmp_path: Path) -> None:
+    """The weight-server's health URL answered by another run's nats-server (its INFO line, not HTTP): not healthy,
+    no traceback, and the child's start-up fails naming the port."""
+    with NatsServer(tmp_path / "nats") as nats:
+        url = f"http://127.0.0.1:{nats.port}/healthz"
+        assert _healthy(url) is False
+        sup = Supervisor(tmp_path / "logs")
+        sup.start("weight-server", [PY, "-c", "import time; time.sleep(60)"])
+        try:
+            with pytest.raises(ChildFailedError) as info:
+                sup.wait_ready("weight-server", nats.port, url, timeout=15)
+        finally:
+            sup.shutdown(grace_s=5)
+    assert str(info.value).startswith(f"weight-server could not start: port {nats.port} is in use by another program")
+
+
+def test_a_child_that_cannot_bind_its_port_says_which_port(tmp_path: Path) -> None:
+    """A port-only readiness check passes on the other program's listener; the child's exit then names the port."""
+    bind = "import socket, sys; socket.socket().bind(('127.0.0.1', int(sys.argv[1])))"
+    sup = Supervisor(tmp_path / "logs")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", free_port()))
+        held.listen()
+        port = held.getsockname()[1]
+        try:
+            sup.start("rollout-manager", [PY, "-c", bind, str(port)])
+            sup.wait_ready("rollout-manager", port, timeout=15)
+            exits = wait_until(sup.unexpected_exits, what="the child's exit")
+        finally:
+            sup.shutdown(grace_s=1)
+    msg = str(sup.failure(exits[0]))
+    assert msg.startswith(f"rollout-manager could not start: port {port} is in use by another program (exit code 1)")
+    assert "Address already in use" in msg  # the log's last lines still follow
+
+
+def test_exit_reason_reads_the_port_from_servers_messages() -> None:
+    uvicorn = (
+        "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 39163): address already in use"
+    )
+    nats = '[4711] 2026/11/24 10:00:01.000000 [FTL] Error listening on port: 127.0.0.1:4222, "listen tcp 127.0.0.1:4222: bind: address already in use"'
+    assert exit_reason(uvicorn, "exited", 1) == "could not start: port 39163 is in use by another program"
+    assert exit_reason(nats, "exited") == "could not start: port 4222 is in use by another program"
+    assert exit_reason("OSError: [Errno 98] Address already in use", "exited", 5000).endswith(
+        "port 5000 is in use by another program"
+    )
+    assert exit_reason("RuntimeError: Failed to bind to address 127.0.0.1:0", "exited") == (
+        "could not start: a port it listens on is in use by another program"
+    )
+    assert exit_reason("Traceback ...\nValueError: no model", "exited unexpectedly") == "exited unexpectedly"
