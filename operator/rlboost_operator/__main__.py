@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 from rlboost.options.base import env_default
 
 if TYPE_CHECKING:  # imported when needed: `--help` should not load kopf
+    import kopf
+
     from rlboost_operator.leader import ElectionConfig, LeaderElector
 
 log = logging.getLogger("rlboost_operator")
@@ -103,7 +105,7 @@ def election_config(args: argparse.Namespace, default_namespace: str | None) -> 
         raise SystemExit(f"rlboost-operator: invalid setting: {bad}") from None
 
 
-async def run_kopf(args: argparse.Namespace) -> None:
+async def run_kopf(args: argparse.Namespace, settings: kopf.OperatorSettings | None = None) -> None:
     """kopf with every handler of rlboost_operator.handlers; peering off (one replica acts, by the Lease)."""
     import kopf
 
@@ -114,6 +116,7 @@ async def run_kopf(args: argparse.Namespace) -> None:
         namespaces=args.namespace,
         standalone=True,
         liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz",
+        settings=settings,
     )
 
 
@@ -156,13 +159,19 @@ async def run_elected(args: argparse.Namespace) -> int:
 
 async def lead(args: argparse.Namespace, elector: LeaderElector) -> int:
     """Run kopf while keep() renews the Lease; 0 after a clean stop, 1 when leadership was lost."""
-    operator = asyncio.create_task(run_kopf(args), name="kopf")
+    import kopf
+
+    settings = kopf.OperatorSettings()
+    operator = asyncio.create_task(run_kopf(args, settings), name="kopf")
     keeper = asyncio.create_task(elector.keep(), name="lease-renewal")
     await asyncio.wait({operator, keeper}, return_when=asyncio.FIRST_COMPLETED)
     if keeper.done():
         # Leadership lost: another replica may act already, so stop acting now (cancel, not a graceful
-        # stop: kopf's stop flag would keep a waiter hung for 5 s) and let the pod restart.
+        # stop: kopf's stop flag would keep a waiter hung for 5 s) and let the pod restart. Even cancelled,
+        # kopf lets its workers handle queued events (new reconciles included) for queueing.exit_timeout
+        # (2 s) before it cancels them: none here. A clean stop (SIGTERM) keeps that grace.
         log.error("stopping: this replica is no longer the leader", extra={"error": str(keeper.exception())})
+        settings.queueing.exit_timeout = 0
         operator.cancel()
         await asyncio.wait({operator}, timeout=STOP_GRACE_S)
         return 1

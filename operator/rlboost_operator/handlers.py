@@ -216,6 +216,8 @@ async def _read_cluster_keys() -> cluster_keys.ClusterKeys:
     for path in (cluster_keys.ISSUER_PATH, cluster_keys.JWKS_PATH):
         try:
             answers.append(await kube.get_path(path))
+        except TimeoutError as err:
+            raise cluster_keys.DiscoveryError(path, f"no answer within {kube.request_timeout_s:g} s") from err
         except (KubeError, aiohttp.ClientError, ValueError) as err:
             raise cluster_keys.DiscoveryError(path, str(err)) from err
     return cluster_keys.parse_discovery(*answers)

@@ -4,6 +4,7 @@ Just what the operator needs: get, create, replace (PUT, for the leader Lease), 
 /status), create-or-patch, and GET of a path outside the resources (the service-account issuer's OIDC discovery).
 The credentials come from `kopf.login_with_service_account` / `kopf.login_with_kubeconfig`
 (captured by the login handler), so kopf and this client always talk to the same API server.
+Every call has a deadline (REQUEST_TIMEOUT_S).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "RLJob": ("/apis/rlboost.io/v1alpha1", "rljobs"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
 }
+
+
+# One API call's deadline (aiohttp's default is 5 min): a call the API server never answers must not hold a
+# reconcile (nor the cluster-keys lock every reconcile shares) for minutes; it fails, and kopf retries the reconcile.
+REQUEST_TIMEOUT_S = 30.0
 
 
 class KubeError(RuntimeError):
@@ -69,14 +75,17 @@ def discover_connection() -> kopf.ConnectionInfo | None:
 class Kube:
     """One aiohttp session against the API server described by a kopf ConnectionInfo."""
 
-    def __init__(self, info: kopf.ConnectionInfo) -> None:
+    def __init__(self, info: kopf.ConnectionInfo, request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         headers = {"Accept": "application/json"}
         if info.token:
             headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
         auth = aiohttp.BasicAuth(info.username, info.password or "") if info.username else None
-        self.server = info.server.rstrip("/")
+        self.server, self.request_timeout_s = info.server.rstrip("/"), request_timeout_s
         self._session = aiohttp.ClientSession(
-            headers=headers, auth=auth, connector=aiohttp.TCPConnector(ssl=_ssl_context(info))
+            headers=headers,
+            auth=auth,
+            connector=aiohttp.TCPConnector(ssl=_ssl_context(info)),
+            timeout=aiohttp.ClientTimeout(total=request_timeout_s),
         )
 
     async def close(self) -> None:

@@ -62,17 +62,26 @@ def _status(code: int, reason: str, message: str) -> web.Response:
 
 
 ISSUER = "https://kubernetes.default.svc.cluster.local"
+DISCOVERY_PATHS = ("/.well-known/openid-configuration", "/openid/v1/jwks")
 
 
 @dataclass
 class ClusterDiscovery:
     """What the fixture's API server publishes for its service-account tokens: the issuer and the public key of
-    `key` (an EC P-256 key, as a kubelet's tokens could be signed with); `refuse`: answer this HTTP status instead."""
+    `key` (an EC P-256 key, as a kubelet's tokens could be signed with); `refuse`: answer this HTTP status instead;
+    `gate`: while this Event is clear, requests wait for it (an API server that does not answer)."""
 
     key: Any = None
     kid: str = ""
     refuse: int | None = None
+    gate: threading.Event | None = None
     served: int = 0  # requests answered at the discovery endpoints
+    held: int = 0  # requests that waited at the gate
+
+    async def wait_at_gate(self) -> None:
+        if self.gate is not None and not self.gate.is_set():
+            self.held += 1
+            await asyncio.to_thread(self.gate.wait)
 
     def rotate(self) -> None:
         from cryptography.hazmat.primitives.asymmetric import ec
@@ -105,6 +114,8 @@ class Emulator(kmock.KubernetesEmulator):
 
     async def _handle(self, request):  # type: ignore[no-untyped-def]
         if self.discovery is not None and request.method == kmock.method.GET:
+            if request.url.path in DISCOVERY_PATHS:
+                await self.discovery.wait_at_gate()
             answer = self.discovery.answer(request.url.path)
             if answer is not None:
                 return answer
@@ -222,6 +233,8 @@ def kube_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeAp
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     with httpx.Client(base_url=box["url"], timeout=10) as http:
         yield KubeApi(box["emulator"], box["url"], http, discovery)
+    if discovery.gate is not None:
+        discovery.gate.set()  # a request still held would keep kmock's loop from closing
     box["loop"].call_soon_threadsafe(box["stop"].set)
     thread.join(10)
 

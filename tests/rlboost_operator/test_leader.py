@@ -6,16 +6,20 @@
   PUT and no resourceVersion of its own; see conftest.py).
 - Two real operator processes against one API: only the Lease holder reconciles; the standby takes
   over within the lease duration after the leader is SIGKILLed; a leader that loses the Lease exits 1.
+- With a reconcile in flight (held by kmock at the cluster's key discovery): a SIGTERM still stops the
+  leader with exit 0 and releases the Lease; a lost Lease cancels the reconcile at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -248,7 +252,10 @@ async def test_a_release_after_losing_the_lease_leaves_the_new_holder_alone(kube
 
 # --- Two real operator processes ------------------------------------------------------------------
 
-LEASE_S = 4  # long enough that a busy 2-core test machine does not stall a live leader's renewals past it
+# The renew deadline (LEASE_S - 1) must outlast the slowest renewal on a busy 2-core machine: with 4 s (a 3 s
+# deadline) a new leader's renewal (a GET and a PUT to kmock, competing with its first reconciles) once took
+# over 2.5 s under a load of 5, so it stepped down and exited 1 as designed, failing the test's clean stop.
+LEASE_S = 8
 POLL_S = 0.1  # kmock serves from this process: polling it every 20 ms would slow the operators down
 
 
@@ -319,8 +326,12 @@ def holder(api) -> str:
     return (lease(api).get("spec") or {}).get("holderIdentity") or ""
 
 
-def logs(*procs: OperatorProcess) -> str:
-    return "\n".join(f"--- {p.pod}\n{p.log.read_text()[-4000:]}" for p in procs)
+def logs(*procs: OperatorProcess, lines: int = 40) -> str:
+    """Each process's last log lines, each cut short: kopf's lines carry its whole settings, and a tail of the
+    raw file held only two of them, hiding e.g. the election's 'lost the lease' just before."""
+    return "\n".join(
+        f"--- {p.pod}\n" + "\n".join(line[:400] for line in p.log.read_text().splitlines()[-lines:]) for p in procs
+    )
 
 
 def test_only_the_leader_reconciles_and_a_standby_takes_over_when_it_is_killed(kube_api, start_operator):
@@ -361,17 +372,59 @@ def test_only_the_leader_reconciles_and_a_standby_takes_over_when_it_is_killed(k
     assert holder(api) == ""
 
 
+def leading_in_a_held_reconcile(api, start_operator: Callable[[str], OperatorProcess]) -> OperatorProcess:
+    """op-a leading, with an RLJob's reconcile waiting on the cluster's key discovery, which kmock holds."""
+    api.discovery.gate = threading.Event()
+    a = start_operator("op-a")
+    wait_until(lambda: a.leading() == 1, timeout=60, interval=POLL_S, what="op-a leading")
+    api.create("RLJob", rljob("held"))
+    wait_until(lambda: api.discovery.held >= 1, timeout=60, interval=POLL_S, what="the reconcile waiting on the API")
+    return a
+
+
+def test_a_sigterm_during_a_reconcile_stops_the_leader_cleanly_and_releases_the_lease(kube_api, start_operator):
+    """The reconcile waits on the API server's key discovery, which kmock holds unanswered (the gate): the
+    SIGTERM must cancel it, exit 0 and hand the Lease over; the next leader redoes the reconcile."""
+    api = kube_api
+    a = leading_in_a_held_reconcile(api, start_operator)
+
+    a.proc.send_signal(signal.SIGTERM)
+    assert a.proc.wait(30) == 0, logs(a)
+    assert "is cancelled" in a.log.read_text(), logs(a)  # it stopped mid-reconcile, not after it
+    assert holder(api) == ""
+
+
+def steal(api) -> bool:
+    """Write another holder into the Lease, as a replica that took it would; False on a 409 (a renewal won)."""
+    current = lease(api)
+    current["spec"].update(holderIdentity="intruder", leaseDurationSeconds=60)
+    return api.http.put(api.path("Lease", NS, "rlboost-operator"), json=current).status_code == 200
+
+
 def test_a_leader_that_loses_the_lease_stops_and_exits_non_zero(kube_api, start_operator):
     api = kube_api
     a = start_operator("op-a")
     wait_until(lambda: a.leading() == 1, timeout=60, interval=POLL_S, what="op-a leading")
 
-    def steal() -> bool:
-        current = lease(api)
-        current["spec"].update(holderIdentity="intruder", leaseDurationSeconds=60)
-        return api.http.put(api.path("Lease", NS, "rlboost-operator"), json=current).status_code == 200
-
-    wait_until(steal, timeout=10, interval=POLL_S, what="the lease taken by another holder")
+    wait_until(lambda: steal(api), timeout=10, interval=POLL_S, what="the lease taken by another holder")
     assert a.proc.wait(15) == 1, logs(a)
     assert "lost the lease" in a.log.read_text()
     assert holder(api) == "intruder"  # the loser does not write the Lease on its way out
+
+
+def test_a_leader_that_loses_the_lease_cancels_its_reconciles_at_once(kube_api, start_operator):
+    """A reconcile held by the API (kmock's discovery gate) is cancelled as the Lease is lost, not after kopf's
+    exit timeout (2 s, in which its workers would go on handling queued events: acting without the Lease)."""
+    api = kube_api
+    a = leading_in_a_held_reconcile(api, start_operator)
+
+    wait_until(lambda: steal(api), timeout=10, interval=POLL_S, what="the lease taken by another holder")
+    assert a.proc.wait(15) == 1, logs(a)
+    lost, cancelled = (logged_at(a, text) for text in ("lost the lease", "Handler 'rljob_reconcile' is cancelled"))
+    assert 0 <= cancelled - lost < 1.5, logs(a)  # kopf's exit timeout alone is 2 s
+
+
+def logged_at(proc: OperatorProcess, text: str) -> float:
+    """The time of the first log record whose message contains `text`."""
+    records = (json.loads(line) for line in proc.log.read_text().splitlines() if line.startswith("{"))
+    return next(r["ts"] for r in records if text in r["msg"])

@@ -11,11 +11,13 @@ operator wrote: that is the whole chain but the kubelet.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import jwt
+import kopf
 import pytest
 
 from rlboost.auth.credentials import ROLE_ITEMS, WORKER_IDENTITY_CLUSTER
@@ -23,6 +25,7 @@ from rlboost.auth.worker_identity import IdentityRefused, WorkerIdentityVerifier
 from rlboost.spec import JobSpec
 from rlboost_operator import children, cluster_keys, handlers
 from rlboost_operator.config import OperatorSettings
+from rlboost_operator.kube import Kube
 from tests.helpers import wait_until
 from tests.rlboost_operator.conftest import ISSUER, ClusterDiscovery
 from tests.rlboost_operator.test_operator import NS, rljob, status_of
@@ -85,6 +88,20 @@ def test_unusable_discovery_answers_name_the_endpoint_and_the_fix(config, jwks, 
     with pytest.raises(cluster_keys.DiscoveryError, match=f"GET {path}: .*{problem}.*issuer-discovery") as err:
         cluster_keys.parse_discovery(config, jwks)
     assert err.value.path == path
+
+
+async def test_a_discovery_read_never_answered_fails_at_the_request_deadline(kube_api, monkeypatch) -> None:
+    """kmock holds the discovery request (its gate): the read gives up at the client's deadline with an error
+    naming the endpoint, rather than holding the reconcile, and the cluster-keys lock, for aiohttp's 5 minutes."""
+    kube_api.discovery.gate = threading.Event()
+    kube = Kube(kopf.ConnectionInfo(server=kube_api.url, token="test"), request_timeout_s=0.5)
+    monkeypatch.setattr(handlers.STATE, "kube", kube)
+    try:
+        with pytest.raises(cluster_keys.DiscoveryError, match="no answer within 0.5 s") as err:
+            await handlers._read_cluster_keys()
+        assert err.value.path == cluster_keys.ISSUER_PATH and kube_api.discovery.held == 1
+    finally:
+        await kube.close()
 
 
 def test_the_item_is_canonical_and_names_the_jobs_accounts_and_audience() -> None:
