@@ -27,6 +27,9 @@ from threading import Thread
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+# kopf attaches its whole OperatorSettings to every record it logs (~2 KB once printed); the operator's lines keep
+# kopf's object reference (k8s_ref) and lose that
+_DROPPED = {"kopf": {"settings"}}
 
 
 class JsonFormatter(logging.Formatter):
@@ -44,7 +47,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        out.update({k: v for k, v in record.__dict__.items() if k not in _RESERVED})
+        dropped = _DROPPED.get(record.name.partition(".")[0], set())
+        out.update({k: v for k, v in record.__dict__.items() if k not in _RESERVED and k not in dropped})
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)

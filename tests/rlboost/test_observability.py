@@ -4,6 +4,8 @@ and LoopWatchdog's health fails while (and shortly after) its loop is blocked.""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import signal
 import socket
 import subprocess
@@ -15,7 +17,7 @@ import httpx
 import pytest
 
 from rlboost.nats_server import free_port
-from rlboost.observability import LoopWatchdog, serve_http
+from rlboost.observability import JsonFormatter, LoopWatchdog, serve_http
 from tests.helpers import wait_until
 
 
@@ -141,3 +143,17 @@ def test_a_service_crashing_in_native_code_says_where_in_its_log() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGSEGV, proc
     assert "Segmentation fault" in proc.stderr and "in read_a_null_pointer" in proc.stderr, proc.stderr
+
+
+def test_kopf_lines_keep_their_object_but_not_kopfs_settings() -> None:
+    """kopf logs every line with `settings` (its whole OperatorSettings) beside `k8s_ref`: printed, each operator
+    line was ~2 KB, and a failing test's log tail showed two lines."""
+    formatter = JsonFormatter("operator")
+    ref = {"kind": "RLJob", "name": "job1"}
+    kopf = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, "Handler succeeded.", (), None)
+    kopf.__dict__.update(settings=object(), k8s_ref=ref)
+    ours = logging.LogRecord("rlboost_operator.handlers", logging.INFO, __file__, 1, "scaled", (), None)
+    ours.__dict__.update(settings="a field of our own")
+    line = json.loads(formatter.format(kopf))
+    assert "settings" not in line and line["k8s_ref"] == ref
+    assert json.loads(formatter.format(ours))["settings"] == "a field of our own"
