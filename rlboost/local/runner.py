@@ -57,6 +57,7 @@ RESTARTED_ROLES = {"rollout-manager"}
 MIN_UPTIME_S = 5.0
 SHUTDOWN_GRACE_S = 10.0
 STATUS_READ_EVERY_S = 0.2  # how often the status stream is read for new step reports and `done`
+FINAL_READ_S = 5.0  # on the way out: how long the last read of the status stream may take
 EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}
 
 
@@ -401,7 +402,8 @@ class Run:
             log.warning("ignoring a malformed step report", extra={"error": str(err)})
             return
         steps = self.state.progress.steps
-        if any(s.step == rec.step for s in steps):
+        resent = self.plan.options.resume and rec.step == self.status_reader.last_step_before  # shown by that run
+        if resent or any(s.step == rec.step for s in steps):
             return  # sent again by a resumed trainer (its checkpoint's report): shown and counted once
         steps.append(rec)
         if self.live is None:
@@ -476,6 +478,15 @@ class Run:
         if self.status_read is not None:
             await self.status_read  # bounded by the read's timeout
 
+    async def read_what_is_left(self) -> None:
+        """On the way out, a failure's too: the step reports stored but not read yet, so this run's report shows
+        every step it got (a resumed run takes the last one stored as shown: status_stream.StreamCursor). Bounded;
+        nothing while NATS is gone."""
+        with contextlib.suppress(Exception):
+            if self.status_read is not None and not self.status_read.done():
+                await asyncio.wait_for(self.status_read, FINAL_READ_S)
+            await asyncio.wait_for(self._read_status(), FINAL_READ_S)
+
     def _status_read_idle(self) -> bool:
         """No status-stream read in progress (re-raising what a finished one raised). The read runs beside the
         loop, not in it: while NATS is away it waits for its timeout, and the loop must meanwhile restart NATS,
@@ -539,6 +550,7 @@ async def _run_async(run: Run) -> ManagerStatus | None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         run.live = None
+        await run.read_what_is_left()
         await run.close()
 
 

@@ -16,7 +16,7 @@ from nats.aio.client import Client
 from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
-from rlboost.wire.events import STATUS_STREAM, subject
+from rlboost.wire.events import STATUS_STREAM, StepReport, subject
 
 log = logging.getLogger(__name__)
 TOPICS = ("steps", "done")
@@ -38,14 +38,28 @@ async def ensure_status_stream(nc: Client, namespace: str, job: str) -> StreamCu
         info = await js.add_stream(config)
     except BadRequestError:  # it exists (with another config): bring it up to date
         info = await js.update_stream(config)
-    return StreamCursor(next_seq=info.state.last_seq + 1)
+    last_step = await _last_step(nc, namespace, job) if info.state.last_seq else None
+    return StreamCursor(next_seq=info.state.last_seq + 1, last_step_before=last_step)
+
+
+async def _last_step(nc: Client, namespace: str, job: str) -> int | None:
+    """The step of the last step report an earlier run of this run dir stored, if any."""
+    try:
+        msg = await nc.jetstream(timeout=TIMEOUT_S).get_last_msg(STATUS_STREAM, subject(namespace, job, "steps"))
+        return StepReport.model_validate_json(msg.data or b"").step
+    except (NotFoundError, ValueError):  # no step report yet, or one this version cannot read
+        return None
 
 
 @dataclass
 class StreamCursor:
-    """The sequence number of the next message to read."""
+    """The sequence number of the next message to read, and what an earlier run of the run dir got."""
 
     next_seq: int = 1
+    # A resumed trainer sends its checkpoint's step report again when no mark says it went out (it may have been
+    # killed between publishing and marking): when that step is the last one the stream holds, the earlier run
+    # showed it already, and this one does not count it as its own.
+    last_step_before: int | None = None
 
 
 async def read_from(nc: Client, cursor: StreamCursor, limit: int = 256) -> list[tuple[str, bytes]]:
