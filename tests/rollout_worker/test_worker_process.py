@@ -63,12 +63,14 @@ async def spawn_weight_server(tmp_path: Path, *flags: str) -> tuple[subprocess.P
 
 
 async def generates_then_drains(manager: StandInManager, worker: subprocess.Popen, expected: list[int]) -> None:
-    """A greedy request yields `expected` tokens; then SIGTERM and exit 0."""
+    """A greedy request yields `expected` tokens; then SIGTERM drains the worker (its DrainNotice, not an engine's
+    own SIGTERM handler: SGLang installs one when its request loop starts) and it exits 0."""
     manager.assign(pb_assignment("g", PROMPT, 12))
     await eventually(lambda: manager.last_chunk("g") and manager.last_chunk("g").finished, timeout=30, what="end")
     assert manager.tokens("g") == expected
     worker.send_signal(signal.SIGTERM)
     assert await wait_exit(worker, 10) == 0
+    assert [m.drain.reason for m in manager.of_kind("drain")] == ["SIGTERM"]
 
 
 def stop(*procs: subprocess.Popen | None) -> None:

@@ -78,6 +78,7 @@ async def _amain(args: WorkerOptions) -> int:
             await opened.close(args)
             _exit_at_once(0)
         stop.session = session  # from now on a signal drains the session
+        stop.install()
         await session.run()
         log.info("worker stopped", extra={"worker_id": args.worker_id})
         return 0
@@ -127,6 +128,11 @@ class _Stop:
 
     def __init__(self) -> None:
         self.event, self.reason, self.session = asyncio.Event(), "", None
+        self.install()
+
+    def install(self) -> None:
+        """Take SIGTERM and SIGINT on the running loop; again after start-up, as the SGLang engine takes SIGTERM
+        for its own request loop while it starts."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig.name)

@@ -214,6 +214,10 @@ class SglangEngine(Engine):
         # Blocking on purpose: SGLang installs signal handlers and forks children, which must happen on the
         # main thread; nothing else runs on the loop before the worker registers.
         self._sgl = self._launch(model_dir, dummy=weightless)
+        # SGLang's request loop, created lazily by its first call, installs a SIGTERM handler of its own on the
+        # running loop (it polls, exits the process after up to 20 s, and skips the worker's drain). Create it
+        # now, so that the worker's own handler, installed again after start-up, is the one that stays.
+        self._sgl.tokenizer_manager.auto_create_handle_loop()
         if weightless:  # the model's tensor names from its config; the weights come with the first update
             names = _config_tensor_names(model_dir)
             self._tied = _tied_aliases(model_dir, names)
