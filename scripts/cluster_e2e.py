@@ -418,11 +418,22 @@ class Lane:
                 current = self.logs_tail(f"{self.run_id}-{name}", lines)
                 if "no such container" not in current:  # between restarts there is none
                     print("--- current container (tail):\n" + current)
+        self.print_ended_pod_logs(lines // 2)
         print(f"\n===== operator (warnings and errors, tail):\n{self.operator_problems(lines)}")
         for name in self.procs:
             log = self.state / f"{name}.log"
             if log.exists():
                 print(f"\n===== {name} (tail):\n" + "\n".join(log.read_text().splitlines()[-15:]))
+
+    def print_ended_pod_logs(self, lines: int) -> None:
+        """Tails of the pods that are gone (a failed job's trainer and the children its stop scaled to zero): the
+        podlet appended each one's last container run to its log."""
+        with contextlib.suppress(Exception):
+            live = {pod["metadata"]["name"] for pod in self.pods()}
+            for log in sorted((self.state / "podlet" / "logs").glob("*.log")):
+                if log.stem not in live:
+                    print(f"\n===== pod {log.stem} (gone; its last container run, tail):")
+                    print("\n".join(line[:600] for line in log.read_text().splitlines()[-lines:]))
 
     def operator_problems(self, lines: int) -> str:
         """The operator's log lines above INFO (its INFO lines are one per handled event)."""

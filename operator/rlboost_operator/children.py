@@ -793,6 +793,17 @@ def build_children(
         ),  # fmt: skip
         *spot_workers(job, namespace, spec, settings, spot_replicas, split),
     ]
+    objs = services_first(objs)
     _annotate_config_hash(objs, spec)
     _apply_retention(objs, spec)
     return scaled_to_zero(objs) if finished else objs
+
+
+WORKLOAD_KINDS = frozenset({"Deployment", "StatefulSet"})
+
+
+def services_first(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`objs` with every workload after everything else (Helm's install order): a pod then starts with its
+    peers' Services in place, so the service links Kubernetes injects at pod creation are there, and anything
+    that resolves names as the pod starts (kube-dns caches, the test lane's podlet) sees every Service."""
+    return sorted(objs, key=lambda obj: obj["kind"] in WORKLOAD_KINDS)  # stable: each group keeps its order

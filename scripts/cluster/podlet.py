@@ -37,6 +37,8 @@ container gets a file at its terminationMessagePath; a failed init container's e
 message (that file, or its log's tail with FallbackToLogsOnError) show in initContainerStatuses' lastState.
 
 Not emulated: ClusterIPs and kube-proxy (a Service name resolves to every matching pod, ready or not),
+Services created after a pod started (its DNS aliases are fixed when its container starts; the operator creates
+Services before workloads, and the podlet lists Services again just before each start),
 pods of more than one container (refused, logged), resource limits and requests, image pulls, ConfigMap
 and Secret updates after a pod started, hostPath volumes, other projected sources, token renewal, rolling-update
 surge, pod
@@ -873,6 +875,11 @@ class Podlet:
         return True
 
     async def start_container(self, pod: Pod, container: dict[str, Any]) -> None:
+        # The tick's lists are fetched concurrently, so they may show a Deployment without the Service created just
+        # after it. DNS names are fixed when the container starts (podman network aliases, unlike cluster DNS):
+        # list the Services again now, after the pod's workload was seen, so none created before it is missed.
+        with contextlib.suppress(httpx.HTTPError):  # the tick's list, then
+            self.objects["Service"] = await self.api.list("Service")
         argv = self.podman_run_args(pod, container)
         pod.container = f"{self.args.run_id}-{pod.name}"
         await podman("rm", "-f", "-t", "0", pod.container, check=False)

@@ -118,6 +118,14 @@ def _by_kind(objs: list[dict]) -> dict[tuple[str, str], dict]:
     return {(o["kind"], o["metadata"]["name"]): o for o in objs}
 
 
+def test_every_service_is_created_before_any_workload():
+    """Helm's install order: a pod starts with its peers' Services in place (the cluster lane's trainer once found
+    no DNS name for a manager whose Deployment was created just before its Service)."""
+    kinds = [o["kind"] for o in children.build_children("j", "ns", JobSpec(), OperatorSettings(), 2)]
+    first_workload = min(i for i, k in enumerate(kinds) if k in {"Deployment", "StatefulSet"})
+    assert kinds.count("Service") == 4 and "Service" not in kinds[first_workload:]
+
+
 def test_the_trainer_always_resumes_from_checkpoints_on_its_volume():
     objs = _by_kind(children.build_children("j", "ns", JobSpec(), OperatorSettings(), 1))
     sts = objs[("StatefulSet", "j-trainer")]
