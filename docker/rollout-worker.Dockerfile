@@ -7,6 +7,9 @@ FROM ${BASE_IMAGE}
 # numba caches the codec's compiled kernels; site-packages is not writable by the service's user.
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PATH=/opt/rlboost/bin:$PATH \
     NUMBA_CACHE_DIR=/tmp/numba-cache
+# The same arithmetic on every x86 node (AVX2, also where AVX-512 exists): rlboost/cpu_numerics.py says why; a pod's
+# own env overrides these.
+ENV ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
 RUN python3 -m venv /opt/rlboost
 WORKDIR /app
 # torch alone first, its CPU build (the index's 2.13.0+cpu satisfies the lock's torch==2.13.0 and wins over

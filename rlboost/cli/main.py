@@ -10,10 +10,16 @@ import os
 import sys
 from collections.abc import Sequence
 
+from rlboost.cpu_numerics import CPU_NUMERICS_ENV
+
 # The CLI forks children while its gRPC client threads poll the manager: gRPC's fork handlers only
 # log "skipping fork() handlers" noise there, and children exec at once. Set before grpc is imported.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+# The same arithmetic on every x86 machine, in this process too (it creates the tiny model's initial weights, and
+# children inherit it): torch reads these on its first kernel, so before torch is imported. The user's values win.
+for _name, _value in CPU_NUMERICS_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 
 def _version() -> str:

@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from rlboost.cpu_numerics import CPU_NUMERICS_ENV
 from rlboost.local.chaos import DEFAULT_TARGETS, parse_targets
 from rlboost.options import (
     LOOPBACK,
@@ -177,7 +178,7 @@ class LocalPlan:
             peer_port=0,  # peer fan-out: each worker serves the weights it holds on a free port it advertises
         ).model_copy(update={"identity_token_file": str(self.identity_file(worker_id))})
         # Several workers and the trainer share few cores: one thread each avoids oversubscription.
-        env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        env = {**CPU_NUMERICS_ENV, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         return ChildPlan(worker_id, options.command(self.options.python), "rollout-worker", metrics_port, pool=pool,
                          env=env, options=options)  # fmt: skip
 
@@ -230,7 +231,8 @@ def _trainers(plan: LocalPlan, resume: bool | None = None) -> list[ChildPlan]:
     def child(name: str, metrics_port: int, env: dict[str, str] | None = None) -> ChildPlan:
         options = trainer_options(plan.site, plan.model_dir, o.run_dir, metrics_port, o.dump_rollouts,
                                   o.trainer_checkpoints, resume)  # fmt: skip
-        return ChildPlan(name, options.command(o.python), "trainer", metrics_port, env=env or {}, options=options)
+        env = {**CPU_NUMERICS_ENV, **(env or {})}  # the same weights on every x86 machine (rlboost.cpu_numerics)
+        return ChildPlan(name, options.command(o.python), "trainer", metrics_port, env=env, options=options)
 
     world = plan.spec.trainer.ranks
     rendezvous = {"WORLD_SIZE": str(world), "MASTER_ADDR": HOST, "MASTER_PORT": str(plan.port_fn())}

@@ -22,6 +22,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from rlboost.cpu_numerics import CPU_NUMERICS_ENV
 from rlboost_operator.children import IMAGES
 from rlboost_operator.config import OperatorSettings
 
@@ -212,6 +213,14 @@ def test_images_with_the_codec_give_numba_a_writable_cache(dockerfile: str) -> N
     _, extras, _ = DOCKERFILES[dockerfile]
     if "numba" in closure(extras):
         assert "NUMBA_CACHE_DIR=/tmp/numba-cache" in (DOCKER / dockerfile).read_text()
+
+
+@pytest.mark.parametrize("dockerfile", CPU_TORCH_DOCKERFILES)
+def test_cpu_torch_images_pin_the_cpu_numerics(dockerfile: str) -> None:
+    """The CPU images' processes compute as `rlboost local`'s do (rlboost.cpu_numerics), on any x86 node."""
+    text = (DOCKER / dockerfile).read_text()
+    env = dict(re.findall(r"\b([A-Z_]+)=(\S+)", " ".join(re.findall(r"^ENV (.*)$", text, re.M))))
+    assert {k: env.get(k) for k in CPU_NUMERICS_ENV} == CPU_NUMERICS_ENV
 
 
 def test_cpu_torch_images_share_their_torch_layer() -> None:

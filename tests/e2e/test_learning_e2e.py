@@ -5,7 +5,8 @@ Every service is a real process (`rlboost local`); the seed is fixed, sampling i
 and micro-batches are fixed in advance, so the run is reproducible. The bars: the mean reward of the
 last 10 steps beats the first 10 by at least 0.08 (measured: 0.54 -> 0.82 here), and the final weights
 checksum equals DEFAULT_JOB_CHECKSUM. The checksum is pinned on purpose: dependencies come from one lock
-(requirements/lock.txt, torch 2.13.0 CPU), so a changed checksum means the model, the algorithm or a
+(requirements/lock.txt, torch 2.13.0 CPU) and every torch process computes with AVX2 kernels also on AVX-512
+machines (rlboost.cpu_numerics: without it an AVX-512 machine ends elsewhere), so a changed checksum means the model, the algorithm or a
 dependency changed what the default job computes. If that change is intended, run `make run` and update the
 pin in the same commit, saying why.
 """

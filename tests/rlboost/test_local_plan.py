@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from rlboost.cpu_numerics import CPU_NUMERICS_ENV
 from rlboost.local.plan import LocalOptions, build_plan, initial_spot_workers
 from rlboost.local.progress import ProgressState, sparkline
 from rlboost.local.report import LocalReport, counters_from_status, plot_rewards, write_report
@@ -95,6 +96,21 @@ def test_model_path_from_spec_wins(tmp_path: Path) -> None:
     plan = build_plan(spec, LocalOptions(run_dir=tmp_path / "run"), itertools.count(40000).__next__)
     assert plan.model_dir == tmp_path / "m"
     assert _flag(plan.child("trainer").argv, "--model-dir") == str(tmp_path / "m")
+
+
+def test_every_torch_process_gets_the_pinned_cpu_numerics(tmp_path: Path) -> None:
+    """Trainer ranks (first start and restart) and workers start with AVX2 arithmetic: the default job's pinned
+    checksum then holds on AVX-512 machines too (rlboost.cpu_numerics). Its values stay defaults the user's
+    environment overrides (the supervisor's merge, tests/rlboost/test_supervisor.py)."""
+    plan = _plan(tmp_path, checkpoint_dir=tmp_path / "checkpoints")
+    torch_children = [c for c in plan.children if c.role in ("trainer", "rollout-worker")]
+    assert len(torch_children) == 4
+    for child in [*torch_children, plan.restart_of("trainer")]:
+        assert CPU_NUMERICS_ENV.items() <= child.env.items(), child.name
+    ports = itertools.count(21000)
+    two_ranks = JobSpec.model_validate({"trainer": {"ranks": 2}})
+    ranks = build_plan(two_ranks, plan.options, lambda: next(ports), nats_binary="/bin/nats-server").children
+    assert [c.env["ATEN_CPU_CAPABILITY"] for c in ranks if c.role == "trainer"] == ["avx2", "avx2"]
 
 
 def test_examples_local_yaml_equals_the_embedded_default() -> None:
