@@ -1,7 +1,7 @@
 """End to end: any process of a job can die. One `rlboost local` run with chaos across every service.
 
-`rlboost local --config examples/local-preemption.yaml --temperature 0` (greedy, a fixed seed, a checkpoint
-after every step, weights that change every step) is run uninterrupted once; then again with
+`rlboost local --config examples/local-preemption.yaml --temperature 0` (greedy, a fixed seed, 160-token
+responses, a checkpoint after every step, weights that change every step) is run uninterrupted once; then again with
 `--chaos-kill-every 1 --chaos-step-seconds 2 --chaos-targets spot,manager,nats,weight-server,reserved,trainer`: the
 roles take turns, and each kill lands on a process the manager's status shows at work (a worker streaming an
 unfinished response; the weight-server, NATS and the trainer while a step rolls out), at most one per half step
@@ -46,20 +46,26 @@ STEP_SECONDS = 2
 # Turn order: the quick restarts first, the trainer (the slowest to train again: it resumes from its checkpoint)
 # last; a trainer is only hit mid-step, so its turn always comes before the job ends.
 TARGETS = ["spot", "manager", "nats", "weight-server", "reserved", "trainer"]
+# A worker's turn waits until the manager shows it streaming an unfinished response. At the example's 48 tokens an
+# AVX-512 EPYC ran a step's rollout in 0.2-0.3 s, each worker streaming (tokens flushed, response unfinished) for
+# under 0.1 s of it, and chaos never once saw the reserved worker so in 7 steps: its turn never came (loaded run,
+# 2026-11-24). At 160 a worker streams three times as long each step (as in test_preemption_e2e).
+MAX_NEW_TOKENS = 160
 
 Key = tuple[int, int, int]
 COEFS = "  microBatchSize: 16\n  entropyCoef: 0.05\n  klCoef: 0.05\n"
 
 
 def _config(out: Path) -> Path:
-    """The preemption example with a checkpoint after every step (a killed trainer redoes at most one step) and
+    """The preemption example with longer responses (MAX_NEW_TOKENS), a checkpoint after every step (a killed trainer redoes at most one step) and
     an entropy bonus and KL penalty, which change the weights every step even when all rewards tie: the final
     checksum then tells a run that trained on other samples, or resumed wrongly, from the uninterrupted one."""
     out.mkdir(parents=True, exist_ok=True)
     cfg = out / "job.yaml"
-    extra = "\ntrainer: {checkpointEvery: 1}\nrollout:"
+    extra, tokens = "\ntrainer: {checkpointEvery: 1}\nrollout:", f"  maxNewTokens: {MAX_NEW_TOKENS}\n"
     text = CONFIG.read_text().replace("\nrollout:", extra, 1).replace("  microBatchSize: 16\n", COEFS, 1)
-    assert extra in text and COEFS in text, "examples/local-preemption.yaml changed: update this test's edits"
+    text = text.replace("  maxNewTokens: 48\n", tokens, 1)
+    assert extra in text and COEFS in text and tokens in text, "examples/local-preemption.yaml changed: update _config"
     cfg.write_text(text)
     return cfg
 

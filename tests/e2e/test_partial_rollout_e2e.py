@@ -64,6 +64,8 @@ def test_partial_rollout_under_chaos_of_every_service_loses_no_token(tmp_path: P
     is kept. Not compared with an uninterrupted run: which groups complete in which step depends on timing, and a
     resumed trainer takes its open groups' prompts again (trainer/partial.py), regenerating them at its version."""
     text = (REPO / "examples" / "local-preemption.yaml").read_text()
+    text = text.replace("  maxNewTokens: 48\n", "  maxNewTokens: 160\n", 1)  # long enough to be seen streaming
+    assert "maxNewTokens: 160" in text, "examples/local-preemption.yaml changed: update this test's edits"
     extra = "\nalgorithm:\n  maxStaleness: 1\n  partialRollout: true\n  partialRolloutOverProvision: 0.5"
     cfg = tmp_path / "job.yaml"
     cfg.write_text(
