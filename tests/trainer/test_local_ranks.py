@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from rlboost.cli.local_cmd import resolve_spec
+from rlboost.cpu_numerics import CPU_NUMERICS_ENV
 from rlboost.local.plan import LocalOptions, build_plan
 from rlboost.spec import JobSpec
 
@@ -41,8 +42,9 @@ def test_one_rank_keeps_the_plain_trainer(tmp_path: Path):
     (trainer,) = [c for c in plan.children if c.role == "trainer"]
     assert "--checkpoint-dir" not in trainer.argv and "--resume" not in trainer.argv
     # a rendezvous of its own, never one inherited from the runner's environment (it may be in use)
-    assert trainer.env == {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                           "MASTER_PORT": "1"}  # fmt: skip
+    # (and the pinned CPU arithmetic: rlboost.cpu_numerics)
+    assert trainer.env == {**CPU_NUMERICS_ENV, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0",
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}  # fmt: skip
 
 
 def test_bad_ranks_and_resume_without_dir_are_exit_2_naming_the_flag():
