@@ -26,6 +26,7 @@ run: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
 # gRPC stubs from protos/, the RLJob CRD from rlboost/spec.py: generated, checked in, checked here

@@ -72,9 +72,11 @@ def main() -> None:
         seconds = min(timeit.repeat(fn, number=1, repeat=args.repeat))
         figures[name] = {"seconds": round(seconds, 4), "GB_per_s": round(nbytes / seconds / 1e9, 2)}
     figures["agree"] = (
-        results["xxh3_listing_1_thread"] == results["xxh3_listing_2_threads"] == results["from_delta_table"]
+        results["xxh3_listing_1_thread"]
+        == results["xxh3_listing_2_threads"]
+        == results["from_delta_table"]
         == state_checksum(held)
-    )  # fmt: skip
+    )
     figures["verified_delta_apply_seconds"] = round(apply_s, 4)  # for scale: what the table path rides on
     print(json.dumps(figures))
 

@@ -33,12 +33,16 @@ def generate(path: Path, rows: int, row_group: int) -> None:
     writer = None
     for start in range(0, rows, row_group):
         ids = range(start, min(rows, start + row_group))
-        table = pa.table({
-            "prompt": [f"Problem {i}: a shop sells {i % 97} pens and then {i % 89} more. How many pens were sold?"
-                       for i in ids],
-            "answer": [str(i % 97 + i % 89) for i in ids],
-            "level": [i % 5 for i in ids],
-        })  # fmt: skip
+        table = pa.table(
+            {
+                "prompt": [
+                    f"Problem {i}: a shop sells {i % 97} pens and then {i % 89} more. How many pens were sold?"
+                    for i in ids
+                ],
+                "answer": [str(i % 97 + i % 89) for i in ids],
+                "level": [i % 5 for i in ids],
+            }
+        )
         writer = writer or pq.ParquetWriter(path, table.schema)
         writer.write_table(table, row_group_size=row_group)
     assert writer is not None
@@ -61,8 +65,13 @@ def measure(path: str, mode: str, window: int, model_dir: str) -> dict:
 
         base, t = _rss_mib(), time.perf_counter()
         rows = pq.read_table(path).to_pylist()
-        return {"mode": mode, "rows": len(rows), "seconds": round(time.perf_counter() - t, 2),
-                "peak_rss_mib": round(_rss_mib(), 1), "rss_before_open_mib": round(base, 1)}  # fmt: skip
+        return {
+            "mode": mode,
+            "rows": len(rows),
+            "seconds": round(time.perf_counter() - t, 2),
+            "peak_rss_mib": round(_rss_mib(), 1),
+            "rss_before_open_mib": round(base, 1),
+        }
     from rlboost.spec import TaskSpec
     from rlboost.tasks.base import Cursor
     from rlboost.tasks.dataset import DatasetPrompts
@@ -80,14 +89,20 @@ def measure(path: str, mode: str, window: int, model_dir: str) -> dict:
             return encode_prompt(tok, messages)
 
     base_rss = _rss_mib()
-    spec = TaskSpec.model_validate({"dataset": {"train": path, "metadataFields": ["level"],
-                                                "shuffleWindowBlocks": window}})  # fmt: skip
+    spec = TaskSpec.model_validate(
+        {"dataset": {"train": path, "metadataFields": ["level"], "shuffleWindowBlocks": window}}
+    )
     t0 = time.perf_counter()
     prompts = DatasetPrompts(spec, encode)
     opened = time.perf_counter() - t0
     rows = prompts.num_rows
-    out: dict = {"mode": mode, "rows": rows, "blocks": len(prompts.split.blocks), "window_blocks": window,
-                 "open_seconds": round(opened, 3)}  # fmt: skip
+    out: dict = {
+        "mode": mode,
+        "rows": rows,
+        "blocks": len(prompts.split.blocks),
+        "window_blocks": window,
+        "open_seconds": round(opened, 3),
+    }
     if mode == "open":
         pass
     elif mode == "resume":
@@ -121,9 +136,16 @@ def main() -> None:
         path = Path(tmp) / "train.parquet"
         t = time.perf_counter()
         generate(path, args.rows, args.row_group)
-        print(json.dumps({"generated_rows": args.rows, "row_group": args.row_group,
-                          "file_mib": round(path.stat().st_size / 2**20, 1),
-                          "seconds": round(time.perf_counter() - t, 1)}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "generated_rows": args.rows,
+                    "row_group": args.row_group,
+                    "file_mib": round(path.stat().st_size / 2**20, 1),
+                    "seconds": round(time.perf_counter() - t, 1),
+                }
+            )
+        )
         model_dir = _tiny_model(Path(tmp))
         for mode in ("open", "resume", "epoch", "epoch-template", "full-load"):
             cmd = [sys.executable, __file__, "--window", str(args.window), "--measure", str(path), mode, model_dir]

@@ -129,9 +129,28 @@ def start_server(box: Sandbox, work: Path, chunk_bytes: int) -> tuple[subprocess
     addr = box.node(999, 0)
     (work / "token").write_text(TOKEN)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'services/weight-server'}"}
-    cmd = ["ip", "netns", "exec", f"{PREFIX}n999", sys.executable, "-m", "weight_server", "--host", "0.0.0.0",
-           "--port", str(PORT), "--data-dir", str(work / "data"), "--token-file", str(work / "token"), "--no-nats",
-           "--chunk-bytes", str(chunk_bytes), "--log-level", "WARNING"]  # fmt: skip
+    cmd = [
+        "ip",
+        "netns",
+        "exec",
+        f"{PREFIX}n999",
+        sys.executable,
+        "-m",
+        "weight_server",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(PORT),
+        "--data-dir",
+        str(work / "data"),
+        "--token-file",
+        str(work / "token"),
+        "--no-nats",
+        "--chunk-bytes",
+        str(chunk_bytes),
+        "--log-level",
+        "WARNING",
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://{addr}:{PORT}"
     deadline = time.monotonic() + 60
@@ -157,9 +176,29 @@ def spawn_nodes(box: Sandbox, url: str, n: int, peers: bool, first_index: int) -
         region = i % box.regions
         index = first_index + i
         addr = box.node(index, region)
-        cmd = ["ip", "netns", "exec", f"{PREFIX}n{index}", sys.executable, str(ROOT / "bench/fanout_node.py"),
-               "--server", url, "--worker", f"w{index}", "--region", f"r{region}", "--zone", f"r{region}a",
-               "--host", "0.0.0.0", "--advertise", addr, "--token", TOKEN, *([] if peers else ["--no-peers"])]  # fmt: skip
+        cmd = [
+            "ip",
+            "netns",
+            "exec",
+            f"{PREFIX}n{index}",
+            sys.executable,
+            str(ROOT / "bench/fanout_node.py"),
+            "--server",
+            url,
+            "--worker",
+            f"w{index}",
+            "--region",
+            f"r{region}",
+            "--zone",
+            f"r{region}a",
+            "--host",
+            "0.0.0.0",
+            "--advertise",
+            addr,
+            "--token",
+            TOKEN,
+            *([] if peers else ["--no-peers"]),
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
     return procs
@@ -258,7 +297,7 @@ def report(a: argparse.Namespace, payload: bytes, fanned: dict, base: dict | Non
             "region_mbit": a.region_mbit,
             "region_delay_ms": a.region_delay_ms,
             "region_delay_emulated": delay_emulated,
-        },  # fmt: skip
+        },
     }
     if base is not None:
         out["baseline"] = {

@@ -46,8 +46,16 @@ async def main(a: argparse.Namespace) -> None:
                     first[0] = False
                     say(event="served", bytes=nbytes)
 
-            fanout = PeerFanout(client, a.worker, tempfile.mkdtemp(prefix="fanout-node-"), a.zone, a.region,
-                                a.token or None, heartbeat_s=2.0, on_served=served)  # fmt: skip
+            fanout = PeerFanout(
+                client,
+                a.worker,
+                tempfile.mkdtemp(prefix="fanout-node-"),
+                a.zone,
+                a.region,
+                a.token or None,
+                heartbeat_s=2.0,
+                on_served=served,
+            )
             await fanout.start(a.host, 0, a.advertise)
             sources = fanout.sources
 
@@ -64,8 +72,15 @@ async def main(a: argparse.Namespace) -> None:
         payload = await client.pull(m)
         done = time.monotonic()
         stats = client.last_pull
-        say(event="done", sha256=hashlib.sha256(payload).hexdigest(), seconds=done - started, t_done=done,
-            t_start=started, peer_bytes=stats.peer_bytes, peer_failures=stats.peer_failures)  # fmt: skip
+        say(
+            event="done",
+            sha256=hashlib.sha256(payload).hexdigest(),
+            seconds=done - started,
+            t_done=done,
+            t_start=started,
+            peer_bytes=stats.peer_bytes,
+            peer_failures=stats.peer_failures,
+        )
         del payload
         await reader.read()  # serve until stdin closes
         if fanout is not None:

@@ -51,12 +51,15 @@ class BenchConfig:
     staleness: int  # algorithm.maxStaleness; > 0 also sets algorithm.partialRollout
 
 
-CONFIGS = {c.name: c for c in (
-    BenchConfig("off-s0", offload=False, staleness=0),
-    BenchConfig("on-s0", offload=True, staleness=0),
-    BenchConfig("off-s1", offload=False, staleness=1),
-    BenchConfig("on-s1", offload=True, staleness=1),
-)}  # fmt: skip
+CONFIGS = {
+    c.name: c
+    for c in (
+        BenchConfig("off-s0", offload=False, staleness=0),
+        BenchConfig("on-s0", offload=True, staleness=0),
+        BenchConfig("off-s1", offload=False, staleness=1),
+        BenchConfig("on-s1", offload=True, staleness=1),
+    )
+}
 
 
 def parse_configs(text: str) -> list[BenchConfig]:
@@ -283,9 +286,17 @@ def _console():
 def _print(result: dict) -> None:
     from rich.table import Table
 
-    columns = {"runs": "runs", "step_wall_median_s": "step s p50", "step_wall_p90_s": "step s p90",
-               "samples_per_second": "samples/s", "offloaded": "offloaded", "migrated": "migrated",
-               "lost_samples": "lost", "response_length_p90": "len p90", "load_avg_1m": "load"}  # fmt: skip
+    columns = {
+        "runs": "runs",
+        "step_wall_median_s": "step s p50",
+        "step_wall_p90_s": "step s p90",
+        "samples_per_second": "samples/s",
+        "offloaded": "offloaded",
+        "migrated": "migrated",
+        "lost_samples": "lost",
+        "response_length_p90": "len p90",
+        "load_avg_1m": "load",
+    }
     table = Table("config", *columns.values(), title="rlboost local, long-tailed responses")
     for name, s in result["configs"].items():
         table.add_row(name, *(str(s[k]) for k in columns))

@@ -32,10 +32,15 @@ _FILLER = (
     "and simplify step by step, checking each intermediate result: {a} + {b} = {s}, and {a} x {b} = {p}. "
 )
 _ANSWERS = [  # (how the response writes it, the reference answer)
-    ("\\boxed{\\frac{3}{4}}", "0.75"), ("\\boxed{0.5}", "\\frac{1}{2}"), ("#### 42", "42"),
-    ("the answer is $x^2+2x+1$", "(x+1)^2"), ("\\boxed{\\{1, 2, 3\\}}", "\\{3, 2, 1\\}"),
-    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"), ("\\boxed{-7}", "-7"), ("so we get $\\frac{10}{4}$", "2.5"),
-]  # fmt: skip
+    ("\\boxed{\\frac{3}{4}}", "0.75"),
+    ("\\boxed{0.5}", "\\frac{1}{2}"),
+    ("#### 42", "42"),
+    ("the answer is $x^2+2x+1$", "(x+1)^2"),
+    ("\\boxed{\\{1, 2, 3\\}}", "\\{3, 2, 1\\}"),
+    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"),
+    ("\\boxed{-7}", "-7"),
+    ("so we get $\\frac{10}{4}$", "2.5"),
+]
 
 
 def items(n: int, seed: int = 0) -> list:
@@ -124,8 +129,14 @@ def in_sandbox(samples: list, processes: int, batch: int) -> dict:
     with RewardSandbox("math_verify", SandboxLimits(processes=processes)) as sandbox:
         start_s = time.perf_counter() - t
         wall, lag, failures = asyncio.run(_score_with_ticker(sandbox, samples, batch))
-    return {"processes": processes, "batch": batch, "rewards_per_s": round(len(samples) / wall, 1),
-            "start_s": round(start_s, 2), "loop_max_lag_ms": round(lag * 1e3, 2), "failures": failures}  # fmt: skip
+    return {
+        "processes": processes,
+        "batch": batch,
+        "rewards_per_s": round(len(samples) / wall, 1),
+        "start_s": round(start_s, 2),
+        "loop_max_lag_ms": round(lag * 1e3, 2),
+        "failures": failures,
+    }
 
 
 def main() -> None:
@@ -135,9 +146,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="samples per sandbox call (what arrived together)")
     args = parser.parse_args()
     samples = items(args.samples)
-    result = {"bench": "reward_math_verify", "samples": args.samples, "in_process": in_process(samples),
-              "in_thread": in_thread(samples, args.batch),
-              "sandbox": [in_sandbox(samples, p, args.batch) for p in args.processes]}  # fmt: skip
+    result = {
+        "bench": "reward_math_verify",
+        "samples": args.samples,
+        "in_process": in_process(samples),
+        "in_thread": in_thread(samples, args.batch),
+        "sandbox": [in_sandbox(samples, p, args.batch) for p in args.processes],
+    }
     print(json.dumps(result))
 
 

@@ -52,15 +52,27 @@ def bench(reward: str, batches: list[int], processes: int, repeat: int) -> dict:
             items = _items(n)
             inproc = _best(lambda items=items: [fn(text, ex) for text, ex in items], repeat) / n
             boxed = _best(lambda items=items: sandbox.score(items), repeat) / n
-            rows.append({"batch": n, "in_process_us": round(inproc * 1e6, 2), "sandbox_us": round(boxed * 1e6, 2),
-                         "overhead_us": round((boxed - inproc) * 1e6, 2)})  # fmt: skip
+            rows.append(
+                {
+                    "batch": n,
+                    "in_process_us": round(inproc * 1e6, 2),
+                    "sandbox_us": round(boxed * 1e6, 2),
+                    "overhead_us": round((boxed - inproc) * 1e6, 2),
+                }
+            )
         t = time.perf_counter()
         sandbox._replacement().kill()  # what a failed call costs beyond the call: a fresh process
         replace_s = time.perf_counter() - t
     finally:
         sandbox.close()
-    return {"reward": reward, "processes": processes, "start_s": round(start_s, 3),
-            "replace_s": round(replace_s, 3), "network_isolated": sandbox.network_isolated, "per_sample": rows}  # fmt: skip
+    return {
+        "reward": reward,
+        "processes": processes,
+        "start_s": round(start_s, 3),
+        "replace_s": round(replace_s, 3),
+        "network_isolated": sandbox.network_isolated,
+        "per_sample": rows,
+    }
 
 
 def main() -> None:

@@ -57,8 +57,11 @@ def plot(runs: dict[bool, list[dict]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for streamed, steps in runs.items():
-        ax.plot([s["step"] for s in steps[1:]], [s["trainer_idle_seconds"] for s in steps[1:]],
-                label=f"streamTraining: {str(streamed).lower()}")  # fmt: skip
+        ax.plot(
+            [s["step"] for s in steps[1:]],
+            [s["trainer_idle_seconds"] for s in steps[1:]],
+            label=f"streamTraining: {str(streamed).lower()}",
+        )
     ax.set(xlabel="step", ylabel="trainer idle (s)", title="Rank 0 idle time per step")
     ax.legend()
     fig.tight_layout()

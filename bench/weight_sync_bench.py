@@ -114,10 +114,21 @@ def make_states(params: int, fraction: float, tensors: int = 8, seed: int = 0):
 
 
 def spawn_server(data_dir: Path, port: int, chunk: int) -> subprocess.Popen:
-    env = {**os.environ, "RLBOOST_TOKEN": TOKEN,
-           "PYTHONPATH": f"{ROOT}:{ROOT / 'services' / 'weight-server'}"}  # fmt: skip
-    argv = [sys.executable, "-m", "weight_server", "--port", str(port), "--data-dir", str(data_dir),
-            "--chunk-bytes", str(chunk), "--no-nats", "--log-level", "WARNING"]  # fmt: skip
+    env = {**os.environ, "RLBOOST_TOKEN": TOKEN, "PYTHONPATH": f"{ROOT}:{ROOT / 'services' / 'weight-server'}"}
+    argv = [
+        sys.executable,
+        "-m",
+        "weight_server",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        "--chunk-bytes",
+        str(chunk),
+        "--no-nats",
+        "--log-level",
+        "WARNING",
+    ]
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -156,8 +167,13 @@ async def sync_once(url: str, streams: int, held_v0, checksum_v0: str) -> dict:
             puller.held = PulledWeights(0, {k: t.clone() for k, t in held_v0.items()}, checksum_v0, 0, 0.0)
         t0 = time.monotonic()
         pulled = await puller.pull(1)
-        return {"seconds": time.monotonic() - t0, "bytes": pulled.nbytes, "paths": pulled.paths,
-                "checksum": pulled.checksum, "fallback": pulled.fallback}  # fmt: skip
+        return {
+            "seconds": time.monotonic() - t0,
+            "bytes": pulled.nbytes,
+            "paths": pulled.paths,
+            "checksum": pulled.checksum,
+            "fallback": pulled.fallback,
+        }
 
 
 async def bench(args: argparse.Namespace) -> dict:
@@ -187,10 +203,19 @@ async def bench(args: argparse.Namespace) -> dict:
                         for mode in ("delta", "full"):
                             url = f"http://127.0.0.1:{proxies[mode]}"
                             r = await sync_once(url, streams, held, sums[0])
-                            rows.append({"link_mb_per_s": mbps, "delay_ms": args.delay_ms, "streams": streams,
-                                         "scenario": scenario, "mode": mode, "seconds": round(r["seconds"], 3),
-                                         "bytes": r["bytes"], "paths": r["paths"],
-                                         "bit_exact": r["checksum"] == sums[1] and not r["fallback"]})  # fmt: skip
+                            rows.append(
+                                {
+                                    "link_mb_per_s": mbps,
+                                    "delay_ms": args.delay_ms,
+                                    "streams": streams,
+                                    "scenario": scenario,
+                                    "mode": mode,
+                                    "seconds": round(r["seconds"], 3),
+                                    "bytes": r["bytes"],
+                                    "paths": r["paths"],
+                                    "bit_exact": r["checksum"] == sums[1] and not r["fallback"],
+                                }
+                            )
                 for p in link:
                     p.kill()
                     p.wait()
@@ -199,12 +224,20 @@ async def bench(args: argparse.Namespace) -> dict:
                 p.kill()
                 p.wait()
     return {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                    "loadavg": [round(x, 2) for x in os.getloadavg()]},
-        "params": n_params, "changed_fraction": args.fraction, "dense_bf16_bytes": n_params * 2,
-        "chunk_bytes": args.chunk_bytes, "published": published, "rows": rows,
-    }  # fmt: skip
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "loadavg": [round(x, 2) for x in os.getloadavg()],
+        },
+        "params": n_params,
+        "changed_fraction": args.fraction,
+        "dense_bf16_bytes": n_params * 2,
+        "chunk_bytes": args.chunk_bytes,
+        "published": published,
+        "rows": rows,
+    }
 
 
 def print_table(result: dict) -> None:
@@ -213,10 +246,12 @@ def print_table(result: dict) -> None:
 
     c = Console(width=max(120, Console().width))
     m = result["machine"]
-    c.print(f"[bold]weight sync[/]: {result['params'] / 1e6:.0f}M bf16 params "
-            f"({result['dense_bf16_bytes'] / MB:.0f} MB), {result['changed_fraction']:.1%} changed; "
-            f"delta v1 = {result['published']['delta']['v1_bytes'] / MB:.2f} MB "
-            f"(encoded in {result['published']['delta']['encode_ms']} ms)")  # fmt: skip
+    c.print(
+        f"[bold]weight sync[/]: {result['params'] / 1e6:.0f}M bf16 params "
+        f"({result['dense_bf16_bytes'] / MB:.0f} MB), {result['changed_fraction']:.1%} changed; "
+        f"delta v1 = {result['published']['delta']['v1_bytes'] / MB:.2f} MB "
+        f"(encoded in {result['published']['delta']['encode_ms']} ms)"
+    )
     c.print(f"{m['date']}  {m['platform']}  cpus={m['cpus']}  load={m['loadavg']}")
     t = Table("link", "streams", "scenario", "mode", "MB moved", "seconds", "speed-up", "bit-exact")
     by_key = {(r["link_mb_per_s"], r["streams"], r["scenario"], r["mode"]): r for r in result["rows"]}
@@ -224,8 +259,16 @@ def print_table(result: dict) -> None:
         full = by_key[(r["link_mb_per_s"], r["streams"], r["scenario"], "full")]
         speed = f"{full['seconds'] / r['seconds']:.1f}x" if r["mode"] == "delta" else ""
         link = f"{r['link_mb_per_s']:g} MB/s +{r['delay_ms']:g} ms"
-        t.add_row(link, str(r["streams"]), r["scenario"], r["mode"], f"{r['bytes'] / MB:.2f}",
-                  f"{r['seconds']:.2f}", speed, "yes" if r["bit_exact"] else "[red]NO[/]")  # fmt: skip
+        t.add_row(
+            link,
+            str(r["streams"]),
+            r["scenario"],
+            r["mode"],
+            f"{r['bytes'] / MB:.2f}",
+            f"{r['seconds']:.2f}",
+            speed,
+            "yes" if r["bit_exact"] else "[red]NO[/]",
+        )
     c.print(t)
 
 
@@ -233,11 +276,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--params", type=float, default=128e6, help="parameters of the synthetic model (>= 100M)")
     p.add_argument("--fraction", type=float, default=0.01, help="fraction of elements changed per step")
-    p.add_argument("--links", type=lambda s: [float(x) for x in s.split(",")], default=[50.0, 125.0],
-                   help="link bandwidths in MB/s, comma-separated (125 = 1 Gbit/s)")  # fmt: skip
+    p.add_argument(
+        "--links",
+        type=lambda s: [float(x) for x in s.split(",")],
+        default=[50.0, 125.0],
+        help="link bandwidths in MB/s, comma-separated (125 = 1 Gbit/s)",
+    )
     p.add_argument("--delay-ms", type=float, default=10.0, help="one-way delay added per segment")
-    p.add_argument("--streams", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4],
-                   help="concurrent ranged streams per pull, comma-separated")  # fmt: skip
+    p.add_argument(
+        "--streams",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 4],
+        help="concurrent ranged streams per pull, comma-separated",
+    )
     p.add_argument("--chunk-bytes", type=int, default=4 << 20, help="weight-server chunk size")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--proxy", nargs=4, metavar=("LISTEN", "UPSTREAM", "MBPS", "DELAY_MS"), help=argparse.SUPPRESS)

@@ -42,10 +42,14 @@ def summarize(
         raise ValueError("an evaluation needs at least one response")
     passed = [(len(group), sum(r.reward >= threshold for r in group)) for group in groups if group]
     return ValidationReport(
-        step=step, weight_version=weight_version, k=k, prompts=len(passed), seconds=seconds,
+        step=step,
+        weight_version=weight_version,
+        k=k,
+        prompts=len(passed),
+        seconds=seconds,
         reward_mean=math.fsum(r.reward for r in responses) / len(responses),
         pass_at_1=math.fsum(pass_at_k(n, c, 1) for n, c in passed) / len(passed),
         pass_at_k=math.fsum(pass_at_k(n, c, min(k, n)) for n, c in passed) / len(passed),
         response_tokens_mean=sum(r.tokens for r in responses) / len(responses),
         reward_failures=sum(r.failed for r in responses),
-    )  # fmt: skip
+    )

@@ -687,10 +687,16 @@ class SpotPoolSpec(PoolSpec):
         nodeSelector (added to the pool's), for what reads a PoolSpec (scheduling, capacity, the worker)."""
         v = self.variant(name)
         return PoolSpec(
-            replicas=0, min_replicas=0, max_replicas=v.max_replicas, capacity=v.capacity, engine=self.engine,
-            gpus_per_worker=v.gpus_per_worker, tensor_parallel=v.tensor_parallel,
-            node_selector={**self.node_selector, **v.node_selector}, resources=self.resources,
-        )  # fmt: skip
+            replicas=0,
+            min_replicas=0,
+            max_replicas=v.max_replicas,
+            capacity=v.capacity,
+            engine=self.engine,
+            gpus_per_worker=v.gpus_per_worker,
+            tensor_parallel=v.tensor_parallel,
+            node_selector={**self.node_selector, **v.node_selector},
+            resources=self.resources,
+        )
 
     def per_variant(self, spot_workers: SpotWorkers) -> dict[str, int]:
         """Spot workers per variant: a mapping as given, a total split as the operator splits it (no node bound)."""

@@ -289,8 +289,17 @@ def fetch_model_container(
     if model.source == "huggingface" and model.token_secret:
         ref = {"name": model.token_secret, "key": "token"}
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
-    command = ["python", "-m", "rlboost.models.fetch", "--config", CONFIG_PATH, "--dest", model_dir(model),
-               "--termination-log", TERMINATION_LOG]  # fmt: skip
+    command = [
+        "python",
+        "-m",
+        "rlboost.models.fetch",
+        "--config",
+        CONFIG_PATH,
+        "--dest",
+        model_dir(model),
+        "--termination-log",
+        TERMINATION_LOG,
+    ]
     return {
         "name": FETCH_CONTAINER,
         "image": image(settings, image_key),
@@ -370,8 +379,15 @@ def nats_config_secret(job: str, namespace: str, credentials: Mapping[str, bytes
         if key.startswith("nats-") and key.endswith(".pass")
     }
     tls = NatsTls(f"{CREDENTIALS_DIR}/tls-nats.crt", f"{CREDENTIALS_DIR}/tls-nats.key", f"{CREDENTIALS_DIR}/{CA_CERT}")
-    text = render_nats_config(passwords, namespace, job, listen=f"0.0.0.0:{NATS_PORT}", store_dir="/data",
-                              tls=tls, monitor_port=NATS_MONITOR_PORT)  # fmt: skip
+    text = render_nats_config(
+        passwords,
+        namespace,
+        job,
+        listen=f"0.0.0.0:{NATS_PORT}",
+        store_dir="/data",
+        tls=tls,
+        monitor_port=NATS_MONITOR_PORT,
+    )
     return _secret(names(job)["nats_config"], namespace, labels(job, "nats"), {"nats.conf": text.encode()})
 
 
@@ -790,7 +806,7 @@ def build_children(
             settings,
             colocated=spec.trainer.colocate_reserved,
             model=spec.model,
-        ),  # fmt: skip
+        ),
         *spot_workers(job, namespace, spec, settings, spot_replicas, split),
     ]
     objs = services_first(objs)

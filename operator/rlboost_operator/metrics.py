@@ -17,17 +17,20 @@ NOTICES = Counter("rlboost_operator_preemption_notices_total", "Preemption notic
 DESIRED_SPOT = Gauge("rlboost_operator_desired_spot_replicas", "Spot workers asked for per job.", JOB_LABELS)
 SPOT_TARGET = Gauge(
     "rlboost_operator_spot_target",
-    "Busy sizing (rollout.spot.sizing 'busy'): spot workers the step reports keep busy, per job.", JOB_LABELS,
-)  # fmt: skip
+    "Busy sizing (rollout.spot.sizing 'busy'): spot workers the step reports keep busy, per job.",
+    JOB_LABELS,
+)
 SPOT_SHRINKS = Counter(
     "rlboost_operator_spot_pending_shrinks_total",
-    "Autoscaler sizing: spot asks shrunk because spot pods stayed unschedulable past the bound.", JOB_LABELS,
-)  # fmt: skip
+    "Autoscaler sizing: spot asks shrunk because spot pods stayed unschedulable past the bound.",
+    JOB_LABELS,
+)
 SPOT_UNSCHEDULABLE = Gauge(
     "rlboost_operator_spot_unschedulable_pods", "Spot worker pods the scheduler found no node for, per job.", JOB_LABELS
 )
 READY_WORKERS = Gauge(
-    "rlboost_operator_ready_workers", "Ready rollout workers per job and pool (the Deployment's status).",
+    "rlboost_operator_ready_workers",
+    "Ready rollout workers per job and pool (the Deployment's status).",
     [*JOB_LABELS, "pool"],
-)  # fmt: skip
+)
 LEADER = Gauge("rlboost_operator_leader", "1 while this replica holds the leader Lease and runs the controllers.")

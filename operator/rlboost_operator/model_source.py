@@ -40,23 +40,26 @@ async def missing_model_objects(get: Getter, namespace: str, model: ModelSpec) -
     and its key `token` ('huggingface'). `get(kind, namespace, name)` is the Kubernetes client's GET."""
     if model.source == "pvc" and await get("PersistentVolumeClaim", namespace, model.claim_name) is None:
         return ModelProblem(
-            "claimName", "ClaimNotFound",
+            "claimName",
+            "ClaimNotFound",
             f"PersistentVolumeClaim {model.claim_name!r} does not exist in namespace {namespace!r}; create it (holding "
             "the model directory) or fix model.claimName",
-        )  # fmt: skip
+        )
     if model.source == "huggingface" and model.token_secret:
         secret = await get("Secret", namespace, model.token_secret)
         if secret is None:
             return ModelProblem(
-                "tokenSecret", "SecretNotFound",
+                "tokenSecret",
+                "SecretNotFound",
                 f"Secret {model.token_secret!r} does not exist in namespace {namespace!r}; create it with the Hub token "
                 "under the key 'token'",
-            )  # fmt: skip
+            )
         if not _secret_value(secret, "token"):
             return ModelProblem(
-                "tokenSecret", "SecretKeyMissing",
+                "tokenSecret",
+                "SecretKeyMissing",
                 f"Secret {model.token_secret!r} has no non-empty key 'token' (the Hugging Face access token)",
-            )  # fmt: skip
+            )
     return None
 
 

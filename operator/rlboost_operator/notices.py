@@ -105,8 +105,10 @@ class NatsLink:
             if await _acknowledged(nc, subj, data):
                 log.info("preemption notice acknowledged", extra={"node": notice.node, "attempts": attempts})
                 return
-        log.warning("preemption notice never acknowledged: no rollout-manager answered before its deadline",
-                    extra={"node": notice.node, "attempts": attempts, "deadline_s": notice.deadline_s})  # fmt: skip
+        log.warning(
+            "preemption notice never acknowledged: no rollout-manager answered before its deadline",
+            extra={"node": notice.node, "attempts": attempts, "deadline_s": notice.deadline_s},
+        )
 
     async def ensure_status_stream(self) -> bool:
         """Create (or bring up to date) the stream that keeps job status; False when NATS has no JetStream."""

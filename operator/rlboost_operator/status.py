@@ -103,10 +103,15 @@ def _json_number(value: float, digits: int) -> float | None:
 def validation_status(v: ValidationReport) -> dict[str, Any]:
     """`.status.validation`: the last evaluation on the validation prompts (spec.evaluation)."""
     return {
-        "step": v.step, "weightVersion": v.weight_version, "k": v.k, "prompts": v.prompts,
-        "rewardMean": _json_number(v.reward_mean, 6), "passAt1": _json_number(v.pass_at_1, 6),
-        "passAtK": _json_number(v.pass_at_k, 6), "responseTokensMean": _json_number(v.response_tokens_mean, 3),
-    }  # fmt: skip
+        "step": v.step,
+        "weightVersion": v.weight_version,
+        "k": v.k,
+        "prompts": v.prompts,
+        "rewardMean": _json_number(v.reward_mean, 6),
+        "passAt1": _json_number(v.pass_at_1, 6),
+        "passAtK": _json_number(v.pass_at_k, 6),
+        "responseTokensMean": _json_number(v.response_tokens_mean, 3),
+    }
 
 
 def step_status(
@@ -214,9 +219,13 @@ def reconcile_status(
 
 
 def worker_identity_status(
-    previous: Mapping[str, Any], ok: bool, reason: str, message: str, generation: int | None = None,
+    previous: Mapping[str, Any],
+    ok: bool,
+    reason: str,
+    message: str,
+    generation: int | None = None,
     now: datetime | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The .status patch saying whether the job's manager has the cluster's keys to check worker identities
     (condition WorkerIdentityReady); the phase is left as it is (a job waiting for them stays Pending)."""
     cond = condition("WorkerIdentityReady", ok, reason, message, now, generation)

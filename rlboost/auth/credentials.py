@@ -65,7 +65,7 @@ ROLE_ITEMS: dict[str, tuple[str, ...]] = {
         COLOCATION_KEY,
         WORKER_IDENTITY_KEY,
         WORKER_IDENTITY_CLUSTER,  # written by the operator (no pod of the job starts before it is there)
-    ),  # fmt: skip
+    ),
     "weight-server": (
         "token-trainer",
         "token-worker",
@@ -74,7 +74,7 @@ ROLE_ITEMS: dict[str, tuple[str, ...]] = {
         CA_CERT,
         "tls-weight-server.crt",
         "tls-weight-server.key",
-    ),  # fmt: skip
+    ),
     "nats": tuple(f"nats-{u}.pass" for u in NATS_USERS) + (CA_CERT, "tls-nats.crt", "tls-nats.key"),
 }
 

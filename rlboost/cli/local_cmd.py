@@ -44,24 +44,49 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", type=Path, metavar="DIR", help="run directory (default: runs/<timestamp>)")
     p.add_argument("--dump-rollouts", type=Path, metavar="PATH", help="trainer writes every sample as a JSON line")
     p.add_argument("--spot-trace", type=Path, metavar="FILE", help="spot pool size follows this Bamboo-format trace")
-    p.add_argument("--trace-time-scale", type=float, default=1.0, metavar="X",
-                   help="replay the trace in wall time: trace seconds per wall second (default 1)")  # fmt: skip
-    p.add_argument("--trace-step-seconds", type=float, metavar="X",
-                   help="replay the trace by the job's progress instead: each step's samples advance it X trace "
-                        "seconds, so its events land at the same point of the job on any machine")  # fmt: skip
-    p.add_argument("--chaos-kill-every", type=float, metavar="S",
-                   help="preempt a spot worker caught streaming an unfinished response: the first as soon as one "
-                        "streams, then at most once every S seconds")  # fmt: skip
-    p.add_argument("--chaos-step-seconds", type=float, metavar="X",
-                   help="measure --chaos-kill-every on the job's progress instead of the wall clock: each step's "
-                        "finished samples count X seconds, so kills land at the same points of the job on any "
-                        "machine")  # fmt: skip
-    p.add_argument("--chaos-signal", choices=["KILL", "TERM"], default="KILL",
-                   help="chaos preemption without notice (KILL, default) or with notice (TERM: the worker drains)")  # fmt: skip
-    p.add_argument("--chaos-targets", default="spot", metavar="ROLES",
-                   help="comma list of the roles chaos kills, each caught at work: spot, reserved, manager, "
-                        "weight-server, nats, trainer (default spot); all but spot workers are restarted with "
-                        "the same ports and arguments, the trainer with --resume")  # fmt: skip
+    p.add_argument(
+        "--trace-time-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="replay the trace in wall time: trace seconds per wall second (default 1)",
+    )
+    p.add_argument(
+        "--trace-step-seconds",
+        type=float,
+        metavar="X",
+        help="replay the trace by the job's progress instead: each step's samples advance it X trace "
+        "seconds, so its events land at the same point of the job on any machine",
+    )
+    p.add_argument(
+        "--chaos-kill-every",
+        type=float,
+        metavar="S",
+        help="preempt a spot worker caught streaming an unfinished response: the first as soon as one "
+        "streams, then at most once every S seconds",
+    )
+    p.add_argument(
+        "--chaos-step-seconds",
+        type=float,
+        metavar="X",
+        help="measure --chaos-kill-every on the job's progress instead of the wall clock: each step's "
+        "finished samples count X seconds, so kills land at the same points of the job on any "
+        "machine",
+    )
+    p.add_argument(
+        "--chaos-signal",
+        choices=["KILL", "TERM"],
+        default="KILL",
+        help="chaos preemption without notice (KILL, default) or with notice (TERM: the worker drains)",
+    )
+    p.add_argument(
+        "--chaos-targets",
+        default="spot",
+        metavar="ROLES",
+        help="comma list of the roles chaos kills, each caught at work: spot, reserved, manager, "
+        "weight-server, nats, trainer (default spot); all but spot workers are restarted with "
+        "the same ports and arguments, the trainer with --resume",
+    )
     p.set_defaults(func=run)
 
 

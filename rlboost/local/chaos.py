@@ -58,8 +58,10 @@ def caught_at_work(target: str, live: list[str], status: ManagerStatus) -> list[
     if target in ("spot", "reserved"):
         workers = {w.worker_id: w for w in status.workers}
         busy = [n for n in live if n in workers and workers[n].inflight_tokens > 0]
-        return [Victim(target, n, f"{workers[n].running} running, {workers[n].inflight_tokens} tokens in flight")
-                for n in busy]  # fmt: skip
+        return [
+            Victim(target, n, f"{workers[n].running} running, {workers[n].inflight_tokens} tokens in flight")
+            for n in busy
+        ]
     streaming = sum(w.inflight_tokens for w in status.workers)
     at_work = streaming > 0 if target == "manager" else status.pending + status.running > 0
     return [Victim(target, n, _step_doing(status)) for n in live] if at_work else []

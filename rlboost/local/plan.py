@@ -144,10 +144,17 @@ class LocalPlan:
     def site(self) -> Site:
         """What every service is told: the job file, NATS, where the others are; all of it on loopback."""
         o = self.options
-        return Site(config=str(self.job_file), nats_url=self.nats_url, namespace=o.namespace, job=o.job,
-                    bind_host=HOST, manager_address=self.manager_address, weight_server_url=self.weight_server_url,
-                    credentials_dir=str(self.credentials_dir),
-                    log_level=o.log_level)  # fmt: skip
+        return Site(
+            config=str(self.job_file),
+            nats_url=self.nats_url,
+            namespace=o.namespace,
+            job=o.job,
+            bind_host=HOST,
+            manager_address=self.manager_address,
+            weight_server_url=self.weight_server_url,
+            credentials_dir=str(self.credentials_dir),
+            log_level=o.log_level,
+        )
 
     @property
     def endpoints_file(self) -> Path:
@@ -157,11 +164,19 @@ class LocalPlan:
         """Where the run's services listen (endpoints.json): clients need the credentials directory's tokens.
         Metrics (/metrics, /healthz; unauthenticated, for Prometheus) by child name; the weight-server serves
         them on its own port."""
-        metrics = {"rollout-manager": self.manager_metrics_port, "trainer": self.trainer_metrics_port,
-                   "weight-server": self.weight_server_port}  # fmt: skip
+        metrics = {
+            "rollout-manager": self.manager_metrics_port,
+            "trainer": self.trainer_metrics_port,
+            "weight-server": self.weight_server_port,
+        }
         metrics |= {c.name: c.ready_port for c in self.children if c.role == "rollout-worker"}
-        return {"manager": self.manager_address, "weight_server": self.weight_server_url, "nats": self.nats_url,
-                "credentials": str(self.credentials_dir), "metrics_ports": metrics}  # fmt: skip
+        return {
+            "manager": self.manager_address,
+            "weight_server": self.weight_server_url,
+            "nats": self.nats_url,
+            "credentials": str(self.credentials_dir),
+            "metrics_ports": metrics,
+        }
 
     def worker(self, worker_id: str, pool: str) -> ChildPlan:
         """A rollout-worker child (also used to start spot workers later, with a fresh metrics port)."""
@@ -179,8 +194,15 @@ class LocalPlan:
         ).model_copy(update={"identity_token_file": str(self.identity_file(worker_id))})
         # Several workers and the trainer share few cores: one thread each avoids oversubscription.
         env = {**CPU_NUMERICS_ENV, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        return ChildPlan(worker_id, options.command(self.options.python), "rollout-worker", metrics_port, pool=pool,
-                         env=env, options=options)  # fmt: skip
+        return ChildPlan(
+            worker_id,
+            options.command(self.options.python),
+            "rollout-worker",
+            metrics_port,
+            pool=pool,
+            env=env,
+            options=options,
+        )
 
     def identity_file(self, worker_id: str) -> Path:
         """Where the runner writes worker `worker_id`'s identity proof (rlboost.auth.worker_identity.local_proof)."""
@@ -211,15 +233,27 @@ def _nats(plan: LocalPlan, nats_binary: str) -> ChildPlan:
 
 def _weight_server(plan: LocalPlan) -> ChildPlan:
     options = weight_server_options(plan.site, plan.weight_server_port, plan.options.run_dir / "weights")
-    return ChildPlan("weight-server", options.command(plan.options.python), "weight-server", plan.weight_server_port,
-                     health_url=f"{plan.weight_server_url}/healthz", options=options)  # fmt: skip
+    return ChildPlan(
+        "weight-server",
+        options.command(plan.options.python),
+        "weight-server",
+        plan.weight_server_port,
+        health_url=f"{plan.weight_server_url}/healthz",
+        options=options,
+    )
 
 
 def _manager(plan: LocalPlan) -> ChildPlan:
     options = manager_options(plan.site, plan.manager_port, plan.manager_metrics_port)
     health = f"http://{HOST}:{plan.manager_metrics_port}/healthz"
-    return ChildPlan("rollout-manager", options.command(plan.options.python), "rollout-manager", plan.manager_port,
-                     health_url=health, options=options)  # fmt: skip
+    return ChildPlan(
+        "rollout-manager",
+        options.command(plan.options.python),
+        "rollout-manager",
+        plan.manager_port,
+        health_url=health,
+        options=options,
+    )
 
 
 def _trainers(plan: LocalPlan, resume: bool | None = None) -> list[ChildPlan]:
@@ -229,8 +263,9 @@ def _trainers(plan: LocalPlan, resume: bool | None = None) -> list[ChildPlan]:
     resume = o.resume if resume is None else resume
 
     def child(name: str, metrics_port: int, env: dict[str, str] | None = None) -> ChildPlan:
-        options = trainer_options(plan.site, plan.model_dir, o.run_dir, metrics_port, o.dump_rollouts,
-                                  o.trainer_checkpoints, resume)  # fmt: skip
+        options = trainer_options(
+            plan.site, plan.model_dir, o.run_dir, metrics_port, o.dump_rollouts, o.trainer_checkpoints, resume
+        )
         env = {**CPU_NUMERICS_ENV, **(env or {})}  # the same weights on every x86 machine (rlboost.cpu_numerics)
         return ChildPlan(name, options.command(o.python), "trainer", metrics_port, env=env, options=options)
 
@@ -269,13 +304,20 @@ def build_plan(
     run_dir = options.run_dir
     ports = {name: port_fn() for name in ("nats", "ws", "mgr", "mgr_metrics", "trainer_metrics")}
     plan = LocalPlan(
-        spec=spec, options=options, job_file=run_dir / "job.yaml",
+        spec=spec,
+        options=options,
+        job_file=run_dir / "job.yaml",
         credentials_dir=run_dir / "credentials",
-        model_dir=model_dir_for(spec, run_dir), log_dir=run_dir / "logs",
-        nats_port=ports["nats"], weight_server_port=ports["ws"], manager_port=ports["mgr"],
-        manager_metrics_port=ports["mgr_metrics"], trainer_metrics_port=ports["trainer_metrics"],
-        children=[], port_fn=port_fn,
-    )  # fmt: skip
+        model_dir=model_dir_for(spec, run_dir),
+        log_dir=run_dir / "logs",
+        nats_port=ports["nats"],
+        weight_server_port=ports["ws"],
+        manager_port=ports["mgr"],
+        manager_metrics_port=ports["mgr_metrics"],
+        trainer_metrics_port=ports["trainer_metrics"],
+        children=[],
+        port_fn=port_fn,
+    )
     n_spot = spec.rollout.spot.replicas if spot_workers is None else spot_workers
     plan.children = [
         _nats(plan, nats_binary),

@@ -75,10 +75,15 @@ def _steps_table(state: ProgressState) -> Table:
         t.add_row(f"0/{state.total_steps}", "-", "", "-", "-", "-", "-", "-")
     else:
         t.add_row(
-            f"{last.step}/{state.total_steps}", f"{last.reward_mean:.3f}", trend, str(last.tokens),
-            f"{last.rollout_seconds:.2f}", f"{last.train_seconds:.2f}", f"{last.sync_seconds:.2f}",
+            f"{last.step}/{state.total_steps}",
+            f"{last.reward_mean:.3f}",
+            trend,
+            str(last.tokens),
+            f"{last.rollout_seconds:.2f}",
+            f"{last.train_seconds:.2f}",
+            f"{last.sync_seconds:.2f}",
             str(last.weight_version),
-        )  # fmt: skip
+        )
     return t
 
 
@@ -100,10 +105,12 @@ def render(state: ProgressState) -> Group:
     elapsed = time.monotonic() - state.started
     s = state.status
     header = Text.assemble(
-        ("rlboost local ", "bold"), (f"[{state.phase}] ", "cyan"), f"{elapsed:5.0f}s  ",
+        ("rlboost local ", "bold"),
+        (f"[{state.phase}] ", "cyan"),
+        f"{elapsed:5.0f}s  ",
         f"pending {s.pending if s else 0}  running {s.running if s else 0}  ",
         f"migrations {s.migrations if s else 0}  preemptions {state.preemptions}",
-    )  # fmt: skip
+    )
     validated = [s.validation for s in state.steps if s.validation is not None]
     parts = [header, _steps_table(state)] + ([Text(validation_line(validated[-1]))] if validated else [])
     return Group(*parts, _workers_table(state))
@@ -135,7 +142,13 @@ def summary_table(steps: list[StepReport]) -> Table:
     for r in steps:
         tps = r.tokens / r.rollout_seconds if r.rollout_seconds > 0 else 0.0
         t.add_row(
-            str(r.step), f"{r.reward_mean:.3f}", str(r.tokens), f"{r.rollout_seconds:.2f}",
-            f"{r.train_seconds:.2f}", f"{r.sync_seconds:.2f}", f"{tps:.0f}", str(r.weight_version),
-        )  # fmt: skip
+            str(r.step),
+            f"{r.reward_mean:.3f}",
+            str(r.tokens),
+            f"{r.rollout_seconds:.2f}",
+            f"{r.train_seconds:.2f}",
+            f"{r.sync_seconds:.2f}",
+            f"{tps:.0f}",
+            str(r.weight_version),
+        )
     return t

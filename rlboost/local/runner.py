@@ -255,8 +255,13 @@ class SpotController:
             return
         self.chaos.fire(self.chaos_clock(now))
         at = now - (self.started_at if self.started_at is not None else now)
-        fault = FaultRecord(role=victim.target, process=victim.name, signal=signal.Signals(self.chaos_signal).name,
-                            at_seconds=round(at, 3), doing=victim.doing)  # fmt: skip
+        fault = FaultRecord(
+            role=victim.target,
+            process=victim.name,
+            signal=signal.Signals(self.chaos_signal).name,
+            at_seconds=round(at, 3),
+            doing=victim.doing,
+        )
         self.faults.append(fault)
         if victim.target == "spot":
             self._preempt(victim.name, "chaos", self.chaos_signal, victim.doing)
@@ -284,8 +289,10 @@ class SpotController:
         self.sup.kill(name, sig)
         self.preemptions += 1
         self.events.append(f"{signal.Signals(sig).name} {name} ({why}{', ' + held if held else ''})")
-        log.info("spot worker preempted", extra={"worker": name, "reason": why, "signal": signal.Signals(sig).name,
-                                                 "held": held})  # fmt: skip
+        log.info(
+            "spot worker preempted",
+            extra={"worker": name, "reason": why, "signal": signal.Signals(sig).name, "held": held},
+        )
 
 
 @dataclass
@@ -332,8 +339,12 @@ class Run:
                 return
             await asyncio.sleep(0.1)
         what = child.health_url or f"port {child.ready_port}"
-        raise ChildFailedError(child.name, None, f"was not ready after {READY_TIMEOUT_S[child.role]:.0f}s (waiting for {what})",
-                          self.sup.tail(child.name))  # fmt: skip
+        raise ChildFailedError(
+            child.name,
+            None,
+            f"was not ready after {READY_TIMEOUT_S[child.role]:.0f}s (waiting for {what})",
+            self.sup.tail(child.name),
+        )
 
     def _start(self, child: ChildPlan) -> None:
         start_child(self.sup, self.plan, child)
@@ -368,8 +379,14 @@ class Run:
         from rlboost.local.status_stream import ensure_status_stream
 
         auth = connect_options(self.plan.credentials_dir, "operator")
-        self.nc = await nats.connect(self.plan.nats_url, connect_timeout=5, max_reconnect_attempts=-1,
-                                     reconnect_time_wait=0.2, **reconnect_quietly(log, logging.DEBUG), **auth)  # fmt: skip
+        self.nc = await nats.connect(
+            self.plan.nats_url,
+            connect_timeout=5,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.2,
+            **reconnect_quietly(log, logging.DEBUG),
+            **auth,
+        )
         o = self.plan.options
         self.status_reader = await ensure_status_stream(self.nc, o.namespace, o.job)
 
@@ -565,17 +582,28 @@ def _make_spot_controller(
     if options.spot_trace is not None:
         pool = spec.rollout.spot
         schedule = TraceSchedule(
-            load_trace(options.spot_trace), options.trace_time_scale, pool.min_replicas, pool.max_replicas,
+            load_trace(options.spot_trace),
+            options.trace_time_scale,
+            pool.min_replicas,
+            pool.max_replicas,
             step_seconds=options.trace_step_seconds,
             samples_per_step=spec.algorithm.prompts_per_step * spec.algorithm.group_size,
-        )  # fmt: skip
+        )
     chaos = None
     if options.chaos_kill_every:
         chaos = ChaosMonkey(options.chaos_kill_every, seed=options.seed, targets=options.chaos_targets)
     sig = signal.SIGTERM if options.chaos_signal == "TERM" else signal.SIGKILL
-    return SpotController(sup, plan, desired=n, schedule=schedule, chaos=chaos, next_index=n, chaos_signal=sig,
-                          chaos_step_seconds=options.chaos_step_seconds,
-                          samples_per_step=spec.algorithm.prompts_per_step * spec.algorithm.group_size)  # fmt: skip
+    return SpotController(
+        sup,
+        plan,
+        desired=n,
+        schedule=schedule,
+        chaos=chaos,
+        next_index=n,
+        chaos_signal=sig,
+        chaos_step_seconds=options.chaos_step_seconds,
+        samples_per_step=spec.algorithm.prompts_per_step * spec.algorithm.group_size,
+    )
 
 
 def build_report(run: Run, status: ManagerStatus | None, wall_s: float) -> LocalReport:
@@ -584,13 +612,18 @@ def build_report(run: Run, status: ManagerStatus | None, wall_s: float) -> Local
     steps = [by_step[k] for k in sorted(by_step)]
     done = run.state.done
     return LocalReport(
-        ok=bool(done and done.ok), steps=steps, validation=[s.validation for s in steps if s.validation],
+        ok=bool(done and done.ok),
+        steps=steps,
+        validation=[s.validation for s in steps if s.validation],
         final_weights_checksum=done.final_weights_checksum if done else "",
         export_path=done.export_path if done else "",
-        preemptions=run.spot.preemptions, **counters_from_status(status),
-        spot_events=list(run.spot.events), faults=list(run.spot.faults), workers=workers_from_status(status),
+        preemptions=run.spot.preemptions,
+        **counters_from_status(status),
+        spot_events=list(run.spot.events),
+        faults=list(run.spot.faults),
+        workers=workers_from_status(status),
         wall_seconds=round(wall_s, 3),
-    )  # fmt: skip
+    )
 
 
 def _print_summary(console: Console, report: LocalReport, plot: Path | None, json_report: Path | None) -> None:

@@ -25,8 +25,9 @@ TIMEOUT_S = 2.0
 
 def local_stream_config(namespace: str, job: str) -> StreamConfig:
     """This job's step reports and `done`, all of them (a local run's stream lives as long as its run dir)."""
-    return StreamConfig(name=STATUS_STREAM, subjects=[subject(namespace, job, t) for t in TOPICS],
-                        storage=StorageType.FILE)  # fmt: skip
+    return StreamConfig(
+        name=STATUS_STREAM, subjects=[subject(namespace, job, t) for t in TOPICS], storage=StorageType.FILE
+    )
 
 
 async def ensure_status_stream(nc: Client, namespace: str, job: str) -> StreamCursor:

@@ -165,9 +165,14 @@ class Supervisor:
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as out:  # the child keeps its own descriptor
             proc = subprocess.Popen(
-                list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=full_env, start_new_session=True, preexec_fn=_die_with_parent,
-            )  # fmt: skip
+                list(argv),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=full_env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         child = Child(name, proc, log_path, role=role, pool=pool)
         self.children[name] = child
         log.info("started child", extra={"child": name, "pid": proc.pid})
@@ -228,9 +233,10 @@ class Supervisor:
     def running(self, pool: str | None = None, role: str | None = None) -> list[Child]:
         """Live children, optionally of one pool or role, in start order."""
         return [
-            c for c in self.children.values()
+            c
+            for c in self.children.values()
             if c.alive and not c.expected_exit and (pool is None or c.pool == pool) and (role is None or c.role == role)
-        ]  # fmt: skip
+        ]
 
     def pids(self) -> list[int]:
         return [c.pid for c in self.children.values()]

@@ -45,15 +45,29 @@ log = logging.getLogger(__name__)
 PROG = "rlboost-fetch-model"
 EXIT_USAGE, EXIT_BAD_SOURCE, EXIT_UNREACHABLE = 2, 3, 4
 NOT_FOUND, UNAUTHORIZED, UNREACHABLE, INVALID_MODEL, UNSUPPORTED = (
-    "NotFound", "Unauthorized", "Unreachable", "InvalidModel", "Unsupported",
-)  # fmt: skip
+    "NotFound",
+    "Unauthorized",
+    "Unreachable",
+    "InvalidModel",
+    "Unsupported",
+)
 SOURCE_MARKER = ".rlboost-source.json"  # in a fetched directory: what it was fetched from
 # Exception class names (anywhere in the MRO) of SDKs we do not import, by what they mean.
 _UNREACHABLE_NAMES = {
-    "ConnectError", "ConnectTimeout", "ConnectionError", "TimeoutException", "EndpointConnectionError",
-    "ConnectTimeoutError", "ReadTimeoutError", "ClientConnectorError", "ServerTimeoutError", "TransportError",
-    "TimeoutError", "ConnectionRefusedError", "gaierror",
-}  # fmt: skip
+    "ConnectError",
+    "ConnectTimeout",
+    "ConnectionError",
+    "TimeoutException",
+    "EndpointConnectionError",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ClientConnectorError",
+    "ServerTimeoutError",
+    "TransportError",
+    "TimeoutError",
+    "ConnectionRefusedError",
+    "gaierror",
+}
 _UNAUTHORIZED_NAMES = {"NoCredentialsError", "PartialCredentialsError", "DefaultCredentialsError", "RefreshError"}
 
 
@@ -185,9 +199,10 @@ def hf_error(err: Exception, model: ModelSpec, with_token: bool) -> Exception:
     repo, rev = model.repo, model.revision
     if isinstance(err, errors.GatedRepoError):
         return ModelFetchError(
-            "tokenSecret", UNAUTHORIZED,
+            "tokenSecret",
+            UNAUTHORIZED,
             f"{repo} is gated: accept its terms on the Hub with the account whose token model.tokenSecret holds",
-        )  # fmt: skip
+        )
     if isinstance(err, errors.RepositoryNotFoundError):
         if with_token:
             hint = "check the id, and that the token in model.tokenSecret may read it"
@@ -242,9 +257,10 @@ def _filesystem(uri: str):
     except ImportError as err:
         extra = {"s3": "s3fs", "gs": "gcsfs"}.get(scheme, scheme)
         raise ModelFetchError(
-            "uri", UNSUPPORTED, f"this image cannot read {scheme}:// ({extra} is not installed: pip install "
-            f"'rlboost[models]'): {err}",
-        ) from None  # fmt: skip
+            "uri",
+            UNSUPPORTED,
+            f"this image cannot read {scheme}:// ({extra} is not installed: pip install 'rlboost[models]'): {err}",
+        ) from None
 
 
 def uri_error(err: Exception, uri: str) -> Exception:
@@ -253,9 +269,11 @@ def uri_error(err: Exception, uri: str) -> Exception:
         return ModelFetchError("uri", NOT_FOUND, f"{uri} does not exist (no such bucket or prefix)")
     if isinstance(err, PermissionError) or _named(err, _UNAUTHORIZED_NAMES):
         return ModelFetchError(
-            "uri", UNAUTHORIZED, f"access to {uri} refused: {_first_line(err)}; give the pod's service account read "
+            "uri",
+            UNAUTHORIZED,
+            f"access to {uri} refused: {_first_line(err)}; give the pod's service account read "
             "access (IRSA role on EKS, Workload Identity on GKE)",
-        )  # fmt: skip
+        )
     if _named(err, _UNREACHABLE_NAMES) or isinstance(err, ConnectionError | TimeoutError):
         return ModelFetchError("uri", UNREACHABLE, f"cannot reach the object store for {uri}: {_first_line(err)}")
     if isinstance(err, OSError):

@@ -187,5 +187,12 @@ class Site(BaseModel):
 
     def common(self) -> dict[str, str]:
         """The common flags' values, for a service's options model."""
-        return {"config": self.config, "nats_url": self.nats_url, "namespace": self.namespace, "job": self.job,
-                "host": self.bind_host, "credentials_dir": self.credentials_dir, "log_level": self.log_level}  # fmt: skip
+        return {
+            "config": self.config,
+            "nats_url": self.nats_url,
+            "namespace": self.namespace,
+            "job": self.job,
+            "host": self.bind_host,
+            "credentials_dir": self.credentials_dir,
+            "log_level": self.log_level,
+        }

@@ -20,10 +20,12 @@ class ManagerOptions(ServiceOptions):
     port: Port = Field(MANAGER_PORT, description="gRPC port (0 = any free port).")
     metrics_port: Port = Field(9101, description="/metrics and /healthz port (0 = off).")
     nats_wait: float = Field(
-        60.0, ge=0, le=3600,
+        60.0,
+        ge=0,
+        le=3600,
         description="Seconds to keep trying to reach NATS at start-up (it may start after us, or its name may not "
         "resolve yet), with back-off, before giving up.",
-    )  # fmt: skip
+    )
     offload_window: float | None = Field(
         None,
         ge=0,

@@ -21,9 +21,10 @@ class TrainerOptions(ServiceOptions):
     manager: HostPort = Field(DEFAULT_MANAGER_ADDRESS, description="The rollout-manager's HOST:PORT.")
     weight_server: str = Field(DEFAULT_WEIGHT_SERVER_URL, min_length=1, description="The weight-server's base URL.")
     token_file: str = Field(
-        "", description="Without --credentials-dir (a trainer run alone): file holding the weight-server's upload "
+        "",
+        description="Without --credentials-dir (a trainer run alone): file holding the weight-server's upload "
         "token. With it, the job's trainer token uploads.",
-    )  # fmt: skip
+    )
     model_dir: str = Field("", description="HF model directory (fp32 weights); required.")
     metrics_port: Port = Field(0, description="/metrics and /healthz port (0 = off).")
     run_dir: str = Field("runs/trainer", min_length=1, description="steps.jsonl goes here.")
@@ -60,7 +61,11 @@ def trainer_options(
     if resume:
         chosen["resume"] = True
     return TrainerOptions(
-        **site.common(), manager=site.manager_address, weight_server=site.weight_server_url,
-        model_dir=str(model_dir), run_dir=str(run_dir), metrics_port=metrics_port,
+        **site.common(),
+        manager=site.manager_address,
+        weight_server=site.weight_server_url,
+        model_dir=str(model_dir),
+        run_dir=str(run_dir),
+        metrics_port=metrics_port,
         **chosen,
-    )  # fmt: skip
+    )

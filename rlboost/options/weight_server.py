@@ -21,9 +21,10 @@ class WeightServerOptions(ServiceOptions):
     port: Port = Field(WEIGHT_SERVER_PORT, description="HTTP port.")
     data_dir: str = Field("./weights-data", min_length=1, description="Where the versions live.")
     token_file: str = Field(
-        "", description="Without --credentials-dir (a weight-server run alone): file holding the upload token "
+        "",
+        description="Without --credentials-dir (a weight-server run alone): file holding the upload token "
         "('' = the RLBOOST_TOKEN variable). With it, the job's trainer token uploads.",
-    )  # fmt: skip
+    )
     read_token_file: str = Field(
         "", description="Without --credentials-dir: file holding a token that reads must present ('' = open reads)."
     )
@@ -39,10 +40,12 @@ class WeightServerOptions(ServiceOptions):
     )
     no_nats: bool = Field(False, description="Do not announce versions on NATS (tests, debugging).")
     nats_wait: float = Field(
-        60.0, ge=0, le=3600,
+        60.0,
+        ge=0,
+        le=3600,
         description="Seconds to keep trying to reach NATS at start-up (it may start after us, or its name may not "
         "resolve yet), with back-off, before giving up.",
-    )  # fmt: skip
+    )
 
 
 DEFAULT_WEIGHT_SERVER_URL = f"http://{LOOPBACK}:{WEIGHT_SERVER_PORT}"  # what a trainer uses when told nothing

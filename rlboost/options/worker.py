@@ -69,7 +69,15 @@ def worker_options(
     name ('' = none)."""
     device = {"device": "cuda", "dtype": "bfloat16"} if accelerated else {}
     return WorkerOptions(
-        **site.common(), worker_id=worker_id, pool=pool, node=node, manager=site.manager_address,
-        weight_server=site.weight_server_url, model_dir=str(model_dir), metrics_port=metrics_port, **device,
-        **({"peer_port": peer_port} if peer_port >= 0 else {}), **({"variant": variant} if variant else {}),
-    )  # fmt: skip
+        **site.common(),
+        worker_id=worker_id,
+        pool=pool,
+        node=node,
+        manager=site.manager_address,
+        weight_server=site.weight_server_url,
+        model_dir=str(model_dir),
+        metrics_port=metrics_port,
+        **device,
+        **({"peer_port": peer_port} if peer_port >= 0 else {}),
+        **({"variant": variant} if variant else {}),
+    )

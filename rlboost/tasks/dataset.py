@@ -325,8 +325,13 @@ class DatasetPrompts:
             raise DatasetError("task.dataset.validation is not set; point it at the validation split")
         self.split = Split(self.spec, split)
         train = split == "train"
-        self.stream = RowStream(self.split, task.seed, self.spec.shuffle and train,
-                                self.spec.shuffle_window_blocks, self.spec.epochs if train else 1)  # fmt: skip
+        self.stream = RowStream(
+            self.split,
+            task.seed,
+            self.spec.shuffle and train,
+            self.spec.shuffle_window_blocks,
+            self.spec.epochs if train else 1,
+        )
         self.encode = encode
         self.skipped_total = 0
 
@@ -389,8 +394,12 @@ def row_example(row: dict[str, Any], spec: DatasetSpec, field: str = "task.datas
         return Example(question=prompt, answer=_answer_text(answer), metadata=metadata)
     messages = _chat_messages(prompt, spec, field)
     users = [m["content"] for m in messages if m["role"] == "user"]
-    return Example(question=users[-1] if users else messages[-1]["content"], answer=_answer_text(answer),
-                   messages=tuple(messages), metadata=metadata)  # fmt: skip
+    return Example(
+        question=users[-1] if users else messages[-1]["content"],
+        answer=_answer_text(answer),
+        messages=tuple(messages),
+        metadata=metadata,
+    )
 
 
 def _chat_messages(prompt: Any, spec: DatasetSpec, field: str) -> list[dict[str, str]]:

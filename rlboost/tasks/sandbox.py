@@ -66,8 +66,10 @@ class _Process:
         config = json.dumps({"terms": terms, "memory_mib": limits.memory_mib, "cpu_seconds": limits.cpu_seconds})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rlboost.tasks.sandbox_child", config],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,
+        )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin, self.stdout = self.proc.stdin.fileno(), self.proc.stdout.fileno()
         os.set_blocking(self.stdin, False)

@@ -57,11 +57,20 @@ def _warm_up_math_verify() -> None:
 
 
 _WARM_UP = [
-    ("\\boxed{1/2}", "0.5"), ("$\\frac{3}{4}$", "0.75"), ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"), ("x = 5", "5"),
-    ("\\boxed{\\{1, 2\\}}", "\\{2, 1\\}"), ("\\boxed{(0, 1]}", "(0, 1]"), ("\\boxed{x^2+1}", "1+x^2"),
-    ("\\boxed{10\\%}", "0.1"), ("\\boxed{\\pi/2}", "1.5708"), ("\\boxed{1e3}", "1000"), ("\\boxed{-3}", "-3"),
-    ("\\boxed{\\begin{pmatrix}1\\\\2\\end{pmatrix}}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}"), ("\\boxed{A}", "A"),
-]  # fmt: skip
+    ("\\boxed{1/2}", "0.5"),
+    ("$\\frac{3}{4}$", "0.75"),
+    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"),
+    ("x = 5", "5"),
+    ("\\boxed{\\{1, 2\\}}", "\\{2, 1\\}"),
+    ("\\boxed{(0, 1]}", "(0, 1]"),
+    ("\\boxed{x^2+1}", "1+x^2"),
+    ("\\boxed{10\\%}", "0.1"),
+    ("\\boxed{\\pi/2}", "1.5708"),
+    ("\\boxed{1e3}", "1000"),
+    ("\\boxed{-3}", "-3"),
+    ("\\boxed{\\begin{pmatrix}1\\\\2\\end{pmatrix}}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}"),
+    ("\\boxed{A}", "A"),
+]
 math_verify.warm_up = _warm_up_math_verify  # type: ignore[attr-defined]  # called by the sandbox at load
 
 

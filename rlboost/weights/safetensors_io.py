@@ -34,10 +34,22 @@ def state_from_bytes(data: bytes | bytearray | memoryview) -> dict[str, torch.Te
 
 
 _DTYPES = {  # safetensors dtype names -> torch dtype names
-    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32", "U32": "uint32",
-    "I64": "int64", "U64": "uint64", "F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
-    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-}  # fmt: skip
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "U16": "uint16",
+    "I32": "int32",
+    "U32": "uint32",
+    "I64": "int64",
+    "U64": "uint64",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F32": "float32",
+    "F64": "float64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+}
 _MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
 
 

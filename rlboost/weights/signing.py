@@ -102,9 +102,16 @@ def describe_payload(
         for i, (o, h) in enumerate(zip(offsets, parts, strict=True))
     ]
     return Manifest(
-        version=version, kind=kind, base_version=base_version, format=fmt, checksum=checksum,  # type: ignore[arg-type]
-        total_bytes=len(view), sha256=whole.result(), chunk_bytes=chunk_bytes, chunks=chunks,
-    )  # fmt: skip
+        version=version,
+        kind=kind,
+        base_version=base_version,
+        format=fmt,
+        checksum=checksum,  # type: ignore[arg-type]
+        total_bytes=len(view),
+        sha256=whole.result(),
+        chunk_bytes=chunk_bytes,
+        chunks=chunks,
+    )
 
 
 def canonical_assets(sha256s: dict[str, str]) -> bytes:
@@ -136,12 +143,25 @@ class ManifestSigner:
         return json.dumps({"assets": sha256s, "signature": signature}, sort_keys=True).encode()
 
     def sign_payload(
-        self, payload: bytes | bytearray | memoryview, *, version: int, kind: str, base_version: int | None,
-        fmt: str, checksum: str,
-    ) -> str:  # fmt: skip
+        self,
+        payload: bytes | bytearray | memoryview,
+        *,
+        version: int,
+        kind: str,
+        base_version: int | None,
+        fmt: str,
+        checksum: str,
+    ) -> str:
         """Describe the payload as the weight-server will (blocking: hashes every byte) and sign that."""
-        m = describe_payload(payload, version=version, kind=kind, base_version=base_version, fmt=fmt,
-                             checksum=checksum, chunk_bytes=self.chunk_bytes)  # fmt: skip
+        m = describe_payload(
+            payload,
+            version=version,
+            kind=kind,
+            base_version=base_version,
+            fmt=fmt,
+            checksum=checksum,
+            chunk_bytes=self.chunk_bytes,
+        )
         return self.sign(m)
 
 
@@ -184,8 +204,11 @@ class ManifestVerifier:
         from cryptography.exceptions import InvalidSignature
 
         if document is None:
-            raise WeightsRejectedError("unsigned", f"the model's assets come without {ASSET_MANIFEST}, the trainer's "
-                                       "signed list of them (no job credentials on the trainer, or a forged server?)")  # fmt: skip
+            raise WeightsRejectedError(
+                "unsigned",
+                f"the model's assets come without {ASSET_MANIFEST}, the trainer's "
+                "signed list of them (no job credentials on the trainer, or a forged server?)",
+            )
         try:
             doc = json.loads(document)
             sha256s, signature = doc["assets"], doc["signature"]

@@ -96,9 +96,11 @@ class StepReport(BaseModel):
         0.0, "Rank 0's forward/backward + optimizer time of the step.", name="compute_seconds", ge=0
     )
     trainer_idle_seconds: float = gauge(
-        0.0, "Rank 0's time without compute between the rollout request and the optimizer step.",
-        name="idle_seconds", ge=0,
-    )  # fmt: skip
+        0.0,
+        "Rank 0's time without compute between the rollout request and the optimizer step.",
+        name="idle_seconds",
+        ge=0,
+    )
     first_trajectory_seconds: float = Field(0.0, ge=0, description="Rollout request to the first trajectory.")
     clip_fraction: float = gauge(0.0, "Fraction of response tokens whose importance ratio was clipped.", ge=0, le=1)
     logprob_abs_diff: float = gauge(0.0, "Mean |trainer log-prob - worker log-prob| per response token.")
@@ -133,9 +135,12 @@ class StepReport(BaseModel):
     )
     pool_workers: dict[str, int] = Field(default_factory=dict, description="Workers per pool at the step's end.")
     spot_busy_fraction: float = Field(
-        0.0, ge=0, le=1, description="Share of the spot workers' time since the previous step in which they held at "
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of the spot workers' time since the previous step in which they held at "
         "least one request (manager status); with trainer_idle_seconds the input of rollout.spot.sizing 'busy'.",
-    )  # fmt: skip
+    )
     workers_lost: int = Field(
         0, ge=0, description="Workers gone from the manager since the previous step (preempted, crashed, drained)."
     )
@@ -204,6 +209,8 @@ class ColocationAck(BaseModel):
     seconds: float = Field(0.0, ge=0, allow_inf_nan=False, description="Time the engine took.")
     weight_version: int = Field(0, ge=0, description="Weight version the engine holds.")
     mac: str = Field(
-        "", max_length=128, description="HMAC of the other fields with the worker's own ack key (rlboost.auth."
-        "colocation_acks); '' from a worker without one (a job without credentials)."
-    )  # fmt: skip
+        "",
+        max_length=128,
+        description="HMAC of the other fields with the worker's own ack key (rlboost.auth."
+        "colocation_acks); '' from a worker without one (a job without credentials).",
+    )

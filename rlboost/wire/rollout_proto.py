@@ -229,7 +229,7 @@ def held_from_pb(m: pb.Register) -> list[HeldResponse]:
                 h.finish_reason,
                 h.ticket,
                 h.lease_epoch,
-            )  # fmt: skip
+            )
         )
     return out
 
@@ -354,7 +354,7 @@ def rollout_request_to_pb(r: RolloutRequest) -> pb.RolloutRequest:
                 step=c.step, prompt_index=c.prompt_index, prompt_ids=c.prompt_ids, sample_indices=c.sample_indices
             )
             for c in r.carried
-        ],  # fmt: skip
+        ],
     )
 
 

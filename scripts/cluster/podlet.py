@@ -435,8 +435,16 @@ class Podlet:
             await asyncio.sleep(max(0.0, self.args.interval - (time.monotonic() - started)))
 
     async def tick(self) -> None:
-        kinds = ("Deployment", "StatefulSet", "Service", "ConfigMap", "Secret", "ServiceAccount", "PersistentVolumeClaim",
-                 "Pod")  # fmt: skip
+        kinds = (
+            "Deployment",
+            "StatefulSet",
+            "Service",
+            "ConfigMap",
+            "Secret",
+            "ServiceAccount",
+            "PersistentVolumeClaim",
+            "Pod",
+        )
         lists = await asyncio.gather(*(self.api.list(k) for k in kinds), self.api.list("Node"))
         self.objects = dict(zip(kinds, lists[:-1], strict=True))
         self.nodes = {n["metadata"]["name"]: n for n in lists[-1] if n["metadata"]["name"] in self.own_nodes()}
@@ -1236,12 +1244,21 @@ class Podlet:
                 ],
             }
         pods = [
-            {"name": p.name, "ip": p.ip, "ready": p.ready, "labels": p.obj["metadata"].get("labels") or {},
-             "ports": {cp["name"]: cp["containerPort"] for c in p.spec.get("containers") or []
-                       for cp in c.get("ports") or [] if cp.get("name")}}
+            {
+                "name": p.name,
+                "ip": p.ip,
+                "ready": p.ready,
+                "labels": p.obj["metadata"].get("labels") or {},
+                "ports": {
+                    cp["name"]: cp["containerPort"]
+                    for c in p.spec.get("containers") or []
+                    for cp in c.get("ports") or []
+                    if cp.get("name")
+                },
+            }
             for p in self.pods.values()
             if p.ip and p.running and not p.terminating
-        ]  # fmt: skip
+        ]
         for name, data in (("endpoints.json", out), ("pods.json", pods)):
             tmp = self.state / f"{name}.tmp"
             tmp.write_text(json.dumps(data, indent=1, sort_keys=True))

@@ -31,8 +31,9 @@ def load_or_make_key(path: Path) -> ec.EllipticCurvePrivateKey:
     """The lane's signing key (EC P-256, PEM), made at `path` (mode 0600) when it is not there yet."""
     if not path.exists():
         key = ec.generate_private_key(ec.SECP256R1())
-        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())  # fmt: skip
+        pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(pem)

@@ -55,23 +55,34 @@ def test_staleness_zero_specs_validate_and_staleness_one_is_accepted_or_named() 
 def test_run_order_alternates_configurations() -> None:
     configs = bench.parse_configs("off-s0,on-s0")
     assert [(c.name, r) for c, r in bench.run_order(configs, 2)] == [
-        ("off-s0", 0), ("on-s0", 0), ("off-s0", 1), ("on-s0", 1)
-    ]  # fmt: skip
+        ("off-s0", 0),
+        ("on-s0", 0),
+        ("off-s0", 1),
+        ("on-s0", 1),
+    ]
     with pytest.raises(SystemExit, match="choose from"):
         bench.parse_configs("off-s0,fast")
 
 
 def _step(step: int, trajectories: int) -> StepReport:
     return StepReport(
-        step=step, weight_version=step + 1, weights_checksum="x", reward_mean=0.0, tokens=100 * trajectories,
-        trajectories=trajectories, rollout_seconds=1.0, train_seconds=0.1, sync_seconds=0.1,
+        step=step,
+        weight_version=step + 1,
+        weights_checksum="x",
+        reward_mean=0.0,
+        tokens=100 * trajectories,
+        trajectories=trajectories,
+        rollout_seconds=1.0,
+        train_seconds=0.1,
+        sync_seconds=0.1,
         response_length={"p50": 90.0, "p90": 300.0, "max": 448.0},
-    )  # fmt: skip
+    )
 
 
 def test_figures_and_summary_schema(tmp_path: Path) -> None:
-    report = LocalReport(steps=[_step(0, 8), _step(1, 8), _step(2, 6)], migrations=5,
-                         migrations_by_reason={"offload": 3, "rebalance": 2})  # fmt: skip
+    report = LocalReport(
+        steps=[_step(0, 8), _step(1, 8), _step(2, 6)], migrations=5, migrations_by_reason={"offload": 3, "rebalance": 2}
+    )
     log = tmp_path / "trainer.log"
     lines = [{"ts": 100.0 + 2 * s * s, "msg": "step done", "step": s} for s in range(3)]  # walls 2 s then 6 s
     log.write_text("not json\n" + "\n".join(json.dumps(x) for x in lines) + "\n")

@@ -111,13 +111,17 @@ def test_a_failed_containers_termination_message_is_its_file_else_its_logs_tail(
 def _worker_pod(pool: str) -> dict:
     """A worker pod as the podlet makes it from the operator's Deployment (named, with a uid)."""
     deployment = children.worker("job1", "ns1", pool, PoolSpec(), 1, OperatorSettings())
-    return {"metadata": {"name": f"job1-workers-{pool}-x1", "namespace": "ns1", "uid": "u1"},
-            "spec": deployment["spec"]["template"]["spec"]}  # fmt: skip
+    return {
+        "metadata": {"name": f"job1-workers-{pool}-x1", "namespace": "ns1", "uid": "u1"},
+        "spec": deployment["spec"]["template"]["spec"],
+    }
 
 
 def _accounts() -> list[dict]:
-    return [children.service_account("job1", "ns1", pool) | {"metadata": {"name": n, "uid": "s1"}}
-            for pool, n in (("reserved", "job1-reserved-worker"), ("spot", "job1-spot-worker"))]  # fmt: skip
+    return [
+        children.service_account("job1", "ns1", pool) | {"metadata": {"name": n, "uid": "s1"}}
+        for pool, n in (("reserved", "job1-reserved-worker"), ("spot", "job1-spot-worker"))
+    ]
 
 
 def test_a_projected_token_is_one_the_manager_accepts_for_its_pod_and_pool(tmp_path: Path) -> None:

@@ -35,9 +35,15 @@ def test_targets_are_every_selected_pod_at_each_monitored_port() -> None:
     groups = targets_from_pods(pods, "ns")
     assert [g["targets"] for g in groups] == [["10.0.0.5:9090"], ["10.0.0.6:8000"]]
     assert groups[0]["labels"] == {
-        "job": "ns/rlboost-jobs", "namespace": "ns", "pod": "w-1", "endpoint": "metrics", "__scheme__": "http",
-        "rljob": "j", "pool": "spot", "component": "w",
-    }  # fmt: skip
+        "job": "ns/rlboost-jobs",
+        "namespace": "ns",
+        "pod": "w-1",
+        "endpoint": "metrics",
+        "__scheme__": "http",
+        "rljob": "j",
+        "pool": "spot",
+        "component": "w",
+    }
     assert groups[1]["labels"]["__scheme__"] == "https"  # the weight-server's API port serves TLS
 
 

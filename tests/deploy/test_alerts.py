@@ -53,8 +53,13 @@ def test_the_chart_embeds_the_rules_file_when_enabled() -> None:
     assert not any(d["kind"] == "PrometheusRule" for d in render(None))  # off by default: needs the CRDs
 
 
-METRICS_MODULES = ["rlboost_operator.metrics", "rollout_manager.metrics", "weight_server.metrics", "trainer.metrics",
-                   "rollout_worker.metrics"]  # fmt: skip
+METRICS_MODULES = [
+    "rlboost_operator.metrics",
+    "rollout_manager.metrics",
+    "weight_server.metrics",
+    "trainer.metrics",
+    "rollout_worker.metrics",
+]
 
 
 def _exported_metrics() -> set[str]:

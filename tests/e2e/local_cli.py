@@ -33,8 +33,10 @@ def run_local(*args: str | Path, timeout: float = 900) -> subprocess.CompletedPr
     except subprocess.TimeoutExpired:
         out, err = _stop_hung(proc)
         shown = " ".join(map(str, args))
-        pytest.fail(f"rlboost local {shown} did not finish in {timeout:.0f} s:\n{out[-4000:]}\n{err[-4000:]}\n"
-                    f"{_log_tails(args)}")  # fmt: skip
+        pytest.fail(
+            f"rlboost local {shown} did not finish in {timeout:.0f} s:\n{out[-4000:]}\n{err[-4000:]}\n"
+            f"{_log_tails(args)}"
+        )
     res = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     assert res.returncode == 0, f"exit {res.returncode}\n{out[-4000:]}\n{err[-4000:]}\n{_log_tails(args)}"
     return res

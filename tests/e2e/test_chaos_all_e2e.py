@@ -76,8 +76,22 @@ def run_local(out: Path, *flags: str) -> tuple[dict[str, Any], dict[Key, dict[st
     A trainer killed mid-step and resumed from its checkpoint redoes the step, dumping its samples again: a
     sample dumped twice must be the same tokens both times (greedy, the same weights)."""
     report, dump = out / "report.json", out / "rollouts.jsonl"
-    run_local_cli("--config", _config(out), "--steps", str(STEPS), "--temperature", "0", "--run-dir", out / "run",
-                  "--json-report", report, "--dump-rollouts", dump, *flags, timeout=RUN_TIMEOUT_S)  # fmt: skip
+    run_local_cli(
+        "--config",
+        _config(out),
+        "--steps",
+        str(STEPS),
+        "--temperature",
+        "0",
+        "--run-dir",
+        out / "run",
+        "--json-report",
+        report,
+        "--dump-rollouts",
+        dump,
+        *flags,
+        timeout=RUN_TIMEOUT_S,
+    )
     rollouts: dict[Key, dict[str, Any]] = {}
     for line in dump.read_text().splitlines():
         d = json.loads(line)
@@ -105,8 +119,15 @@ def test_every_service_killed_mid_work_loses_nothing(tmp_path: Path) -> None:
     assert expected_report["ok"] and expected_report["faults"] == [] and set(expected) == all_samples()
     assert len({s["weights_checksum"] for s in expected_report["steps"]}) == STEPS  # every step moved the weights
 
-    report, rollouts = run_local(tmp_path / "chaos", "--chaos-kill-every", "1", "--chaos-step-seconds", str(STEP_SECONDS),
-                                 "--chaos-targets", ",".join(TARGETS))  # fmt: skip
+    report, rollouts = run_local(
+        tmp_path / "chaos",
+        "--chaos-kill-every",
+        "1",
+        "--chaos-step-seconds",
+        str(STEP_SECONDS),
+        "--chaos-targets",
+        ",".join(TARGETS),
+    )
 
     # The job completed with every sample, token for token the uninterrupted run's, and the same weights.
     assert report["ok"] and len(report["steps"]) == STEPS, report["error"]

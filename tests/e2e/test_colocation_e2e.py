@@ -35,8 +35,21 @@ def run(out: Path, colocate: bool) -> dict[str, Any]:
     config = out / "job.yaml"
     config.write_text(JOB % ("true" if colocate else "false"))
     report = out / "report.json"
-    run_local("--config", config, "--steps", str(STEPS), "--temperature", "0", "--run-dir", out / "run",
-              "--json-report", report, "--dump-rollouts", out / "rollouts.jsonl", timeout=120)  # fmt: skip
+    run_local(
+        "--config",
+        config,
+        "--steps",
+        str(STEPS),
+        "--temperature",
+        "0",
+        "--run-dir",
+        out / "run",
+        "--json-report",
+        report,
+        "--dump-rollouts",
+        out / "rollouts.jsonl",
+        timeout=120,
+    )
     return json.loads(report.read_text())
 
 

@@ -47,8 +47,11 @@ def _records(log: Path, msg: str) -> list[dict]:
 
 
 STEPS = 3
-RETRY_ERRORS = ("NATS connection error; reconnecting", "NATS disconnected; reconnecting",
-                "weight-server unavailable; retrying")  # fmt: skip
+RETRY_ERRORS = (
+    "NATS connection error; reconnecting",
+    "NATS disconnected; reconnecting",
+    "weight-server unavailable; retrying",
+)
 
 
 def _stopped_cleanly(log: Path) -> None:
@@ -64,8 +67,9 @@ def test_every_worker_holds_the_trainers_exact_weights_after_every_step(tmp_path
     cfg = tmp_path / "job.yaml"
     cfg.write_text(CONFIG)
     run_dir, report_path = tmp_path / "run", tmp_path / "report.json"
-    res = run_local("--config", cfg, "--steps", str(STEPS), "--run-dir", run_dir, "--json-report", report_path,
-                    timeout=600)  # fmt: skip
+    res = run_local(
+        "--config", cfg, "--steps", str(STEPS), "--run-dir", run_dir, "--json-report", report_path, timeout=600
+    )
     assert "children killed after the grace period" not in res.stderr, res.stderr[-2000:]
     report = json.loads(report_path.read_text())
     published = {s["weight_version"]: s["weights_checksum"] for s in report["steps"]}

@@ -36,8 +36,20 @@ class Node:
     """A bench/fanout_node.py process; its JSON events read by a thread into a queue."""
 
     def __init__(self, name: str, server: str) -> None:
-        args = [sys.executable, str(ROOT / "bench/fanout_node.py"), "--server", server, "--worker", name,
-                "--zone", "z", "--region", "r", "--token", TOKEN]  # fmt: skip
+        args = [
+            sys.executable,
+            str(ROOT / "bench/fanout_node.py"),
+            "--server",
+            server,
+            "--worker",
+            name,
+            "--zone",
+            "z",
+            "--region",
+            "r",
+            "--token",
+            TOKEN,
+        ]
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         self.events: queue.Queue[dict] = queue.Queue()
         self.seen: list[dict] = []
@@ -118,8 +130,17 @@ async def _upload(url: str) -> bytes:
 def test_a_relay_killed_mid_transfer_delays_never_blocks_the_others(tmp_path) -> None:
     port = free_port()
     (tmp_path / "token").write_text(TOKEN + "\n")
-    server = spawn("--port", str(port), "--data-dir", str(tmp_path / "data"), "--token-file", str(tmp_path / "token"),
-                   "--no-nats", "--chunk-bytes", str(CHUNK))  # fmt: skip
+    server = spawn(
+        "--port",
+        str(port),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--token-file",
+        str(tmp_path / "token"),
+        "--no-nats",
+        "--chunk-bytes",
+        str(CHUNK),
+    )
     nodes: list[Node] = []
     try:
         wait_for_port("127.0.0.1", port, 30)

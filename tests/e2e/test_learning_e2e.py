@@ -49,9 +49,17 @@ def test_two_rank_zero2_job_learns(tmp_path: Path) -> None:
     config.write_text("trainer:\n  zeroStage: 2\n")
     report_path = tmp_path / "report.json"
     run_local(
-        "--config", config, "--trainer-ranks", "2", "--steps", "40", "--run-dir", tmp_path / "run",
-        "--json-report", report_path,
-    )  # fmt: skip
+        "--config",
+        config,
+        "--trainer-ranks",
+        "2",
+        "--steps",
+        "40",
+        "--run-dir",
+        tmp_path / "run",
+        "--json-report",
+        report_path,
+    )
     steps = json.loads(report_path.read_text())["steps"]
     rewards = [s["reward_mean"] for s in steps]
     assert len(rewards) == 40 and all(s["ranks"] == 2 for s in steps)

@@ -37,8 +37,16 @@ def test_math_example_runs_dataset_chat_template_math_verify_validation_tracking
     from rlboost.weights.checksum import state_checksum
 
     run_dir, report_path = tmp_path / "run", tmp_path / "report.json"
-    run_local("--config", REPO / "examples" / "local-math.yaml", "--steps", STEPS, "--run-dir", run_dir,
-              "--json-report", report_path)  # fmt: skip
+    run_local(
+        "--config",
+        REPO / "examples" / "local-math.yaml",
+        "--steps",
+        STEPS,
+        "--run-dir",
+        run_dir,
+        "--json-report",
+        report_path,
+    )
     report = json.loads(report_path.read_text())
     assert report["ok"] and len(report["steps"]) == STEPS and report["tokens_lost"] == 0
 

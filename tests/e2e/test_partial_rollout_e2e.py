@@ -35,8 +35,18 @@ def test_partial_rollout_loses_and_duplicates_no_sample(tmp_path: Path) -> None:
     cfg = tmp_path / "job.yaml"
     cfg.write_text(CONFIG)
     report_path, dump = tmp_path / "report.json", tmp_path / "rollouts.jsonl"
-    run_local("--config", cfg, "--steps", "3", "--run-dir", tmp_path / "run", "--json-report", report_path,
-              "--dump-rollouts", dump)  # fmt: skip
+    run_local(
+        "--config",
+        cfg,
+        "--steps",
+        "3",
+        "--run-dir",
+        tmp_path / "run",
+        "--json-report",
+        report_path,
+        "--dump-rollouts",
+        dump,
+    )
     steps = json.loads(report_path.read_text())["steps"]
     assert len(steps) == 3
     samples = [json.loads(line) for line in dump.read_text().splitlines()]
@@ -72,9 +82,25 @@ def test_partial_rollout_under_chaos_of_every_service_loses_no_token(tmp_path: P
         text.replace("\nalgorithm:", extra, 1).replace("\nrollout:", "\ntrainer: {checkpointEvery: 1}\nrollout:", 1)
     )
     report_path, dump = tmp_path / "report.json", tmp_path / "rollouts.jsonl"
-    run_local("--config", cfg, "--steps", "12", "--run-dir", tmp_path / "run", "--json-report", report_path,
-              "--dump-rollouts", dump, "--chaos-kill-every", "1", "--chaos-step-seconds", "2",
-              "--chaos-targets", ",".join(CHAOS_TARGETS), timeout=420)  # fmt: skip
+    run_local(
+        "--config",
+        cfg,
+        "--steps",
+        "12",
+        "--run-dir",
+        tmp_path / "run",
+        "--json-report",
+        report_path,
+        "--dump-rollouts",
+        dump,
+        "--chaos-kill-every",
+        "1",
+        "--chaos-step-seconds",
+        "2",
+        "--chaos-targets",
+        ",".join(CHAOS_TARGETS),
+        timeout=420,
+    )
     report = json.loads(report_path.read_text())
     assert report["ok"] and len(report["steps"]) == 12, report["error"]
     assert report["tokens_lost"] == 0 and report["tokens_regenerated"] == 0

@@ -54,8 +54,22 @@ def _config(out: Path) -> Path:
 def run_local(out: Path, *flags: str, steps: int = STEPS) -> tuple[dict[str, Any], dict[Key, dict[str, Any]]]:
     """Run `rlboost local` greedily; return its JSON report and the dumped rollouts keyed by (step, prompt, sample)."""
     report, dump = out / "report.json", out / "rollouts.jsonl"
-    run_local_cli("--config", _config(out), "--steps", str(steps), "--temperature", "0", "--run-dir", out / "run",
-                  "--json-report", report, "--dump-rollouts", dump, *flags, timeout=RUN_TIMEOUT_S)  # fmt: skip
+    run_local_cli(
+        "--config",
+        _config(out),
+        "--steps",
+        str(steps),
+        "--temperature",
+        "0",
+        "--run-dir",
+        out / "run",
+        "--json-report",
+        report,
+        "--dump-rollouts",
+        dump,
+        *flags,
+        timeout=RUN_TIMEOUT_S,
+    )
     rollouts: dict[Key, dict[str, Any]] = {}
     for line in dump.read_text().splitlines():
         d = json.loads(line)

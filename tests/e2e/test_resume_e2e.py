@@ -38,9 +38,25 @@ rollout:
 
 
 def _cmd(cfg: Path, run_dir: Path, ckpt: Path, steps: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "rlboost.cli.main", "local", "--config", str(cfg), "--steps", str(steps),
-            "--temperature", "0", "--run-dir", str(run_dir), "--checkpoint-dir", str(ckpt),
-            "--json-report", str(run_dir.with_suffix(f".{steps}{''.join(extra)}.json")), *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "rlboost.cli.main",
+        "local",
+        "--config",
+        str(cfg),
+        "--steps",
+        str(steps),
+        "--temperature",
+        "0",
+        "--run-dir",
+        str(run_dir),
+        "--checkpoint-dir",
+        str(ckpt),
+        "--json-report",
+        str(run_dir.with_suffix(f".{steps}{''.join(extra)}.json")),
+        *extra,
+    ]
 
 
 def _run(cfg: Path, run_dir: Path, ckpt: Path, steps: int, *extra: str) -> dict:

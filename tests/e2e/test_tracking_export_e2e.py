@@ -23,8 +23,20 @@ rollout:
 logging: {{backends: [jsonl, tensorboard], dir: {logs}}}
 export: {{path: {export}, everyCheckpoints: 2}}
 """
-METRICS = {"reward_mean", "loss", "kl", "entropy", "grad_norm", "response_length/p50", "response_length/max",
-           "rollout_seconds", "train_seconds", "sync_seconds", "sync_bytes", "cost_so_far"}  # fmt: skip
+METRICS = {
+    "reward_mean",
+    "loss",
+    "kl",
+    "entropy",
+    "grad_norm",
+    "response_length/p50",
+    "response_length/max",
+    "rollout_seconds",
+    "train_seconds",
+    "sync_seconds",
+    "sync_bytes",
+    "cost_so_far",
+}
 
 
 @pytest.mark.slow

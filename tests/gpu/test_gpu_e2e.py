@@ -47,8 +47,15 @@ def ready_lines(log_dir: Path) -> list[dict]:
 def run_and_check(tmp_path: Path, config: str, steps: int, rise: float) -> dict:
     """Run `config`, assert the job finished with every token and the reward rose by `rise`; return the report."""
     report_path = tmp_path / "report.json"
-    run_local("--config", REPO / "examples" / config, "--run-dir", tmp_path / "run",
-              "--json-report", report_path, timeout=1800)  # fmt: skip
+    run_local(
+        "--config",
+        REPO / "examples" / config,
+        "--run-dir",
+        tmp_path / "run",
+        "--json-report",
+        report_path,
+        timeout=1800,
+    )
     report = json.loads(report_path.read_text())
     rewards = [s["reward_mean"] for s in report["steps"]]
     assert report["ok"] and len(rewards) == steps

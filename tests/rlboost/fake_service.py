@@ -55,8 +55,14 @@ def serve_manager(port: int) -> object:
                     inflight_tokens=5,
                 ),  # always mid-response: a chaos target
             ]
-            return pb.StatusReply(workers=workers, migrations=1, tokens_received=200, tokens_lost=3,
-                                  tokens_regenerated=2, migrations_by_reason={"drained": 1, "rebalance": 0})  # fmt: skip
+            return pb.StatusReply(
+                workers=workers,
+                migrations=1,
+                tokens_received=200,
+                tokens_lost=3,
+                tokens_regenerated=2,
+                migrations_by_reason={"drained": 1, "rebalance": 0},
+            )
 
     server = grpc.server(futures.ThreadPoolExecutor(2))
     rollout_pb2_grpc.add_RolloutManagerServicer_to_server(Manager(), server)
@@ -73,8 +79,16 @@ async def publish_steps(args: argparse.Namespace) -> None:
 
     nc = await nats.connect(args.nats_url, **connect_options(args.credentials_dir or "", "trainer"))
     for step in (1, 2):
-        rep = StepReport(step=step, reward_mean=0.25 * step, tokens=100, rollout_seconds=0.5, train_seconds=0.2,
-                         sync_seconds=0.1, weight_version=step, weights_checksum=f"c{step}")  # fmt: skip
+        rep = StepReport(
+            step=step,
+            reward_mean=0.25 * step,
+            tokens=100,
+            rollout_seconds=0.5,
+            train_seconds=0.2,
+            sync_seconds=0.1,
+            weight_version=step,
+            weights_checksum=f"c{step}",
+        )
         await nc.publish(subject(args.namespace, args.job, "steps"), rep.model_dump_json().encode())
     done = JobDone(ok=True, steps=2, final_weights_checksum="c2")
     await nc.publish(subject(args.namespace, args.job, "done"), done.model_dump_json().encode())

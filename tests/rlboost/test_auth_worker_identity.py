@@ -38,21 +38,42 @@ def _key(kid: str) -> tuple[rsa.RSAPrivateKey, dict]:
     return private, public | {"kid": kid, "use": "sig", "alg": "RS256"}
 
 
-def _token(private, kid: str, pod: str, account: str, *, namespace: str = NAMESPACE, aud: str = "", ttl: int = 600,
-           alg: str = "RS256") -> str:  # fmt: skip
+def _token(
+    private,
+    kid: str,
+    pod: str,
+    account: str,
+    *,
+    namespace: str = NAMESPACE,
+    aud: str = "",
+    ttl: int = 600,
+    alg: str = "RS256",
+) -> str:
     now = int(time.time())
     claims = {
-        "iss": ISSUER, "aud": [aud or audience(NAMESPACE, JOB)], "iat": now, "nbf": now, "exp": now + ttl,
+        "iss": ISSUER,
+        "aud": [aud or audience(NAMESPACE, JOB)],
+        "iat": now,
+        "nbf": now,
+        "exp": now + ttl,
         "sub": f"system:serviceaccount:{namespace}:{account}",
-        "kubernetes.io": {"namespace": namespace, "pod": {"name": pod, "uid": "u1"},
-                          "serviceaccount": {"name": account, "uid": "u2"}},
-    }  # fmt: skip
+        "kubernetes.io": {
+            "namespace": namespace,
+            "pod": {"name": pod, "uid": "u1"},
+            "serviceaccount": {"name": account, "uid": "u2"},
+        },
+    }
     return jwt.encode(claims, private, algorithm=alg, headers={"kid": kid})
 
 
 def _write(path: Path, *public: dict) -> None:
-    identity = ClusterIdentity(issuer=ISSUER, audience=audience(NAMESPACE, JOB), namespace=NAMESPACE,
-                               service_accounts=ACCOUNTS, jwks={"keys": list(public)})  # fmt: skip
+    identity = ClusterIdentity(
+        issuer=ISSUER,
+        audience=audience(NAMESPACE, JOB),
+        namespace=NAMESPACE,
+        service_accounts=ACCOUNTS,
+        jwks={"keys": list(public)},
+    )
     path.write_bytes(cluster_identity_json(identity))
 
 
@@ -179,6 +200,9 @@ def test_a_token_without_kid_is_checked_against_every_key(tmp_path):
     )
     verifier = WorkerIdentityVerifier(JOB, b"k", path)
     for private in (old_private, new_private):
-        token = jwt.encode(jwt.decode(_token(private, "x", "p", "grpo-spot-worker"), options={"verify_signature": False}),
-                           private, algorithm="RS256")  # fmt: skip
+        token = jwt.encode(
+            jwt.decode(_token(private, "x", "p", "grpo-spot-worker"), options={"verify_signature": False}),
+            private,
+            algorithm="RS256",
+        )
         assert verifier.verify(token, "p", "spot").worker_id == "p"

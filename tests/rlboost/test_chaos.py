@@ -15,14 +15,24 @@ from rlboost.wire.rollout_io import ManagerStatus, Pool, WorkerStatus
 
 
 def _worker(worker_id: str, inflight: int, pool: Pool = Pool.SPOT) -> WorkerStatus:
-    return WorkerStatus(worker_id=worker_id, pool=pool, node="n", weight_version=1, running=2 if inflight else 0,
-                        capacity=8, tokens_generated=inflight, draining=False, inflight_tokens=inflight)  # fmt: skip
+    return WorkerStatus(
+        worker_id=worker_id,
+        pool=pool,
+        node="n",
+        weight_version=1,
+        running=2 if inflight else 0,
+        capacity=8,
+        tokens_generated=inflight,
+        draining=False,
+        inflight_tokens=inflight,
+    )
 
 
 def _status(*workers: WorkerStatus, pending: int = 0) -> ManagerStatus:
     running = sum(w.running for w in workers)
-    return ManagerStatus(workers=list(workers), pending=pending, running=running, finished=0, migrations=0,
-                         tokens_received=0)  # fmt: skip
+    return ManagerStatus(
+        workers=list(workers), pending=pending, running=running, finished=0, migrations=0, tokens_received=0
+    )
 
 
 def test_targets_parse_in_order_once_each_and_bad_ones_name_the_flag() -> None:
@@ -78,8 +88,14 @@ def test_chaos_paced_by_progress_rearms_after_samples_not_seconds_and_a_manager_
     often), and a restarted manager's count from 0 adds to the progress instead of taking it back.
     A real child process is the victim (SIGKILLed by the supervisor)."""
     sup = Supervisor(tmp_path / "logs")
-    spot = SpotController(sup, plan=None, desired=0, chaos=ChaosMonkey(period_s=1.0), chaos_step_seconds=2.0,  # type: ignore[arg-type]
-                          samples_per_step=16)  # fmt: skip
+    spot = SpotController(
+        sup,
+        plan=None,
+        desired=0,
+        chaos=ChaosMonkey(period_s=1.0),
+        chaos_step_seconds=2.0,  # type: ignore[arg-type]
+        samples_per_step=16,
+    )
     try:
         sup.start("spot-0", [sys.executable, "-c", "import time; time.sleep(600)"], pool="spot")
         assert spot.hunting(now=0.0) and spot.wants_status(now=0.0)

@@ -40,8 +40,9 @@ sys.exit(run_local(spec, opts, Console(width=160), Path(report)))
 
 
 def rlboost(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "rlboost.cli.main", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO)  # fmt: skip
+    return subprocess.run(
+        [PY, "-m", "rlboost.cli.main", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
 
 
 def test_bad_config_names_the_field_and_exits_2(tmp_path: Path) -> None:
@@ -113,8 +114,13 @@ def _fake_env(tmp_path: Path, trainer: str) -> tuple[dict[str, str], list[str]]:
     wrapper = tmp_path / "fake-python"
     wrapper.write_text(f'#!/bin/sh\nexec {PY} {FAKE} "$@"\n')
     wrapper.chmod(0o755)
-    env = {**os.environ, "FAKE_PID_DIR": str(pid_dir), "FAKE_TRAINER": trainer, "FAKE_DELAY": "3",
-           "PYTHONPATH": str(REPO)}  # fmt: skip
+    env = {
+        **os.environ,
+        "FAKE_PID_DIR": str(pid_dir),
+        "FAKE_TRAINER": trainer,
+        "FAKE_DELAY": "3",
+        "PYTHONPATH": str(REPO),
+    }
     return env, [str(tmp_path / "run"), str(wrapper), str(model), str(tmp_path / "report.json")]
 
 
@@ -149,8 +155,12 @@ def test_local_run_completes_with_report_and_leaves_nothing(tmp_path: Path) -> N
     assert (run / "reward.png").exists() and (run / "job.yaml").exists()
     assert not (run / "token").exists()  # every token is in the job's credentials
     assert (run / "credentials" / "token-trainer").stat().st_mode & 0o777 == 0o600
-    assert {p.name.split("-")[0] for p in (tmp_path / "pids").iterdir()} >= {"weight_server", "rollout_manager",
-                                                                           "rollout_worker", "trainer"}  # fmt: skip
+    assert {p.name.split("-")[0] for p in (tmp_path / "pids").iterdir()} >= {
+        "weight_server",
+        "rollout_manager",
+        "rollout_worker",
+        "trainer",
+    }
     assert "summary" in res.stdout
     assert _run_processes(run) == []
 
@@ -170,8 +180,11 @@ def test_sigterm_to_the_cli_stops_every_child(tmp_path: Path) -> None:
     env, argv = _fake_env(tmp_path, "hang")
     proc = subprocess.Popen([PY, "-c", DRIVER, *argv, "-"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        wait_until(lambda: any(p.name.startswith("trainer-") for p in (tmp_path / "pids").iterdir()), timeout=60,
-                   what="trainer started")  # fmt: skip
+        wait_until(
+            lambda: any(p.name.startswith("trainer-") for p in (tmp_path / "pids").iterdir()),
+            timeout=60,
+            what="trainer started",
+        )
         children = _run_processes(tmp_path / "run")
         assert len(children) >= 7  # nats, weight-server, manager, 3 workers, trainer
         proc.send_signal(signal.SIGTERM)
@@ -210,9 +223,24 @@ def test_delta_bench_real_source_benches_consecutive_states_of_real_trainer_step
     """The CLI spawns `python -m trainer.delta_updates` (real engine, 2 real GRPO steps on the tiny model),
     then benches v0->v1 and v1->v2: bit-exact, the documented keys, and states that really changed."""
     out = _delta_cli(
-        "--json", "--steps", "2", "--hidden", "32", "--layers", "1", "--heads", "2", "--warmup-steps", "0",
-        "--repeat", "1", "--lr", "1e-4", "--keep", str(tmp_path / "states"),
-    )  # fmt: skip
+        "--json",
+        "--steps",
+        "2",
+        "--hidden",
+        "32",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--warmup-steps",
+        "0",
+        "--repeat",
+        "1",
+        "--lr",
+        "1e-4",
+        "--keep",
+        str(tmp_path / "states"),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
     keys = {"changed_fraction", "bytes_per_changed_element", "encode_gb_per_s", "apply_gb_per_s", "bit_exact"}

@@ -171,8 +171,12 @@ def test_hf_datasets_save_to_disk_directory_and_its_splits(tmp_path: Path) -> No
 
     data = {"problem": [f"p{i}" for i in range(50)], "solution": [str(i) for i in range(50)]}
     datasets.Dataset.from_dict(data).save_to_disk(str(tmp_path / "one"))
-    both = datasets.DatasetDict({"train": datasets.Dataset.from_dict(data),
-                                 "validation": datasets.Dataset.from_dict({k: v[:5] for k, v in data.items()})})  # fmt: skip
+    both = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict(data),
+            "validation": datasets.Dataset.from_dict({k: v[:5] for k, v in data.items()}),
+        }
+    )
     both.save_to_disk(str(tmp_path / "dict"))
     fields = {"promptField": "problem", "answerField": "solution", "shuffle": False}
     got, _ = questions(DatasetPrompts(task(str(tmp_path / "one"), **fields), words), Cursor(), 50)

@@ -29,9 +29,15 @@ def bucket(monkeypatch: pytest.MonkeyPatch, s3: str, tmp_path: Path) -> str:
     """Static keys and moto's endpoint in the environment (as a pod's SDK reads them); a bucket with the files."""
     import s3fs
 
-    for name, value in {"AWS_ENDPOINT_URL": s3, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_MAX_ATTEMPTS": "1", "AWS_CONFIG_FILE": "/nonexistent",
-                        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}.items():  # fmt: skip
+    for name, value in {
+        "AWS_ENDPOINT_URL": s3,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_MAX_ATTEMPTS": "1",
+        "AWS_CONFIG_FILE": "/nonexistent",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+    }.items():
         monkeypatch.setenv(name, value)
     for name in ("AWS_PROFILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)

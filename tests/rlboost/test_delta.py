@@ -772,10 +772,18 @@ def test_a_table_that_is_not_a_sized_zstd_frame_is_rejected(monkeypatch: pytest.
 def test_an_entry_copied_with_other_segments_plans_its_own_spans() -> None:
     """Spans are kept in the entry's instance dict, which model_copy copies: the copy must not reuse them."""
     entry = fmt.TensorEntry(
-        name="w", dtype="bfloat16", shape=[8], encoding="sparse", changed=2, base_xxh3=0, target_xxh3=0,
-        offset=0, length=6, payload_xxh3=0,
+        name="w",
+        dtype="bfloat16",
+        shape=[8],
+        encoding="sparse",
+        changed=2,
+        base_xxh3=0,
+        target_xxh3=0,
+        offset=0,
+        length=6,
+        payload_xxh3=0,
         segments=[fmt.SegmentEntry(stop=8, changed=2, gap_planes=1, streams=[2, 2, 2])],
-    )  # fmt: skip
+    )
     assert [(s.start, s.stop) for s in entry.spans()] == [(0, 8)]
     halves = [fmt.SegmentEntry(stop=4, changed=1, gap_planes=1, streams=[1, 1, 1])] * 2
     copy = entry.model_copy(update={"segments": [halves[0], halves[1].model_copy(update={"stop": 8})]})

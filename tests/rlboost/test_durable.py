@@ -21,8 +21,15 @@ READ_S = 15.0  # deadline of reading back what was acknowledged (returns as soon
 
 async def _connect(server: NatsServer, creds: JobCredentials, user: str, **extra: object):
     options = connect_options(creds.directory, user)
-    return await nats.connect(server.url, connect_timeout=2, max_reconnect_attempts=-1, reconnect_time_wait=0.1,
-                              error_cb=_ignore, **extra, **options)  # fmt: skip
+    return await nats.connect(
+        server.url,
+        connect_timeout=2,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.1,
+        error_cb=_ignore,
+        **extra,
+        **options,
+    )
 
 
 async def _ignore(_: Exception) -> None:  # reconnect attempts while the server is down

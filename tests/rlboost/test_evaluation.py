@@ -114,9 +114,20 @@ def test_the_local_report_and_display_carry_the_evaluations(tmp_path) -> None:
     from rlboost.wire.events import StepReport
 
     v = summarize(1, 2, [[ScoredResponse(1.0, 3), ScoredResponse(0.0, 5)]], k=2, threshold=1.0, seconds=0.1)
-    steps = [StepReport(step=i, reward_mean=0.5, tokens=8, rollout_seconds=1, train_seconds=1, sync_seconds=1,
-                        weight_version=i + 1, weights_checksum="c", validation=v if i == 1 else None)
-             for i in (0, 1)]  # fmt: skip
+    steps = [
+        StepReport(
+            step=i,
+            reward_mean=0.5,
+            tokens=8,
+            rollout_seconds=1,
+            train_seconds=1,
+            sync_seconds=1,
+            weight_version=i + 1,
+            weights_checksum="c",
+            validation=v if i == 1 else None,
+        )
+        for i in (0, 1)
+    ]
     write_report(LocalReport(steps=steps, validation=[v]), tmp_path / "r.json")
     data = json.loads((tmp_path / "r.json").read_text())
     assert [

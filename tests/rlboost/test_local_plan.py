@@ -121,14 +121,40 @@ def test_examples_local_yaml_equals_the_embedded_default() -> None:
 
 
 def test_report_json_and_plot(tmp_path: Path) -> None:
-    steps = [StepReport(step=i, reward_mean=0.1 * i, tokens=10, rollout_seconds=1, train_seconds=0.5,
-                        sync_seconds=0.1, weight_version=i, weights_checksum=f"c{i}") for i in (1, 2)]  # fmt: skip
+    steps = [
+        StepReport(
+            step=i,
+            reward_mean=0.1 * i,
+            tokens=10,
+            rollout_seconds=1,
+            train_seconds=0.5,
+            sync_seconds=0.1,
+            weight_version=i,
+            weights_checksum=f"c{i}",
+        )
+        for i in (1, 2)
+    ]
     report = LocalReport(steps=steps, final_weights_checksum="ab", preemptions=1)
     write_report(report, tmp_path / "r.json")
     data = yaml.safe_load((tmp_path / "r.json").read_text())
-    assert {"step", "reward_mean", "reward_std", "tokens", "rollout_seconds", "train_seconds", "sync_seconds",
-            "weight_version", "weights_checksum", "loss", "kl", "entropy", "grad_norm", "learning_rate",
-            "trainer_idle_seconds", "train_compute_seconds"} <= set(data["steps"][0])  # fmt: skip
+    assert {
+        "step",
+        "reward_mean",
+        "reward_std",
+        "tokens",
+        "rollout_seconds",
+        "train_seconds",
+        "sync_seconds",
+        "weight_version",
+        "weights_checksum",
+        "loss",
+        "kl",
+        "entropy",
+        "grad_norm",
+        "learning_rate",
+        "trainer_idle_seconds",
+        "train_compute_seconds",
+    } <= set(data["steps"][0])
     for key in ("final_weights_checksum", "preemptions", "migrations", "tokens_lost", "tokens_regenerated", "workers"):
         assert key in data
     png = plot_rewards(steps, tmp_path / "reward.png")
@@ -137,17 +163,40 @@ def test_report_json_and_plot(tmp_path: Path) -> None:
 
 
 def test_report_holds_the_trainer_step_record_as_published() -> None:
-    event = StepReport(step=3, reward_mean=0.5, reward_std=0.2, tokens=9, rollout_seconds=1.0, train_seconds=0.5,
-                       sync_seconds=0.1, weight_version=4, weights_checksum="cd", loss=-0.1, grad_norm=2.5,
-                       learning_rate=1e-3, trainer_idle_seconds=0.7, ranks=2, finish_reasons={"stop": 3})  # fmt: skip
+    event = StepReport(
+        step=3,
+        reward_mean=0.5,
+        reward_std=0.2,
+        tokens=9,
+        rollout_seconds=1.0,
+        train_seconds=0.5,
+        sync_seconds=0.1,
+        weight_version=4,
+        weights_checksum="cd",
+        loss=-0.1,
+        grad_norm=2.5,
+        learning_rate=1e-3,
+        trainer_idle_seconds=0.7,
+        ranks=2,
+        finish_reasons={"stop": 3},
+    )
     report = LocalReport(steps=[StepReport.model_validate_json(event.model_dump_json())])
     assert report.steps == [event]
     assert LocalReport.model_validate_json(report.model_dump_json()).steps == [event]
 
 
 def test_report_counters_come_from_the_manager_status() -> None:
-    status = ManagerStatus(workers=[], pending=0, running=0, finished=8, migrations=3, tokens_received=40,
-                           tokens_lost=2, tokens_regenerated=1, migrations_by_reason={"rebalance": 0, "drained": 3})  # fmt: skip
+    status = ManagerStatus(
+        workers=[],
+        pending=0,
+        running=0,
+        finished=8,
+        migrations=3,
+        tokens_received=40,
+        tokens_lost=2,
+        tokens_regenerated=1,
+        migrations_by_reason={"rebalance": 0, "drained": 3},
+    )
     report = LocalReport(**counters_from_status(status))
     assert (report.migrations, report.tokens_received, report.tokens_lost, report.tokens_regenerated) == (3, 40, 2, 1)
     assert report.migrations_by_reason == {"drained": 3}

@@ -58,8 +58,10 @@ class HubStandIn(BaseHTTPRequestHandler):
         if path.startswith(f"/api/models/{repo}/revision/"):
             return self._send(404, b'{"error": "Invalid rev id"}', {"X-Error-Code": "RevisionNotFound"})
         if path == f"/api/models/{repo}/tree/{COMMIT}":
-            tree = [{"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
-                    for name, data in self.files.items()]  # fmt: skip
+            tree = [
+                {"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+                for name, data in self.files.items()
+            ]
             return self._send(200, json.dumps(tree).encode())
         name = path.removeprefix(f"/{repo}/resolve/{COMMIT}/")
         if name in self.files:

@@ -31,8 +31,10 @@ def _moto(tmp: Path, **env: str) -> Iterator[str]:
     log = (tmp / f"moto-{port}.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env},
-    )  # fmt: skip
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **env},
+    )
     try:
         wait_for_port("127.0.0.1", port, 60, proc)
         yield f"http://127.0.0.1:{port}"
@@ -144,8 +146,17 @@ def test_an_unreachable_store_exits_4_with_one_line(aws: str, tmp_path: Path, mo
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     job, log = tmp_path / "job.yaml", tmp_path / "termination-log"
     job.write_text("model: {source: uri, uri: 's3://models/qwen-tiny'}\n")
-    argv = [sys.executable, "-m", "rlboost.models.fetch", "--config", str(job), "--dest", str(tmp_path / "m"),
-            "--termination-log", str(log)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "rlboost.models.fetch",
+        "--config",
+        str(job),
+        "--dest",
+        str(tmp_path / "m"),
+        "--termination-log",
+        str(log),
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=os.environ.copy())
     assert done.returncode == EXIT_UNREACHABLE, done.stderr
     assert log.read_text().startswith("spec.model.uri: Unreachable: cannot reach the object store for s3://models/")

@@ -14,8 +14,9 @@ def _problem(model: dict) -> tuple[str, str]:
 
 
 def test_each_source_with_its_fields_is_accepted() -> None:
-    hf = parse_job_spec({"model": {"source": "huggingface", "repo": "Qwen/Qwen3-0.6B", "revision": "abc123",
-                                   "tokenSecret": "hf-token"}}).model  # fmt: skip
+    hf = parse_job_spec(
+        {"model": {"source": "huggingface", "repo": "Qwen/Qwen3-0.6B", "revision": "abc123", "tokenSecret": "hf-token"}}
+    ).model
     assert (hf.repo, hf.revision, hf.token_secret) == ("Qwen/Qwen3-0.6B", "abc123", "hf-token")
     uri = parse_job_spec({"model": {"source": "uri", "uri": "gs://bucket/models/qwen3"}}).model
     assert uri.uri == "gs://bucket/models/qwen3"

@@ -42,7 +42,12 @@ def run_steps(prompts: int, over: float, partial: bool, max_staleness: int, dura
     """Steps until `durations` (how many steps each new group takes) runs out; the rules decide everything else."""
     supply, open_groups, logs, step = iter(durations), [], [], 0
     while True:
-        opened = [Group(step, d) for _, d in zip(range(new_groups(in_flight(prompts, over, partial), len(open_groups))), supply, strict=False)]  # fmt: skip
+        opened = [
+            Group(step, d)
+            for _, d in zip(
+                range(new_groups(in_flight(prompts, over, partial), len(open_groups))), supply, strict=False
+            )
+        ]
         open_groups += opened
         if not open_groups:
             return logs
@@ -56,9 +61,13 @@ def run_steps(prompts: int, over: float, partial: bool, max_staleness: int, dura
         trained = [lag(step, g.opened) for g in complete if trainable(lag(step, g.opened), max_staleness)]
         after = [lag(step + 1, g.opened) for g in unfinished]
         logs.append(
-            StepLog(len(open_groups), trained, [a for a, g in zip(after, unfinished, strict=True) if g in carried],
-                    [a for a, g in zip(after, unfinished, strict=True) if g not in carried])
-        )  # fmt: skip
+            StepLog(
+                len(open_groups),
+                trained,
+                [a for a, g in zip(after, unfinished, strict=True) if g in carried],
+                [a for a, g in zip(after, unfinished, strict=True) if g not in carried],
+            )
+        )
         for g in carried:
             g.left -= 1
         open_groups, step = carried, step + 1

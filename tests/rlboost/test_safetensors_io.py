@@ -76,7 +76,7 @@ def _payload(header: dict, data: bytes) -> bytearray:
             },
             b"\0" * 8,
             "starts at 0, expected 8",
-        ),  # fmt: skip
+        ),
         ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, "starts at 4, expected 0"),
         ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 8, "cover 4 of 8"),
     ],

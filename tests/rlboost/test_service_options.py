@@ -126,8 +126,11 @@ def test_pod_commands_parse_back_and_listen_where_probes_and_prometheus_reach(sp
         assert parsed.host == ANY_ADDRESS, container["name"]  # not loopback: the kubelet dials the pod's IP
         assert parsed.config == children.CONFIG_PATH and parsed.job == "job1" and parsed.namespace == "ns1"
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        served = {"metrics": getattr(parsed, "metrics_port", None), "http": getattr(parsed, "port", None),
-                  "peers": getattr(parsed, "peer_port", None)}  # fmt: skip
+        served = {
+            "metrics": getattr(parsed, "metrics_port", None),
+            "http": getattr(parsed, "port", None),
+            "peers": getattr(parsed, "peer_port", None),
+        }
         if isinstance(parsed, ManagerOptions):
             served["grpc"] = parsed.port
         for name, port in ports.items():
@@ -141,9 +144,29 @@ def test_pod_and_local_commands_differ_only_in_deployment_facts(tmp_path: Path) 
     local = {type(c.options): c.options for c in _local_children(JobSpec(), tmp_path)}
     pods = {type(p): p for p in (_parsed(c["command"]) for c in _pod_containers(JobSpec()))}
     # checkpoint_dir, resume: a pod's trainer always resumes from its PVC; `rlboost local` only when asked.
-    facts = {"config", "nats_url", "namespace", "job", "host", "port", "metrics_port", "manager", "weight_server",
-             "credentials_dir", "model_dir", "run_dir", "data_dir", "worker_id", "node", "pool",
-             "checkpoint_dir", "resume", "startup_timeout", "peer_port", "identity_token_file"}  # fmt: skip
+    facts = {
+        "config",
+        "nats_url",
+        "namespace",
+        "job",
+        "host",
+        "port",
+        "metrics_port",
+        "manager",
+        "weight_server",
+        "credentials_dir",
+        "model_dir",
+        "run_dir",
+        "data_dir",
+        "worker_id",
+        "node",
+        "pool",
+        "checkpoint_dir",
+        "resume",
+        "startup_timeout",
+        "peer_port",
+        "identity_token_file",
+    }
     for options in SERVICES:
         differ = {f for f in options.model_fields if getattr(local[options], f) != getattr(pods[options], f)}
         assert differ <= facts, (options.__name__, differ - facts)

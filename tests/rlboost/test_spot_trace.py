@@ -73,9 +73,20 @@ def test_reconcile_kills_newest_first_and_never_reuses_ids() -> None:
 
 def _status(**inflight: int) -> ManagerStatus:
     """A manager status with spot workers (spot_1=5: spot-1 holds 5 tokens in flight)."""
-    workers = [WorkerStatus(worker_id=w.replace("_", "-"), pool=Pool.SPOT, node="n", weight_version=1, running=1,
-                            capacity=8, tokens_generated=n, draining=False, inflight_tokens=n)
-               for w, n in inflight.items()]  # fmt: skip
+    workers = [
+        WorkerStatus(
+            worker_id=w.replace("_", "-"),
+            pool=Pool.SPOT,
+            node="n",
+            weight_version=1,
+            running=1,
+            capacity=8,
+            tokens_generated=n,
+            draining=False,
+            inflight_tokens=n,
+        )
+        for w, n in inflight.items()
+    ]
     return ManagerStatus(workers=workers, pending=0, running=len(workers), finished=0, migrations=0, tokens_received=0)
 
 

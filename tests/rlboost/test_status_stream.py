@@ -13,8 +13,20 @@ NS, JOB = "default", "j"
 
 
 def _report(step: int) -> bytes:
-    return StepReport(step=step, weight_version=step + 1, weights_checksum="ab" * 32, reward_mean=0.5, tokens=96,
-                      rollout_seconds=1.0, train_seconds=0.2, sync_seconds=0.1).model_dump_json().encode()  # fmt: skip
+    return (
+        StepReport(
+            step=step,
+            weight_version=step + 1,
+            weights_checksum="ab" * 32,
+            reward_mean=0.5,
+            tokens=96,
+            rollout_seconds=1.0,
+            train_seconds=0.2,
+            sync_seconds=0.1,
+        )
+        .model_dump_json()
+        .encode()
+    )
 
 
 async def test_a_resumed_run_knows_the_last_step_report_the_stream_holds(nats_server) -> None:

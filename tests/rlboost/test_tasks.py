@@ -129,9 +129,19 @@ def test_math_answer(text: str, answer: str, expected: float) -> None:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("3/4", Fraction(3, 4)), ("\\frac{3}{4}", Fraction(3, 4)), ("-2.50", Fraction(-5, 2)), ("1,000,000", 10**6),
-     ("$+.5$.", Fraction(1, 2)), ("x", None), ("1/0", None), ("1,0000", None), ("2**10", None), ("1e5", None)],
-)  # fmt: skip
+    [
+        ("3/4", Fraction(3, 4)),
+        ("\\frac{3}{4}", Fraction(3, 4)),
+        ("-2.50", Fraction(-5, 2)),
+        ("1,000,000", 10**6),
+        ("$+.5$.", Fraction(1, 2)),
+        ("x", None),
+        ("1/0", None),
+        ("1,0000", None),
+        ("2**10", None),
+        ("1e5", None),
+    ],
+)
 def test_parse_number_is_exact_and_evaluates_nothing(text: str, value: Fraction | None) -> None:
     assert parse_number(text) == value
 

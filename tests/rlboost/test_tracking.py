@@ -30,9 +30,19 @@ def _log_two_steps(spec: LoggingSpec, run_dir: Path) -> None:
 
 
 def _report(**extra: object) -> StepReport:
-    return StepReport(step=3, weight_version=4, weights_checksum="ab", reward_mean=0.5, tokens=10,
-                      rollout_seconds=1.0, train_seconds=0.5, sync_seconds=0.25, finish_reasons={"stop": 3},
-                      response_length={"p50": 2.0, "max": 4.0}, **extra)  # fmt: skip
+    return StepReport(
+        step=3,
+        weight_version=4,
+        weights_checksum="ab",
+        reward_mean=0.5,
+        tokens=10,
+        rollout_seconds=1.0,
+        train_seconds=0.5,
+        sync_seconds=0.25,
+        finish_reasons={"stop": 3},
+        response_length={"p50": 2.0, "max": 4.0},
+        **extra,
+    )
 
 
 def test_step_metrics_are_every_numeric_field_nested_ones_flattened() -> None:
@@ -109,10 +119,16 @@ def test_wandb_offline_writes_a_run_directory(tmp_path: Path) -> None:
         "t = open_trackers(LoggingSpec(backends=['wandb'], project='p'), Path(sys.argv[1]), job='j'); "
         "t.log(0, {'reward_mean': 0.5}); t.log(1, {'reward_mean': 0.75}); t.close()"
     )
-    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin",
-           "PYTHONPATH": ":".join(sys.path)}  # fmt: skip
-    res = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True,
-                         timeout=180, cwd=REPO)  # fmt: skip
+    env = {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "HOME": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": ":".join(sys.path),
+    }
+    res = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True, timeout=180, cwd=REPO
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     runs = list((tmp_path / "tracking" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb")), res.stderr[-2000:]
@@ -151,8 +167,13 @@ def test_unreachable_mlflow_server_fails_before_any_run(tmp_path: Path) -> None:
 def test_rlboost_local_refuses_an_unreachable_mlflow_server_before_starting(tmp_path: Path) -> None:
     cfg = tmp_path / "job.yaml"
     cfg.write_text(f"logging: {{backends: [mlflow], mlflowTrackingUri: 'http://127.0.0.1:{free_port()}'}}\n")
-    res = subprocess.run([sys.executable, "-m", "rlboost.cli.main", "local", "--config", str(cfg), "--run-dir",
-                          str(tmp_path / "run")], capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "rlboost.cli.main", "local", "--config", str(cfg), "--run-dir", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "logging.mlflowTrackingUri" in res.stderr and "logging.backends" in res.stderr
     assert not (tmp_path / "run").exists()  # nothing started

@@ -258,8 +258,9 @@ class JobNats:
     def start(self, api: KubeApi, namespace: str, job: str) -> None:
         from rlboost_operator import children
 
-        config_secret = wait_until(lambda: api.get("Secret", namespace, f"{job}-nats-config"), timeout=20,
-                                   what="the job's NATS configuration")  # fmt: skip
+        config_secret = wait_until(
+            lambda: api.get("Secret", namespace, f"{job}-nats-config"), timeout=20, what="the job's NATS configuration"
+        )
         secret = wait_until(lambda: api.get("Secret", namespace, f"{job}-credentials"), what="the credentials")
         self.credentials, self.host = children.secret_items(secret), children.nats_host(job, namespace)
         files = self.root / job / "credentials"

@@ -71,8 +71,11 @@ def test_done_scales_the_job_to_zero_and_it_stays_there_after_an_edit_and_an_ope
         assert st["costPerHour"] == 0.0 and condition(api, "finisher", "Stopped")["reason"] == "JobFinished"
         assert condition(api, "finisher", "Complete")["status"] == "True"
         wait_until(lambda: {"JobSucceeded", "ScaledToZero"} <= reasons(api), timeout=20, what="the Events")
-        for kind, name in [("ConfigMap", "finisher-config"), ("Secret", "finisher-credentials"),
-                           ("PersistentVolumeClaim", "finisher-weights")]:  # fmt: skip
+        for kind, name in [
+            ("ConfigMap", "finisher-config"),
+            ("Secret", "finisher-credentials"),
+            ("PersistentVolumeClaim", "finisher-weights"),
+        ]:
             assert api.get(kind, NS, name) is not None, (kind, name)
 
         # A spec edit of the ended job: the children follow it (a new config hash), at zero replicas.

@@ -102,8 +102,12 @@ def test_backoff_limit_tolerates_that_many_restarts_and_names_count_and_limit():
 
 def test_the_most_failures_of_any_rank_count_once_per_job():
     state = State(settings=OperatorSettings())
-    state.trainer_failures = {("ns", "j-trainer-0"): ("j", 2), ("ns", "j-trainer-1"): ("j", 3),
-                              ("ns", "k-trainer-0"): ("k", 9), ("other", "j-trainer-0"): ("j", 7)}  # fmt: skip
+    state.trainer_failures = {
+        ("ns", "j-trainer-0"): ("j", 2),
+        ("ns", "j-trainer-1"): ("j", 3),
+        ("ns", "k-trainer-0"): ("k", 9),
+        ("other", "j-trainer-0"): ("j", 7),
+    }
     assert state.most_trainer_failures("ns", "j") == 3 and state.most_trainer_failures("ns", "none") == 0
 
 
@@ -169,13 +173,20 @@ def test_config_hash_rolls_pods_when_what_they_run_changes_and_only_then():
     assert _hashes(JobSpec()) == base  # deterministic
     rolled = _hashes(parse_job_spec({"algorithm": {"learningRate": 0.01}}))  # in the job file every pod mounts
     assert all(rolled[name] != base[name] for name in base)
-    for operator_only in ({"prices": {"spotPerGpuHour": 1.0}}, {"retention": {"pvcs": "Delete"}},
-                          {"trainer": {"backoffLimit": 9}}):  # fmt: skip
+    for operator_only in (
+        {"prices": {"spotPerGpuHour": 1.0}},
+        {"retention": {"pvcs": "Delete"}},
+        {"trainer": {"backoffLimit": 9}},
+    ):
         assert _hashes(parse_job_spec(operator_only)) == base, operator_only
     # What the containers run counts too: another image is another pod.
     other = children.build_children("j", "ns", JobSpec(), OperatorSettings(image_tag="9.9.9"), 1)
-    assert next(o for o in other if o["kind"] == "StatefulSet")["spec"]["template"]["metadata"]["annotations"][
-        children.CONFIG_HASH] != base["j-trainer"]  # fmt: skip
+    assert (
+        next(o for o in other if o["kind"] == "StatefulSet")["spec"]["template"]["metadata"]["annotations"][
+            children.CONFIG_HASH
+        ]
+        != base["j-trainer"]
+    )
 
 
 @pytest.mark.parametrize("policy", ["Retain", "Delete"])

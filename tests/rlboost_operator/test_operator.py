@@ -147,15 +147,34 @@ def short_spot_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def spot_pod(job: str, name: str, node: str | None) -> dict[str, Any]:
     """A spot worker Pod as the scheduler leaves it: on `node`, or unschedulable since long ago."""
-    meta = {"name": name, "namespace": NS, "resourceVersion": "1",
-            "labels": {"rlboost.io/job": job, "rlboost.io/pool": "spot", "rlboost.io/component": "rollout-worker"}}  # fmt: skip
+    meta = {
+        "name": name,
+        "namespace": NS,
+        "resourceVersion": "1",
+        "labels": {"rlboost.io/job": job, "rlboost.io/pool": "spot", "rlboost.io/component": "rollout-worker"},
+    }
     if node:
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"nodeName": node},
-                "status": {"phase": "Running"}}  # fmt: skip
-    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                     "lastTransitionTime": "2020-01-01T00:00:00Z", "message": "0/3 nodes are available"}  # fmt: skip
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {},
-            "status": {"phase": "Pending", "conditions": [unschedulable]}}  # fmt: skip
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": meta,
+            "spec": {"nodeName": node},
+            "status": {"phase": "Running"},
+        }
+    unschedulable = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "lastTransitionTime": "2020-01-01T00:00:00Z",
+        "message": "0/3 nodes are available",
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {},
+        "status": {"phase": "Pending", "conditions": [unschedulable]},
+    }
 
 
 def events(api, reason: str) -> list[dict[str, Any]]:
@@ -191,11 +210,13 @@ def test_autoscaled_spot_pool_asks_for_max_shrinks_on_pending_pods_and_retries(s
     # The shrunk ask lasts 2 s a round: each wait sees one round or a later one, whatever the machine's load. The
     # status is asserted on the one read that showed the back-off: by a second read the next round may have begun.
     wait_until(lambda: spot_replicas(api, "auto") == 3, timeout=60, what="the ask shrunk to 2 placed + 1 probe")
-    workers = wait_until(lambda: backing_off(status_of(api, "auto")["workers"]), timeout=60,
-                         what="the back-off in the status")  # fmt: skip
+    workers = wait_until(
+        lambda: backing_off(status_of(api, "auto")["workers"]), timeout=60, what="the back-off in the status"
+    )
     assert workers["spotDesired"] == 3
-    assert re.fullmatch(r"2 spot pods Pending \(unschedulable\) for \d+s: asking for 3, retrying 4 in 2s",
-                        workers["spotMessage"]), workers  # fmt: skip
+    assert re.fullmatch(
+        r"2 spot pods Pending \(unschedulable\) for \d+s: asking for 3, retrying 4 in 2s", workers["spotMessage"]
+    ), workers
     shrink = wait_until(lambda: events(api, "SpotPendingBackoff"), timeout=20, what="the shrink Event")[0]
     assert shrink["type"] == "Warning"
     assert shrink["message"].startswith("spot workers 4 -> 3: 2 spot pods Pending (unschedulable)")
@@ -204,8 +225,14 @@ def test_autoscaled_spot_pool_asks_for_max_shrinks_on_pending_pods_and_retries(s
     assert REGISTRY.get_sample_value("rlboost_operator_spot_pending_shrinks_total", labels) >= 1
     assert REGISTRY.get_sample_value("rlboost_operator_spot_unschedulable_pods", labels) == 2
 
-    wait_until(lambda: any(e["message"].startswith("spot workers 3 -> 4: retrying: asking for 4")
-                           for e in events(api, "SpotAskingAutoscaler")), timeout=20, what="the retry")  # fmt: skip
+    wait_until(
+        lambda: any(
+            e["message"].startswith("spot workers 3 -> 4: retrying: asking for 4")
+            for e in events(api, "SpotAskingAutoscaler")
+        ),
+        timeout=20,
+        what="the retry",
+    )
 
 
 def _collect(job_nats, user: str, subj: str, received: list[bytes], ready: threading.Event, stop: threading.Event):
@@ -344,8 +371,16 @@ def test_status_written_while_the_operator_was_down_reaches_the_rljob(kube_api, 
 
     monkeypatch.setenv("RLBOOST_OPERATOR_NATS_URL", job_nats.url)
     args = ["run", "-A", "--standalone", "-m", "rlboost_operator.handlers"]
-    report = StepReport(step=7, reward_mean=0.5, tokens=10, rollout_seconds=1.0, train_seconds=0.0,
-                        sync_seconds=0.0, weight_version=7, weights_checksum="c")  # fmt: skip
+    report = StepReport(
+        step=7,
+        reward_mean=0.5,
+        tokens=10,
+        rollout_seconds=1.0,
+        train_seconds=0.0,
+        sync_seconds=0.0,
+        weight_version=7,
+        weights_checksum="c",
+    )
     with KopfRunner(args, timeout=30) as first:
         wait_until(lambda: kube_api.watched("rljobs"), timeout=20, what="the first operator's watch")
         kube_api.create("RLJob", rljob("durable"))
@@ -353,8 +388,13 @@ def test_status_written_while_the_operator_was_down_reaches_the_rljob(kube_api, 
         job_nats.start(kube_api, NS, "durable")
         wait_until(lambda: _stream_exists(job_nats), timeout=20, what="the status stream")
     assert first.exception is None, first.output
-    _publish(job_nats, [(subject(NS, "durable", "steps"), report.model_dump_json().encode()),
-                               (subject(NS, "durable", "done"), JobDone(ok=True, steps=8).model_dump_json().encode())])  # fmt: skip
+    _publish(
+        job_nats,
+        [
+            (subject(NS, "durable", "steps"), report.model_dump_json().encode()),
+            (subject(NS, "durable", "done"), JobDone(ok=True, steps=8).model_dump_json().encode()),
+        ],
+    )
     assert status_of(kube_api, "durable").get("phase") == "Pending"  # nobody wrote it meanwhile
     with KopfRunner(args, timeout=30) as second:
         wait_until(lambda: status_of(kube_api, "durable").get("phase") == "Succeeded", timeout=20, what="Succeeded")
@@ -384,10 +424,12 @@ def test_busy_sizing_follows_the_step_reports_within_the_nodes_capacity(operator
     api = operator
     spec = {
         "trainer": {"ranks": 1, "gpusPerRank": 1},
-        "rollout": {"reserved": {"replicas": 1, "gpusPerWorker": 1},
-                    "spot": {"sizing": "busy", "minReplicas": 1, "maxReplicas": 4, "gpusPerWorker": 1}},
+        "rollout": {
+            "reserved": {"replicas": 1, "gpusPerWorker": 1},
+            "spot": {"sizing": "busy", "minReplicas": 1, "maxReplicas": 4, "gpusPerWorker": 1},
+        },
         "prices": {"reservedPerGpuHour": 10.0, "spotPerGpuHour": 2.5},
-    }  # fmt: skip
+    }
     api.create("Node", spot_node("spot-a", gpus=4))
     api.create("RLJob", rljob("busy", spec))
     wait_until(lambda: spot_replicas(api, "busy") == 4, timeout=20, what="spot workers at the nodes' capacity")
@@ -395,9 +437,23 @@ def test_busy_sizing_follows_the_step_reports_within_the_nodes_capacity(operator
     steps = subject(NS, "busy", "steps")
 
     def report(spot: int, busy: float, wait_s: float) -> bytes:
-        return StepReport(step=1, weight_version=1, weights_checksum="x", reward_mean=0.0, tokens=10,
-                          rollout_seconds=100.0, train_seconds=0.0, sync_seconds=0.0, trainer_idle_seconds=wait_s,
-                          pool_workers={"spot": spot}, spot_busy_fraction=busy).model_dump_json().encode()  # fmt: skip
+        return (
+            StepReport(
+                step=1,
+                weight_version=1,
+                weights_checksum="x",
+                reward_mean=0.0,
+                tokens=10,
+                rollout_seconds=100.0,
+                train_seconds=0.0,
+                sync_seconds=0.0,
+                trainer_idle_seconds=wait_s,
+                pool_workers={"spot": spot},
+                spot_busy_fraction=busy,
+            )
+            .model_dump_json()
+            .encode()
+        )
 
     def scaled_to(replicas: int, data: bytes):  # the daemon subscribes asynchronously: publish until it acts
         return lambda: _publish(job_nats, [(steps, data)]) or spot_replicas(api, "busy") == replicas
@@ -418,19 +474,37 @@ def test_spot_variants_get_a_deployment_each_and_the_status_prices_each(operator
     api = operator
     accelerator = "cloud.google.com/gke-accelerator"
     variants = [
-        {"name": "l4", "accelerator": "nvidia-l4", "pricePerGpuHour": 0.7, "maxReplicas": 2,
-         "nodeSelector": {accelerator: "nvidia-l4"}},
-        {"name": "a10g", "accelerator": "nvidia-a10g", "pricePerGpuHour": 1.0, "gpusPerWorker": 2,
-         "tensorParallel": 2, "maxReplicas": 4, "nodeSelector": {accelerator: "nvidia-a10g"}},
-    ]  # fmt: skip
+        {
+            "name": "l4",
+            "accelerator": "nvidia-l4",
+            "pricePerGpuHour": 0.7,
+            "maxReplicas": 2,
+            "nodeSelector": {accelerator: "nvidia-l4"},
+        },
+        {
+            "name": "a10g",
+            "accelerator": "nvidia-a10g",
+            "pricePerGpuHour": 1.0,
+            "gpusPerWorker": 2,
+            "tensorParallel": 2,
+            "maxReplicas": 4,
+            "nodeSelector": {accelerator: "nvidia-a10g"},
+        },
+    ]
     spec = {
         "trainer": {"ranks": 1, "gpusPerRank": 1},
-        "rollout": {"reserved": {"replicas": 1, "gpusPerWorker": 1},
-                    "spot": {"engine": "sglang", "minReplicas": 0, "maxReplicas": 6, "variants": variants}},
+        "rollout": {
+            "reserved": {"replicas": 1, "gpusPerWorker": 1},
+            "spot": {"engine": "sglang", "minReplicas": 0, "maxReplicas": 6, "variants": variants},
+        },
         "prices": {"reservedPerGpuHour": 10.0, "spotPerGpuHour": 99.0},
-    }  # fmt: skip
-    for name, kind, gpus in [("l4-a", "nvidia-l4", 1), ("l4-b", "nvidia-l4", 1), ("l4-c", "nvidia-l4", 1),
-                             ("a10g-a", "nvidia-a10g", 4)]:  # fmt: skip
+    }
+    for name, kind, gpus in [
+        ("l4-a", "nvidia-l4", 1),
+        ("l4-b", "nvidia-l4", 1),
+        ("l4-c", "nvidia-l4", 1),
+        ("a10g-a", "nvidia-a10g", 4),
+    ]:
         node = spot_node(name, gpus=gpus)
         node["metadata"]["labels"][accelerator] = kind
         api.create("Node", node)
@@ -447,13 +521,23 @@ def test_spot_variants_get_a_deployment_each_and_the_status_prices_each(operator
         assert pod["nodeSelector"] == {accelerator: kind}
         assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == gpus
     wait_until(lambda: status_of(api, "mixed")["workers"].get("spotSplit") is not None, timeout=20, what="split")
-    assert status_of(api, "mixed")["workers"]["spotSplit"] == [{"name": "l4", "replicas": 2},
-                                                                {"name": "a10g", "replicas": 2}]  # fmt: skip
+    assert status_of(api, "mixed")["workers"]["spotSplit"] == [
+        {"name": "l4", "replicas": 2},
+        {"name": "a10g", "replicas": 2},
+    ]
     job_nats.start(api, NS, "mixed")
     for name in ("mixed-workers-reserved", "mixed-workers-spot-l4", "mixed-workers-spot-a10g"):
         api.patch("Deployment", NS, name, {"status": {"readyReplicas": 1 if name.endswith("reserved") else 2}})
-    report = StepReport(step=1, reward_mean=0.5, tokens=100, rollout_seconds=1.0, train_seconds=0.0,
-                        sync_seconds=0.0, weight_version=1, weights_checksum="x")  # fmt: skip
+    report = StepReport(
+        step=1,
+        reward_mean=0.5,
+        tokens=100,
+        rollout_seconds=1.0,
+        train_seconds=0.0,
+        sync_seconds=0.0,
+        weight_version=1,
+        weights_checksum="x",
+    )
     steps = subject(NS, "mixed", "steps")
 
     def reported() -> bool:

@@ -30,11 +30,15 @@ def _failed_fetch_pod(job: str, line: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": f"{job}-trainer-0", "namespace": NS, "resourceVersion": "1",
-                     "labels": {"rlboost.io/job": job, "app.kubernetes.io/component": "trainer"}},
+        "metadata": {
+            "name": f"{job}-trainer-0",
+            "namespace": NS,
+            "resourceVersion": "1",
+            "labels": {"rlboost.io/job": job, "app.kubernetes.io/component": "trainer"},
+        },
         "spec": {"nodeName": "node-a"},
         "status": {"phase": "Pending", "initContainerStatuses": [init]},
-    }  # fmt: skip
+    }
 
 
 def test_a_failed_fetcher_init_container_ends_the_rljob_failed_naming_spec_model(kube_api, nats_server, monkeypatch):
@@ -59,8 +63,15 @@ def _operator(api, monkeypatch, nats_url: str) -> KopfRunner:
 def _fail_a_fetch(api) -> None:
     wait_until(lambda: api.watched("pods"), timeout=20, what="the operator's watch on pods")
     token = base64.b64encode(b"hf_expired").decode()
-    api.create("Secret", {"apiVersion": "v1", "kind": "Secret",
-                          "metadata": {"name": "hf", "namespace": NS, "resourceVersion": "1"}, "data": {"token": token}})  # fmt: skip
+    api.create(
+        "Secret",
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "hf", "namespace": NS, "resourceVersion": "1"},
+            "data": {"token": token},
+        },
+    )
     model = {"source": "huggingface", "repo": "acme/private-model", "tokenSecret": "hf"}
     api.create("RLJob", rljob("hfjob", {"model": model}))
     wait_until(lambda: status_of(api, "hfjob").get("phase") == "Pending", timeout=20, what="phase Pending")
@@ -90,9 +101,12 @@ def test_a_missing_claim_fails_the_rljob_before_any_child_and_it_starts_once_the
     cond = _model_condition(api, "pvcjob")
     assert cond["reason"] == "ClaimNotFound" and cond["message"].startswith("spec.model.claimName: ")
     assert "'models'" in cond["message"] and api.get("StatefulSet", NS, "pvcjob-trainer") is None
-    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-             "metadata": {"name": "models", "namespace": NS, "resourceVersion": "1"},
-             "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "10Gi"}}}}  # fmt: skip
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "models", "namespace": NS, "resourceVersion": "1"},
+        "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "10Gi"}}},
+    }
     api.create("PersistentVolumeClaim", claim)
     sts = wait_until(lambda: api.get("StatefulSet", NS, "pvcjob-trainer"), timeout=20, what="the trainer")
     volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}

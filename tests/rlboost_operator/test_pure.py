@@ -154,13 +154,38 @@ def test_step_status_integrates_cost_at_the_previous_rate_and_keeps_terminal_pha
 
 
 def test_a_step_with_an_evaluation_reports_it_in_the_status():
-    validation = ValidationReport(step=9, weight_version=10, reward_mean=0.5, pass_at_1=0.25, pass_at_k=0.75, k=4,
-                                  prompts=16, response_tokens_mean=5.5)  # fmt: skip
-    report = StepReport(step=9, reward_mean=0.5, tokens=6, rollout_seconds=1, train_seconds=1, sync_seconds=1,
-                        weight_version=10, weights_checksum="x", validation=validation)  # fmt: skip
+    validation = ValidationReport(
+        step=9,
+        weight_version=10,
+        reward_mean=0.5,
+        pass_at_1=0.25,
+        pass_at_k=0.75,
+        k=4,
+        prompts=16,
+        response_tokens_mean=5.5,
+    )
+    report = StepReport(
+        step=9,
+        reward_mean=0.5,
+        tokens=6,
+        rollout_seconds=1,
+        train_seconds=1,
+        sync_seconds=1,
+        weight_version=10,
+        weights_checksum="x",
+        validation=validation,
+    )
     st = status.step_status(report, gpu_spec(), {}, {})
-    assert st["validation"] == {"step": 9, "weightVersion": 10, "k": 4, "prompts": 16, "rewardMean": 0.5,
-                                "passAt1": 0.25, "passAtK": 0.75, "responseTokensMean": 5.5}  # fmt: skip
+    assert st["validation"] == {
+        "step": 9,
+        "weightVersion": 10,
+        "k": 4,
+        "prompts": 16,
+        "rewardMean": 0.5,
+        "passAt1": 0.25,
+        "passAtK": 0.75,
+        "responseTokensMean": 5.5,
+    }
     jsonschema.Draft4Validator(crd.status_schema()).validate({"validation": st["validation"]})
     assert "validation" not in status.step_status(report.model_copy(update={"validation": None}), gpu_spec(), {}, {})
 
@@ -272,8 +297,12 @@ def test_children_are_valid_kubernetes_objects_with_the_services_flags():
 
 
 def test_colocated_reserved_workers_go_one_per_trainer_node():
-    spec = parse_job_spec({"trainer": {"ranks": 2, "gpusPerRank": 1, "colocateReserved": True},
-                           "rollout": {"reserved": {"replicas": 2, "gpusPerWorker": 1}}})  # fmt: skip
+    spec = parse_job_spec(
+        {
+            "trainer": {"ranks": 2, "gpusPerRank": 1, "colocateReserved": True},
+            "rollout": {"reserved": {"replicas": 2, "gpusPerWorker": 1}},
+        }
+    )
     objs = children.build_children("job1", "ns1", spec, OperatorSettings(), spot_replicas=0)
     reserved = next(o for o in objs if o["metadata"]["name"] == "job1-workers-reserved")
     kubernetes_validate.validate(reserved, K8S_VERSION, strict=True)
@@ -285,8 +314,12 @@ def test_colocated_reserved_workers_go_one_per_trainer_node():
     assert near["topologyKey"] == apart["topologyKey"] == "kubernetes.io/hostname"
     assert reserved["spec"]["replicas"] == 2 and "nodeAffinity" in affinity  # still off spot nodes
     plain = children.build_children("job1", "ns1", gpu_spec(), OperatorSettings(), spot_replicas=0)
-    assert "podAffinity" not in next(o for o in plain if o["metadata"]["name"] == "job1-workers-reserved")[
-        "spec"]["template"]["spec"]["affinity"]  # fmt: skip
+    assert (
+        "podAffinity"
+        not in next(o for o in plain if o["metadata"]["name"] == "job1-workers-reserved")["spec"]["template"]["spec"][
+            "affinity"
+        ]
+    )
 
 
 def test_colocation_needs_one_reserved_worker_per_rank():
@@ -318,12 +351,21 @@ def test_only_spot_workers_may_land_on_spot_nodes():
         if k["kind"] in ("Deployment", "StatefulSet")
     }
     operators = {
-        name: {e["operator"] for t in a["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-               for e in t["matchExpressions"]}
+        name: {
+            e["operator"]
+            for t in a["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            for e in t["matchExpressions"]
+        }
         for name, a in affinity.items()
-    }  # fmt: skip
-    assert operators == {"j-trainer": {"NotIn"}, "j-manager": {"NotIn"}, "j-weights": {"NotIn"}, "j-nats": {"NotIn"},
-                         "j-workers-reserved": {"NotIn"}, "j-workers-spot": {"In"}}  # fmt: skip
+    }
+    assert operators == {
+        "j-trainer": {"NotIn"},
+        "j-manager": {"NotIn"},
+        "j-weights": {"NotIn"},
+        "j-nats": {"NotIn"},
+        "j-workers-reserved": {"NotIn"},
+        "j-workers-spot": {"In"},
+    }
 
 
 def _pods(objs):
@@ -354,9 +396,15 @@ def test_job_pods_are_locked_down_and_ask_for_cpu_and_memory():
 
 @pytest.mark.parametrize(
     ("workload", "role"),
-    [("job1-trainer", "trainer"), ("job1-workers-spot", "worker"), ("job1-workers-reserved", "worker"),
-     ("job1-manager", "manager"), ("job1-weights", "weight-server"), ("job1-nats", "nats")],
-)  # fmt: skip
+    [
+        ("job1-trainer", "trainer"),
+        ("job1-workers-spot", "worker"),
+        ("job1-workers-reserved", "worker"),
+        ("job1-manager", "manager"),
+        ("job1-weights", "weight-server"),
+        ("job1-nats", "nats"),
+    ],
+)
 def test_each_role_mounts_only_its_credentials(workload, role):
     objs = children.build_children("job1", "ns1", JobSpec(), OperatorSettings(), spot_replicas=1)
     pod = dict(_pods(objs))[workload]
@@ -384,8 +432,11 @@ def test_tls_certificates_name_the_jobs_services():
     from cryptography import x509
 
     items = generate_items(children.tls_hosts("job1", "ns1"))
-    for service, host in [("nats", "job1-nats.ns1.svc"), ("manager", "job1-manager.ns1.svc"),
-                          ("weight-server", "job1-weights.ns1.svc")]:  # fmt: skip
+    for service, host in [
+        ("nats", "job1-nats.ns1.svc"),
+        ("manager", "job1-manager.ns1.svc"),
+        ("weight-server", "job1-weights.ns1.svc"),
+    ]:
         cert = x509.load_pem_x509_certificate(items[f"tls-{service}.crt"])
         names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         assert host in names.get_values_for_type(x509.DNSName), service
@@ -414,7 +465,8 @@ def test_network_policy_lets_in_only_the_jobs_pods_the_operator_to_nats_and_metr
 
 def test_a_relative_dataset_path_is_refused_on_kubernetes_naming_the_field() -> None:
     with pytest.raises(SpecProblemError) as info:
-        check_job({"task": {"dataset": {"train": "s3://b/train.jsonl", "validation": "data/val.jsonl"}}},
-                  OperatorSettings())  # fmt: skip
+        check_job(
+            {"task": {"dataset": {"train": "s3://b/train.jsonl", "validation": "data/val.jsonl"}}}, OperatorSettings()
+        )
     assert info.value.field == "task.dataset.validation" and "absolute path" in str(info.value)
     assert check_job({"task": {"dataset": {"train": "/data/train.parquet"}}}, OperatorSettings())

@@ -13,23 +13,39 @@ from rlboost_operator import spot_busy
 
 
 def _spec(sizing: str = "busy", lo: int = 1, hi: int = 8) -> JobSpec:
-    return JobSpec.model_validate({
-        "trainer": {"ranks": 1, "gpusPerRank": 1},
-        "rollout": {"reserved": {"replicas": 1, "gpusPerWorker": 1},
-                    "spot": {"sizing": sizing, "minReplicas": lo, "maxReplicas": hi, "gpusPerWorker": 1}},
-        "prices": {"reservedPerGpuHour": 10.0, "spotPerGpuHour": 2.5},
-    })  # fmt: skip
+    return JobSpec.model_validate(
+        {
+            "trainer": {"ranks": 1, "gpusPerRank": 1},
+            "rollout": {
+                "reserved": {"replicas": 1, "gpusPerWorker": 1},
+                "spot": {"sizing": sizing, "minReplicas": lo, "maxReplicas": hi, "gpusPerWorker": 1},
+            },
+            "prices": {"reservedPerGpuHour": 10.0, "spotPerGpuHour": 2.5},
+        }
+    )
 
 
 def _report(spot: int, busy: float, wait_s: float, step_s: float = 100.0) -> StepReport:
-    return StepReport(step=0, weight_version=1, weights_checksum="x", reward_mean=0.0, tokens=1, rollout_seconds=step_s,
-                      train_seconds=0.0, sync_seconds=0.0, trainer_idle_seconds=wait_s, pool_workers={"spot": spot},
-                      spot_busy_fraction=busy)  # fmt: skip
+    return StepReport(
+        step=0,
+        weight_version=1,
+        weights_checksum="x",
+        reward_mean=0.0,
+        tokens=1,
+        rollout_seconds=step_s,
+        train_seconds=0.0,
+        sync_seconds=0.0,
+        trainer_idle_seconds=wait_s,
+        pool_workers={"spot": spot},
+        spot_busy_fraction=busy,
+    )
 
 
 def _node(name: str, gpus: int) -> dict[str, Any]:
-    return {"metadata": {"name": name, "labels": {"cloud.google.com/gke-spot": "true"}},
-            "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}, "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+    return {
+        "metadata": {"name": name, "labels": {"cloud.google.com/gke-spot": "true"}},
+        "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}, "conditions": [{"type": "Ready", "status": "True"}]},
+    }
 
 
 def test_idle_spot_shrinks_and_busy_spot_with_a_waiting_trainer_grows() -> None:

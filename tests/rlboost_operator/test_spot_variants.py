@@ -46,7 +46,7 @@ def variants_spec() -> JobSpec:
                             "capacity": 96,
                             "nodeSelector": {GKE_ACCELERATOR: "nvidia-a10g"},
                         },
-                    ],  # fmt: skip
+                    ],
                 },
             },
             "prices": {"reservedPerGpuHour": 10.0, "spotPerGpuHour": 2.0},
@@ -130,8 +130,16 @@ def test_an_autoscaled_pool_keeps_its_placed_workers_and_asks_cheapest_first_for
 
 def test_status_cost_counts_each_variant_at_its_price():
     spec = variants_spec()
-    report = StepReport(step=1, reward_mean=0.0, tokens=3600, rollout_seconds=1, train_seconds=0, sync_seconds=0,
-                        weight_version=1, weights_checksum="x")  # fmt: skip
+    report = StepReport(
+        step=1,
+        reward_mean=0.0,
+        tokens=3600,
+        rollout_seconds=1,
+        train_seconds=0,
+        sync_seconds=0,
+        weight_version=1,
+        weights_checksum="x",
+    )
     now = datetime(2026, 1, 1, tzinfo=UTC)
     st = status.step_status(report, spec, {"reserved": 1, "spot": 5}, {}, now, spot_variants={"l4": 2, "a10g": 3})
     assert st["costPerHour"] == pytest.approx(2 * 10.0 + 2 * 0.7 + 3 * 2 * 1.0)  # trainer + reserved, l4, a10g

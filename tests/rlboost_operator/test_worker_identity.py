@@ -44,8 +44,11 @@ def test_worker_pods_run_as_their_pools_account_with_a_projected_token_for_the_j
     assert set(accounts) == {"job1-reserved-worker", "job1-spot-worker"}
     assert all(a["automountServiceAccountToken"] is False for a in accounts.values())
     pods = _pods(objs)
-    expected = {"job1-workers-reserved": "job1-reserved-worker", "job1-workers-spot-a": "job1-spot-worker",
-                "job1-workers-spot-b": "job1-spot-worker"}  # fmt: skip
+    expected = {
+        "job1-workers-reserved": "job1-reserved-worker",
+        "job1-workers-spot-a": "job1-spot-worker",
+        "job1-workers-spot-b": "job1-spot-worker",
+    }
     for name, account in expected.items():
         pod = pods[name]
         assert pod["serviceAccountName"] == account
@@ -157,9 +160,13 @@ def test_the_operator_writes_the_clusters_keys_and_the_manager_checks_pods_with_
         verifier.verify(token, "ident-workers-spot-abc", "reserved")
     assert refused.value.denied
     wait_until(
-        lambda: any(c["type"] == "WorkerIdentityReady" and c["status"] == "True" for c in status_of(api, "ident").get("conditions", [])),
-        timeout=10, what="WorkerIdentityReady True",
-    )  # fmt: skip
+        lambda: any(
+            c["type"] == "WorkerIdentityReady" and c["status"] == "True"
+            for c in status_of(api, "ident").get("conditions", [])
+        ),
+        timeout=10,
+        what="WorkerIdentityReady True",
+    )
 
 
 def test_jobs_reconciled_within_a_refresh_period_share_one_read_of_the_keys(operator):

@@ -133,8 +133,17 @@ async def test_worker_reported_failure_migrates_and_refused_input_fails_at_once(
     flaky, refused = await _assignments(w1, 2)
     w2 = await WorkerClient(manager.target, "w2", capacity=2).connect()
     _send(w1, flaky.request_id, flaky.lease_epoch, 0, [3], [-0.1], finish_reason="abort", error="CUDA error")
-    _send(w1, refused.request_id, refused.lease_epoch, 0, [], [], finish_reason="abort",
-          error="prompt token 99999 outside the vocabulary", invalid_input=True)  # fmt: skip
+    _send(
+        w1,
+        refused.request_id,
+        refused.lease_epoch,
+        0,
+        [],
+        [],
+        finish_reason="abort",
+        error="prompt token 99999 outside the vocabulary",
+        invalid_input=True,
+    )
     again = (await w2.expect("assign")).assign.assignments[0]  # not w1: it failed there
     assert again.request_id == flaky.request_id and list(again.input_ids)[again.prompt_len :] == [3]
     _send(w2, again.request_id, again.lease_epoch, 1, [4], [-0.1], finished=True, finish_reason="length")
@@ -194,10 +203,17 @@ async def test_trajectory_batches_are_cut_by_bytes_over_the_wire(make_manager):
         call = pb_grpc.RolloutManagerStub(ch).Rollout(_request(group=8, max_new_tokens=tokens))
         assigned = await _assignments(w1, 8)
         chunks = [
-            pb.TokenChunk(request_id=a.request_id, lease_epoch=a.lease_epoch, offset=0, token_ids=[999] * tokens,
-                          logprobs=[-0.25] * tokens, finished=True, finish_reason="length")
+            pb.TokenChunk(
+                request_id=a.request_id,
+                lease_epoch=a.lease_epoch,
+                offset=0,
+                token_ids=[999] * tokens,
+                logprobs=[-0.25] * tokens,
+                finished=True,
+                finish_reason="length",
+            )
             for a in assigned
-        ]  # fmt: skip
+        ]
         w1.send(pb.WorkerMessage(chunks=pb.ChunkBatch(chunks=chunks)))
         batches = await asyncio.wait_for(_all(call), 10)
     assert sum(len(b.trajectories) for b in batches) == 8 and len(batches) >= 2

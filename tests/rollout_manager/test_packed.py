@@ -42,8 +42,15 @@ async def test_packed_batches_arrive_whole_and_go_out_as_the_trainer_asks(manage
     a, b = (await worker.expect("assign")).assign.assignments
     first = [_chunk(a, 0, [11, 12], [-0.25, -0.5]), _chunk(b, 0, [21], [-1.0])]  # one batch, two requests
     worker.send(pb.WorkerMessage(chunks=pb.ChunkBatch(chunks=first)))
-    old_style = pb.TokenChunk(request_id=b.request_id, lease_epoch=b.lease_epoch, offset=1, token_ids=[22, 23, 24],
-                              logprobs=[-0.125] * 3, finished=True, finish_reason="length")  # fmt: skip
+    old_style = pb.TokenChunk(
+        request_id=b.request_id,
+        lease_epoch=b.lease_epoch,
+        offset=1,
+        token_ids=[22, 23, 24],
+        logprobs=[-0.125] * 3,
+        finished=True,
+        finish_reason="length",
+    )
     last = [_chunk(a, 2, [13], [-0.75], finished=True, finish_reason="stop"), old_style]  # a batch mixing both forms
     worker.send(pb.WorkerMessage(chunks=pb.ChunkBatch(chunks=last)))
     trajs = {t.request_id: t for t in await asyncio.wait_for(rollout, 5)}
@@ -64,15 +71,24 @@ async def test_packed_batches_arrive_whole_and_go_out_as_the_trainer_asks(manage
 @pytest.mark.parametrize(
     ("chunk", "field"),
     [
-        ({"token_ids_packed": array("i", [5, -3]).tobytes(), "logprobs_packed": array("f", [-1, -1]).tobytes()},
-         "chunk.token_ids: token ids must be >= 0"),
-        ({"token_ids_packed": array("i", [5, 6]).tobytes(), "logprobs_packed": array("f", [-1, float("nan")]).tobytes()},
-         "chunk.logprobs: every log-probability must be finite"),
+        (
+            {"token_ids_packed": array("i", [5, -3]).tobytes(), "logprobs_packed": array("f", [-1, -1]).tobytes()},
+            "chunk.token_ids: token ids must be >= 0",
+        ),
+        (
+            {
+                "token_ids_packed": array("i", [5, 6]).tobytes(),
+                "logprobs_packed": array("f", [-1, float("nan")]).tobytes(),
+            },
+            "chunk.logprobs: every log-probability must be finite",
+        ),
         ({"token_ids_packed": b"\x05\x00\x00", "logprobs_packed": b"\x00\x00\x80"}, "chunk.token_ids_packed"),
-        ({"token_ids_packed": array("i", [5, 6]).tobytes(), "logprobs_packed": array("f", [-1]).tobytes()},
-         "chunk.logprobs_packed: 1 values for 2 tokens"),
+        (
+            {"token_ids_packed": array("i", [5, 6]).tobytes(), "logprobs_packed": array("f", [-1]).tobytes()},
+            "chunk.logprobs_packed: 1 values for 2 tokens",
+        ),
     ],
-)  # fmt: skip
+)
 async def test_a_malformed_packed_chunk_ends_the_stream_naming_the_field(manager, chunk, field):
     worker = await WorkerClient(manager.target, "w1", capacity=1).connect()
     rollout = asyncio.create_task(_rollout(manager.target, rollout_request(max_new_tokens=4)))

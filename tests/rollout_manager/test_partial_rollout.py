@@ -20,8 +20,14 @@ PROMPT_1 = [101, 201, 300]  # rollout_request's prompt 1
 
 def send(worker: WorkerClient, a: pb.Assignment, offset: int, tokens: list[int], logprob: float, **end) -> None:
     """A chunk of `a`'s response with every log-prob `logprob` (one value per version, to tell them apart)."""
-    c = pb.TokenChunk(request_id=a.request_id, lease_epoch=a.lease_epoch, offset=offset, token_ids=tokens,
-                      logprobs=[logprob] * len(tokens), **end)  # fmt: skip
+    c = pb.TokenChunk(
+        request_id=a.request_id,
+        lease_epoch=a.lease_epoch,
+        offset=offset,
+        token_ids=tokens,
+        logprobs=[logprob] * len(tokens),
+        **end,
+    )
     worker.send(pb.WorkerMessage(chunks=pb.ChunkBatch(chunks=[c])))
 
 

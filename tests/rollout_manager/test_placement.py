@@ -46,9 +46,13 @@ def _worker(reply: pb.StatusReply, wid: str) -> pb.WorkerStatus:
 
 def _abort(a: pb.Assignment, tokens: int) -> pb.TokenChunk:
     return pb.TokenChunk(
-        request_id=a.request_id, lease_epoch=a.lease_epoch, offset=0, token_ids=[7] * tokens,
-        logprobs=[-0.5] * tokens, finish_reason="abort",
-    )  # fmt: skip
+        request_id=a.request_id,
+        lease_epoch=a.lease_epoch,
+        offset=0,
+        token_ids=[7] * tokens,
+        logprobs=[-0.5] * tokens,
+        finish_reason="abort",
+    )
 
 
 def _heartbeat(w: WorkerClient, released: bool) -> None:
@@ -148,8 +152,14 @@ async def test_a_long_response_moves_off_the_slow_worker_to_the_idle_fast_one_ke
     server.clock_at.t += 2.0
     revoke = (await slow.expect("revoke")).revoke
     assert list(revoke.request_ids) == [a.request_id] and revoke.reason == "speed_rebalance"
-    flush = pb.TokenChunk(request_id=a.request_id, lease_epoch=a.lease_epoch, offset=100,
-                          token_ids=list(range(101, 121)), logprobs=[-0.5] * 20, finish_reason="abort")  # fmt: skip
+    flush = pb.TokenChunk(
+        request_id=a.request_id,
+        lease_epoch=a.lease_epoch,
+        offset=100,
+        token_ids=list(range(101, 121)),
+        logprobs=[-0.5] * 20,
+        finish_reason="abort",
+    )
     slow.send(pb.WorkerMessage(chunks=pb.ChunkBatch(chunks=[flush])))
 
     (moved,) = (await fast.expect("assign")).assign.assignments

@@ -55,18 +55,52 @@ class Processes:
 
     async def start_manager(self) -> None:
         self.managers_started += 1
-        self.manager = self._spawn(["rollout_manager", "--port", str(self.port), "--metrics-port",
-                                    str(self.metrics_port), "--nats-url", "", "--host", "127.0.0.1"],
-                                   f"manager-{self.managers_started}")  # fmt: skip
+        self.manager = self._spawn(
+            [
+                "rollout_manager",
+                "--port",
+                str(self.port),
+                "--metrics-port",
+                str(self.metrics_port),
+                "--nats-url",
+                "",
+                "--host",
+                "127.0.0.1",
+            ],
+            f"manager-{self.managers_started}",
+        )
         await asyncio.to_thread(wait_for_port, "127.0.0.1", self.port, 60, self.manager)
 
     def start_workers(self, n: int) -> None:
         for i in range(n):
-            self.workers.append(self._spawn([
-                "rollout_worker", "--worker-id", f"spot-{i}", "--pool", "spot", "--node", f"node-{i}",
-                "--manager", self.target, "--model-dir", str(self.model_dir), "--metrics-port", "0",
-                "--capacity", "2", "--weight-server", "", "--nats-url", "", "--reconnect-timeout", "60",
-            ], f"worker-{i}"))  # fmt: skip
+            self.workers.append(
+                self._spawn(
+                    [
+                        "rollout_worker",
+                        "--worker-id",
+                        f"spot-{i}",
+                        "--pool",
+                        "spot",
+                        "--node",
+                        f"node-{i}",
+                        "--manager",
+                        self.target,
+                        "--model-dir",
+                        str(self.model_dir),
+                        "--metrics-port",
+                        "0",
+                        "--capacity",
+                        "2",
+                        "--weight-server",
+                        "",
+                        "--nats-url",
+                        "",
+                        "--reconnect-timeout",
+                        "60",
+                    ],
+                    f"worker-{i}",
+                )
+            )
 
     def kill_manager(self) -> None:
         assert self.manager is not None

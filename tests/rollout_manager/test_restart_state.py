@@ -55,8 +55,11 @@ def test_held_with_fewer_tokens_or_another_version_or_prompt_is_not_adopted():
     st = _state()
     st.add_step(_request(group=3), now=0.0)
     st.requests["s0-p0-g0"].tokens = [5, 6, 7]
-    st.on_held("a", [_held("s0-p0-g0", [5, 6]), _held("s0-p0-g1", [5], version=3),
-                     _held("s0-p0-g2", [5], prompt=[1, 2])], now=1.0)  # fmt: skip
+    st.on_held(
+        "a",
+        [_held("s0-p0-g0", [5, 6]), _held("s0-p0-g1", [5], version=3), _held("s0-p0-g2", [5], prompt=[1, 2])],
+        now=1.0,
+    )
     assert st.adopted == 0 and not st.requests["s0-p0-g1"].tokens and not st.requests["s0-p0-g2"].tokens
 
 

@@ -71,9 +71,17 @@ async def test_a_restarted_manager_adopts_a_held_response_only_with_its_workers_
     second, target = await _serve(TicketBook(KEY, "demo"))
     clients = []
     try:
-        own = pb.HeldResponse(request_id=a.request_id, weight_version=0, prompt_ids=PROMPT, token_ids=[7, 8, 9, 10],
-                              logprobs=[-0.5] * 4, finished=True, finish_reason="length", ticket=a.ticket,
-                              lease_epoch=a.lease_epoch)  # fmt: skip
+        own = pb.HeldResponse(
+            request_id=a.request_id,
+            weight_version=0,
+            prompt_ids=PROMPT,
+            token_ids=[7, 8, 9, 10],
+            logprobs=[-0.5] * 4,
+            finished=True,
+            finish_reason="length",
+            ticket=a.ticket,
+            lease_epoch=a.lease_epoch,
+        )
         clients.append(await _report(target, "spot-0", own))
         before = {r: _refused(r) for r in ("ticket_invalid", "ticket_missing")}
         forged = [("spot-1", a.ticket), ("spot-2", "0" * 64), ("spot-3", "")]  # another worker's, forged, none

@@ -110,9 +110,16 @@ def _bigger_model(tmp_path):
 
     torch.manual_seed(0)
     config = Qwen3Config(
-        vocab_size=4096, hidden_size=256, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, max_position_embeddings=512, tie_word_embeddings=False,
-    )  # fmt: skip
+        vocab_size=4096,
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
     path = tmp_path / "bigger"
     Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
     return path

@@ -58,8 +58,16 @@ async def test_release_is_acked_work_waits_and_resume_generates_again(
         acks.put_nowait(ColocationAck.model_validate_json(msg.data))
 
     await nc.subscribe(subject("default", JOB, "colocation-acks"), cb=on_ack)
-    argv = worker_argv(tiny_model_dir, mport, metrics_port, nats_url=nats_server.url, job=JOB,
-                       config=str(colocated_config), pool="reserved", worker_id="reserved-0")  # fmt: skip
+    argv = worker_argv(
+        tiny_model_dir,
+        mport,
+        metrics_port,
+        nats_url=nats_server.url,
+        job=JOB,
+        config=str(colocated_config),
+        pool="reserved",
+        worker_id="reserved-0",
+    )
     proc = spawn(argv, tmp_path / "worker.log")
     try:
         await eventually(lambda: manager.registrations, timeout=60, what="registration")

@@ -21,8 +21,13 @@ def test_paused_and_recently_finished_are_reported_with_the_whole_response():
     held.end(revoked, finished=False, reason="abort", lost=False, now=1.0)  # handed back: forgotten
     held.end(paused, finished=False, reason="abort", lost=True, now=2.0)
     p, d = held.report(now=3.0)
-    assert (p.request_id, p.prompt_ids, p.token_ids, p.logprobs, p.finished) == ("p", [7, 7], [1, 4, 5],
-                                                                                 [-1.0, -0.1, -0.2], False)  # fmt: skip
+    assert (p.request_id, p.prompt_ids, p.token_ids, p.logprobs, p.finished) == (
+        "p",
+        [7, 7],
+        [1, 4, 5],
+        [-1.0, -0.1, -0.2],
+        False,
+    )
     assert (d.request_id, d.token_ids, d.finished, d.finish_reason, d.weight_version) == ("d", [4, 5], True, "stop", 3)
     assert [h.request_id for h in held.report(now=20.0)] == ["p"]  # finished ones are kept keep_finished_s
     held.clear()

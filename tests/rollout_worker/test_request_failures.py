@@ -30,9 +30,15 @@ def short_context_model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-gpt2")
     torch.manual_seed(0)
     config = GPT2Config(
-        vocab_size=64, n_positions=N_POSITIONS, n_embd=32, n_layer=2, n_head=2, initializer_range=0.3,
-        bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
+        vocab_size=64,
+        n_positions=N_POSITIONS,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        initializer_range=0.3,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     GPT2LMHeadModel(config).to(torch.bfloat16).save_pretrained(path)
     return path
 
@@ -98,8 +104,11 @@ async def test_a_request_failing_in_a_batched_prefill_fails_alone(short_engine, 
     short = [3, 4, 5, 6, 7]
     solo, _, _, _ = await collect(short_engine, assignment("solo", short, len(short), n=8))
     too_long = list(range(3, 3 + N_POSITIONS + 4))
-    batch = [assignment("a", short, len(short), n=8), assignment("too-long", too_long, len(too_long)),
-             assignment("b", short, len(short), n=8)]  # fmt: skip
+    batch = [
+        assignment("a", short, len(short), n=8),
+        assignment("too-long", too_long, len(too_long)),
+        assignment("b", short, len(short), n=8),
+    ]
     a, doomed, b = await asyncio.wait_for(asyncio.gather(*(collect(short_engine, x) for x in batch)), 60)
     assert a[0] == solo and b[0] == solo
     assert doomed[0] == [] and doomed[2] == FINISH_ABORT and "IndexError" in doomed[3][-1].error
@@ -150,8 +159,21 @@ async def test_with_a_real_manager_seven_of_eight_are_delivered_and_the_bad_one_
     mport, worker_metrics = free_port(), free_port()
     job = tmp_path / "job.yaml"  # drop, not fail (the default), so the step delivers the seven and the dropped one
     job.write_text("rollout: {onFailedRequest: drop}\n")
-    argv = [sys.executable, "-m", "rollout_manager", "--port", str(mport), "--metrics-port", "0", "--nats-url", "",
-            "--host", "127.0.0.1", "--config", str(job)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "rollout_manager",
+        "--port",
+        str(mport),
+        "--metrics-port",
+        "0",
+        "--nats-url",
+        "",
+        "--host",
+        "127.0.0.1",
+        "--config",
+        str(job),
+    ]
     manager = spawn(argv, tmp_path / "manager.log")
     worker = None
     try:
@@ -159,8 +181,13 @@ async def test_with_a_real_manager_seven_of_eight_are_delivered_and_the_bad_one_
         worker = spawn(worker_argv(tiny_model_dir, mport, worker_metrics, capacity="8"), tmp_path / "worker.log")
         prompts = [pb.Prompt(prompt_index=i, token_ids=[5, 9, 3, 17 + i]) for i in range(8)]
         prompts[5].token_ids[2] = 64  # the tiny model's vocabulary is 0..63
-        request = pb.RolloutRequest(step=0, weight_version=0, group_size=1, prompts=prompts,
-                                    sampling=pb.SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=8, seed=1))  # fmt: skip
+        request = pb.RolloutRequest(
+            step=0,
+            weight_version=0,
+            group_size=1,
+            prompts=prompts,
+            sampling=pb.SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=8, seed=1),
+        )
         delivered: list[pb.Trajectory] = []
 
         async def seven() -> None:

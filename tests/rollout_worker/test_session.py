@@ -227,8 +227,11 @@ async def test_a_refused_request_ends_alone_and_its_last_chunk_carries_the_cause
 
 
 def _kinds_between(manager: StandInManager, kind: str, start: float, end: float) -> list[float]:
-    return [t for m, t in zip(manager.received, manager.received_at, strict=True)
-            if m.WhichOneof("body") == kind and start <= t < end]  # fmt: skip
+    return [
+        t
+        for m, t in zip(manager.received, manager.received_at, strict=True)
+        if m.WhichOneof("body") == kind and start <= t < end
+    ]
 
 
 async def test_heartbeats_are_skipped_while_chunks_flow(rig):
@@ -255,8 +258,9 @@ async def test_the_worker_flushes_at_the_cadence_the_manager_sets(rig):
     await eventually(lambda: session.link and session.link.chunker.max_ms == 300, what="cadence applied")
     manager.assign(pb_assignment("a", PROMPT, 3000), pb_assignment("b", PROMPT, 3000))
     await eventually(lambda: len(manager.of_kind("chunks")) >= 4, what="4 batches")
-    batches = [(m, t) for m, t in zip(manager.received, manager.received_at, strict=True)
-               if m.WhichOneof("body") == "chunks"]  # fmt: skip
+    batches = [
+        (m, t) for m, t in zip(manager.received, manager.received_at, strict=True) if m.WhichOneof("body") == "chunks"
+    ]
     times = [t for _, t in batches]
     assert all(b - a >= 0.25 for a, b in zip(times, times[1:], strict=False)), times  # 300 ms by the worker's clock
     for m, _ in batches[1:]:  # every running request's tokens in each batch, many tokens per chunk

@@ -89,8 +89,15 @@ def _tamper(version_dir: Path, how: str, other_key) -> None:
         _flip_payload(version_dir)
     elif how == "payload_and_hashes_rewritten":  # the bytes changed and the manifest made to match them
         data = _flip_payload(version_dir)
-        d = describe_payload(data, version=m.version, kind=m.kind, base_version=m.base_version, fmt=m.format,
-                             checksum=m.checksum, chunk_bytes=m.chunk_bytes)  # fmt: skip
+        d = describe_payload(
+            data,
+            version=m.version,
+            kind=m.kind,
+            base_version=m.base_version,
+            fmt=m.format,
+            checksum=m.checksum,
+            chunk_bytes=m.chunk_bytes,
+        )
         _edit_manifest(manifest, sha256=d.sha256, chunks=[c.model_dump() for c in d.chunks])
     elif how == "signed_by_another_job":
         _edit_manifest(manifest, signature=base64.b64encode(other_key.sign(canonical_manifest(m))).decode())

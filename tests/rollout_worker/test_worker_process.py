@@ -32,10 +32,30 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 def worker_argv(model_dir: Path, manager_port: int, metrics_port: int, **flags: str) -> list[str]:
     argv = [
-        sys.executable, "-m", "rollout_worker", "--worker-id", "spot-7", "--pool", "spot", "--node", "node-x",
-        "--manager", f"127.0.0.1:{manager_port}", "--model-dir", str(model_dir), "--metrics-port", str(metrics_port),
-        "--capacity", "2", "--weight-server", "", "--nats-url", "", "--reconnect-timeout", "20",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "rollout_worker",
+        "--worker-id",
+        "spot-7",
+        "--pool",
+        "spot",
+        "--node",
+        "node-x",
+        "--manager",
+        f"127.0.0.1:{manager_port}",
+        "--model-dir",
+        str(model_dir),
+        "--metrics-port",
+        str(metrics_port),
+        "--capacity",
+        "2",
+        "--weight-server",
+        "",
+        "--nats-url",
+        "",
+        "--reconnect-timeout",
+        "20",
+    ]
     for k, v in flags.items():
         argv += [f"--{k.replace('_', '-')}", v]
     return argv
@@ -55,8 +75,18 @@ async def spawn_weight_server(tmp_path: Path, *flags: str) -> tuple[subprocess.P
     token = tmp_path / "token"
     token.write_text("secret")
     port = free_port()
-    argv = [sys.executable, "-m", "weight_server", "--port", str(port), "--data-dir", str(tmp_path / "ws"),
-            "--token-file", str(token), *flags]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "weight_server",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(tmp_path / "ws"),
+        "--token-file",
+        str(token),
+        *flags,
+    ]
     proc = spawn(argv, tmp_path / "ws.log")
     await asyncio.to_thread(wait_for_port, "127.0.0.1", port, 60, proc)
     return proc, port
@@ -133,8 +163,14 @@ async def test_pulls_weights_and_follows_announcements(tiny_model_dir, tmp_path,
         v1 = {k: (v.float() + 0.2 * torch.randn(v.shape, generator=gen)).to(torch.bfloat16) for k, v in v0.items()}
         async with WeightClient(f"http://127.0.0.1:{ws_port}", token="secret") as wc:
             await wc.upload(0, state_to_bytes(v0), kind="full", checksum=state_checksum(v0))
-            argv = worker_argv(tiny_model_dir, mport, free_port(), weight_server=f"http://127.0.0.1:{ws_port}",
-                               nats_url=nats_server.url, job="wtest")  # fmt: skip
+            argv = worker_argv(
+                tiny_model_dir,
+                mport,
+                free_port(),
+                weight_server=f"http://127.0.0.1:{ws_port}",
+                nats_url=nats_server.url,
+                job="wtest",
+            )
             worker = spawn(argv, tmp_path / "worker.log")
             await eventually(lambda: manager.registrations, timeout=60, what="registration")
             assert manager.registrations[0].weight_version == 0
@@ -220,8 +256,14 @@ async def stops_at_once_on_sigterm(worker: subprocess.Popen, log: Path, waiting_
 async def test_sigterm_stops_a_worker_still_waiting_for_its_first_version(tiny_model_dir, tmp_path, nats_server):
     """The job ends before the trainer published a version (a late spot worker in a short job)."""
     ws, ws_port = await spawn_weight_server(tmp_path, "--no-nats")
-    argv = worker_argv(tiny_model_dir, free_port(), 0, weight_server=f"http://127.0.0.1:{ws_port}",
-                       nats_url=nats_server.url, startup_timeout="600")  # fmt: skip
+    argv = worker_argv(
+        tiny_model_dir,
+        free_port(),
+        0,
+        weight_server=f"http://127.0.0.1:{ws_port}",
+        nats_url=nats_server.url,
+        startup_timeout="600",
+    )
     log = tmp_path / "worker.log"
     worker = spawn(argv, log)
     try:
@@ -238,8 +280,14 @@ async def test_sigterm_stops_a_worker_whose_nats_went_away_with_the_job(tiny_mod
         v0 = read_model_state(str(tiny_model_dir))
         async with WeightClient(f"http://127.0.0.1:{ws_port}", token="secret") as wc:
             await wc.upload(0, state_to_bytes(v0), kind="full", checksum=state_checksum(v0))
-        argv = worker_argv(tiny_model_dir, free_port(), 0, weight_server=f"http://127.0.0.1:{ws_port}",
-                           nats_url=f"nats://127.0.0.1:{free_port()}", startup_timeout="600")  # fmt: skip
+        argv = worker_argv(
+            tiny_model_dir,
+            free_port(),
+            0,
+            weight_server=f"http://127.0.0.1:{ws_port}",
+            nats_url=f"nats://127.0.0.1:{free_port()}",
+            startup_timeout="600",
+        )
         log = tmp_path / "worker.log"
         worker = spawn(argv, log)
         try:

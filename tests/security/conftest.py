@@ -68,5 +68,13 @@ def manager(creds: JobCredentials) -> Iterator[Service]:
 @pytest.fixture
 def weight_server(creds: JobCredentials, tmp_path: Path) -> Iterator[Service]:
     """`python -m weight_server --credentials-dir ...` without NATS."""
-    yield from _serve("weight_server", creds, free_port(), "--data-dir", str(tmp_path / "weights"), "--no-nats",
-                      "--chunk-bytes", "65536")  # fmt: skip
+    yield from _serve(
+        "weight_server",
+        creds,
+        free_port(),
+        "--data-dir",
+        str(tmp_path / "weights"),
+        "--no-nats",
+        "--chunk-bytes",
+        "65536",
+    )

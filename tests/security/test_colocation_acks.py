@@ -61,10 +61,15 @@ async def test_an_ack_in_another_reserved_workers_name_is_refused_and_the_real_o
     serve = contextlib.contextmanager(_serve)
     with serve("rollout_manager", creds, port, "--job", JOB), _job_nats(creds, tmp_path / "nats") as server:
         workers = {
-            wid: await WorkerClient(target, wid, pool=pool, capacity=1, auth=worker_auth, identity=creds, job=JOB).connect()
-            for wid, pool in (("reserved-0", pb.POOL_RESERVED), ("reserved-1", pb.POOL_RESERVED),
-                              ("spot-0", pb.POOL_SPOT))
-        }  # fmt: skip
+            wid: await WorkerClient(
+                target, wid, pool=pool, capacity=1, auth=worker_auth, identity=creds, job=JOB
+            ).connect()
+            for wid, pool in (
+                ("reserved-0", pb.POOL_RESERVED),
+                ("reserved-1", pb.POOL_RESERVED),
+                ("spot-0", pb.POOL_SPOT),
+            )
+        }
         key = {wid: w.registered.colocation_ack_key for wid, w in workers.items()}
         assert key["reserved-0"] and key["reserved-1"] and key["reserved-0"] != key["reserved-1"]
         assert key["spot-0"] == "", "a spot worker was given a colocation-ack key"
@@ -73,8 +78,9 @@ async def test_an_ack_in_another_reserved_workers_name_is_refused_and_the_real_o
         attacker_nc = await nats.connect(server.url, **connect_options(creds.directory, "worker"))
         victim_nc = await nats.connect(server.url, **connect_options(creds.directory, "worker"))
         try:
-            colo = Colocation(trainer_nc, NS, JOB, workers=1, timeout_s=1.5,
-                              verifier=AckVerifier(creds.colocation_key(), JOB))  # fmt: skip
+            colo = Colocation(
+                trainer_nc, NS, JOB, workers=1, timeout_s=1.5, verifier=AckVerifier(creds.colocation_key(), JOB)
+            )
             await colo.start()
             await _acking(attacker_nc, [("reserved-0", key["reserved-1"]), ("reserved-0", ""), ("spot-0", "")])
             invalid, missing = _refused("mac_invalid"), _refused("mac_missing")

@@ -43,9 +43,13 @@ def _sampling_ok(s) -> None:
 
 sampling_pb = st.builds(
     pb.SamplingParams,
-    temperature=F32, top_p=F32, top_k=I32, max_new_tokens=I32, seed=st.integers(0, 2**64 - 1),
+    temperature=F32,
+    top_p=F32,
+    top_k=I32,
+    max_new_tokens=I32,
+    seed=st.integers(0, 2**64 - 1),
     stop_token_ids=st.lists(I32, max_size=4),
-)  # fmt: skip
+)
 
 
 @FUZZ
@@ -56,9 +60,10 @@ def test_raw_bytes_decode_or_raise_decode_error(data: bytes, kind) -> None:
     except DecodeError:
         return
     converters = {
-        pb.RolloutRequest: wire.rollout_request_from_pb, pb.Register: wire.registration_from_pb,
+        pb.RolloutRequest: wire.rollout_request_from_pb,
+        pb.Register: wire.registration_from_pb,
         pb.TokenChunk: wire.chunk_from_pb,
-    }  # fmt: skip
+    }
     if kind is pb.WorkerMessage:
         if message.HasField("register"):
             _convert(wire.registration_from_pb, message.register)
@@ -79,10 +84,16 @@ def test_registration(message: pb.Register) -> None:
 @FUZZ
 @given(
     st.builds(
-        pb.TokenChunk, request_id=TEXT, lease_epoch=I64, offset=I32, token_ids=st.lists(I32, max_size=8),
-        logprobs=st.lists(F32, max_size=8), finished=st.booleans(), finish_reason=TEXT,
+        pb.TokenChunk,
+        request_id=TEXT,
+        lease_epoch=I64,
+        offset=I32,
+        token_ids=st.lists(I32, max_size=8),
+        logprobs=st.lists(F32, max_size=8),
+        finished=st.booleans(),
+        finish_reason=TEXT,
     )
-)  # fmt: skip
+)
 def test_token_chunk(message: pb.TokenChunk) -> None:
     chunk = _convert(wire.chunk_from_pb, message)
     if chunk is not None:
@@ -94,10 +105,14 @@ def test_token_chunk(message: pb.TokenChunk) -> None:
 @FUZZ
 @given(
     st.builds(
-        pb.RolloutRequest, step=I64, weight_version=I64, group_size=I32, sampling=sampling_pb,
+        pb.RolloutRequest,
+        step=I64,
+        weight_version=I64,
+        group_size=I32,
+        sampling=sampling_pb,
         prompts=st.lists(st.builds(pb.Prompt, prompt_index=I32, token_ids=st.lists(I32, max_size=4)), max_size=4),
     )
-)  # fmt: skip
+)
 def test_rollout_request(message: pb.RolloutRequest) -> None:
     req = _convert(wire.rollout_request_from_pb, message)
     if req is not None:

@@ -47,10 +47,18 @@ SAMPLES: dict[type[BaseModel], dict] = {
     WeightsAnnounced: {"version": 3, "checksum": "abc", "kind": "delta"},
     ColocationCommand: {"step": 1, "action": "release", "weight_version": 1},
     ColocationAck: {"step": 1, "action": "release", "worker_id": "w1", "released": True},
-    StepReport: {"step": 0, "weight_version": 1, "weights_checksum": "c", "reward_mean": 0.5, "tokens": 10,
-                 "rollout_seconds": 1.0, "train_seconds": 1.0, "sync_seconds": 0.5},
+    StepReport: {
+        "step": 0,
+        "weight_version": 1,
+        "weights_checksum": "c",
+        "reward_mean": 0.5,
+        "tokens": 10,
+        "rollout_seconds": 1.0,
+        "train_seconds": 1.0,
+        "sync_seconds": 0.5,
+    },
     JobDone: {"ok": True, "steps": 3},
-}  # fmt: skip
+}
 # Literal JSON numbers a hostile publisher may write; Python's json reads NaN/Infinity, so pydantic may too.
 ODD_NUMBERS = st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-1", "-0.0", "1e30", "9" * 30])
 

@@ -22,9 +22,13 @@ from rlboost_operator.config import OperatorSettings
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SETTINGS = OperatorSettings(max_trainer_ranks=4, max_trainer_gpus=8, nats_url="nats://nats:4222")
 SCALARS = (
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=12)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats()
+    | st.text(max_size=12)
     | st.sampled_from(["exact_match", "cProfile:run", "tiny", "huggingface", "s3://b/m", "../x", "", "0", "-1"])
-)  # fmt: skip
+)
 JSON = st.recursive(
     SCALARS,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3),

@@ -36,16 +36,25 @@ JSON = st.recursive(
 def _manifest_doc() -> st.SearchStrategy[dict]:
     """Manifests near valid ones: each field valid or arbitrary, so validation is exercised field by field."""
     chunk = st.fixed_dictionaries(
-        {"index": st.integers(-2, 4), "offset": st.integers(-10, 100), "length": st.integers(-10, 100),
-         "sha256": st.sampled_from([HEX64, "zz", ""])}
-    )  # fmt: skip
+        {
+            "index": st.integers(-2, 4),
+            "offset": st.integers(-10, 100),
+            "length": st.integers(-10, 100),
+            "sha256": st.sampled_from([HEX64, "zz", ""]),
+        }
+    )
     return st.fixed_dictionaries(
-        {"version": st.integers(-5, 10) | JSON, "kind": st.sampled_from(["full", "delta", "other"]),
-         "checksum": st.text(max_size=8), "total_bytes": st.integers(-10, 100) | JSON,
-         "sha256": st.sampled_from([HEX64, "nothex", HEX64.upper()]), "chunk_bytes": st.integers(-10, 100),
-         "chunks": st.lists(chunk, max_size=4)},
+        {
+            "version": st.integers(-5, 10) | JSON,
+            "kind": st.sampled_from(["full", "delta", "other"]),
+            "checksum": st.text(max_size=8),
+            "total_bytes": st.integers(-10, 100) | JSON,
+            "sha256": st.sampled_from([HEX64, "nothex", HEX64.upper()]),
+            "chunk_bytes": st.integers(-10, 100),
+            "chunks": st.lists(chunk, max_size=4),
+        },
         optional={"base_version": st.integers(-5, 10) | st.none(), "compacted": st.booleans(), "companion": JSON},
-    )  # fmt: skip
+    )
 
 
 def _valid_manifest(m: Manifest) -> None:

@@ -33,9 +33,17 @@ async def _rollout(target: str, creds: JobCredentials) -> list[pb.Trajectory]:
 
 
 def _held(a: pb.Assignment, tokens: list[int], ticket: str) -> pb.HeldResponse:
-    return pb.HeldResponse(request_id=a.request_id, weight_version=0, prompt_ids=PROMPT, token_ids=tokens,
-                           logprobs=[-0.5] * len(tokens), finished=True, finish_reason="length", ticket=ticket,
-                           lease_epoch=a.lease_epoch)  # fmt: skip
+    return pb.HeldResponse(
+        request_id=a.request_id,
+        weight_version=0,
+        prompt_ids=PROMPT,
+        token_ids=tokens,
+        logprobs=[-0.5] * len(tokens),
+        finished=True,
+        finish_reason="length",
+        ticket=ticket,
+        lease_epoch=a.lease_epoch,
+    )
 
 
 def _refused(metrics: str, reason: str) -> float:
@@ -62,11 +70,13 @@ async def test_a_restarted_manager_refuses_held_tokens_reported_without_the_assi
         victim.register.held.append(_held(mine, VICTIM_TOKENS, mine.ticket))
         await victim.connect()
         attacker = WorkerClient(target, "spot-1", capacity=1, auth=worker_auth, identity=creds)
-        attacker.register.held.extend([
-            _held(theirs, [3, 3, 3, 3], theirs.ticket),  # its own response: adopted
-            _held(mine, FORGED_TOKENS, theirs.ticket),  # the victim's request under its own ticket
-            _held(mine, FORGED_TOKENS, ""),  # and with none
-        ])  # fmt: skip
+        attacker.register.held.extend(
+            [
+                _held(theirs, [3, 3, 3, 3], theirs.ticket),  # its own response: adopted
+                _held(mine, FORGED_TOKENS, theirs.ticket),  # the victim's request under its own ticket
+                _held(mine, FORGED_TOKENS, ""),  # and with none
+            ]
+        )
         await attacker.connect()
         trajectories = await asyncio.wait_for(_rollout(target, creds), 15)  # the trainer re-attaches
         async with httpx.AsyncClient() as http:

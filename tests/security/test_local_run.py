@@ -50,8 +50,18 @@ def connect_without_proof(manager: str, auth: ClientAuth, worker_id: str = "rese
 def test_a_running_local_jobs_services_refuse_anonymous_clients(tmp_path: Path) -> None:
     cfg, run_dir = tmp_path / "job.yaml", tmp_path / "run"
     cfg.write_text(CONFIG)
-    cmd = [sys.executable, "-m", "rlboost.cli.main", "local", "--config", str(cfg), "--steps", STEPS, "--run-dir",
-           str(run_dir)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlboost.cli.main",
+        "local",
+        "--config",
+        str(cfg),
+        "--steps",
+        STEPS,
+        "--run-dir",
+        str(run_dir),
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         endpoints_file = run_dir / "endpoints.json"

@@ -140,9 +140,12 @@ async def test_a_restarted_worker_reclaims_its_id_once_its_old_stream_is_gone(ma
 
 @pytest.mark.parametrize(
     ("who", "code"),
-    [(None, grpc.StatusCode.UNAUTHENTICATED), ("worker", grpc.StatusCode.PERMISSION_DENIED),
-     ("observer", grpc.StatusCode.PERMISSION_DENIED)],
-)  # fmt: skip
+    [
+        (None, grpc.StatusCode.UNAUTHENTICATED),
+        ("worker", grpc.StatusCode.PERMISSION_DENIED),
+        ("observer", grpc.StatusCode.PERMISSION_DENIED),
+    ],
+)
 async def test_rollout_needs_the_trainer_token(manager: Service, who: str | None, code: grpc.StatusCode):
     auth = role(manager.creds, who) if who else ClientAuth()
     async with auth.aio_channel(manager.target) as ch:
@@ -155,8 +158,11 @@ async def test_rollout_needs_the_trainer_token(manager: Service, who: str | None
 
 
 async def test_status_reads_need_an_observer_or_trainer_token(manager: Service):
-    for auth, code in [(ClientAuth(), grpc.StatusCode.UNAUTHENTICATED), (ClientAuth(token="guessed"), grpc.StatusCode.UNAUTHENTICATED),
-                       (role(manager.creds, "worker"), grpc.StatusCode.PERMISSION_DENIED)]:  # fmt: skip
+    for auth, code in [
+        (ClientAuth(), grpc.StatusCode.UNAUTHENTICATED),
+        (ClientAuth(token="guessed"), grpc.StatusCode.UNAUTHENTICATED),
+        (role(manager.creds, "worker"), grpc.StatusCode.PERMISSION_DENIED),
+    ]:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await status(manager.target, auth)
         assert err.value.code() == code and "observer" in err.value.details()

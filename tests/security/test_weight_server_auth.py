@@ -23,10 +23,17 @@ from tests.weight_server.states import chain, checksum, delta
 VERSIONS = 4  # a snapshot and three deltas: 0 -> 3 is a chain a compacted delta would be built for
 
 READS = [
-    "/v1/versions", "/v1/versions/0/manifest", "/v1/versions/0/payload", "/v1/versions/1/delta/payload",
-    "/v1/sync?from=0&to=3", "/v1/sync?to=3", "/v1/compacted/0/3/manifest", "/v1/compacted/0/3/payload",
-    "/v1/assets", "/v1/assets/config.json",
-]  # fmt: skip
+    "/v1/versions",
+    "/v1/versions/0/manifest",
+    "/v1/versions/0/payload",
+    "/v1/versions/1/delta/payload",
+    "/v1/sync?from=0&to=3",
+    "/v1/sync?to=3",
+    "/v1/compacted/0/3/manifest",
+    "/v1/compacted/0/3/payload",
+    "/v1/assets",
+    "/v1/assets/config.json",
+]
 
 
 def disk_bytes(root: Path) -> int:

@@ -121,7 +121,7 @@ class StandInManager(rollout_pb2_grpc.RolloutManagerServicer):
                         finish_reason="failed" if (p.prompt_index, g) in self.dropped else "stop",
                         weight_version=req.weight_version,
                         workers=["stand-in-0"],
-                    )  # fmt: skip
+                    )
                 )
         random.Random(req.step).shuffle(trajs)
         for t in trajs:  # one per message: exercises the trainer's streaming path at its finest grain

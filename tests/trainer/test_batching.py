@@ -12,9 +12,16 @@ from trainer.batching import StepAssembler, StreamError
 
 def traj(p: int, g: int, step: int = 0, tokens: int = 1) -> Trajectory:
     return Trajectory(
-        request_id=f"s{step}-p{p}-g{g}", step=step, prompt_index=p, sample_index=g, prompt_ids=[1],
-        response_ids=[g] * tokens, logprobs=[-1.0] * tokens, finish_reason="stop", weight_version=0,
-    )  # fmt: skip
+        request_id=f"s{step}-p{p}-g{g}",
+        step=step,
+        prompt_index=p,
+        sample_index=g,
+        prompt_ids=[1],
+        response_ids=[g] * tokens,
+        logprobs=[-1.0] * tokens,
+        finish_reason="stop",
+        weight_version=0,
+    )
 
 
 def reward(t: Trajectory) -> float:

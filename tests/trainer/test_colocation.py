@@ -34,8 +34,15 @@ async def fake_workers(
         cmd = ColocationCommand.model_validate_json(msg.data)
         seen.append(cmd)
         for wid in ids:
-            ack = ColocationAck(step=cmd.step, action=cmd.action, worker_id=wid, ok=ok,
-                                error="" if ok else "EngineError: boom", released=cmd.action == "release", nbytes=10)  # fmt: skip
+            ack = ColocationAck(
+                step=cmd.step,
+                action=cmd.action,
+                worker_id=wid,
+                ok=ok,
+                error="" if ok else "EngineError: boom",
+                released=cmd.action == "release",
+                nbytes=10,
+            )
             sign(ack, (keys or {}).get(wid, ""))
             await nc.publish(subject("default", job, "colocation-acks"), ack.model_dump_json().encode())
 
@@ -171,11 +178,31 @@ async def test_trainer_releases_before_training_and_resumes_after_publishing(tmp
     try:
         with WeightServerProcess(tmp_path / "ws", nats_server.url, job="co") as ws:
             cmd = [
-                "-m", "trainer", "--config", str(config), "--manager", target, "--weight-server", ws.url,
-                "--token-file", str(ws.token_file), "--model-dir", str(job_dir / "model"), "--run-dir",
-                str(tmp_path / "run"), "--nats-url", nats_server.url, "--job", "co", "--steps", "2",
-                "--connect-timeout", "20", "--colocation-timeout", "30",
-            ]  # fmt: skip
+                "-m",
+                "trainer",
+                "--config",
+                str(config),
+                "--manager",
+                target,
+                "--weight-server",
+                ws.url,
+                "--token-file",
+                str(ws.token_file),
+                "--model-dir",
+                str(job_dir / "model"),
+                "--run-dir",
+                str(tmp_path / "run"),
+                "--nats-url",
+                nats_server.url,
+                "--job",
+                "co",
+                "--steps",
+                "2",
+                "--connect-timeout",
+                "20",
+                "--colocation-timeout",
+                "30",
+            ]
             proc = await asyncio.create_subprocess_exec(
                 __import__("sys").executable, *cmd, stderr=asyncio.subprocess.PIPE, env=child_env()
             )
@@ -188,9 +215,13 @@ async def test_trainer_releases_before_training_and_resumes_after_publishing(tmp
     # (action, step, rollout requests made so far): release after step s's rollout, resume after v s+1 is out.
     assert timeline == [
         ("weights", 0),
-        ("release", 0, 1), ("weights", 1), ("resume", 0, 1),
-        ("release", 1, 2), ("weights", 2), ("resume", 1, 2),
-    ]  # fmt: skip
+        ("release", 0, 1),
+        ("weights", 1),
+        ("resume", 0, 1),
+        ("release", 1, 2),
+        ("weights", 2),
+        ("resume", 1, 2),
+    ]
     assert [(s.step, s.colocation_released, s.colocation_resumed) for s in steps] == [(0, 1, 1), (1, 1, 1)]
     assert all(0 <= s.colocation_wait_seconds < 30 for s in steps)
     assert "colocated with the reserved rollout workers" in err

@@ -24,8 +24,9 @@ from trainer.loop import Trainer, TrainerOptions
 
 def _dataset(tmp_path: Path, n: int = 30) -> Path:
     path = tmp_path / "train.jsonl"
-    lines = [{"prompt": [{"role": "user", "content": f"What is {i}+1?"}], "answer": str(i + 1), "id": i}
-             for i in range(n)]  # fmt: skip
+    lines = [
+        {"prompt": [{"role": "user", "content": f"What is {i}+1?"}], "answer": str(i + 1), "id": i} for i in range(n)
+    ]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return path
 
@@ -37,9 +38,16 @@ def _spec(train: Path, **dataset: object) -> JobSpec:
 
 
 def _trainer(tmp_path: Path, model_dir: Path, spec: JobSpec, checkpoints: Path | None = None) -> Trainer:
-    opts = TrainerOptions(manager="127.0.0.1:1", weight_server="http://127.0.0.1:1", token="t", model_dir=model_dir,
-                          run_dir=tmp_path / "run", nats_url="nats://127.0.0.1:1", checkpoint_dir=checkpoints,
-                          resume=checkpoints is not None)  # fmt: skip
+    opts = TrainerOptions(
+        manager="127.0.0.1:1",
+        weight_server="http://127.0.0.1:1",
+        token="t",
+        model_dir=model_dir,
+        run_dir=tmp_path / "run",
+        nats_url="nats://127.0.0.1:1",
+        checkpoint_dir=checkpoints,
+        resume=checkpoints is not None,
+    )
     trainer = Trainer(spec, opts)
     trainer.prompts = trainer._open_prompts()
     return trainer

@@ -20,10 +20,16 @@ from trainer.grpo import (
 
 def traj(prompt: list[int], response: list[int], logprobs: list[float] | None = None, p: int = 0, g: int = 0):
     return Trajectory(
-        request_id=f"s0-p{p}-g{g}", step=0, prompt_index=p, sample_index=g, prompt_ids=prompt,
-        response_ids=response, logprobs=logprobs if logprobs is not None else [-1.0] * len(response),
-        finish_reason="stop", weight_version=0,
-    )  # fmt: skip
+        request_id=f"s0-p{p}-g{g}",
+        step=0,
+        prompt_index=p,
+        sample_index=g,
+        prompt_ids=prompt,
+        response_ids=response,
+        logprobs=logprobs if logprobs is not None else [-1.0] * len(response),
+        finish_reason="stop",
+        weight_version=0,
+    )
 
 
 def test_group_advantages_normalise_within_the_group():

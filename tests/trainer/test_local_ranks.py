@@ -15,8 +15,17 @@ from rlboost.spec import JobSpec
 
 
 def _args(**kw: object) -> argparse.Namespace:
-    base = dict(config=None, steps=None, temperature=None, seed=None, workers_reserved=None, workers_spot=None,
-                trainer_ranks=None, checkpoint_dir=None, resume=False)  # fmt: skip
+    base = dict(
+        config=None,
+        steps=None,
+        temperature=None,
+        seed=None,
+        workers_reserved=None,
+        workers_spot=None,
+        trainer_ranks=None,
+        checkpoint_dir=None,
+        resume=False,
+    )
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -43,14 +52,21 @@ def test_one_rank_keeps_the_plain_trainer(tmp_path: Path):
     assert "--checkpoint-dir" not in trainer.argv and "--resume" not in trainer.argv
     # a rendezvous of its own, never one inherited from the runner's environment (it may be in use)
     # (and the pinned CPU arithmetic: rlboost.cpu_numerics)
-    assert trainer.env == {**CPU_NUMERICS_ENV, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0",
-                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}  # fmt: skip
+    assert trainer.env == {
+        **CPU_NUMERICS_ENV,
+        "WORLD_SIZE": "1",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1",
+    }
 
 
 def test_bad_ranks_and_resume_without_dir_are_exit_2_naming_the_flag():
     def run(*a: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "rlboost.cli.main", "local", *a], capture_output=True, text=True,
-                              timeout=60)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "rlboost.cli.main", "local", *a], capture_output=True, text=True, timeout=60
+        )
 
     res = run("--trainer-ranks", "3")  # 16 x 8 = 128 samples do not split over 3 ranks
     assert res.returncode == 2 and "must be divisible by trainer.ranks (3)" in res.stderr

@@ -49,11 +49,32 @@ async def _collect(nc, job: str) -> dict[str, list]:
 
 def _trainer_cmd(tmp_path, config, manager: str, ws, nats_url: str, job: str, steps: int) -> list[str]:
     return [
-        sys.executable, "-m", "trainer", "--config", str(config), "--manager", manager, "--weight-server", ws.url,
-        "--token-file", str(ws.token_file), "--model-dir", str(config.parent / "model"), "--run-dir",
-        str(tmp_path / "run"), "--nats-url", nats_url, "--job", job, "--steps", str(steps),
-        "--dump-rollouts", str(tmp_path / "rollouts.jsonl"), "--connect-timeout", "20",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "trainer",
+        "--config",
+        str(config),
+        "--manager",
+        manager,
+        "--weight-server",
+        ws.url,
+        "--token-file",
+        str(ws.token_file),
+        "--model-dir",
+        str(config.parent / "model"),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--nats-url",
+        nats_url,
+        "--job",
+        job,
+        "--steps",
+        str(steps),
+        "--dump-rollouts",
+        str(tmp_path / "rollouts.jsonl"),
+        "--connect-timeout",
+        "20",
+    ]
 
 
 def _setup(tmp_path, tiny_model_dir):

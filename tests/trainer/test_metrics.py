@@ -30,14 +30,23 @@ RECORD_ONLY = {
     "carried_over",  # partial rollout: the manager counts carries (rlboost_manager_carried_requests_total)
     "stale_tokens",
     "spot_busy_fraction",
-}  # fmt: skip  prompts_skipped: rlboost_trainer_prompts_skipped_total
+}  # prompts_skipped: rlboost_trainer_prompts_skipped_total
 
 
 def _report() -> StepReport:
     """A record whose numeric fields all differ, so a gauge set from the wrong field shows."""
     floats = {name: 0.001 * (i + 1) for i, name in enumerate(step_gauges()) if name != "weight_version"}
-    return StepReport(step=6, weight_version=7, weights_checksum="ab", tokens=120, rollout_seconds=2.0,
-                      train_seconds=0.5, sync_seconds=0.5, finish_reasons={"stop": 4}, **floats)  # fmt: skip
+    return StepReport(
+        step=6,
+        weight_version=7,
+        weights_checksum="ab",
+        tokens=120,
+        rollout_seconds=2.0,
+        train_seconds=0.5,
+        sync_seconds=0.5,
+        finish_reasons={"stop": 4},
+        **floats,
+    )
 
 
 def _numeric_fields() -> set[str]:
@@ -66,6 +75,11 @@ def test_every_numeric_field_is_a_gauge_or_said_otherwise() -> None:
 
 def test_gauge_names_stay_the_dashboards_names() -> None:
     names = {name for name, _help in step_gauges().values()}
-    assert {"rlboost_trainer_weight_version", "rlboost_trainer_reward_mean", "rlboost_trainer_idle_seconds",
-            "rlboost_trainer_compute_seconds", "rlboost_trainer_logprob_abs_diff"} <= names  # fmt: skip
+    assert {
+        "rlboost_trainer_weight_version",
+        "rlboost_trainer_reward_mean",
+        "rlboost_trainer_idle_seconds",
+        "rlboost_trainer_compute_seconds",
+        "rlboost_trainer_logprob_abs_diff",
+    } <= names
     assert all(help_ for _name, help_ in step_gauges().values())

@@ -18,8 +18,18 @@ def encode(messages: list[dict[str, str]]) -> list[int]:
 
 
 def traj(step: int, prompt: int, sample: int, spans: list[tuple[int, int]] | None = None) -> Trajectory:
-    return Trajectory(f"s{step}-p{prompt}-g{sample}", step, prompt, sample, [1], [2, 3], [-0.1, -0.2], "stop",
-                      spans[0][0] if spans else 0, version_spans=spans or [])  # fmt: skip
+    return Trajectory(
+        f"s{step}-p{prompt}-g{sample}",
+        step,
+        prompt,
+        sample,
+        [1],
+        [2, 3],
+        [-0.1, -0.2],
+        "stop",
+        spans[0][0] if spans else 0,
+        version_spans=spans or [],
+    )
 
 
 def test_a_group_trains_once_complete_and_its_missing_samples_are_carried() -> None:
@@ -57,5 +67,8 @@ def test_a_checkpoint_takes_the_open_groups_prompts_again_to_roll_them_out_afres
     resumed.restore(saved, make_prompts(TaskSpec(), encode))
     assert resumed.regenerated == 3
     assert [(g.step, g.prompt_index, g.sample_indices) for g in resumed.carried(5)] == [
-        (4, 0, [0, 1]), (4, 1, [0, 1]), (4, 2, [0, 1])]  # fmt: skip
+        (4, 0, [0, 1]),
+        (4, 1, [0, 1]),
+        (4, 2, [0, 1]),
+    ]
     assert [g.prompt_ids for g in resumed.carried(5)] == first.prompt_ids

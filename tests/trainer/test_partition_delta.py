@@ -59,10 +59,16 @@ def _rank_main(model_dir: str, out: str) -> None:
         full = engine.publish_state("gathered")
         if rank == 0:
             assert {t.dtype for t in part.values()} == {torch.bfloat16}
-            rows.append({"partitioned": state_checksum(part), "gathered": state_checksum(full),
-                         "model_bytes": sum(t.numel() * t.element_size() for t in full.values()),
-                         "names": sorted(part) == sorted(full), "traffic": part_traffic,
-                         "gathered_bytes": engine.last_extraction["bytes_to_rank0"]})  # fmt: skip
+            rows.append(
+                {
+                    "partitioned": state_checksum(part),
+                    "gathered": state_checksum(full),
+                    "model_bytes": sum(t.numel() * t.element_size() for t in full.values()),
+                    "names": sorted(part) == sorted(full),
+                    "traffic": part_traffic,
+                    "gathered_bytes": engine.last_extraction["bytes_to_rank0"],
+                }
+            )
     if rank == 0:
         Path(out).write_text(json.dumps({"extraction": engine.extraction, "rows": rows}))
     from trainer import ranks
@@ -74,10 +80,22 @@ def _rank_main(model_dir: str, out: str) -> None:
 def test_two_rank_zero3_partitioned_extraction_is_bit_exact_and_sparse(tiny_model_dir, tmp_path):
     """Real processes, real DeepSpeed ZeRO-3 partitions, real gloo gather: nothing mocked."""
     out = tmp_path / "result.json"
-    env = {**child_env(), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "OMP_NUM_THREADS": "1"}  # fmt: skip
-    cmd = [sys.executable, "-m", "tests.trainer.test_partition_delta", "--model-dir", str(tiny_model_dir),
-           "--out", str(out)]  # fmt: skip
+    env = {
+        **child_env(),
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.trainer.test_partition_delta",
+        "--model-dir",
+        str(tiny_model_dir),
+        "--out",
+        str(out),
+    ]
     procs = [
         subprocess.Popen(
             cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stderr=subprocess.PIPE, text=True, cwd=_ROOT

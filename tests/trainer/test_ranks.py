@@ -62,8 +62,9 @@ def test_a_short_round_is_completed_with_weightless_rows_that_add_nothing():
     logp = token_logprobs(logits, pad.input_ids, 1.0)
     for aggregation in ("sequence", "token"):
         mask = pad.response_mask * pad.loss_weight[:, None]
-        loss, stats = clipped_policy_loss(logp, logp.detach(), pad.advantages, mask, 0.2, 6,
-                                          aggregation=aggregation, max_tokens=8)  # fmt: skip
+        loss, stats = clipped_policy_loss(
+            logp, logp.detach(), pad.advantages, mask, 0.2, 6, aggregation=aggregation, max_tokens=8
+        )
         (grad,) = torch.autograd.grad(loss, logits, retain_graph=True)
         assert loss.item() == 0.0 and stats == LossStats(0, 0, 0.0, 0.0) and not grad.any()
     for bad in ([], real):
@@ -159,8 +160,13 @@ async def test_partial_rollout_on_two_ranks_trains_an_odd_step_as_one_rank_does(
     so each step's second round is micro-batch 2 and a weightless row. Same samples to 1 rank and to 2 (ZeRO-2):
     the same loss, gradient norm and statistics to fp32 rounding (the order of the gradient sums differs: rank 0
     accumulates micro-batches 0 and 2, the all-reduce adds rank 1's), and the same published bf16 weights."""
-    spec = tiny_spec(micro_batch_size=2, learning_rate=2e-2, partial_rollout=True, max_staleness=1,
-                     partial_rollout_over_provision=0.5)  # fmt: skip
+    spec = tiny_spec(
+        micro_batch_size=2,
+        learning_rate=2e-2,
+        partial_rollout=True,
+        max_staleness=1,
+        partial_rollout_over_provision=0.5,
+    )
     spec.trainer.zero_stage = 2
     one, one_states, _ = await _train(tmp_path, spec, tiny_model_dir, nats_server.url, "p1", world=1, steps=2)
     spec.trainer.ranks = 2

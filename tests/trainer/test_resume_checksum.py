@@ -20,8 +20,14 @@ from trainer.loop import Trainer, TrainerOptions
 
 
 def _trainer(tmp_path: Path, model_dir: Path, recorded: str) -> Trainer:
-    opts = TrainerOptions(manager="127.0.0.1:1", weight_server="http://127.0.0.1:1", token="t", model_dir=model_dir,
-                          run_dir=tmp_path / "run", nats_url="nats://127.0.0.1:1")  # fmt: skip
+    opts = TrainerOptions(
+        manager="127.0.0.1:1",
+        weight_server="http://127.0.0.1:1",
+        token="t",
+        model_dir=model_dir,
+        run_dir=tmp_path / "run",
+        nats_url="nats://127.0.0.1:1",
+    )
     trainer = Trainer(tiny_spec(), opts)
     trainer.checksum = recorded  # as _resume_point sets it from the checkpoint
     return trainer

@@ -21,13 +21,29 @@ from trainer.loop import Trainer, TrainerOptions
 
 
 def _report(step: int) -> StepReport:
-    return StepReport(step=step, weight_version=step + 1, weights_checksum="ab" * 32, reward_mean=0.5, tokens=96,
-                      rollout_seconds=1.0, train_seconds=0.2, sync_seconds=0.1)  # fmt: skip
+    return StepReport(
+        step=step,
+        weight_version=step + 1,
+        weights_checksum="ab" * 32,
+        reward_mean=0.5,
+        tokens=96,
+        rollout_seconds=1.0,
+        train_seconds=0.2,
+        sync_seconds=0.1,
+    )
 
 
 def test_the_checkpoint_state_keeps_the_report_and_older_checkpoints_have_none() -> None:
-    state = TrainerState(steps_done=5, weight_version=5, weights_checksum="c", world_size=1, zero_stage=1,
-                         task_seed=0, prompts_per_step=4, last_report=_report(4).model_dump(mode="json"))  # fmt: skip
+    state = TrainerState(
+        steps_done=5,
+        weight_version=5,
+        weights_checksum="c",
+        world_size=1,
+        zero_stage=1,
+        task_seed=0,
+        prompts_per_step=4,
+        last_report=_report(4).model_dump(mode="json"),
+    )
     again = TrainerState(**json.loads(json.dumps(asdict(state))))  # as trainer.checkpoint stores and reads it
     assert StepReport.model_validate(again.last_report) == _report(4)
     older = {k: v for k, v in asdict(state).items() if k != "last_report"}
@@ -37,8 +53,15 @@ def test_the_checkpoint_state_keeps_the_report_and_older_checkpoints_have_none()
 async def _resend(tmp_path: Path, model_dir: Path, nats_url: str, last_report: dict | None) -> list:
     """A trainer connected to NATS, with `last_report` as _resume_point takes it from the checkpoint, resends;
     what the job's status stream then holds, read as `rlboost local` reads it."""
-    opts = TrainerOptions(manager="127.0.0.1:1", weight_server="http://127.0.0.1:1", token="t", model_dir=model_dir,
-                          run_dir=tmp_path / "run", nats_url=nats_url, job="j")  # fmt: skip
+    opts = TrainerOptions(
+        manager="127.0.0.1:1",
+        weight_server="http://127.0.0.1:1",
+        token="t",
+        model_dir=model_dir,
+        run_dir=tmp_path / "run",
+        nats_url=nats_url,
+        job="j",
+    )
     trainer = Trainer(tiny_spec(), opts)
     reader = await nats.connect(nats_url)
     try:
@@ -80,8 +103,9 @@ def test_the_resent_report_carries_the_evaluation_written_beside_its_checkpoint(
     ckpt = tmp_path / "step-00000005"
     report = _report(4).model_dump(mode="json")
     assert _with_validation(report, ckpt) == report and _with_validation(None, ckpt) is None
-    validation = ValidationReport(step=4, weight_version=5, reward_mean=0.75, pass_at_1=0.5, pass_at_k=0.75, k=2,
-                                  prompts=4)  # fmt: skip
+    validation = ValidationReport(
+        step=4, weight_version=5, reward_mean=0.75, pass_at_1=0.5, pass_at_k=0.75, k=2, prompts=4
+    )
     write_text_atomic(validation_file(ckpt), validation.model_dump_json())
     resent = StepReport.model_validate(_with_validation(report, ckpt))
     assert resent.validation == validation and resent.model_copy(update={"validation": None}) == _report(4)

@@ -20,8 +20,14 @@ from trainer.pool_metrics import PoolMeter, length_percentiles
 def _options(tmp_path: Path, model_dir: Path):
     from trainer.loop import TrainerOptions
 
-    return TrainerOptions(manager="127.0.0.1:1", weight_server="http://127.0.0.1:1", token="", model_dir=model_dir,
-                          run_dir=tmp_path / "run", nats_url="nats://127.0.0.1:1")  # fmt: skip
+    return TrainerOptions(
+        manager="127.0.0.1:1",
+        weight_server="http://127.0.0.1:1",
+        token="",
+        model_dir=model_dir,
+        run_dir=tmp_path / "run",
+        nats_url="nats://127.0.0.1:1",
+    )
 
 
 def test_unreachable_mlflow_server_stops_the_trainer_at_start(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -44,8 +50,9 @@ def test_unwritable_export_path_stops_the_trainer_at_start(tmp_path: Path, tiny_
 
 
 def _status(*workers: tuple[str, Pool, int], migrations: int = 0) -> ManagerStatus:
-    return ManagerStatus([WorkerStatus(w, pool, "n", 0, 0, 8, tokens, False) for w, pool, tokens in workers],
-                         0, 0, 0, migrations, 0)  # fmt: skip
+    return ManagerStatus(
+        [WorkerStatus(w, pool, "n", 0, 0, 8, tokens, False) for w, pool, tokens in workers], 0, 0, 0, migrations, 0
+    )
 
 
 def test_pool_meter_rates_lost_workers_and_cost() -> None:

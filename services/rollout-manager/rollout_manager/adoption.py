@@ -50,8 +50,10 @@ class HeldResponses:
             elif len(self._orphans) < self.policy.max_step_requests:
                 self._orphans[h.request_id] = Orphan(h, worker_id, now)
         if held:
-            log.info("worker reported held responses", extra={"worker_id": worker_id, "held": len(held),
-                                                              "orphans": len(self._orphans)})  # fmt: skip
+            log.info(
+                "worker reported held responses",
+                extra={"worker_id": worker_id, "held": len(held), "orphans": len(self._orphans)},
+            )
 
     def _adopt(self, req: Request, h: HeldResponse, worker_id: str, now: float) -> None:
         """Continue `req` from the held response's tokens when it holds more than we do (its tokens are the same
@@ -61,8 +63,9 @@ class HeldResponses:
         problem = self._adoption_problem(req, h)
         if problem is not None:
             metrics.ADOPTED.labels("refused").inc()
-            log.warning("held response refused", extra={"worker_id": worker_id, "request_id": req.id,
-                                                         "problem": problem})  # fmt: skip
+            log.warning(
+                "held response refused", extra={"worker_id": worker_id, "request_id": req.id, "problem": problem}
+            )
             return
         if req.phase is Phase.PENDING:
             self._pending_count[req.weight_version] -= 1  # its queue entry goes stale once it is finished below
@@ -77,8 +80,10 @@ class HeldResponses:
         req.phase, req.pending_since = Phase.PENDING, now
         self.adopted += 1
         metrics.ADOPTED.labels("adopted").inc()
-        log.info("held response adopted", extra={"worker_id": worker_id, "request_id": req.id,
-                                                 "tokens": len(req.tokens), "finished": h.finished})  # fmt: skip
+        log.info(
+            "held response adopted",
+            extra={"worker_id": worker_id, "request_id": req.id, "tokens": len(req.tokens), "finished": h.finished},
+        )
         done = finish_reason_if_done(req.tokens, req.sampling) or (h.finish_reason if h.finished else None)
         if done is not None:
             self._finish(req, done, now)

@@ -126,10 +126,18 @@ class CarryOver:
             **{**r.sampling.__dict__, "seed": sample_seed(r.sampling.seed, c.step, c.prompt_index, g)}
         )
         self.requests[rid] = Request(
-            id=rid, step=c.step, prompt_index=c.prompt_index, sample_index=g, prompt=list(c.prompt_ids),
-            sampling=sampling, weight_version=r.weight_version, pending_since=now, vocab_size=r.vocab_size,
-            stream=r.step, lease_epoch=self._dropped_epochs.pop(rid, 0),
-        )  # fmt: skip
+            id=rid,
+            step=c.step,
+            prompt_index=c.prompt_index,
+            sample_index=g,
+            prompt=list(c.prompt_ids),
+            sampling=sampling,
+            weight_version=r.weight_version,
+            pending_since=now,
+            vocab_size=r.vocab_size,
+            stream=r.step,
+            lease_epoch=self._dropped_epochs.pop(rid, 0),
+        )
         self._pending.setdefault(r.weight_version, deque()).append(rid)
         self._pending_count[r.weight_version] += 1
 

@@ -179,10 +179,13 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         if bounds is None:
             return
         metrics.CHUNK_MAX_MS.set(bounds.max_ms)
-        log.info("chunk cadence changed", extra={"workers": len(self._conns), "chunk_max_ms": bounds.max_ms,
-                                                 "chunk_max_tokens": bounds.max_tokens})  # fmt: skip
-        msg = pb.ManagerMessage(chunk_cadence=pb.ChunkCadence(chunk_max_tokens=bounds.max_tokens,
-                                                              chunk_max_ms=bounds.max_ms))  # fmt: skip
+        log.info(
+            "chunk cadence changed",
+            extra={"workers": len(self._conns), "chunk_max_ms": bounds.max_ms, "chunk_max_tokens": bounds.max_tokens},
+        )
+        msg = pb.ManagerMessage(
+            chunk_cadence=pb.ChunkCadence(chunk_max_tokens=bounds.max_tokens, chunk_max_ms=bounds.max_ms)
+        )
         for conn in self._conns.values():
             conn.queue.put_nowait(msg)
 
@@ -243,8 +246,10 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         if self.tickets is not None:  # only what this session's worker id was assigned
             held = self.tickets.admit(wid, held)
         self.state.on_held(wid, held, self.clock())  # after a manager restart: what it kept of its responses
-        log.info("worker registered", extra={"worker_id": wid, "pool": reg.pool.value, "capacity": reg.capacity,
-                                             "held": len(held)})  # fmt: skip
+        log.info(
+            "worker registered",
+            extra={"worker_id": wid, "pool": reg.pool.value, "capacity": reg.capacity, "held": len(held)},
+        )
         r, bounds = self.rollout, self.cadence.current  # the cadence the fleet flushes at now
         yield pb.ManagerMessage(
             registered=pb.Registered(
@@ -283,8 +288,9 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         except IdentityRefused as err:
             reason = "denied" if err.denied else "unauthenticated"
             metrics.IDENTITY_REFUSED.labels(reason).inc()
-            log.warning("worker refused", extra={"worker_id": wid, "pool": pool.value, "reason": reason,
-                                                 "error": str(err)})  # fmt: skip
+            log.warning(
+                "worker refused", extra={"worker_id": wid, "pool": pool.value, "reason": reason, "error": str(err)}
+            )
             code = grpc.StatusCode.PERMISSION_DENIED if err.denied else grpc.StatusCode.UNAUTHENTICATED
             return code, str(err)
         return None
@@ -357,8 +363,15 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         # grpc.aio does not interrupt a handler blocked on our queue when the client cancels: wake it
         context.add_done_callback(lambda _: sink.put_nowait(None))
         self.offload.start_step(self.clock())
-        log.info("rollout step started", extra={"step": req.step, "requests": total, "version": req.weight_version,
-                                                "already_received": len(req.received_request_ids)})  # fmt: skip
+        log.info(
+            "rollout step started",
+            extra={
+                "step": req.step,
+                "requests": total,
+                "version": req.weight_version,
+                "already_received": len(req.received_request_ids),
+            },
+        )
         self.kick()
         delivered = 0
         target = GroupTarget(req) if req.target_groups else None  # partial rollout: end at the target
@@ -405,10 +418,16 @@ class GroupTarget:
 
     def __init__(self, r: RolloutRequest) -> None:
         received = set(r.received_request_ids)
-        owed = [((r.step, p.prompt_index), request_id(r.step, p.prompt_index, g)) for p in r.prompts for g in
-                range(r.group_size)]  # fmt: skip
-        owed += [((c.step, c.prompt_index), request_id(c.step, c.prompt_index, g)) for c in r.carried
-                 for g in c.sample_indices]  # fmt: skip
+        owed = [
+            ((r.step, p.prompt_index), request_id(r.step, p.prompt_index, g))
+            for p in r.prompts
+            for g in range(r.group_size)
+        ]
+        owed += [
+            ((c.step, c.prompt_index), request_id(c.step, c.prompt_index, g))
+            for c in r.carried
+            for g in c.sample_indices
+        ]
         self.left = Counter(group for group, rid in owed if rid not in received)
         self.want = stream_target(r.target_groups, len(self.left))
         self.done = 0

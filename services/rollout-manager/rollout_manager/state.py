@@ -473,8 +473,10 @@ class ManagerState(SpeedPlacement, CarryOver, HeldResponses):
     def _failed_on_worker(self, w: Worker, req: Request, error: str, invalid_input: bool, now: float) -> None:
         """A failed attempt (TokenChunk.error on the last, aborted chunk); with `invalid_input` the request's input
         is refused by the model itself, so no other worker is tried: it is reported failed at once."""
-        log.warning("worker reported a request failed", extra={"worker_id": w.id, "request_id": req.id,
-                                                                "error": error, "invalid_input": invalid_input})  # fmt: skip
+        log.warning(
+            "worker reported a request failed",
+            extra={"worker_id": w.id, "request_id": req.id, "error": error, "invalid_input": invalid_input},
+        )
         req.last_error = error
         self._migrate(req, MigrationReason.WORKER_FAILED, now, final=invalid_input)
 
@@ -504,7 +506,7 @@ class ManagerState(SpeedPlacement, CarryOver, HeldResponses):
         self._box(w.id).assign.append(
             Assignment(
                 req.id, req.lease_epoch, input_ids, prompt_len, req.sampling, req.weight_version, list(req.logprobs)
-            )  # fmt: skip
+            )
         )
         metrics.ASSIGNMENTS.inc()
         metrics.ASSIGN_LATENCY.observe(max(0.0, now - req.pending_since))
@@ -559,8 +561,15 @@ class ManagerState(SpeedPlacement, CarryOver, HeldResponses):
             f"request {req.id} failed {req.failed_attempts} attempts (rollout.maxRequestAttempts); last: {reason.value}"
             + (f" ({req.last_error})" if req.last_error else "")
         )
-        log.warning("request failed", extra={"request_id": req.id, "attempts": req.failed_attempts, "reason": reason.value,
-                                             "dropped": self.policy.drop_failed})  # fmt: skip
+        log.warning(
+            "request failed",
+            extra={
+                "request_id": req.id,
+                "attempts": req.failed_attempts,
+                "reason": reason.value,
+                "dropped": self.policy.drop_failed,
+            },
+        )
         if self.policy.drop_failed:
             self._finish(req, "failed", now)
             return

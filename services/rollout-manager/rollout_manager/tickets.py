@@ -65,6 +65,8 @@ class TicketBook:
                 kept.append(h)
                 continue
             metrics.HELD_REFUSED.labels(why).inc()
-            log.warning("held response refused: no valid ticket for this worker",
-                        extra={"worker_id": worker_id, "request_id": h.request_id, "reason": why})  # fmt: skip
+            log.warning(
+                "held response refused: no valid ticket for this worker",
+                extra={"worker_id": worker_id, "request_id": h.request_id, "reason": why},
+            )
         return kept

@@ -190,10 +190,17 @@ async def _start(args: WorkerOptions, auth, pool_spec: PoolSpec, opened: _Opened
     else:
         await engine.start(args.model_dir)
     cfg = SessionConfig(
-        worker_id=args.worker_id, pool=Pool(args.pool), node=args.node, capacity=engine.capacity,
-        manager=args.manager, engine=engine.name, reconnect_timeout_s=args.reconnect_timeout,
-        drain_deadline_ms=args.drain_deadline_ms, auth=auth, identity_token_file=args.identity_token_file,
-    )  # fmt: skip
+        worker_id=args.worker_id,
+        pool=Pool(args.pool),
+        node=args.node,
+        capacity=engine.capacity,
+        manager=args.manager,
+        engine=engine.name,
+        reconnect_timeout_s=args.reconnect_timeout,
+        drain_deadline_ms=args.drain_deadline_ms,
+        auth=auth,
+        identity_token_file=args.identity_token_file,
+    )
     session = WorkerSession(cfg, engine, puller.pull if puller else None)
     if args.nats_url:
         opened.nats = await _subscribe_weights(args, session)
@@ -206,10 +213,17 @@ async def _start(args: WorkerOptions, auth, pool_spec: PoolSpec, opened: _Opened
     metrics.WEIGHT_VERSION.set(engine.weight_version)
     log.info(
         "worker ready",
-        extra={"worker_id": cfg.worker_id, "weight_version": version, "capacity": cfg.capacity,
-               "engine": args.engine or pool_spec.engine, "device": args.device, "dtype": args.dtype,
-               "variant": args.variant, "tensor_parallel": pool_spec.tensor_parallel},
-    )  # fmt: skip
+        extra={
+            "worker_id": cfg.worker_id,
+            "weight_version": version,
+            "capacity": cfg.capacity,
+            "engine": args.engine or pool_spec.engine,
+            "device": args.device,
+            "dtype": args.dtype,
+            "variant": args.variant,
+            "tensor_parallel": pool_spec.tensor_parallel,
+        },
+    )
     return session
 
 
@@ -282,14 +296,17 @@ async def _pull_assets(client, url: str, model_dir: str, timeout: float) -> None
             with attempt:
                 written = await client.pull_assets(model_dir)
     except TimeoutError:
-        raise StartupError(f"--weight-server {url}: no weight version within {timeout:.0f}s (--startup-timeout), "
-                           "so no model assets either; is the trainer running?") from None  # fmt: skip
+        raise StartupError(
+            f"--weight-server {url}: no weight version within {timeout:.0f}s (--startup-timeout), "
+            "so no model assets either; is the trainer running?"
+        ) from None
     except WeightServerError as err:
         raise StartupError(f"--weight-server {url}: cannot pull the model's assets: {err}") from None
     except WeightsRejectedError as err:  # nothing was written: the engine is never built from them
         metrics.WEIGHT_REJECTED.labels(err.reason).inc()
-        raise StartupError(f"--weight-server {url}: model assets refused, not signed by this job's trainer: "
-                           f"{err.message}") from None  # fmt: skip
+        raise StartupError(
+            f"--weight-server {url}: model assets refused, not signed by this job's trainer: {err.message}"
+        ) from None
     if not any(path.name == "config.json" for path in written):
         raise StartupError(
             f"--weight-server {url} holds no model assets (config.json, tokenizer): its trainer uploaded none; "
@@ -359,9 +376,14 @@ async def _subscribe_weights(args: WorkerOptions, session):
 
         auth = connect_options(args.credentials_dir, "worker")
         nc = await nats.connect(
-            args.nats_url, connect_timeout=5, max_reconnect_attempts=-1, allow_reconnect=True,
-            reconnect_time_wait=0.5, **reconnect_quietly(log), **auth,
-        )  # fmt: skip
+            args.nats_url,
+            connect_timeout=5,
+            max_reconnect_attempts=-1,
+            allow_reconnect=True,
+            reconnect_time_wait=0.5,
+            **reconnect_quietly(log),
+            **auth,
+        )
     except Exception as err:
         raise StartupError(f"cannot connect to NATS at {args.nats_url}: {type(err).__name__}: {err}") from None
     await nc.subscribe(subject(args.namespace, args.job, "weights"), cb=on_message)

@@ -230,8 +230,14 @@ class WorkerSession:
             self.registrations += 1
             metrics.CONNECTS.inc()
             metrics.RECONNECTS.inc(self.registrations > 1)
-            log.info("registered", extra={"manager": self.cfg.manager, "weight_version": self.engine.weight_version,
-                                          "reconnect": self.registrations > 1})  # fmt: skip
+            log.info(
+                "registered",
+                extra={
+                    "manager": self.cfg.manager,
+                    "weight_version": self.engine.weight_version,
+                    "reconnect": self.registrations > 1,
+                },
+            )
             workers = [
                 asyncio.create_task(self._writer(link)),
                 asyncio.create_task(self._flusher(link)),
@@ -295,8 +301,9 @@ class WorkerSession:
         if held:
             self.held.clear()  # the manager owns them now
             metrics.HELD_REPORTED.inc(len(held))
-            log.info("reported held responses", extra={"responses": len(held),
-                                                       "tokens": sum(len(h.token_ids) for h in held)})  # fmt: skip
+            log.info(
+                "reported held responses", extra={"responses": len(held), "tokens": sum(len(h.token_ids) for h in held)}
+            )
         return first.registered
 
     def _identity_proof(self) -> str:
@@ -554,8 +561,13 @@ def _record(r: MemoryReport) -> None:
 
 
 def _fields(r: MemoryReport) -> dict[str, object]:
-    return {"bytes": r.nbytes, "rss_before": r.rss_before, "rss_after": r.rss_after,
-            "seconds": round(r.seconds, 4), "effective": r.effective}  # fmt: skip
+    return {
+        "bytes": r.nbytes,
+        "rss_before": r.rss_before,
+        "rss_after": r.rss_after,
+        "seconds": round(r.seconds, 4),
+        "effective": r.effective,
+    }
 
 
 def _describe(err: BaseException) -> str:

@@ -211,10 +211,16 @@ class WeightPuller:
             metrics.VERSION_BYTES.labels(path).set(pulled.paths.get(path, 0))
         log.info(
             "pulled weights",
-            extra={"weight_version": pulled.version, "checksum": pulled.checksum, "bytes": pulled.nbytes,
-                   "paths": pulled.paths, "fallback": pulled.fallback, "seconds": round(pulled.seconds, 3),
-                   "steps": len(plan)},
-        )  # fmt: skip
+            extra={
+                "weight_version": pulled.version,
+                "checksum": pulled.checksum,
+                "bytes": pulled.nbytes,
+                "paths": pulled.paths,
+                "fallback": pulled.fallback,
+                "seconds": round(pulled.seconds, 3),
+                "steps": len(plan),
+            },
+        )
 
 
 def _checksum(state: Mapping[str, torch.Tensor]) -> str:
@@ -256,8 +262,10 @@ def transient_retries(deadline: float):
     from tenacity import AsyncRetrying, retry_if_exception, stop_before_delay, wait_exponential
 
     def log_retry(state) -> None:
-        log.warning("weight-server unavailable; retrying", extra={"attempt": state.attempt_number,
-                                                                   "error": str(state.outcome.exception())})  # fmt: skip
+        log.warning(
+            "weight-server unavailable; retrying",
+            extra={"attempt": state.attempt_number, "error": str(state.outcome.exception())},
+        )
 
     return AsyncRetrying(
         retry=retry_if_exception(transient),

@@ -37,11 +37,23 @@ def _rank_main(model_dir: str, zero: int, steps: int) -> None:
     micro = effective_micro_batch(spec)
     g = torch.Generator().manual_seed(rank)
     samples = [
-        Sample(Trajectory(f"r{i}", 0, 0, 0, torch.randint(5, 60, (24,), generator=g).tolist(),
-                          torch.randint(5, 60, (alg.max_new_tokens,), generator=g).tolist(), [], "length", 0),
-               reward=0.0, advantage=float(i % 2) - 0.5)
+        Sample(
+            Trajectory(
+                f"r{i}",
+                0,
+                0,
+                0,
+                torch.randint(5, 60, (24,), generator=g).tolist(),
+                torch.randint(5, 60, (alg.max_new_tokens,), generator=g).tolist(),
+                [],
+                "length",
+                0,
+            ),
+            reward=0.0,
+            advantage=float(i % 2) - 0.5,
+        )
         for i in range(batch // world)
-    ]  # fmt: skip
+    ]
     mbs = [collate(samples[i : i + micro], 0) for i in range(0, len(samples), micro)]
     rows = []
     for _ in range(steps):
@@ -57,8 +69,18 @@ def _rank_main(model_dir: str, zero: int, steps: int) -> None:
     if rank == 0:
         keep = rows[1:] or rows  # the first step includes warm-up
         med = [statistics.median(r[i] for r in keep) for i in range(4)]
-        print(json.dumps({"ranks": world, "zero_stage": zero, "fwd_bwd_s": round(med[0], 3),
-                          "optimizer_s": round(med[1], 3), "extract_s": round(med[2], 3), "step_s": round(med[3], 3)}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "ranks": world,
+                    "zero_stage": zero,
+                    "fwd_bwd_s": round(med[0], 3),
+                    "optimizer_s": round(med[1], 3),
+                    "extract_s": round(med[2], 3),
+                    "step_s": round(med[3], 3),
+                }
+            )
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,8 +105,18 @@ def main(argv: list[str] | None = None) -> int:
         spec.model.warmup_steps = 0  # timing only
         ensure_model(spec.model, spec.task, Path(model_dir))
     base = {**os.environ, "WORLD_SIZE": str(args.ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    cmd = [sys.executable, "-m", "trainer.bench", "--_rank", "--model-dir", model_dir,
-           "--zero-stage", str(args.zero_stage), "--steps", str(args.steps)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainer.bench",
+        "--_rank",
+        "--model-dir",
+        model_dir,
+        "--zero-stage",
+        str(args.zero_stage),
+        "--steps",
+        str(args.steps),
+    ]
     procs = [subprocess.Popen(cmd, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(args.ranks)]
     return max(proc.wait() for proc in procs)
 

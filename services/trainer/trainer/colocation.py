@@ -109,8 +109,14 @@ class Colocation:
         failed = sorted(w for w, a in acks.items() if not a.ok)
         metrics.COLOCATION_WAIT_SECONDS.labels(action).observe(waited)
         metrics.COLOCATION_ACKS.labels(action).inc(len(acks))
-        extra = {"step": step, "action": action, "acked": len(acks), "expected": self.workers,
-                 "wait_s": round(waited, 4), "bytes": sum(a.nbytes for a in acks.values())}  # fmt: skip
+        extra = {
+            "step": step,
+            "action": action,
+            "acked": len(acks),
+            "expected": self.workers,
+            "wait_s": round(waited, 4),
+            "bytes": sum(a.nbytes for a in acks.values()),
+        }
         if len(acks) < self.workers:
             metrics.COLOCATION_TIMEOUTS.labels(action).inc()
             log.error(

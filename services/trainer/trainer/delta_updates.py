@@ -188,8 +188,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             samples, reward = rollouts(engine, tokenizer, task, spec, step, sandbox)
             loss = train_step(engine, samples, tokenizer.pad_token_id, spec.algorithm.micro_batch_size)
             write_state(engine, args.out / f"v{step + 1}.safetensors")
-            record = {"step": step + 1, "loss": round(loss, 6), "sampled_reward": round(reward, 4),
-                      "seconds": round(time.monotonic() - s0, 3)}  # fmt: skip
+            record = {
+                "step": step + 1,
+                "loss": round(loss, 6),
+                "sampled_reward": round(reward, 4),
+                "seconds": round(time.monotonic() - s0, 3),
+            }
             steps.append(record)
             progress("step", steps=args.steps, **record)
     summary = {

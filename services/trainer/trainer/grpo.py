@@ -88,11 +88,15 @@ class MicroBatch:
         add exactly 0 to the loss, the gradient and the LossStats (trainer.ranks pads short rounds with it)."""
         first = slice(0, 1)
         return MicroBatch(
-            self.input_ids[first].clone(), self.attention_mask[first].clone(),
-            torch.zeros_like(self.response_mask[first]), torch.zeros_like(self.old_logprobs[first]),
-            torch.zeros(1, dtype=torch.bool), torch.zeros(1, dtype=torch.float32),
-            stale=torch.zeros(1, dtype=torch.bool), loss_weight=torch.zeros(1, dtype=torch.float32),
-        )  # fmt: skip
+            self.input_ids[first].clone(),
+            self.attention_mask[first].clone(),
+            torch.zeros_like(self.response_mask[first]),
+            torch.zeros_like(self.old_logprobs[first]),
+            torch.zeros(1, dtype=torch.bool),
+            torch.zeros(1, dtype=torch.float32),
+            stale=torch.zeros(1, dtype=torch.bool),
+            loss_weight=torch.zeros(1, dtype=torch.float32),
+        )
 
 
 def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
@@ -146,9 +150,13 @@ class LossStats:
 
     def __add__(self, o: LossStats) -> LossStats:
         return LossStats(
-            self.tokens + o.tokens, self.clipped_tokens + o.clipped_tokens, self.ratio_sum + o.ratio_sum,
-            self.abs_logp_diff_sum + o.abs_logp_diff_sum, self.kl_sum + o.kl_sum, self.entropy_sum + o.entropy_sum,
-        )  # fmt: skip
+            self.tokens + o.tokens,
+            self.clipped_tokens + o.clipped_tokens,
+            self.ratio_sum + o.ratio_sum,
+            self.abs_logp_diff_sum + o.abs_logp_diff_sum,
+            self.kl_sum + o.kl_sum,
+            self.entropy_sum + o.entropy_sum,
+        )
 
 
 def aggregate(

@@ -217,8 +217,9 @@ class Trainer:
             self.engine = await asyncio.to_thread(self._make_engine)
             await self._train_all()
             await asyncio.to_thread(ranks.broadcast, {"op": "stop"})
-            done = JobDone(ok=True, steps=self.steps_done, final_weights_checksum=self.checksum,
-                           export_path=self.export_path)  # fmt: skip
+            done = JobDone(
+                ok=True, steps=self.steps_done, final_weights_checksum=self.checksum, export_path=self.export_path
+            )
             await self._publish_event("done", done)
             return done
         except BaseException as err:
@@ -250,8 +251,12 @@ class Trainer:
             log.warning("no valid checkpoint: starting from scratch", extra={"dir": str(self.opts.checkpoint_dir)})
             return None
         path, st = found
-        want = {"world_size": ranks.world_size(), "zero_stage": self.spec.trainer.zero_stage,
-                "task_seed": self.spec.task.seed, "prompts_per_step": self.spec.algorithm.prompts_per_step}  # fmt: skip
+        want = {
+            "world_size": ranks.world_size(),
+            "zero_stage": self.spec.trainer.zero_stage,
+            "task_seed": self.spec.task.seed,
+            "prompts_per_step": self.spec.algorithm.prompts_per_step,
+        }
         for key, value in want.items():
             if getattr(st, key) != value:
                 raise CheckpointError(
@@ -362,8 +367,10 @@ class Trainer:
                 for step in range(self.steps_done, self.steps):
                     record = await take_step(step, rc, publisher)
                     if record is None:
-                        log.info("training data exhausted: task.dataset.epochs done",
-                                 extra={"step": step, "epochs": self.spec.task.dataset.epochs})  # fmt: skip
+                        log.info(
+                            "training data exhausted: task.dataset.epochs done",
+                            extra={"step": step, "epochs": self.spec.task.dataset.epochs},
+                        )
                         break
                     self.steps_done = step + 1
                     if self._evaluation_due(step):
@@ -383,11 +390,18 @@ class Trainer:
     def _trainer_state(self, steps_done: int, version: int, checksum: str) -> Any:
         from trainer.checkpoint import TrainerState
 
-        return TrainerState(steps_done=steps_done, weight_version=version, weights_checksum=checksum,
-                            world_size=ranks.world_size(), zero_stage=self.spec.trainer.zero_stage,
-                            task_seed=self.spec.task.seed, prompts_per_step=self.spec.algorithm.prompts_per_step,
-                            data_cursor=asdict(self.cursor), dataset_rows=self._dataset_rows(),
-                            carried_groups=self.carry.checkpoint() if self.carry is not None else None)  # fmt: skip
+        return TrainerState(
+            steps_done=steps_done,
+            weight_version=version,
+            weights_checksum=checksum,
+            world_size=ranks.world_size(),
+            zero_stage=self.spec.trainer.zero_stage,
+            task_seed=self.spec.task.seed,
+            prompts_per_step=self.spec.algorithm.prompts_per_step,
+            data_cursor=asdict(self.cursor),
+            dataset_rows=self._dataset_rows(),
+            carried_groups=self.carry.checkpoint() if self.carry is not None else None,
+        )
 
     def _dataset_rows(self) -> int:
         return self.prompts.num_rows if self.spec.task.active_dataset is not None else 0
@@ -449,8 +463,14 @@ class Trainer:
         self.export_path = export_model(
             state, self.opts.model_dir, self._export_dest(steps_done), stop_ids=self.stop_ids, pad_id=self.pad_id
         )
-        log.info("export done", extra={"export_path": self.export_path, "steps_done": steps_done,
-                                       "seconds": round(time.monotonic() - start, 3)})  # fmt: skip
+        log.info(
+            "export done",
+            extra={
+                "export_path": self.export_path,
+                "steps_done": steps_done,
+                "seconds": round(time.monotonic() - start, 3),
+            },
+        )
 
     # ---- followers (ranks > 0) ----
 
@@ -507,17 +527,23 @@ class Trainer:
         prompts = [PromptItem(i, ids) for i, ids in enumerate(batch.prompt_ids)]
         if batch.skipped:
             metrics.PROMPTS_SKIPPED.inc(batch.skipped)
-            log.warning("prompts longer than task.dataset.maxPromptTokens skipped", extra={
-                "step": step, "skipped": batch.skipped, "skipped_total": self.prompts.skipped_total})  # fmt: skip
+            log.warning(
+                "prompts longer than task.dataset.maxPromptTokens skipped",
+                extra={"step": step, "skipped": batch.skipped, "skipped_total": self.prompts.skipped_total},
+            )
         request = RolloutRequest(step, self.version, prompts, alg.group_size, self._sampling(), self.vocab_size)
         return request, examples, batch.skipped
 
     def _sampling(self) -> SamplingParams:
         alg = self.spec.algorithm
         return SamplingParams(
-            temperature=alg.temperature, top_p=alg.top_p, top_k=0, max_new_tokens=alg.max_new_tokens,
-            seed=alg.seed, stop_token_ids=self.stop_ids,
-        )  # fmt: skip
+            temperature=alg.temperature,
+            top_p=alg.top_p,
+            top_k=0,
+            max_new_tokens=alg.max_new_tokens,
+            seed=alg.seed,
+            stop_token_ids=self.stop_ids,
+        )
 
     # ---- partial rollout (algorithm.partialRollout; trainer.partial) ----
 
@@ -536,8 +562,16 @@ class Trainer:
             self.carry.open(step, examples, ids, self.cursor)
             self.cursor = batch.cursor
         prompts = [PromptItem(i, p) for i, p in enumerate(ids)]
-        request = RolloutRequest(step, self.version, prompts, alg.group_size, self._sampling(), self.vocab_size,
-                                 target_groups=alg.prompts_per_step, carried=self.carry.carried(step))  # fmt: skip
+        request = RolloutRequest(
+            step,
+            self.version,
+            prompts,
+            alg.group_size,
+            self._sampling(),
+            self.vocab_size,
+            target_groups=alg.prompts_per_step,
+            carried=self.carry.carried(step),
+        )
         self.carry.start_stream(step)
         return request, batch.skipped if batch else 0
 
@@ -623,8 +657,15 @@ class Trainer:
                 failed[r.failure] = failed.get(r.failure, 0) + 1
         if failed:
             detail = next(r.detail for r in results if r.failure is not None)
-            log.warning("reward calls failed: those samples score 0", extra={"step": step, "failures": failed,
-                        "first": detail, "reward": describe_reward(self.spec.task.reward)})  # fmt: skip
+            log.warning(
+                "reward calls failed: those samples score 0",
+                extra={
+                    "step": step,
+                    "failures": failed,
+                    "first": detail,
+                    "reward": describe_reward(self.spec.task.reward),
+                },
+            )
         scored = iter(results)
         return [RewardResult(0.0) if t.finish_reason == FAILED else next(scored) for t in trajs]
 
@@ -643,10 +684,13 @@ class Trainer:
             self._validation = (examples, [PromptItem(i, p) for i, p in enumerate(ids)])
         examples, prompts = self._validation
         sampling = SamplingParams(
-            temperature=ev.temperature, top_p=ev.top_p, top_k=0,
-            max_new_tokens=ev.max_new_tokens or self.spec.algorithm.max_new_tokens, seed=ev.seed,
+            temperature=ev.temperature,
+            top_p=ev.top_p,
+            top_k=0,
+            max_new_tokens=ev.max_new_tokens or self.spec.algorithm.max_new_tokens,
+            seed=ev.seed,
             stop_token_ids=self.stop_ids,
-        )  # fmt: skip
+        )
         request = RolloutRequest(-(step + 1), self.version, prompts, ev.samples, sampling, vocab_size=self.vocab_size)
         return request, examples
 
@@ -691,9 +735,16 @@ class Trainer:
                 ScoredResponse(result.value, len(traj.response_ids), result.failure is not None)
             )
         report = summarize(step, self.version, groups, ev.samples, ev.pass_threshold, time.monotonic() - start)
-        log.info("validation done", extra={"step": step, "reward_mean": round(report.reward_mean, 4),
-                 "pass_at_1": round(report.pass_at_1, 4), f"pass_at_{ev.samples}": round(report.pass_at_k, 4),
-                 "seconds": round(report.seconds, 3)})  # fmt: skip
+        log.info(
+            "validation done",
+            extra={
+                "step": step,
+                "reward_mean": round(report.reward_mean, 4),
+                "pass_at_1": round(report.pass_at_1, 4),
+                f"pass_at_{ev.samples}": round(report.pass_at_k, 4),
+                "seconds": round(report.seconds, 3),
+            },
+        )
         return report
 
     @staticmethod
@@ -806,25 +857,43 @@ class Trainer:
         rewards = [s.reward for s in samples]
         n_tok = stats.tokens
         record = StepReport(
-            step=step, weight_version=published.version, weights_checksum=published.checksum,
-            reward_mean=statistics.fmean(rewards), reward_std=statistics.pstdev(rewards),
-            loss=loss, grad_norm=result.grad_norm, learning_rate=result.learning_rate,
-            tokens=sum(len(s.trajectory.response_ids) for s in samples), trajectories=len(samples),
-            rollout_seconds=rollout_end - t0, train_seconds=train_end - rollout_end, sync_seconds=sync_end - train_end,
-            train_compute_seconds=ctx.compute_s, first_trajectory_seconds=first_at or 0.0,
+            step=step,
+            weight_version=published.version,
+            weights_checksum=published.checksum,
+            reward_mean=statistics.fmean(rewards),
+            reward_std=statistics.pstdev(rewards),
+            loss=loss,
+            grad_norm=result.grad_norm,
+            learning_rate=result.learning_rate,
+            tokens=sum(len(s.trajectory.response_ids) for s in samples),
+            trajectories=len(samples),
+            rollout_seconds=rollout_end - t0,
+            train_seconds=train_end - rollout_end,
+            sync_seconds=sync_end - train_end,
+            train_compute_seconds=ctx.compute_s,
+            first_trajectory_seconds=first_at or 0.0,
             clip_fraction=stats.clipped_tokens / n_tok if n_tok else 0.0,
             logprob_abs_diff=stats.abs_logp_diff_sum / n_tok if n_tok else 0.0,
-            off_policy=off_policy, stale=stale, kl=stats.kl_sum / n_tok if n_tok else 0.0,
+            off_policy=off_policy,
+            stale=stale,
+            kl=stats.kl_sum / n_tok if n_tok else 0.0,
             entropy=stats.entropy_sum / n_tok if n_tok else 0.0,
-            trainer_idle_seconds=max(0.0, (train_end - t0) - ctx.compute_s), ranks=ranks.world_size(),
+            trainer_idle_seconds=max(0.0, (train_end - t0) - ctx.compute_s),
+            ranks=ranks.world_size(),
             finish_reasons=finish,
             response_length=length_percentiles([len(s.trajectory.response_ids) for s in samples]),
-            sync_bytes=published.nbytes, pool_tokens_per_second=pools.tokens_per_second, pool_workers=pools.workers,
-            workers_lost=pools.workers_lost, migrations=pools.migrations, cost_so_far=pools.cost_so_far,
+            sync_bytes=published.nbytes,
+            pool_tokens_per_second=pools.tokens_per_second,
+            pool_workers=pools.workers,
+            workers_lost=pools.workers_lost,
+            migrations=pools.migrations,
+            cost_so_far=pools.cost_so_far,
             spot_busy_fraction=pools.spot_busy_fraction,
-            prompts_skipped=skipped, data_epoch=self.cursor.epoch,
-            carried_over=counts.get("carried_over", 0), stale_tokens=counts.get("stale_tokens", 0),
-        )  # fmt: skip
+            prompts_skipped=skipped,
+            data_epoch=self.cursor.epoch,
+            carried_over=counts.get("carried_over", 0),
+            stale_tokens=counts.get("stale_tokens", 0),
+        )
         record = _with_colocation(record, released, resumed)
         if save is not None:  # the report goes into the checkpoint: a trainer killed before publishing it resends it
             save.weights_checksum, save.last_report = published.checksum, record.model_dump(mode="json")
@@ -846,8 +915,9 @@ class Trainer:
             return
         from trainer.colocation import Colocation
 
-        self._colocation = Colocation(self._nc, self.opts.namespace, self.opts.job, workers,
-                                      self.opts.colocation_timeout_s, self._ack_verifier)  # fmt: skip
+        self._colocation = Colocation(
+            self._nc, self.opts.namespace, self.opts.job, workers, self.opts.colocation_timeout_s, self._ack_verifier
+        )
         await self._colocation.start()
         log.info(
             "colocated with the reserved rollout workers: they release memory while the trainer trains",
@@ -905,9 +975,16 @@ class Trainer:
                         ) from None
                     retries += 1
                     metrics.STEP_DEADLINES.labels("retried").inc()
-                    log.warning("step deadline passed: asking for the step's rollout again", extra={
-                        "step": request.step, "received": assembler.received, "total": assembler.total,
-                        "missing": _listed(missing), "retry": retries})  # fmt: skip
+                    log.warning(
+                        "step deadline passed: asking for the step's rollout again",
+                        extra={
+                            "step": request.step,
+                            "received": assembler.received,
+                            "total": assembler.total,
+                            "missing": _listed(missing),
+                            "retry": retries,
+                        },
+                    )
         finally:
             queue.put_nowait(None)
 
@@ -944,9 +1021,13 @@ class Trainer:
         if self.opts.dump_rollouts is None:
             return
         line = {
-            "step": traj.step, "prompt_index": traj.prompt_index, "sample_index": traj.sample_index,
-            "token_ids": traj.response_ids, "weight_version": traj.weight_version, "workers": traj.workers,
-        }  # fmt: skip
+            "step": traj.step,
+            "prompt_index": traj.prompt_index,
+            "sample_index": traj.sample_index,
+            "token_ids": traj.response_ids,
+            "weight_version": traj.weight_version,
+            "workers": traj.workers,
+        }
         if traj.version_spans:  # partial rollout: the versions it was generated under
             line["version_spans"] = traj.version_spans
         with self.opts.dump_rollouts.open("a") as f:
@@ -963,11 +1044,17 @@ class Trainer:
             await asyncio.to_thread(self.trackers.log, r.step, step_metrics(r))
         log.info(
             "step done",
-            extra={"step": r.step, "reward_mean": round(r.reward_mean, 4), "loss": round(r.loss, 5),
-                   "weight_version": r.weight_version, "tokens": r.tokens,
-                   "rollout_s": round(r.rollout_seconds, 3), "train_s": round(r.train_seconds, 3),
-                   "sync_s": round(r.sync_seconds, 3)},
-        )  # fmt: skip
+            extra={
+                "step": r.step,
+                "reward_mean": round(r.reward_mean, 4),
+                "loss": round(r.loss, 5),
+                "weight_version": r.weight_version,
+                "tokens": r.tokens,
+                "rollout_s": round(r.rollout_seconds, 3),
+                "train_s": round(r.train_seconds, 3),
+                "sync_s": round(r.sync_seconds, 3),
+            },
+        )
         await self._publish_event("steps", r)
 
 

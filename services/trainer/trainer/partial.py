@@ -103,8 +103,10 @@ class GroupCarry:
 
     def checkpoint(self) -> list[dict[str, Any]]:
         """Where each open group's prompt came from (its samples are not kept: see the module docstring)."""
-        return [{"step": g.step, "prompt_index": g.prompt_index, "cursor": g.source[0], "offset": g.source[1]}
-                for g in self.groups.values()]  # fmt: skip
+        return [
+            {"step": g.step, "prompt_index": g.prompt_index, "cursor": g.source[0], "offset": g.source[1]}
+            for g in self.groups.values()
+        ]
 
     def restore(self, saved: list[dict[str, Any]], prompts: Any) -> None:
         """Take the checkpointed open groups' prompts again from the data (`prompts.take`), to roll out afresh."""

@@ -97,9 +97,15 @@ class WeightUploader(Protocol):
     async def manifest(self, version: int, kind: str | None = None) -> Any: ...
 
     async def upload(
-        self, version: int, payload: bytes, kind: str, checksum: str, base_version: int | None = None, fmt: str = ...,
+        self,
+        version: int,
+        payload: bytes,
+        kind: str,
+        checksum: str,
+        base_version: int | None = None,
+        fmt: str = ...,
         **signed: Any,
-    ) -> Any: ...  # fmt: skip
+    ) -> Any: ...
 
     async def upload_asset(self, name: str, data: bytes) -> Any: ...
 
@@ -227,8 +233,18 @@ class WeightPublisher:
         await self.flush()  # uploads stay in order: a delta's base must be on the server first
         uploaded = not (skip_if_present and version in await self.held_versions())
         side = len(enc.companion) if enc.companion is not None else 0
-        pub = Published(version, enc.checksum, enc.kind, len(enc.payload) + side, 0.0, uploaded, enc.base_version,
-                        enc.seconds, companion_base=enc.companion_base, companion_nbytes=side)  # fmt: skip
+        pub = Published(
+            version,
+            enc.checksum,
+            enc.kind,
+            len(enc.payload) + side,
+            0.0,
+            uploaded,
+            enc.base_version,
+            enc.seconds,
+            companion_base=enc.companion_base,
+            companion_nbytes=side,
+        )
         self.last_state, self.last = enc.bf16, pub  # the next version's delta base, even while this one uploads
         if not uploaded:
             log.info("weight-server already holds this version", extra={"weight_version": version})
@@ -239,10 +255,16 @@ class WeightPublisher:
         pub.seconds = time.monotonic() - start
         log.info(
             "weights encoded; upload in flight" if self._inflight else "weights published",
-            extra={"weight_version": version, "checksum": enc.checksum[:16], "kind": pub.kind,
-                   "base_version": pub.base_version, "bytes": pub.nbytes, "uploaded": uploaded,
-                   "encode_seconds": round(enc.seconds, 4)},
-        )  # fmt: skip
+            extra={
+                "weight_version": version,
+                "checksum": enc.checksum[:16],
+                "kind": pub.kind,
+                "base_version": pub.base_version,
+                "bytes": pub.nbytes,
+                "uploaded": uploaded,
+                "encode_seconds": round(enc.seconds, 4),
+            },
+        )
         return self.last
 
     async def flush(self) -> None:
@@ -350,9 +372,13 @@ class WeightPublisher:
         pub.upload_seconds = time.monotonic() - t0
         log.info(
             "weights uploaded",
-            extra={"weight_version": pub.version, "kind": enc.kind, "bytes": len(enc.payload),
-                   "upload_seconds": round(pub.upload_seconds, 4)},
-        )  # fmt: skip
+            extra={
+                "weight_version": pub.version,
+                "kind": enc.kind,
+                "bytes": len(enc.payload),
+                "upload_seconds": round(pub.upload_seconds, 4),
+            },
+        )
 
     async def _put(self, version: int, payload: bytes, kind: str, checksum: str, base_version: int | None) -> None:
         """Upload one payload, signed when the publisher has the job's key (hashing it off the event loop)."""
@@ -360,9 +386,14 @@ class WeightPublisher:
         signed: dict[str, Any] = {}
         if self.signer is not None:
             signature = await asyncio.to_thread(
-                self.signer.sign_payload, payload, version=version, kind=kind, base_version=base_version, fmt=fmt,
+                self.signer.sign_payload,
+                payload,
+                version=version,
+                kind=kind,
+                base_version=base_version,
+                fmt=fmt,
                 checksum=checksum,
-            )  # fmt: skip
+            )
             signed = {"signature": signature, "chunk_bytes": self.signer.chunk_bytes}
         attempts = 0
 
@@ -370,8 +401,9 @@ class WeightPublisher:
             nonlocal attempts
             attempts += 1
             try:
-                await self.client.upload(version, payload, kind=kind, checksum=checksum, base_version=base_version,
-                                         fmt=fmt, **signed)  # fmt: skip
+                await self.client.upload(
+                    version, payload, kind=kind, checksum=checksum, base_version=base_version, fmt=fmt, **signed
+                )
             except Exception as err:
                 if attempts > 1 and getattr(err, "status", None) == 409 and await self._holds(version, kind, checksum):
                     return  # an earlier attempt was committed; only its answer was lost
@@ -395,6 +427,8 @@ class WeightPublisher:
         except Exception as err:
             if getattr(err, "field", None) != "base_version":
                 raise
-            log.warning("companion delta's base refused; uploading the snapshot alone",
-                        extra={"weight_version": pub.version, "base_version": enc.companion_base})  # fmt: skip
+            log.warning(
+                "companion delta's base refused; uploading the snapshot alone",
+                extra={"weight_version": pub.version, "base_version": enc.companion_base},
+            )
             enc.companion, enc.companion_base = None, None

@@ -102,8 +102,10 @@ class RolloutClient:
                 if reattach_s <= 0 or not _may_reattach(err, again) or now + pause > lost_at + reattach_s:
                     raise
                 metrics.ROLLOUT_REATTACHES.inc()
-                log.warning("rollout-manager lost mid-step: re-attaching", extra={
-                    "step": request.step, "received": len(received), "error": str(err), "in_s": pause})  # fmt: skip
+                log.warning(
+                    "rollout-manager lost mid-step: re-attaching",
+                    extra={"step": request.step, "received": len(received), "error": str(err), "in_s": pause},
+                )
             await asyncio.sleep(pause)  # back-off between calls, not synchronisation
             pause = min(pause * 2, MAX_PAUSE_S)
             await self.wait_ready(max(0.1, lost_at + reattach_s - time.monotonic()))

@@ -128,8 +128,15 @@ async def serve(args: WeightServerOptions) -> None:
     watchdog = LoopWatchdog(max_lag_s=5.0)  # compaction and file reads run in threads: the loop only awaits
     watchdog.start()
     app = create_app(store, access, announcer=announcer, watchdog=watchdog)
-    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=5,
-                            timeout_keep_alive=int(IDLE_TIMEOUT_S), **tls_files(args.credentials_dir))  # fmt: skip
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=int(IDLE_TIMEOUT_S),
+        **tls_files(args.credentials_dir),
+    )
     server = uvicorn.Server(config)
     log.info("weight-server listening", extra={"host": args.host, "port": args.port, "data_dir": str(root)})
     try:

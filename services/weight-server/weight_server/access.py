@@ -51,8 +51,9 @@ class Access:
 
     def check_read(self, given: str) -> None:
         if self.read is not None and not _any_match(given, self.read):
-            raise StoreError(ErrorKind.UNAUTHORIZED, f"reads need 'Authorization: Bearer <{self.read_hint}>'",
-                             "Authorization")  # fmt: skip
+            raise StoreError(
+                ErrorKind.UNAUTHORIZED, f"reads need 'Authorization: Bearer <{self.read_hint}>'", "Authorization"
+            )
 
     def check_upload(self, given: str) -> None:
         if _any_match(given, self.upload):

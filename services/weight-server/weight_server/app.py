@@ -303,7 +303,7 @@ def create_app(
                 "bytes": result.total_bytes,
                 "base": result.base_version,
                 "companion": result.companion,
-            },  # fmt: skip
+            },
         )
         if announcer is not None and not result.companion:  # a companion adds no new version: announced already
             event = WeightsAnnounced(version=version, checksum=result.checksum, kind=result.kind)
