@@ -1,9 +1,9 @@
-"""The trainer's side of task.dataset (trainer.loop): each step's prompts from the dataset through the tiny model's
+"""The trainer's side of task.dataset (trainer.prompt_cursor, trainer.assembly): each step's prompts from the dataset through the tiny model's
 real chat template, the cursor in the checkpoint manifest and a resume that asks for the same prompts as an
 uninterrupted run, the end of the epochs, the chat template recorded in the run directory, bad datasets refused
 before the first step.
 
-No peer is contacted: the Trainer's prompt side (_open_prompts, _request, _resume_point) runs without NATS, the
+No peer is contacted: the Trainer's prompt side (prompts.open, assembly.open, _resume_point) runs without NATS, the
 manager or the weight-server; the checkpoint is a real manifest (trainer.checkpoint.write_manifest) over a stand-in
 file instead of DeepSpeed's, because only its trainer state is read here.
 """
@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from rlboost.options.trainer import TrainerOptions
 from rlboost.spec import JobSpec
 from rlboost.tasks.dataset import DatasetError
 from tests.trainer.conftest import tiny_spec
+from trainer.assembly import OpenedStep
 from trainer.checkpoint import CheckpointError, tag_of, write_manifest
-from trainer.loop import Trainer, TrainerOptions
+from trainer.loop import Trainer
 
 
 def _dataset(tmp_path: Path, n: int = 30) -> Path:
@@ -41,24 +43,33 @@ def _trainer(tmp_path: Path, model_dir: Path, spec: JobSpec, checkpoints: Path |
     opts = TrainerOptions(
         manager="127.0.0.1:1",
         weight_server="http://127.0.0.1:1",
-        token="t",
-        model_dir=model_dir,
-        run_dir=tmp_path / "run",
+        model_dir=str(model_dir),
+        run_dir=str(tmp_path / "run"),
         nats_url="nats://127.0.0.1:1",
-        checkpoint_dir=checkpoints,
+        checkpoint_dir=str(checkpoints or ""),
         resume=checkpoints is not None,
     )
-    trainer = Trainer(spec, opts)
-    trainer.prompts = trainer._open_prompts()
+    trainer = Trainer(spec, opts, token="t")
+    trainer.prompts.open()
     return trainer
+
+
+def _request(trainer: Trainer, step: int) -> OpenedStep | None:
+    """The step's Rollout request, as the trainer's step opens it (at the current weight version)."""
+    return trainer.assembly.open(step, trainer.weights.version)
+
+
+def _save_due(trainer: Trainer) -> bool:
+    """Whether the step just opened writes a checkpoint, as the trainer's step asks it."""
+    return trainer.checkpoints.save_due(trainer.steps_done, trainer.prompts.data_ends())
 
 
 def _ids(trainer: Trainer, steps: range) -> list[list[list[int]]]:
     out = []
     for step in steps:
-        taken = trainer._request(step)
+        taken = _request(trainer, step)
         assert taken is not None
-        out.append([p.token_ids for p in taken[0].prompts])
+        out.append([p.token_ids for p in taken.request.prompts])
     return out
 
 
@@ -67,14 +78,14 @@ def test_resume_from_a_checkpoint_asks_for_the_same_prompts_mid_epoch(tmp_path, 
     straight = _trainer(tmp_path, tiny_model_dir, spec)
     first = _ids(straight, range(5))  # 20 of 30 rows: the checkpoint below is mid-epoch
     later = _ids(straight, range(5, 12))  # ...and the run goes on across the epoch's end
-    assert straight.cursor.epoch == 1
+    assert straight.prompts.cursor.epoch == 1
 
     again = _trainer(tmp_path, tiny_model_dir, spec)
     _ids(again, range(5))
     ckpt = tmp_path / "ckpt" / tag_of(5)
     ckpt.mkdir(parents=True)
     (ckpt / "model.bin").write_bytes(b"stand-in")
-    write_manifest(ckpt, again._trainer_state(5, 5, "sum"))
+    write_manifest(ckpt, again.checkpoint_state(5, 5, "sum"))
     assert json.loads((ckpt / "manifest.json").read_text())["state"]["data_cursor"] == {"epoch": 0, "position": 20}
 
     resumed = _trainer(tmp_path, tiny_model_dir, spec, checkpoints=tmp_path / "ckpt")
@@ -92,20 +103,22 @@ def test_prompts_go_through_the_chat_template_with_the_system_prompt(tmp_path, t
     from rlboost.models import encode_prompt
 
     trainer = _trainer(tmp_path, tiny_model_dir, _spec(_dataset(tmp_path), shuffle=False))
-    request, examples, skipped = trainer._request(0)
+    opened = _request(trainer, 0)
+    assert opened is not None
+    request, examples, skipped = opened.request, trainer.assembly.examples, opened.skipped
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 0+1?"}]
-    assert request.prompts[0].token_ids == encode_prompt(trainer.tokenizer, messages) and skipped == 0
+    assert request.prompts[0].token_ids == encode_prompt(trainer.vocab.tokenizer, messages) and skipped == 0
     assert examples[0].metadata == {"id": 0} and examples[0].answer == "1"
     record = json.loads((tmp_path / "run" / "chat_template.json").read_text())
-    assert record["template"] == trainer.tokenizer.chat_template and record["system_prompt"] == "Be brief."
+    assert record["template"] == trainer.vocab.tokenizer.chat_template and record["system_prompt"] == "Be brief."
 
 
 def test_the_last_epoch_ends_training_with_a_checkpoint(tmp_path, tiny_model_dir) -> None:
     trainer = _trainer(tmp_path, tiny_model_dir, _spec(_dataset(tmp_path, n=10), epochs=1), tmp_path / "ckpt")
-    trainer.opts.resume = False
-    assert trainer._request(0) is not None and not trainer._save_due()
-    assert trainer._request(1) is not None and trainer._save_due()  # 8 of 10 rows: the next batch cannot fill
-    assert trainer._request(2) is None
+    trainer.checkpoints.resume = False
+    assert _request(trainer, 0) is not None and not _save_due(trainer)
+    assert _request(trainer, 1) is not None and _save_due(trainer)  # 8 of 10 rows: the next batch cannot fill
+    assert _request(trainer, 2) is None
 
 
 def test_bad_datasets_are_refused_before_the_first_step(tmp_path, tiny_model_dir) -> None:

@@ -14,7 +14,8 @@ from rlboost.spec import dump_job_spec
 from tests.trainer.conftest import tiny_spec
 from tests.trainer.peers import StandInManager
 from tests.trainer.test_loop import _setup, run_trainer
-from trainer.loop import _listed, _vocab_size
+from trainer.rollout_stream import listed_missing as _listed
+from trainer.vocabulary import vocab_size as _vocab_size
 
 
 def _stand_in(tiny_model_dir, **kw) -> StandInManager:

@@ -14,10 +14,11 @@ from pathlib import Path
 import nats
 
 from rlboost.local.status_stream import ensure_status_stream, read_from
+from rlboost.options.trainer import TrainerOptions
 from rlboost.wire.events import StepReport, ValidationReport
 from tests.trainer.conftest import tiny_spec
 from trainer.checkpoint import TrainerState
-from trainer.loop import Trainer, TrainerOptions
+from trainer.loop import Trainer
 
 
 def _report(step: int) -> StepReport:
@@ -51,29 +52,28 @@ def test_the_checkpoint_state_keeps_the_report_and_older_checkpoints_have_none()
 
 
 async def _resend(tmp_path: Path, model_dir: Path, nats_url: str, last_report: dict | None) -> list:
-    """A trainer connected to NATS, with `last_report` as _resume_point takes it from the checkpoint, resends;
+    """A trainer connected to NATS, with `last_report` as its checkpoints' resume point takes it, resends;
     what the job's status stream then holds, read as `rlboost local` reads it."""
     opts = TrainerOptions(
         manager="127.0.0.1:1",
         weight_server="http://127.0.0.1:1",
-        token="t",
-        model_dir=model_dir,
-        run_dir=tmp_path / "run",
+        model_dir=str(model_dir),
+        run_dir=str(tmp_path / "run"),
         nats_url=nats_url,
         job="j",
     )
-    trainer = Trainer(tiny_spec(), opts)
+    trainer = Trainer(tiny_spec(), opts, token="t")
     reader = await nats.connect(nats_url)
     try:
         cursor = await ensure_status_stream(reader, "default", "j")
-        await trainer._connect_nats()
-        trainer._last_report = last_report
-        await trainer._resend_last_report()
+        await trainer.events.connect()
+        trainer.checkpoints.last_report = last_report
+        await trainer.checkpoints.resend_last_report(trainer.events)
         return await read_from(reader, cursor)
     finally:
         await reader.close()
-        if trainer._nc is not None:
-            await trainer._nc.close()
+        if trainer.events.nc is not None:
+            await trainer.events.nc.close()
 
 
 async def test_a_resumed_trainer_publishes_its_checkpoints_report_again(tmp_path: Path, tiny_model_dir, nats_server):
@@ -98,7 +98,7 @@ def test_the_resent_report_carries_the_evaluation_written_beside_its_checkpoint(
     lies beside it and is merged back when resuming; a checkpoint without one (or a fresh trainer) is unchanged."""
     from rlboost.fsio import write_text_atomic
     from trainer.checkpoint import remove_sidecars, validation_file
-    from trainer.loop import _with_validation
+    from trainer.resume import with_validation as _with_validation
 
     ckpt = tmp_path / "step-00000005"
     report = _report(4).model_dump(mode="json")

@@ -1,8 +1,8 @@
 """The trainer's reward scoring: failed calls score 0 and count in rlboost_trainer_reward_failures_total{reason}.
 
-Real sandbox processes and a real misbehaving reward package (tests/rlboost/reward_plugins.py). The Trainer is
-built without its model (object.__new__): decoding is replaced by a table from token ids to text, because
-scoring is what is tested here, not the tokenizer.
+Real sandbox processes and a real misbehaving reward package (tests/rlboost/reward_plugins.py). The trainer's
+Judge decodes through a table from token ids to text instead of the model's tokenizer, because scoring is what is
+tested here, not the tokenizer.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from rlboost.tasks.base import Example
 from rlboost.tasks.sandbox import RewardSandbox, SandboxLimits
 from rlboost.wire.rollout_io import Trajectory
 from tests.rlboost import reward_plugins
-from trainer.loop import StepContext, Trainer
+from trainer.judge import Judge
 
 TEXTS = {1: "3", 2: "exit", 3: "raise", 4: "4"}
 
@@ -32,16 +32,14 @@ def test_failed_reward_calls_score_zero_and_are_counted(tmp_path: Path, monkeypa
     root = reward_plugins.install(tmp_path)
     monkeypatch.syspath_prepend(str(root))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
-    trainer = object.__new__(Trainer)
-    trainer.spec = parse_job_spec({"task": {"reward": "chaos", "rewardProcesses": 1}})
-    trainer.tokenizer = None
-    trainer._decode = lambda _tokenizer, ids: TEXTS[ids[0]]
-    ctx = StepContext(0, [Example("What is 1+2?", "3")], [[0]])
+    spec = parse_job_spec({"task": {"reward": "chaos", "rewardProcesses": 1}})
+    judge = Judge(spec.task, lambda ids: TEXTS[ids[0]])
+    examples = [Example("What is 1+2?", "3")]
     trajs = [Trajectory(f"r{i}", 0, 0, i, [0], [t], [-1.0], "stop", 0) for i, t in enumerate([1, 2, 3, 4, 1])]
     before = {r: _failures(r) for r in ("crash", "exception")}
-    with RewardSandbox("chaos", SandboxLimits.from_task(trainer.spec.task)) as sandbox:
-        trainer.rewards = sandbox
-        rewards = asyncio.run(trainer._score(ctx, trajs))
+    with RewardSandbox("chaos", SandboxLimits.from_task(spec.task)) as sandbox:
+        judge.sandbox = sandbox
+        rewards = asyncio.run(judge.rewards(0, examples, trajs))
     assert rewards == [1.0, 0.0, 0.0, 0.0, 1.0]
     assert _failures("crash") == before["crash"] + 1
     assert _failures("exception") == before["exception"] + 1

@@ -10,6 +10,7 @@ import pytest
 
 from rlboost.export import ExportError
 from rlboost.nats_server import free_port
+from rlboost.options.trainer import TrainerOptions
 from rlboost.spec import ExportSpec, LoggingSpec
 from rlboost.tracking import TrackingError
 from rlboost.wire.rollout_io import ManagerStatus, Pool, WorkerStatus
@@ -17,15 +18,12 @@ from tests.trainer.conftest import tiny_spec
 from trainer.pool_metrics import PoolMeter, length_percentiles
 
 
-def _options(tmp_path: Path, model_dir: Path):
-    from trainer.loop import TrainerOptions
-
+def _options(tmp_path: Path, model_dir: Path) -> TrainerOptions:
     return TrainerOptions(
         manager="127.0.0.1:1",
         weight_server="http://127.0.0.1:1",
-        token="",
-        model_dir=model_dir,
-        run_dir=tmp_path / "run",
+        model_dir=str(model_dir),
+        run_dir=str(tmp_path / "run"),
         nats_url="nats://127.0.0.1:1",
     )
 

@@ -55,26 +55,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from trainer import loop  # torch/deepspeed load here, after the flags are checked
 
-    opts = loop.TrainerOptions(
-        manager=args.manager,
-        weight_server=args.weight_server,
-        token=token,
-        model_dir=Path(args.model_dir),
-        run_dir=Path(args.run_dir),
-        nats_url=args.nats_url,
-        namespace=args.namespace,
-        job=args.job,
-        steps=args.steps,
-        dump_rollouts=Path(args.dump_rollouts) if args.dump_rollouts else None,
-        connect_timeout_s=args.connect_timeout,
-        checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None,
-        resume=args.resume,
-        colocation_timeout_s=args.colocation_timeout,
-        auth=auth,
-        credentials_dir=Path(args.credentials_dir) if args.credentials_dir else None,
-    )
     try:
-        trainer = loop.Trainer(args.spec, opts)
+        trainer = loop.Trainer(args.spec, args, auth=auth, token=token)
     except Exception as err:  # noqa: BLE001 (bad model dir, reward entry point...: one line, no traceback)
         _fail(prog, f"cannot start: {err}", code=1)
     if args.metrics_port:

@@ -30,9 +30,19 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from rlboost.auth.colocation_acks import AckVerifier
-from rlboost.wire.events import COLOCATION_RELEASE, COLOCATION_RESUME, ColocationAck, ColocationCommand, subject
+from rlboost.spec import JobSpec
+from rlboost.wire.events import (
+    COLOCATION_RELEASE,
+    COLOCATION_RESUME,
+    ColocationAck,
+    ColocationCommand,
+    StepReport,
+    subject,
+)
 from trainer import metrics
 
 log = logging.getLogger(__name__)
@@ -161,3 +171,57 @@ class Colocation:
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
+
+
+class Colocated:
+    """The step loop's view of colocation: release before training, resume after publishing; each a no-op (None)
+    when the job is not colocated or has no reserved workers."""
+
+    def __init__(self, spec: JobSpec, job: str, credentials_dir: Path | None, timeout_s: float) -> None:
+        self.spec, self.job, self.timeout_s = spec, job, timeout_s
+        self.verifier = ack_verifier(spec, job, credentials_dir)  # built now: a missing colocation.key fails the start
+        self.colocation: Colocation | None = None  # set by start() when colocated
+
+    async def start(self, nc: Any, namespace: str) -> None:
+        workers = self.spec.rollout.reserved.replicas
+        if not self.spec.trainer.colocate_reserved or nc is None or workers == 0:
+            return
+        self.colocation = Colocation(nc, namespace, self.job, workers, self.timeout_s, self.verifier)
+        await self.colocation.start()
+        log.info(
+            "colocated with the reserved rollout workers: they release memory while the trainer trains",
+            extra={"workers": workers, "stream_training": False, "timeout_s": self.timeout_s},
+        )
+
+    async def release(self, step: int, version: int) -> PhaseResult | None:
+        """Before training: the colocated workers free their engine memory."""
+        if self.colocation is None:
+            return None
+        result = await self.colocation.release(step, version)
+        metrics.COLOCATION_RELEASE_WAIT.set(result.wait_seconds)
+        return result
+
+    async def resume(self, step: int, version: int) -> PhaseResult | None:
+        """After publishing `version`: the colocated workers take their memory back and sync to it."""
+        if self.colocation is None:
+            return None
+        return await self.colocation.resume(step, version)
+
+
+def ack_verifier(spec: JobSpec, job: str, credentials_dir: Path | None) -> AckVerifier | None:
+    """Checks each colocation ack is its worker's (the job's colocation.key); None without credentials or when not
+    colocated."""
+    if credentials_dir is None or not spec.trainer.colocate_reserved:
+        return None
+    from rlboost.auth.credentials import JobCredentials
+
+    return AckVerifier(JobCredentials(credentials_dir).colocation_key(), job)
+
+
+def with_colocation(record: StepReport, released: PhaseResult | None, resumed: PhaseResult | None) -> StepReport:
+    """Fill the record's colocation fields from the step's release / resume results (None: not colocated)."""
+    if released is not None:
+        record.colocation_released, record.colocation_wait_seconds = released.acked, released.wait_seconds
+    if resumed is not None:
+        record.colocation_resumed = resumed.acked
+    return record

@@ -13,8 +13,8 @@ step's gradient is the sum of its micro-batches' gradients, whatever the number 
 part in the optimizer step, the statistics all-reduce, the ZeRO-3 parameter gathers for publication and the
 collective checkpoint; only rank 0 publishes.
 
-Messages (dicts): {"op": "resume", "ckpt": path|None}, {"op": "round", "mbs": [MicroBatch x world], "n": N},
-{"op": "step", "save": TrainerState|None}, {"op": "stop"}.
+Messages: trainer.rank_messages (ResumeFrom, then per step its TrainRounds and an OptimizerStep, then Stop); what
+the other ranks do with them: trainer.followers.
 """
 
 from __future__ import annotations
