@@ -35,7 +35,7 @@ from rlboost.options.trainer import TrainerOptions
 from rlboost.spec import JobSpec
 from rlboost.wire.events import JobDone, StepReport
 from trainer import ranks
-from trainer.assembly import StepAssembly, WholeGroups
+from trainer.assembly import OpenedStep, StepAssembly, WholeGroups
 from trainer.colocation import Colocated, with_colocation
 from trainer.evaluation import Evaluator
 from trainer.export import PolicyExport
@@ -198,30 +198,19 @@ class Trainer:
         return path
 
     async def _step(self, step: int, rc: RolloutClient, publisher: WeightPublisher) -> StepReport | None:
-        """One RL step: take prompts, stream rollouts, judge, assemble (and train what is ready), train the rest,
-        publish, checkpoint; its report. None: the training data is exhausted."""
-        opened = await asyncio.to_thread(self.assembly.open, step, self.weights.version)  # off the event loop
+        """One RL step: take prompts, stream rollouts (judged and assembled as they arrive), train, publish, report,
+        checkpoint and export. None: the training data is exhausted."""
+        opened = await asyncio.to_thread(self.assembly.open, step, self.weights.version)  # reads and templates
         if opened is None:
             return None
         tally = StepTally(StepCounts(skipped=opened.skipped))
-        async with contextlib.aclosing(self.stream.batches(rc, opened.request, self.assembly.progress)) as batches:
-            async for arrived in batches:
-                fresh = self.assembly.fresh(arrived)  # re-sent by a retried rollout: once
-                if not fresh:
-                    continue
-                tally.clock.arrived()
-                rewards = await self.assembly.judged(fresh)
-                self.training.queue(self.assembly.add(fresh, rewards, tally.counts))
-                if self.assembly.streams and opened.sequences is not None:
-                    await self.training.train_full_rounds(tally.sums, opened.sequences)
-        tally.clock.rollout_end = time.monotonic()
+        await self._roll_out(opened, rc, tally)
         samples, rest = self.assembly.finish(tally.counts)
-        self.training.queue(rest)
         released = await self.colocation.release(step, self.weights.version)
+        self.training.queue(rest)
         await self.training.train_rest(tally.sums, len(samples))
         save = self._checkpoint_state_if_due()
-        await asyncio.to_thread(ranks.broadcast, OptimizerStep(save))
-        trained, state = await self._optimizer_step(tally)
+        trained, state = await self._optimizer_step(save, tally)
         published = await self.weights.publish_next(publisher, state)
         resumed = await self.colocation.resume(step, published.version)
         tally.clock.sync_end = time.monotonic()
@@ -236,8 +225,25 @@ class Trainer:
         del state
         return record
 
-    async def _optimizer_step(self, tally: StepTally) -> tuple[Trained, dict[str, Any]]:
-        """Every rank's optimizer step (rank 0 counts it as compute); the state to publish."""
+    async def _roll_out(self, opened: OpenedStep, rc: RolloutClient, tally: StepTally) -> None:
+        """Stream the step's rollout: each batch of new trajectories is judged and assembled, and (streamed
+        training) the micro-batches that fill a round train while the rest still streams."""
+        async with contextlib.aclosing(self.stream.batches(rc, opened.request, self.assembly.progress)) as batches:
+            async for arrived in batches:
+                fresh = self.assembly.fresh(arrived)  # re-sent by a retried rollout: once
+                if not fresh:
+                    continue
+                tally.clock.arrived()
+                rewards = await self.assembly.judged(fresh)
+                self.training.queue(self.assembly.add(fresh, rewards, tally.counts))
+                if self.assembly.streams and opened.sequences is not None:
+                    await self.training.train_full_rounds(tally.sums, opened.sequences)
+        tally.clock.rollout_end = time.monotonic()
+
+    async def _optimizer_step(self, save: TrainerState | None, tally: StepTally) -> tuple[Trained, dict[str, Any]]:
+        """Every rank's optimizer step (rank 0 counts it as compute; the others save with it when `save`); the state
+        to publish."""
+        await asyncio.to_thread(ranks.broadcast, OptimizerStep(save))
         t_step = time.monotonic()
         trained, state = await asyncio.to_thread(self.training.finish_step, tally.sums.loss, tally.sums.stats)
         tally.clock.train_end = time.monotonic()
