@@ -145,3 +145,27 @@ def test_enable_thinking_reaches_templates_that_read_it(tiny_model_dir) -> None:
     off, default = encode_prompt(tok, messages, enable_thinking=False), encode_prompt(tok, messages)
     assert off[: len(default)] == default and len(off) > len(default) == len(encode_prompt(tok, messages, True))
     assert chat_template_record(tok, False, "")["reads_enable_thinking"]
+
+
+def test_groups_in_flight_at_a_checkpoint_are_asked_for_again_on_resume(tmp_path, tiny_model_dir) -> None:
+    """Partial rollout: the checkpoint records where each open group took its prompt; the resumed trainer's first
+    request carries those groups (every sample owed) with the same prompts, and opens no new ones beyond the bound."""
+    data = _spec(_dataset(tmp_path)).model_dump(by_alias=True)
+    data["algorithm"].update(partialRollout=True, maxStaleness=1)
+    spec = JobSpec.model_validate(data)
+    trainer = _trainer(tmp_path, tiny_model_dir, spec)
+    opened = _request(trainer, 0)
+    assert opened is not None and len(trainer.assembly.carry) == len(opened.request.prompts) > 0
+    ckpt = tmp_path / "ckpt" / tag_of(1)
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.bin").write_bytes(b"stand-in")
+    write_manifest(ckpt, trainer.checkpoint_state(1, 1, "sum"))
+
+    resumed = _trainer(tmp_path, tiny_model_dir, spec, checkpoints=tmp_path / "ckpt")
+    assert resumed._resume_point() == ckpt and resumed.assembly.carry.regenerated == len(opened.request.prompts)
+    again = _request(resumed, 1)
+    assert again is not None and again.request.prompts == []  # the bound of groups in flight is reached
+    samples = list(range(spec.algorithm.group_size))
+    assert [(c.step, c.prompt_index, c.prompt_ids, c.sample_indices) for c in again.request.carried] == [
+        (0, p.prompt_index, p.token_ids, samples) for p in opened.request.prompts
+    ]
