@@ -361,11 +361,11 @@ async def _subscribe_weights(args: WorkerOptions, session):
     import nats
 
     from rlboost.auth.nats import connect_options
-    from rlboost.wire.events import WeightsAnnounced, subject
+    from rlboost.wire.events import WEIGHTS
 
     async def on_message(msg) -> None:
         try:
-            event = WeightsAnnounced.model_validate_json(msg.data)
+            event = WEIGHTS.decode(msg.data)
         except ValueError as err:
             log.warning("bad weights announcement ignored", extra={"error": str(err)[:200]})
             return
@@ -386,7 +386,7 @@ async def _subscribe_weights(args: WorkerOptions, session):
         )
     except Exception as err:
         raise StartupError(f"cannot connect to NATS at {args.nats_url}: {type(err).__name__}: {err}") from None
-    await nc.subscribe(subject(args.namespace, args.job, "weights"), cb=on_message)
+    await nc.subscribe(WEIGHTS.subject(args.namespace, args.job), cb=on_message)
     return nc
 
 
@@ -394,13 +394,13 @@ async def _subscribe_colocation(nc, args: WorkerOptions, session) -> None:
     """Follow the trainer's release / resume commands (colocation) and ack each one, MACed with this worker's
     own ack key from the manager (rlboost.auth.colocation_acks: the trainer refuses an ack it cannot check)."""
     from rlboost.auth.colocation_acks import sign
-    from rlboost.wire.events import COLOCATION_RELEASE, COLOCATION_RESUME, ColocationAck, ColocationCommand, subject
+    from rlboost.wire.events import COLOCATION, COLOCATION_ACKS, COLOCATION_RELEASE, COLOCATION_RESUME, ColocationAck
 
-    acks = subject(args.namespace, args.job, "colocation-acks")
+    acks = COLOCATION_ACKS.subject(args.namespace, args.job)
 
     async def on_message(msg) -> None:
         try:
-            cmd = ColocationCommand.model_validate_json(msg.data)
+            cmd = COLOCATION.decode(msg.data)
         except ValueError as err:
             log.warning("bad colocation command ignored", extra={"error": str(err)[:200]})
             return
@@ -416,9 +416,9 @@ async def _subscribe_colocation(nc, args: WorkerOptions, session) -> None:
             log.error("colocation command failed", extra={"action": cmd.action, "step": cmd.step, "error": str(err)})
             ack.ok, ack.error = False, f"{type(err).__name__}: {err}"
         ack.released, ack.weight_version = session.released, session.engine.weight_version
-        await nc.publish(acks, sign(ack, session.colocation_ack_key).model_dump_json().encode())
+        await nc.publish(acks, COLOCATION_ACKS.encode(sign(ack, session.colocation_ack_key)))
 
-    await nc.subscribe(subject(args.namespace, args.job, "colocation"), cb=on_message)
+    await nc.subscribe(COLOCATION.subject(args.namespace, args.job), cb=on_message)
     await nc.flush(timeout=5)  # subscribed before the worker registers: no command is missed after that
     log.info("colocated with the trainer: following release / resume commands", extra={"subject_acks": acks})
 
