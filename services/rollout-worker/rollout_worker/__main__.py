@@ -42,7 +42,6 @@ from rlboost.observability import serve_http, setup_logging
 from rlboost.options.base import parse_service_args
 from rlboost.options.worker import WorkerOptions
 from rlboost.spec import PoolSpec
-from rlboost.wire.rollout_io import Pool
 
 log = logging.getLogger("rollout_worker")
 PROG = "rollout-worker"
@@ -58,7 +57,7 @@ async def _amain(args: WorkerOptions) -> int:
     from rlboost.auth.credentials import CredentialsError
     from rlboost.auth.grpc_auth import ClientAuth
     from rollout_worker.engine.base import EngineError
-    from rollout_worker.session import SessionEndedError
+    from rollout_worker.errors import SessionEndedError
     from rollout_worker.weights import WeightsError
 
     try:
@@ -164,7 +163,7 @@ class _Stop:
 
 async def _start(args: WorkerOptions, auth, pool_spec: PoolSpec, opened: _Opened):
     """Load the engine and the newest weights, subscribe to announcements; the session, ready to register."""
-    from rollout_worker.session import SessionConfig, WorkerSession
+    from rollout_worker.session import WorkerSession
     from rollout_worker.weights import WeightPuller
 
     engine, puller, version = opened.engine, None, 0
@@ -189,19 +188,7 @@ async def _start(args: WorkerOptions, auth, pool_spec: PoolSpec, opened: _Opened
         version = await _start_beside_first_pull(engine, model_dir, puller, args.startup_timeout)
     else:
         await engine.start(args.model_dir)
-    cfg = SessionConfig(
-        worker_id=args.worker_id,
-        pool=Pool(args.pool),
-        node=args.node,
-        capacity=engine.capacity,
-        manager=args.manager,
-        engine=engine.name,
-        reconnect_timeout_s=args.reconnect_timeout,
-        drain_deadline_ms=args.drain_deadline_ms,
-        auth=auth,
-        identity_token_file=args.identity_token_file,
-    )
-    session = WorkerSession(cfg, engine, puller.pull if puller else None)
+    session = WorkerSession(args, engine, puller.pull if puller else None, auth)
     if args.nats_url:
         opened.nats = await _subscribe_weights(args, session)
         if args.pool == "reserved" and args.spec.trainer.colocate_reserved:
@@ -214,9 +201,9 @@ async def _start(args: WorkerOptions, auth, pool_spec: PoolSpec, opened: _Opened
     log.info(
         "worker ready",
         extra={
-            "worker_id": cfg.worker_id,
+            "worker_id": args.worker_id,
             "weight_version": version,
-            "capacity": cfg.capacity,
+            "capacity": engine.capacity,
             "engine": args.engine or pool_spec.engine,
             "device": args.device,
             "dtype": args.dtype,
