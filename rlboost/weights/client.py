@@ -32,13 +32,14 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import aiohttp
 import httpx
 from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from rlboost.weights.peer_serve import CachedPayload, PayloadCache
 from rlboost.weights.signing import ASSET_MANIFEST, ManifestVerifier, WeightsRejectedError
 from rlboost.wire import weight_routes as routes
 from rlboost.wire.peers_io import PeerRegistration, Source, SourceList, SourcesRequest
@@ -55,10 +56,6 @@ from rlboost.wire.weights_io import (
     Manifest,
     VersionList,
 )
-
-if TYPE_CHECKING:
-    from rlboost.weights.fanout import PeerFanout
-    from rlboost.weights.peer_serve import CachedPayload
 
 UPLOAD_BLOCK = 1 << 20
 READ_PIECE = 1 << 20  # payload bytes per read from the response stream
@@ -95,6 +92,21 @@ class PullStats:
     seconds: float = 0.0
     peer_bytes: int = 0  # payload bytes that came from peers (the rest from the weight-server)
     peer_failures: int = 0  # chunk fetches from a peer that failed and went to another source
+
+
+class PeerSources(Protocol):
+    """What a pull needs of peer fan-out: where to fetch a payload from, and the cache that keeps each verified
+    chunk for other peers. rlboost.weights.fanout.PeerFanout is one, and attaches itself as `WeightClient.fanout`."""
+
+    cache: PayloadCache
+
+    async def sources(self, manifest: Manifest) -> list[Source]:
+        """The payload's sources, best first (the weight-server last); [] when the directory cannot be asked."""
+        ...
+
+    def held_changed(self) -> None:
+        """A payload became whole (peers may be told now)."""
+        ...
 
 
 @dataclass
@@ -162,7 +174,7 @@ class WeightClient:
         )
         self.last_pull = PullStats()
         self.verifier = verifier  # None: manifests are taken as served (no job credentials)
-        self.fanout: PeerFanout | None = None  # peer sources and the cache peers are served from (fanout.py)
+        self.fanout: PeerSources | None = None  # peer sources and the cache peers are served from (fanout.py)
         self.on_peer_rejected: Callable[[str], None] | None = None  # called with a peer's URL when it lied
         self.bad_peers: set[str] = set()  # peers that served bytes that are not the manifest's: never asked again
 
