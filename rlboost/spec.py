@@ -25,8 +25,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from rlboost.policies.partial_rollout import fits_step_limit, in_flight
 from rlboost.reward_registry import check_reward_name
+from rlboost.step_sizing import fits_step_limit, in_flight
 
 
 class SpecFieldError(ValueError):
