@@ -24,7 +24,7 @@ from typing import Any
 import jwt
 
 from rlboost.auth.worker_identity import ClusterIdentity, audience, cluster_identity_json
-from rlboost_operator.children import worker_service_accounts
+from rlboost_operator.children.service_accounts import worker_service_accounts
 
 ISSUER_PATH = "/.well-known/openid-configuration"
 JWKS_PATH = "/openid/v1/jwks"
