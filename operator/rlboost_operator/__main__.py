@@ -109,7 +109,7 @@ async def run_kopf(args: argparse.Namespace, settings: kopf.OperatorSettings | N
     """kopf with every handler of rlboost_operator.handlers; peering off (one replica acts, by the Lease)."""
     import kopf
 
-    import rlboost_operator.handlers  # noqa: F401 (registers the handlers)
+    import rlboost_operator.handlers  # noqa: F401 (imports the handler modules, which registers them)
 
     await kopf.operator(
         clusterwide=not args.namespace,
