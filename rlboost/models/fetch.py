@@ -18,6 +18,7 @@ A download lands in a temporary sibling of --dest, is checked (config.json with 
 readable safetensors: rlboost.models.layout) and renamed into place, so no reader sees half a model; a
 directory already holding the model of the same source (init container restarted) is reused.
 
+Its flags are rlboost.options.ModelFetchOptions (the operator renders the init container's from the same model).
 A failure prints one line naming the field and why, `spec.model.<field>: <Reason>: <detail>`, writes the same line
 to --termination-log (Kubernetes shows it in the pod's status; the operator copies it into the RLJob's
 condition), and exits with a code that says whose problem it is:
@@ -28,7 +29,6 @@ condition), and exits with a code that says whose problem it is:
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -38,11 +38,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rlboost.models.layout import MODEL_PATTERNS, model_dir_problem, wanted
+from rlboost.options.base import OptionsError
+from rlboost.options.model_fetch import PROG, ModelFetchOptions
 from rlboost.spec import JobSpec, JobSpecError, ModelSpec, load_job_spec
 
 log = logging.getLogger(__name__)
 
-PROG = "rlboost-fetch-model"
 EXIT_USAGE, EXIT_BAD_SOURCE, EXIT_UNREACHABLE = 2, 3, 4
 NOT_FOUND, UNAUTHORIZED, UNREACHABLE, INVALID_MODEL, UNSUPPORTED = (
     "NotFound",
@@ -308,17 +309,12 @@ def _report(line: str, termination_log: str) -> None:
             print(f"{PROG}: cannot write {termination_log}: {err.strerror}", file=sys.stderr)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Fetch the job's policy model into a directory.")
-    p.add_argument("--config", required=True, help="The job spec YAML (spec.model says where the model is).")
-    p.add_argument("--dest", required=True, help="The model directory to fill ('pvc': to check).")
-    p.add_argument("--token-file", default="", help="File holding the Hugging Face token (default: $HF_TOKEN).")
-    p.add_argument("--termination-log", default="", help="Also write the one-line error here (Kubernetes).")
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        args = ModelFetchOptions.from_argv(argv)
+    except OptionsError as err:  # the flags, --termination-log among them, did not validate: stderr says it
+        _report(str(err), "")
+        return EXIT_USAGE
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         spec = load_job_spec(args.config)

@@ -19,6 +19,7 @@ from rlboost.models.fetch import (
     EXIT_USAGE,
     ModelFetchError,
     fetch_model,
+    main,
 )
 from rlboost.models.layout import asset_files, model_dir_problem
 from rlboost.spec import JobSpec, ModelSpec, TaskSpec
@@ -122,3 +123,11 @@ def test_command_line_with_a_bad_spec_is_a_usage_error(tmp_path: Path) -> None:
     done = _run(tmp_path, {"source": "huggingface"}, tmp_path / "m", "--termination-log", str(log))
     assert done.returncode == EXIT_USAGE
     assert "model.repo: model.source 'huggingface' needs model.repo" in log.read_text()
+
+
+def test_command_line_with_a_bad_flag_is_one_line_and_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["--config", "", "--dest", str(tmp_path / "m")]) == EXIT_USAGE
+    stderr = capsys.readouterr().err.strip().splitlines()
+    assert len(stderr) == 1 and stderr[0].startswith("rlboost-fetch-model: --config: ")
