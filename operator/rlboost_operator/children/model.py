@@ -1,17 +1,19 @@
 """The model (spec.model) in a pod: its volume and mount, and the `fetch-model` init container that makes it ready.
 
 The trainer and the reserved workers get the model before they start, from an init container `fetch-model` that
-runs `python -m rlboost.models.fetch` into an emptyDir mounted at /models (the model at /models/policy); a 'pvc'
-model is the claim itself, mounted read-only at /models/policy, and the init container only checks it. A failing
-fetch writes one line naming spec.model's field to its termination message, which the operator copies into the
-RLJob's status (model_source.py). Spot workers get no model: they pull config, tokenizer and weights from the
-weight-server (a new spot VM never touches the model store).
+runs `python -m rlboost.models.fetch` (its flags rendered from rlboost.options.ModelFetchOptions) into an emptyDir
+mounted at /models (the model at /models/policy); a 'pvc' model is the claim itself, mounted read-only at
+/models/policy, and the init container only checks it. A failing fetch writes one line naming spec.model's field
+to its termination message, which the operator copies into the RLJob's status (model_source.py). Spot workers get
+no model: they pull config, tokenizer and weights from the weight-server (a new spot VM never touches the model
+store).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from rlboost.options import ModelFetchOptions
 from rlboost.spec import ModelSpec, ResourcesSpec
 from rlboost_operator.children.naming import CONFIG_PATH, MODEL_DIR, MODEL_ROOT, image
 from rlboost_operator.children.pod import env_var, job_mounts, resources, scratch_env, security
@@ -47,22 +49,13 @@ def fetch_model_container(
     if model.source == "huggingface" and model.token_secret:
         ref = {"name": model.token_secret, "key": "token"}
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
-    command = [
-        "python",
-        "-m",
-        "rlboost.models.fetch",
-        "--config",
-        CONFIG_PATH,
-        "--dest",
-        model_dir(model),
-        "--termination-log",
-        TERMINATION_LOG,
-    ]
+    # its flags from the fetcher's options model; the Hugging Face token comes as $HF_TOKEN, not a token file
+    options = ModelFetchOptions(config=CONFIG_PATH, dest=model_dir(model), termination_log=TERMINATION_LOG)
     return {
         "name": FETCH_CONTAINER,
         "image": image(settings, image_key),
         "imagePullPolicy": settings.image_pull_policy,
-        "command": command,
+        "command": options.command(),
         "env": env,
         "resources": resources(0, requests),  # a download (or, for 'tiny', a CPU warm-up): no accelerator
         "securityContext": security(),
