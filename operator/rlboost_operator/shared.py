@@ -118,7 +118,7 @@ class Nodes:
         return name in self._nodes
 
     def observe(self, name: str, node: dict[str, Any], deleted: bool) -> None:
-        """A node's watch event. Idempotent: the sizing and the preemption handlers of one event both call it."""
+        """A node's watch event (watches.node_event)."""
         if deleted:
             self._nodes.pop(name, None)
         else:

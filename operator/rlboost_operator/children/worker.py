@@ -89,6 +89,41 @@ def _command(
     return options.model_copy(update=update).command()
 
 
+def _container(
+    job: str,
+    namespace: str,
+    pool_name: str,
+    pool: PoolSpec,
+    settings: OperatorSettings,
+    local: ModelSpec | None,
+    variant: SpotVariantSpec | None,
+) -> dict[str, Any]:
+    """The rollout-worker container: its command, where it runs (pod, node, topology), its identity token and,
+    for `local`, the model directory."""
+    return {
+        "name": "rollout-worker",
+        "image": image(settings, pool.engine),
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": _command(job, namespace, pool_name, pool, settings, local, variant),
+        "env": [
+            field_env("POD_NAME", "metadata.name"),
+            field_env("NODE_NAME", "spec.nodeName"),
+            *_topology_env(),
+            *scratch_env(),
+        ],
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT}, {"name": "peers", "containerPort": PEER_PORT}],
+        "readinessProbe": probe("metrics"),
+        "livenessProbe": probe("metrics"),
+        "resources": resources(pool.gpus_per_worker, pool.resources),
+        "securityContext": security(),
+        "volumeMounts": [
+            *job_mounts(),
+            {"name": "identity", "mountPath": IDENTITY_DIR, "readOnly": True},
+            *([model_mount(local)] if local else []),
+        ],
+    }
+
+
 def _scheduling(job: str, pool_name: str, pool: PoolSpec, colocated: bool, sel: dict[str, str]) -> dict[str, Any]:
     """Spot pods on spot nodes only; reserved pods off them, next to a trainer rank each when colocated."""
     if pool_name == "spot":
@@ -122,28 +157,7 @@ def worker(
         n = spot_variant_name(job, variant.name)
         lbl, sel = {**lbl, **_variant_labels(variant)}, {**sel, VARIANT_LABEL: variant.name}
     local = model if pool_name == "reserved" else None
-    container = {
-        "name": "rollout-worker",
-        "image": image(settings, pool.engine),
-        "imagePullPolicy": settings.image_pull_policy,
-        "command": _command(job, namespace, pool_name, pool, settings, local, variant),
-        "env": [
-            field_env("POD_NAME", "metadata.name"),
-            field_env("NODE_NAME", "spec.nodeName"),
-            *_topology_env(),
-            *scratch_env(),
-        ],
-        "ports": [{"name": "metrics", "containerPort": METRICS_PORT}, {"name": "peers", "containerPort": PEER_PORT}],
-        "readinessProbe": probe("metrics"),
-        "livenessProbe": probe("metrics"),
-        "resources": resources(pool.gpus_per_worker, pool.resources),
-        "securityContext": security(),
-        "volumeMounts": [
-            *job_mounts(),
-            {"name": "identity", "mountPath": IDENTITY_DIR, "readOnly": True},
-            *([model_mount(local)] if local else []),
-        ],
-    }
+    container = _container(job, namespace, pool_name, pool, settings, local, variant)
     # Spot pods get the notice window (up to 120 s on GKE) to drain; the manager migrates their tokens.
     extra = {
         **_scheduling(job, pool_name, pool, colocated, sel),
