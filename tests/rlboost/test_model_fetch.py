@@ -1,4 +1,4 @@
-"""rlboost.models.fetch and rlboost.models.layout for real: the tiny model created, 'path' and 'pvc' directories
+"""rlboost.models.sources, .fetch and .layout for real: the tiny model created, 'path' and 'pvc' directories
 checked, and the command line's one-line errors, exit codes and termination log (run as a process).
 Object storage and the Hub have their own files (test_model_fetch_s3.py, test_model_fetch_hf.py)."""
 
@@ -14,14 +14,10 @@ import pytest
 import yaml
 
 from rlboost.models import ModelError, ensure_model
-from rlboost.models.fetch import (
-    EXIT_BAD_SOURCE,
-    EXIT_USAGE,
-    ModelFetchError,
-    fetch_model,
-    main,
-)
+from rlboost.models.errors import EXIT_BAD_SOURCE, EXIT_USAGE, ModelFetchError
+from rlboost.models.fetch import main
 from rlboost.models.layout import asset_files, model_dir_problem
+from rlboost.models.sources import fetch_model
 from rlboost.spec import JobSpec, ModelSpec, TaskSpec
 
 SMALL = {"hiddenSize": 32, "numLayers": 1, "numHeads": 2, "warmupSteps": 0}
