@@ -26,6 +26,8 @@ from threading import Thread
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from rlboost.wire.service_routes import HEALTHZ, METRICS
+
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 # kopf attaches its whole OperatorSettings to every record it logs (~2 KB once printed); the operator's lines keep
 # kopf's object reference (k8s_ref) and lose that
@@ -165,9 +167,9 @@ def serve_http(
         timeout = idle_timeout_s  # a socket timeout: a client idle (or trickling) this long frees its thread
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            if self.path.startswith("/metrics"):
+            if self.path.startswith(METRICS):
                 self._reply(200, generate_latest(), CONTENT_TYPE_LATEST)
-            elif self.path.startswith("/healthz"):
+            elif self.path.startswith(HEALTHZ):
                 ok = health()
                 self._reply(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
             else:

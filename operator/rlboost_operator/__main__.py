@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from rlboost.options.base import env_default
+from rlboost.wire.service_routes import HEALTHZ
 
 if TYPE_CHECKING:  # imported when needed: `--help` should not load kopf
     import kopf
@@ -118,7 +119,7 @@ async def run_kopf(args: argparse.Namespace, settings: kopf.OperatorSettings | N
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         standalone=True,
-        liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz",
+        liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}{HEALTHZ}",
         settings=settings,
     )
 
@@ -132,7 +133,7 @@ async def standby_liveness(port: int) -> AsyncIterator[None]:
         return web.Response(text="standing by\n")
 
     app = web.Application()
-    app.router.add_get("/healthz", healthz)
+    app.router.add_get(HEALTHZ, healthz)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "0.0.0.0", port).start()

@@ -34,20 +34,19 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
-from rlboost.wire.events import STATUS_STREAM, PreemptionNotice, subject
+from rlboost.wire.events import NODES, STATUS_STREAM, STATUS_TOPICS, PreemptionNotice, Topic
 
 log = logging.getLogger(__name__)
 
 NOTICE_ACK_TIMEOUT_S = 2.0  # one delivery attempt: the manager acknowledges as soon as it marked the workers
 NOTICE_MIN_RESEND_S = 10.0  # re-send for at least this long, even for a notice with a shorter deadline
-STATUS_TOPICS = ("steps", "done")  # what the RLJob's status is made of: kept, newest per job
 
 
 def status_stream_config() -> StreamConfig:
     """The newest step report and `done` of every job, on disk, for a week after the job's last message."""
     return StreamConfig(
         name=STATUS_STREAM,
-        subjects=[subject("*", "*", topic) for topic in STATUS_TOPICS],
+        subjects=[topic.subject("*", "*") for topic in STATUS_TOPICS],
         max_msgs_per_subject=1,
         max_age=7 * 24 * 3600,
         storage=StorageType.FILE,
@@ -87,7 +86,7 @@ class NatsLink:
         """Send the notice and wait for the manager's acknowledgement once; without one, keep re-sending it in the
         background until acknowledged or past its deadline. True: acknowledged at the first attempt."""
         nc = await self.client()
-        subj, data = subject(namespace, job, "nodes"), notice.model_dump_json().encode()
+        subj, data = NODES.subject(namespace, job), NODES.encode(notice)
         if await _acknowledged(nc, subj, data):
             return True
         task = asyncio.create_task(self._resend(nc, subj, data, notice))
@@ -130,7 +129,7 @@ class NatsLink:
         self,
         namespace: str,
         job: str,
-        topic: str,
+        topic: Topic[Any],
         handler: Callable[[bytes], Awaitable[None]],
         since: datetime | None = None,
     ):
@@ -142,14 +141,16 @@ class NatsLink:
 
         async def on_msg(msg: Msg) -> None:
             if since is not None and _published_before(msg, since):
-                log.info("skipped a %s message older than the job", topic, extra={"job": job, "namespace": namespace})
+                log.info(
+                    "skipped a %s message older than the job", topic.name, extra={"job": job, "namespace": namespace}
+                )
                 return
             try:
                 await handler(msg.data)
             except Exception:  # one bad message must not end the subscription
-                log.exception("handling a %s message failed", topic, extra={"job": job, "namespace": namespace})
+                log.exception("handling a %s message failed", topic.name, extra={"job": job, "namespace": namespace})
 
-        subj = subject(namespace, job, topic)
+        subj = topic.subject(namespace, job)
         if topic in STATUS_TOPICS and await self.ensure_status_stream():
             js = nc.jetstream(timeout=self.connect_timeout)
             sub = await js.subscribe(

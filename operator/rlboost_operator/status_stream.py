@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 
 from rlboost.spec import JobSpec
-from rlboost.wire.events import JobDone, StepReport
+from rlboost.wire.events import DONE, STEPS
 from rlboost_operator import children, spot_busy, status
 from rlboost_operator.job_end import end_job, rljob_variants, scale_to_zero
 from rlboost_operator.metrics import ERRORS, READY_WORKERS
@@ -67,8 +67,8 @@ class StatusStream:
         subs: list[Any] = []
         try:
             on_step, on_done = partial(self.on_step, namespace, job, spec), partial(self.on_done, namespace, job)
-            subs.append(await link.subscribe(namespace, job, "steps", on_step, since))
-            subs.append(await link.subscribe(namespace, job, "done", on_done, since))
+            subs.append(await link.subscribe(namespace, job, STEPS, on_step, since))
+            subs.append(await link.subscribe(namespace, job, DONE, on_done, since))
         except Exception as err:
             ERRORS.labels("nats").inc()
             for sub in subs:
@@ -101,7 +101,7 @@ class StatusStream:
             await self._write_step(namespace, job, spec, data)
 
     async def _write_step(self, namespace: str, job: str, spec: JobSpec, data: bytes) -> None:
-        report = StepReport.model_validate_json(data)
+        report = STEPS.decode(data)
         ref = self.jobs.get(namespace, job)
         spec = ref.spec if ref is not None else spec  # the latest spec: prices may have changed
         kube = self.api.client()
@@ -142,7 +142,7 @@ class StatusStream:
             await self._write_done(namespace, job, data)
 
     async def _write_done(self, namespace: str, job: str, data: bytes) -> None:
-        done = JobDone.model_validate_json(data)
+        done = DONE.decode(data)
         kube = self.api.client()
         current = await kube.get("RLJob", namespace, job)
         if current is None:

@@ -16,17 +16,16 @@ from nats.aio.client import Client
 from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
-from rlboost.wire.events import DONE, STATUS_STREAM, STEPS
+from rlboost.wire.events import STATUS_STREAM, STATUS_TOPICS, STEPS
 
 log = logging.getLogger(__name__)
-TOPICS = (STEPS, DONE)
 TIMEOUT_S = 2.0
 
 
 def local_stream_config(namespace: str, job: str) -> StreamConfig:
     """This job's step reports and `done`, all of them (a local run's stream lives as long as its run dir)."""
     return StreamConfig(
-        name=STATUS_STREAM, subjects=[t.subject(namespace, job) for t in TOPICS], storage=StorageType.FILE
+        name=STATUS_STREAM, subjects=[t.subject(namespace, job) for t in STATUS_TOPICS], storage=StorageType.FILE
     )
 
 

@@ -255,3 +255,4 @@ DONE = Topic("done", JobDone)  # trainer -> operator, `rlboost local`: the job's
 COLOCATION = Topic("colocation", ColocationCommand)  # trainer -> colocated reserved workers: release, resume
 COLOCATION_ACKS = Topic("colocation-acks", ColocationAck)  # those workers -> trainer: one ack per command
 TOPICS: tuple[Topic[Any], ...] = (WEIGHTS, NODES, STEPS, DONE, COLOCATION, COLOCATION_ACKS)
+STATUS_TOPICS = (STEPS, DONE)  # what a job's status is made of: kept in STATUS_STREAM, the newest per job

@@ -10,9 +10,11 @@ others through rlboost.observability), so health checks of any service name them
 
 from __future__ import annotations
 
+from rlboost.wire.service_routes import HEALTHZ, METRICS
+
+__all__ = ["HEALTHZ", "METRICS"]  # re-exported: the weight-server's clients find every route here
+
 API_PREFIX = "/v1"
-HEALTHZ = "/healthz"
-METRICS = "/metrics"
 
 VERSIONS = "/versions"  # GET: VersionList
 VERSION = VERSIONS + "/{version}"  # PUT: upload a version's payload

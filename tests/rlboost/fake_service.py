@@ -75,7 +75,7 @@ async def publish_steps(args: argparse.Namespace) -> None:
     import nats
 
     from rlboost.auth.nats import connect_options
-    from rlboost.wire.events import JobDone, StepReport, subject
+    from rlboost.wire.events import DONE, STEPS, JobDone, StepReport
 
     nc = await nats.connect(args.nats_url, **connect_options(args.credentials_dir or "", "trainer"))
     for step in (1, 2):
@@ -89,9 +89,9 @@ async def publish_steps(args: argparse.Namespace) -> None:
             weight_version=step,
             weights_checksum=f"c{step}",
         )
-        await nc.publish(subject(args.namespace, args.job, "steps"), rep.model_dump_json().encode())
+        await nc.publish(STEPS.subject(args.namespace, args.job), rep.model_dump_json().encode())
     done = JobDone(ok=True, steps=2, final_weights_checksum="c2")
-    await nc.publish(subject(args.namespace, args.job, "done"), done.model_dump_json().encode())
+    await nc.publish(DONE.subject(args.namespace, args.job), done.model_dump_json().encode())
     await nc.flush()
     await nc.close()
 

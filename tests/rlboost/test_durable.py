@@ -13,7 +13,7 @@ from rlboost.auth.nats import connect_options
 from rlboost.durable import AcknowledgedPublisher
 from rlboost.local.status_stream import StreamCursor, ensure_status_stream, read_from
 from rlboost.nats_server import NatsServer
-from rlboost.wire.events import TRAINER_INBOX, subject
+from rlboost.wire.events import DONE, STEPS, TRAINER_INBOX
 from tests.rlboost.conftest import JOB, NS
 
 READ_S = 15.0  # deadline of reading back what was acknowledged (returns as soon as it is all there)
@@ -48,7 +48,7 @@ async def _read(nc, cursor: StreamCursor, want: int) -> list[tuple[str, bytes]]:
 
 def test_acknowledged_messages_survive_a_nats_restart_once_each(job_nats) -> None:
     server, creds = job_nats
-    steps, done = subject(NS, JOB, "steps"), subject(NS, JOB, "done")
+    steps, done = STEPS.subject(NS, JOB), DONE.subject(NS, JOB)
 
     async def main() -> list[tuple[str, bytes]]:
         operator = await _connect(server, creds, "operator")
@@ -78,7 +78,7 @@ def test_acknowledged_messages_survive_a_nats_restart_once_each(job_nats) -> Non
 
 def test_without_a_stream_the_message_is_published_plainly(job_nats) -> None:
     server, creds = job_nats
-    steps = subject(NS, JOB, "steps")
+    steps = STEPS.subject(NS, JOB)
 
     async def main() -> tuple[bool, bytes]:
         observer = await _connect(server, creds, "observer")

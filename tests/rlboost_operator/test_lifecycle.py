@@ -13,7 +13,7 @@ from typing import Any
 
 from kopf.testing import KopfRunner
 
-from rlboost.wire.events import JobDone, subject
+from rlboost.wire.events import DONE, JobDone
 from rlboost_operator import children
 from tests.helpers import wait_until
 from tests.rlboost_operator.conftest import operator_memo
@@ -58,7 +58,7 @@ def test_done_scales_the_job_to_zero_and_it_stays_there_after_an_edit_and_an_ope
         wait_until(lambda: status_of(api, "finisher").get("phase") == "Pending", timeout=20, what="Pending")
         job_nats.start(api, NS, "finisher")
         assert 0 not in replicas(api, "finisher").values()
-        done = (subject(NS, "finisher", "done"), JobDone(ok=True, steps=60).model_dump_json().encode())
+        done = (DONE.subject(NS, "finisher"), JobDone(ok=True, steps=60).model_dump_json().encode())
 
         def ended() -> bool:  # the subscription is made asynchronously: publish until the job ends
             _publish(job_nats, [done])
@@ -196,11 +196,11 @@ def test_a_new_rljob_under_an_old_name_ignores_the_old_jobs_kept_done(operator, 
     job_nats.start(api, NS, "reborn")
     _add_stream(job_nats, status_stream_config())  # kept from the start, whenever the operator subscribes
     old_done = JobDone(ok=True, steps=60).model_dump_json().encode()
-    _publish(job_nats, [(subject(NS, "reborn", "done"), old_done)])  # an earlier "reborn" ended
+    _publish(job_nats, [(DONE.subject(NS, "reborn"), old_done)])  # an earlier "reborn" ended
     new_done = JobDone(ok=False, steps=1, error="second life").model_dump_json().encode()
 
     def ended() -> bool:
-        _publish(job_nats, [(subject(NS, "reborn", "done"), new_done)])
+        _publish(job_nats, [(DONE.subject(NS, "reborn"), new_done)])
         return status_of(api, "reborn").get("phase") in ("Succeeded", "Failed")
 
     wait_until(ended, timeout=20, interval=0.3, what="the new job's end")

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from rlboost.auth.credentials import TICKET_KEY, WORKER_IDENTITY_CLUSTER, generate_items
-from rlboost.wire.events import JobDone, PreemptionNotice, StepReport, subject
+from rlboost.wire.events import DONE, NODES, STEPS, JobDone, PreemptionNotice, StepReport
 from rlboost_operator import children
 from tests.helpers import wait_until
 from tests.rlboost_operator.conftest import operator_memo
@@ -273,7 +273,7 @@ def test_preemption_taint_sends_a_nats_notice_naming_the_jobs_pods(operator, job
     received: list[bytes] = []
     ready, stop = threading.Event(), threading.Event()
     thread = threading.Thread(
-        target=_collect, args=(job_nats, "manager", subject(NS, "preempt", "nodes"), received, ready, stop)
+        target=_collect, args=(job_nats, "manager", NODES.subject(NS, "preempt"), received, ready, stop)
     )
     thread.start()
     try:
@@ -326,7 +326,7 @@ def test_step_reports_and_done_are_written_to_status(operator, job_nats):
         weight_version=3,
         weights_checksum="abc",
     )
-    steps = subject(NS, "reporter", "steps")
+    steps = STEPS.subject(NS, "reporter")
 
     def reported() -> bool:
         _publish(job_nats, [(steps, report.model_dump_json().encode())])
@@ -340,7 +340,7 @@ def test_step_reports_and_done_are_written_to_status(operator, job_nats):
     assert st["workers"]["reserved"] == 1 and st["workers"]["spot"] == 0
     assert st["costPerHour"] == 20.0  # trainer GPU + reserved worker GPU at $10
     assert st["costEfficiency"] == 500.0 * 3600 / 20.0
-    _publish(job_nats, [(subject(NS, "reporter", "done"), JobDone(ok=True, steps=3).model_dump_json().encode())])
+    _publish(job_nats, [(DONE.subject(NS, "reporter"), JobDone(ok=True, steps=3).model_dump_json().encode())])
     wait_until(lambda: status_of(api, "reporter").get("phase") == "Succeeded", timeout=20, what="phase Succeeded")
 
 
@@ -391,8 +391,8 @@ def test_status_written_while_the_operator_was_down_reaches_the_rljob(kube_api, 
     _publish(
         job_nats,
         [
-            (subject(NS, "durable", "steps"), report.model_dump_json().encode()),
-            (subject(NS, "durable", "done"), JobDone(ok=True, steps=8).model_dump_json().encode()),
+            (STEPS.subject(NS, "durable"), report.model_dump_json().encode()),
+            (DONE.subject(NS, "durable"), JobDone(ok=True, steps=8).model_dump_json().encode()),
         ],
     )
     assert status_of(kube_api, "durable").get("phase") == "Pending"  # nobody wrote it meanwhile
@@ -434,7 +434,7 @@ def test_busy_sizing_follows_the_step_reports_within_the_nodes_capacity(operator
     api.create("RLJob", rljob("busy", spec))
     wait_until(lambda: spot_replicas(api, "busy") == 4, timeout=20, what="spot workers at the nodes' capacity")
     job_nats.start(api, NS, "busy")
-    steps = subject(NS, "busy", "steps")
+    steps = STEPS.subject(NS, "busy")
 
     def report(spot: int, busy: float, wait_s: float) -> bytes:
         return (
@@ -538,7 +538,7 @@ def test_spot_variants_get_a_deployment_each_and_the_status_prices_each(operator
         weight_version=1,
         weights_checksum="x",
     )
-    steps = subject(NS, "mixed", "steps")
+    steps = STEPS.subject(NS, "mixed")
 
     def reported() -> bool:
         _publish(job_nats, [(steps, report.model_dump_json().encode())])

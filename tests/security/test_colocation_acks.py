@@ -24,7 +24,7 @@ from rlboost.auth.nats import connect_options
 from rlboost.auth.nats_config import passwords_of, render_nats_config
 from rlboost.nats_server import NatsServer, free_port
 from rlboost.rollout.v1 import rollout_pb2 as pb
-from rlboost.wire.events import ColocationAck, ColocationCommand, subject
+from rlboost.wire.events import COLOCATION, COLOCATION_ACKS, ColocationAck, ColocationCommand
 from tests.rollout_manager.client import WorkerClient
 from tests.security.conftest import _serve
 from trainer.colocation import Colocation
@@ -43,9 +43,9 @@ async def _acking(nc, claims: list[tuple[str, str]]) -> None:
         cmd = ColocationCommand.model_validate_json(msg.data)
         for worker_id, key in claims:
             ack = sign(ColocationAck(step=cmd.step, action=cmd.action, worker_id=worker_id, released=True), key)
-            await nc.publish(subject(NS, JOB, "colocation-acks"), ack.model_dump_json().encode())
+            await nc.publish(COLOCATION_ACKS.subject(NS, JOB), ack.model_dump_json().encode())
 
-    await nc.subscribe(subject(NS, JOB, "colocation"), cb=on_command)
+    await nc.subscribe(COLOCATION.subject(NS, JOB), cb=on_command)
     await nc.flush()
 
 

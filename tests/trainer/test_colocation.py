@@ -17,7 +17,16 @@ from prometheus_client import REGISTRY
 from rlboost.auth.colocation_acks import AckVerifier, sign, worker_ack_key
 from rlboost.models import load_tokenizer, stop_token_ids
 from rlboost.spec import dump_job_spec
-from rlboost.wire.events import ColocationAck, ColocationCommand, StepReport, WeightsAnnounced, subject
+from rlboost.wire.events import (
+    COLOCATION,
+    COLOCATION_ACKS,
+    STEPS,
+    WEIGHTS,
+    ColocationAck,
+    ColocationCommand,
+    StepReport,
+    WeightsAnnounced,
+)
 from tests.trainer.conftest import tiny_spec
 from tests.trainer.peers import StandInManager, WeightServerProcess, child_env, start_manager, wait_process
 from trainer.colocation import Colocation
@@ -44,9 +53,9 @@ async def fake_workers(
                 nbytes=10,
             )
             sign(ack, (keys or {}).get(wid, ""))
-            await nc.publish(subject("default", job, "colocation-acks"), ack.model_dump_json().encode())
+            await nc.publish(COLOCATION_ACKS.subject("default", job), ack.model_dump_json().encode())
 
-    await nc.subscribe(subject("default", job, "colocation"), cb=on_command)
+    await nc.subscribe(COLOCATION.subject("default", job), cb=on_command)
     await nc.flush()
     return seen
 
@@ -94,7 +103,7 @@ async def test_a_worker_that_subscribes_late_gets_the_command_again(nats_server)
         colo = Colocation(nc, "default", "c4", workers=1, timeout_s=30)
         await colo.start()
         release = asyncio.create_task(colo.release(0, version=0))
-        first = await nc.subscribe(subject("default", "c4", "colocation"))
+        first = await nc.subscribe(COLOCATION.subject("default", "c4"))
         await first.next_msg(timeout=10)  # the command went out while no worker listened
         await first.unsubscribe()
         seen = await fake_workers(nc, "c4", ["reserved-0"])
@@ -162,7 +171,7 @@ async def test_trainer_releases_before_training_and_resumes_after_publishing(tmp
         cmd = ColocationCommand.model_validate_json(msg.data)
         timeline.append((cmd.action, cmd.step, len(stand_in.requests)))
         ack = ColocationAck(step=cmd.step, action=cmd.action, worker_id="reserved-0", released=True)
-        await nc.publish(subject("default", "co", "colocation-acks"), ack.model_dump_json().encode())
+        await nc.publish(COLOCATION_ACKS.subject("default", "co"), ack.model_dump_json().encode())
 
     async def on_weights(msg) -> None:
         timeline.append(("weights", WeightsAnnounced.model_validate_json(msg.data).version))
@@ -172,8 +181,8 @@ async def test_trainer_releases_before_training_and_resumes_after_publishing(tmp
     async def on_step(msg) -> None:
         steps.append(StepReport.model_validate_json(msg.data))
 
-    for topic, cb in (("colocation", on_command), ("weights", on_weights), ("steps", on_step)):
-        await nc.subscribe(subject("default", "co", topic), cb=cb)
+    for topic, cb in ((COLOCATION, on_command), (WEIGHTS, on_weights), (STEPS, on_step)):
+        await nc.subscribe(topic.subject("default", "co"), cb=cb)
     await nc.flush()
     try:
         with WeightServerProcess(tmp_path / "ws", nats_server.url, job="co") as ws:

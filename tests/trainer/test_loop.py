@@ -21,7 +21,7 @@ from rlboost.spec import dump_job_spec
 from rlboost.weights.checksum import state_checksum
 from rlboost.weights.client import WeightClient
 from rlboost.weights.safetensors_io import state_from_bytes
-from rlboost.wire.events import JobDone, StepReport, WeightsAnnounced, step_gauges, subject
+from rlboost.wire.events import DONE, STEPS, WEIGHTS, JobDone, StepReport, step_gauges
 from tests.trainer.conftest import tiny_spec
 from tests.trainer.peers import (
     TOKEN,
@@ -36,13 +36,12 @@ from tests.trainer.peers import (
 
 async def _collect(nc, job: str) -> dict[str, list]:
     got: dict[str, list] = {"steps": [], "done": [], "weights": []}
-    types = {"steps": StepReport, "done": JobDone, "weights": WeightsAnnounced}
-    for topic, model in types.items():
+    for topic in (STEPS, DONE, WEIGHTS):
 
-        async def handler(msg, topic=topic, model=model):
-            got[topic].append(model.model_validate_json(msg.data))
+        async def handler(msg, topic=topic):
+            got[topic.name].append(topic.decode(msg.data))
 
-        await nc.subscribe(subject("default", job, topic), cb=handler)
+        await nc.subscribe(topic.subject("default", job), cb=handler)
     await nc.flush()
     return got
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from rlboost.auth.credentials import ROLE_ITEMS
 from rlboost.spec import ResourcesSpec
+from rlboost.wire.service_routes import HEALTHZ
 from rlboost_operator import spot
 from rlboost_operator.children.naming import CONFIG_PATH, CREDENTIALS_DIR, SCRATCH_DIR, names
 from rlboost_operator.config import OperatorSettings
@@ -71,7 +72,7 @@ def resources(gpus: int, requests: ResourcesSpec) -> dict[str, Any]:
     return out
 
 
-def probe(port: int | str, path: str = "/healthz", scheme: str = "HTTP") -> dict[str, Any]:
+def probe(port: int | str, path: str = HEALTHZ, scheme: str = "HTTP") -> dict[str, Any]:
     get = {"path": path, "port": port} | ({"scheme": scheme} if scheme != "HTTP" else {})
     return {"httpGet": get, "periodSeconds": 10, "failureThreshold": 6}
 

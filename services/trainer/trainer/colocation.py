@@ -36,12 +36,13 @@ from typing import Any
 from rlboost.auth.colocation_acks import AckVerifier
 from rlboost.spec import JobSpec
 from rlboost.wire.events import (
+    COLOCATION,
+    COLOCATION_ACKS,
     COLOCATION_RELEASE,
     COLOCATION_RESUME,
     ColocationAck,
     ColocationCommand,
     StepReport,
-    subject,
 )
 from trainer import metrics
 
@@ -69,8 +70,8 @@ class Colocation:
         """`verifier`: checks each ack's MAC (the job's colocation.key); None = acks taken as given (no
         credentials dir: NATS is open to anyone then anyway)."""
         self.nc, self.workers, self.timeout_s, self.verifier = nc, workers, timeout_s, verifier
-        self.commands = subject(namespace, job, "colocation")
-        self.acks_subject = subject(namespace, job, "colocation-acks")
+        self.commands = COLOCATION.subject(namespace, job)
+        self.acks_subject = COLOCATION_ACKS.subject(namespace, job)
         self._acks: dict[tuple[int, str], dict[str, ColocationAck]] = {}
         self._changed = asyncio.Condition()
         self._sub = None
@@ -83,7 +84,7 @@ class Colocation:
 
     async def _on_ack(self, msg) -> None:
         try:
-            ack = ColocationAck.model_validate_json(msg.data)
+            ack = COLOCATION_ACKS.decode(msg.data)
         except ValueError as err:
             log.warning("bad colocation ack ignored", extra={"error": str(err)[:200]})
             return
@@ -149,7 +150,7 @@ class Colocation:
         Workers handle a repeated command idempotently (releasing a released engine is a no-op)."""
         deadline = time.monotonic() + self.timeout_s
         while True:
-            await self.nc.publish(self.commands, cmd.model_dump_json().encode())
+            await self.nc.publish(self.commands, COLOCATION.encode(cmd))
             await self.nc.flush(timeout=10)
             left = deadline - time.monotonic()
             acks, done = await self._wait(cmd.step, cmd.action, min(RESEND_S, max(left, 0.0)))

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
-from rlboost.wire.events import TRAINER_INBOX, JobDone, StepReport, subject
+from rlboost.wire.events import DONE, STEPS, TRAINER_INBOX, JobDone, StepReport, Topic
 
 log = logging.getLogger(__name__)
+
+Event = TypeVar("Event", StepReport, JobDone)
 
 
 class JobEvents:
@@ -45,11 +47,13 @@ class JobEvents:
             raise RuntimeError(f"cannot reach NATS at {self.nats_url}: {err or type(err).__name__}") from None
         self._publisher = AcknowledgedPublisher(self.nc)
 
-    async def publish(self, topic: str, event: StepReport | JobDone) -> None:
-        """Step reports and `done` must arrive: sent again until the job's status stream acknowledges them."""
+    async def publish(self, topic: Topic[Event], event: Event) -> None:
+        """Step reports (STEPS) and `done` (DONE) must arrive: sent again until the job's status stream
+        acknowledges them."""
+        assert topic in (STEPS, DONE), topic.name
         if self._publisher is None:
             return
-        await self._publisher.publish(subject(self.namespace, self.job, topic), event.model_dump_json().encode())
+        await self._publisher.publish(topic.subject(self.namespace, self.job), topic.encode(event))
 
     async def close(self) -> None:
         """Drain the connection (best effort, bounded)."""

@@ -33,7 +33,7 @@ from rlboost.auth.grpc_auth import ClientAuth
 from rlboost.observability import LoopWatchdog
 from rlboost.options.trainer import TrainerOptions
 from rlboost.spec import JobSpec
-from rlboost.wire.events import JobDone, StepReport
+from rlboost.wire.events import DONE, JobDone, StepReport
 from trainer import ranks
 from trainer.assembly import OpenedStep, StepAssembly, WholeGroups
 from trainer.colocation import Colocated, with_colocation
@@ -125,14 +125,14 @@ class Trainer:
                 final_weights_checksum=self.weights.checksum,
                 export_path=self.export.path,
             )
-            await self.events.publish("done", done)
+            await self.events.publish(DONE, done)
             return done
         except BaseException as err:
             self.healthy = False
             message = _one_line(err)
             log.error("trainer failed", extra={"error": message, "step": self.steps_done}, exc_info=err)
             with contextlib.suppress(Exception):  # best effort: NATS may be what failed
-                await self.events.publish("done", JobDone(ok=False, steps=self.steps_done, error=message))
+                await self.events.publish(DONE, JobDone(ok=False, steps=self.steps_done, error=message))
             raise
         finally:
             await self._close()

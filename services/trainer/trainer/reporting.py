@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlboost.spec import JobSpec
-from rlboost.wire.events import StepReport
+from rlboost.wire.events import STEPS, StepReport
 from rlboost.wire.rollout_io import ManagerStatus
 from trainer import metrics, ranks
 from trainer.grpo import Sample
@@ -131,4 +131,4 @@ class StepReporter:
                 "sync_s": round(r.sync_seconds, 3),
             },
         )
-        await self.events.publish("steps", r)
+        await self.events.publish(STEPS, r)

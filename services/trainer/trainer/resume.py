@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlboost.spec import JobSpec
-from rlboost.wire.events import StepReport, ValidationReport
+from rlboost.wire.events import STEPS, StepReport, ValidationReport
 from trainer import ranks
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ class Checkpoints:
         if self.last_report is None:
             return
         record = StepReport.model_validate(self.last_report)
-        await events.publish("steps", record)
+        await events.publish(STEPS, record)
         log.info("step report sent again after resuming", extra={"step": record.step})
 
 
