@@ -144,10 +144,6 @@ class ManagerState:
         """`now`: the clock the state is driven with, for the busy seconds of spells still open (None: omitted)."""
         return manager_status(self.fleet, self.book, self.tally, now)
 
-    def busy_seconds(self, now: float) -> dict[str, float]:
-        """Per pool: seconds its workers (any that ever registered) held at least one request, up to `now`."""
-        return self.fleet.busy_seconds(now)
-
     # ---- workers -----------------------------------------------------------------------------------
 
     def register(self, reg: WorkerRegistration, now: float) -> None:
