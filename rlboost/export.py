@@ -47,10 +47,11 @@ def check_export_path(dest: str) -> None:
     if "://" not in dest:
         _make_dir(Path(dest).parent, dest)
         return
-    from rlboost.models.fetch import ModelFetchError, _filesystem
+    from rlboost.models.errors import ModelFetchError
+    from rlboost.models.sources import filesystem
 
     try:
-        _filesystem(dest)
+        filesystem(dest)
     except ModelFetchError as err:
         raise ExportError(f"export.path {dest!r}: {err.detail}") from None
 
@@ -126,9 +127,9 @@ def _replace_dir(staged: Path, dest: Path) -> None:
 
 def _upload(staged: Path, uri: str) -> None:
     """Copy the files under the URI's prefix; config.json last, so a reader that sees it sees the rest."""
-    from rlboost.models.fetch import _filesystem
+    from rlboost.models.sources import filesystem
 
-    fs, root = _filesystem(uri)
+    fs, root = filesystem(uri)
     files = sorted(staged.iterdir(), key=lambda p: (p.name == "config.json", p.name))
     try:
         for path in files:

@@ -25,8 +25,9 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from rlboost.policies.partial_rollout import fits_step_limit, in_flight
+from rlboost.config_file import ConfigFileError, load_yaml_file
 from rlboost.reward_registry import check_reward_name
+from rlboost.step_sizing import fits_step_limit, in_flight
 
 
 class SpecFieldError(ValueError):
@@ -1088,11 +1089,9 @@ def load_job_spec(path: str | Path) -> JobSpec:
     """Load a job spec from YAML. Accepts a bare spec or a whole RLJob manifest (uses `.spec`)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise JobSpecError(f"config file not found: {path}") from None
-    except yaml.YAMLError as err:
-        raise JobSpecError(f"config file {path} is not valid YAML: {err}") from None
+        data = load_yaml_file(path)
+    except ConfigFileError as err:
+        raise JobSpecError(str(err)) from None
     if isinstance(data, dict) and data.get("kind") == "RLJob":
         data = data.get("spec")
     return parse_job_spec(data, str(path))

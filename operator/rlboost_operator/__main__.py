@@ -109,7 +109,10 @@ async def run_kopf(args: argparse.Namespace, settings: kopf.OperatorSettings | N
     """kopf with every handler of rlboost_operator.handlers; peering off (one replica acts, by the Lease)."""
     import kopf
 
-    import rlboost_operator.handlers  # noqa: F401 (registers the handlers)
+    import rlboost_operator.handlers  # noqa: F401 (imports the handler modules, which registers them)
+    from rlboost_operator.config import load_settings
+
+    load_settings()  # a bad setting exits here, naming the variable, before kopf starts (startup reads them again)
 
     await kopf.operator(
         clusterwide=not args.namespace,

@@ -8,11 +8,11 @@ ClusterIdentity). The operator makes that item from what the API server publishe
 - `GET /openid/v1/jwks` -> the public keys the API server signs service-account tokens with.
 Every service account may read both on a real cluster: the default ClusterRoleBinding
 `system:service-account-issuer-discovery` grants them to the group `system:serviceaccounts`, so the operator's
-RBAC (deploy/helm) needs nothing for them. The handlers write the item before the manager starts, and
+RBAC (deploy/helm) needs nothing for them. The operator writes the item before the manager starts, and
 a loop re-reads the keys and rewrites the item when they change (a key rotation reaches the running manager:
 a mounted Secret updates in place and the manager re-reads the file when it changes).
 
-Pure: the API calls are the handlers'; this module turns their answers into the item, or into an error naming
+Pure: the API calls are credentials.py's; this module turns their answers into the item, or into an error naming
 the endpoint and the fix.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 import jwt
 
 from rlboost.auth.worker_identity import ClusterIdentity, audience, cluster_identity_json
-from rlboost_operator.children import worker_service_accounts
+from rlboost_operator.children.service_accounts import worker_service_accounts
 
 ISSUER_PATH = "/.well-known/openid-configuration"
 JWKS_PATH = "/openid/v1/jwks"

@@ -1,5 +1,5 @@
 """Whether an RLJob's model can be had: what the operator checks before creating children, and what a failed
-`fetch-model` init container (children.fetch_model_container) means. Pure, apart from `missing_model_objects`,
+`fetch-model` init container (children.model.fetch_model_container) means. Pure, apart from `missing_model_objects`,
 which only GETs.
 
 A fetcher that fails writes one line, `spec.model.<field>: <Reason>: <detail>` (rlboost.models.fetch), to its
@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NamedTuple
 
 from rlboost.spec import ModelSpec
-from rlboost_operator.children import FETCH_CONTAINER
+from rlboost_operator.children.model import FETCH_CONTAINER
 
 EXIT_USAGE, EXIT_BAD_SOURCE = 2, 3  # rlboost.models.fetch's codes for 'retrying will not help'
 PRECHECK_REASONS = {"ClaimNotFound", "SecretNotFound", "SecretKeyMissing"}  # missing_model_objects' reasons

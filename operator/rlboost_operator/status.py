@@ -305,3 +305,9 @@ def model_failed_status(
         text = f"spec.model.{field}: {message}; fix the source or its credentials, then re-create the RLJob"
         conditions = set_condition(conditions, condition("Failed", True, "ModelUnavailable", text, now, generation))
     return {"phase": FAILED, "updatedAt": now_iso(now), "conditions": conditions}
+
+
+def generation(obj: Any) -> int | None:
+    """metadata.generation of an RLJob (a kopf Body or a plain dict); None where the API server sets none."""
+    value = (obj.get("metadata") or {}).get("generation")
+    return int(value) if value is not None else None

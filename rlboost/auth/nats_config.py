@@ -28,23 +28,33 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rlboost.auth.credentials import NATS_USERS, JobCredentials
-from rlboost.wire.events import STATUS_STREAM, TRAINER_INBOX, subject
+from rlboost.wire.events import (
+    COLOCATION,
+    COLOCATION_ACKS,
+    DONE,
+    NODES,
+    STATUS_STREAM,
+    STEPS,
+    TRAINER_INBOX,
+    WEIGHTS,
+    Topic,
+)
 
-PUBLISHERS: dict[str, tuple[str, ...]] = {
-    "weights": ("weight-server",),
-    "nodes": ("operator",),
-    "steps": ("trainer",),
-    "done": ("trainer",),
-    "colocation": ("trainer",),
-    "colocation-acks": ("worker",),
+PUBLISHERS: dict[Topic, tuple[str, ...]] = {
+    WEIGHTS: ("weight-server",),
+    NODES: ("operator",),
+    STEPS: ("trainer",),
+    DONE: ("trainer",),
+    COLOCATION: ("trainer",),
+    COLOCATION_ACKS: ("worker",),
 }
-SUBSCRIBERS: dict[str, tuple[str, ...]] = {
-    "weights": ("worker", "observer"),
-    "nodes": ("manager",),
-    "steps": ("operator", "observer"),
-    "done": ("operator", "observer"),
-    "colocation": ("worker",),
-    "colocation-acks": ("trainer",),
+SUBSCRIBERS: dict[Topic, tuple[str, ...]] = {
+    WEIGHTS: ("worker", "observer"),
+    NODES: ("manager",),
+    STEPS: ("operator", "observer"),
+    DONE: ("operator", "observer"),
+    COLOCATION: ("worker",),
+    COLOCATION_ACKS: ("trainer",),
 }
 # The JetStream API of the status stream only (create/update/info it, make and drop its consumers), and the flow
 # control replies of an ordered consumer; the API answers on the client's inbox.
@@ -81,7 +91,7 @@ def permissions(namespace: str, job: str) -> dict[str, dict[str, list[str]]]:
     for table, right in ((PUBLISHERS, "publish"), (SUBSCRIBERS, "subscribe")):
         for topic, users in table.items():
             for user in users:
-                out[user][right].append(subject(namespace, job, topic))
+                out[user][right].append(topic.subject(namespace, job))
     for user in JETSTREAM_USERS:
         out[user]["publish"].extend(JETSTREAM_PUBLISH)
         out[user]["subscribe"].extend(JETSTREAM_SUBSCRIBE)

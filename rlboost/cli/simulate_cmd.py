@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from rlboost.simulate.cluster import ClusterConfig
     from rlboost.simulate.hardware import MODELS
     from rlboost.simulate.report import comparison, plot, print_table
-    from rlboost.simulate.runner import run_policy
+    from rlboost.simulate.runner import SimulationStalledError, run_policy
     from rlboost.simulate.trace import TraceError, load_trace
     from rlboost.simulate.weights import WeightNetwork
     from rlboost.simulate.workload import Workload
@@ -88,7 +88,10 @@ def run(args: argparse.Namespace) -> int:
         spot_price=args.spot_price,
         weight_sync=args.weight_sync,
     )
-    results = {p: run_policy(cfg, p, trace, args.steps, args.seed) for p in _progress(policies, args.json)}
+    try:
+        results = {p: run_policy(cfg, p, trace, args.steps, args.seed) for p in _progress(policies, args.json)}
+    except SimulationStalledError as err:
+        return _fail(str(err))
     doc = comparison(cfg, results)
     # say how the run differs from the traced market: its spot counts scaled, and how weights reach new VMs
     doc["weights"] = {"fanout": args.weights_fanout, "regions": args.regions, "server_gbit": args.weight_server_gbit}

@@ -28,6 +28,7 @@ from rlboost.options import (
     worker_options,
 )
 from rlboost.spec import JobSpec
+from rlboost.wire.weight_routes import HEALTHZ
 
 HOST = LOOPBACK
 
@@ -238,14 +239,14 @@ def _weight_server(plan: LocalPlan) -> ChildPlan:
         options.command(plan.options.python),
         "weight-server",
         plan.weight_server_port,
-        health_url=f"{plan.weight_server_url}/healthz",
+        health_url=plan.weight_server_url + HEALTHZ,
         options=options,
     )
 
 
 def _manager(plan: LocalPlan) -> ChildPlan:
     options = manager_options(plan.site, plan.manager_port, plan.manager_metrics_port)
-    health = f"http://{HOST}:{plan.manager_metrics_port}/healthz"
+    health = f"http://{HOST}:{plan.manager_metrics_port}{HEALTHZ}"
     return ChildPlan(
         "rollout-manager",
         options.command(plan.options.python),

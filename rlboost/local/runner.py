@@ -35,7 +35,7 @@ from rlboost.local.status_stream import StreamCursor
 from rlboost.local.supervisor import ChildFailedError, Supervisor
 from rlboost.nats_server import free_port, nats_server_binary
 from rlboost.spec import JobSpec, dump_job_spec
-from rlboost.wire.events import JobDone, StepReport
+from rlboost.wire.events import DONE, STEPS, JobDone
 from rlboost.wire.rollout_io import ManagerStatus
 
 log = logging.getLogger(__name__)
@@ -409,12 +409,11 @@ class Run:
         if self.nc is None:
             return
         for subj, data in await read_from(self.nc, self.status_reader):
-            topic = subj.rsplit(".", 1)[-1]
-            await (self._on_done(data) if topic == "done" else self._on_step(data))
+            await (self._on_done(data) if DONE.carries(subj) else self._on_step(data))
 
     async def _on_step(self, data: bytes) -> None:
         try:
-            rec = StepReport.model_validate_json(data)
+            rec = STEPS.decode(data)
         except ValueError as err:
             log.warning("ignoring a malformed step report", extra={"error": str(err)})
             return
@@ -428,7 +427,7 @@ class Run:
 
     async def _on_done(self, data: bytes) -> None:
         try:
-            self.state.done = JobDone.model_validate_json(data)
+            self.state.done = DONE.decode(data)
         except ValueError as err:
             self.state.done = JobDone(ok=False, steps=0, error=f"malformed done event: {err}")
         self.state.wake.set()

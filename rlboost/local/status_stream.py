@@ -16,17 +16,17 @@ from nats.aio.client import Client
 from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
-from rlboost.wire.events import STATUS_STREAM, StepReport, subject
+from rlboost.wire.events import DONE, STATUS_STREAM, STEPS
 
 log = logging.getLogger(__name__)
-TOPICS = ("steps", "done")
+TOPICS = (STEPS, DONE)
 TIMEOUT_S = 2.0
 
 
 def local_stream_config(namespace: str, job: str) -> StreamConfig:
     """This job's step reports and `done`, all of them (a local run's stream lives as long as its run dir)."""
     return StreamConfig(
-        name=STATUS_STREAM, subjects=[subject(namespace, job, t) for t in TOPICS], storage=StorageType.FILE
+        name=STATUS_STREAM, subjects=[t.subject(namespace, job) for t in TOPICS], storage=StorageType.FILE
     )
 
 
@@ -46,8 +46,8 @@ async def ensure_status_stream(nc: Client, namespace: str, job: str) -> StreamCu
 async def _last_step(nc: Client, namespace: str, job: str) -> int | None:
     """The step of the last step report an earlier run of this run dir stored, if any."""
     try:
-        msg = await nc.jetstream(timeout=TIMEOUT_S).get_last_msg(STATUS_STREAM, subject(namespace, job, "steps"))
-        return StepReport.model_validate_json(msg.data or b"").step
+        msg = await nc.jetstream(timeout=TIMEOUT_S).get_last_msg(STATUS_STREAM, STEPS.subject(namespace, job))
+        return STEPS.decode(msg.data or b"").step
     except (NotFoundError, ValueError):  # no step report yet, or one this version cannot read
         return None
 

@@ -9,7 +9,9 @@ package is cheap.
 
 from __future__ import annotations
 
-from rlboost.models.factory import ModelError, ensure_model, is_model_dir
+from rlboost.models.errors import ModelError
+from rlboost.models.factory import ensure_model
+from rlboost.models.layout import is_model_dir
 from rlboost.models.tokenizer import (
     END_OF_TEXT,
     IM_END,

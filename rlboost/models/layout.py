@@ -49,6 +49,12 @@ def asset_files(model_dir: str | Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_file() and wanted(p.name, ASSET_PATTERNS))
 
 
+def is_model_dir(path: Path) -> bool:
+    """True when `path` holds a saved model: config.json and at least one *.safetensors file (the quick check;
+    `model_dir_problem` is the thorough one)."""
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
 def model_dir_problem(model_dir: str | Path) -> str:
     """'' when `model_dir` holds a usable HF model (config.json with a model_type, a tokenizer, readable
     safetensors and every shard its index names); else what is wrong, in a few words."""

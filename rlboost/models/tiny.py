@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rlboost.models.errors import ModelError
 from rlboost.models.tokenizer import IM_END, encode_prompt, stop_token_ids, train_tokenizer
 from rlboost.spec import ModelSpec, TaskSpec
 from rlboost.tasks import Example, Task
@@ -39,8 +40,6 @@ def build_model(model_spec: ModelSpec, tokenizer: PreTrainedTokenizerBase) -> Pr
     """A random-init Qwen3ForCausalLM sized by the spec, seeded by model_spec.seed."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from rlboost.models.factory import ModelError
 
     if model_spec.hidden_size % model_spec.num_heads:
         raise ModelError(

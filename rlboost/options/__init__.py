@@ -1,10 +1,13 @@
 """Every service's options, written once: a pydantic model per service that its `__main__` parses, that
 renders its own argv, and a pure function per service that renders it for one deployment (a `Site`), used
-by `rlboost local`'s plan and the operator's pods alike. No service, and no torch, is imported here."""
+by `rlboost local`'s plan and the operator's pods alike; and the model-fetch init container's options
+(`ModelFetchOptions`), which the operator renders and `rlboost.models.fetch` parses. No service, and no torch,
+is imported here."""
 
 from rlboost.options.base import (
     ANY_ADDRESS,
     LOOPBACK,
+    CommandOptions,
     OptionProblem,
     OptionsError,
     ServiceOptions,
@@ -13,6 +16,7 @@ from rlboost.options.base import (
     parse_service_args,
 )
 from rlboost.options.manager import ManagerOptions, manager_options
+from rlboost.options.model_fetch import ModelFetchOptions
 from rlboost.options.trainer import TrainerOptions, trainer_options
 from rlboost.options.weight_server import WeightServerOptions, weight_server_options
 from rlboost.options.worker import WorkerOptions, worker_options
@@ -23,7 +27,9 @@ __all__ = [
     "ANY_ADDRESS",
     "LOOPBACK",
     "SERVICES",
+    "CommandOptions",
     "ManagerOptions",
+    "ModelFetchOptions",
     "OptionProblem",
     "OptionsError",
     "ServiceOptions",

@@ -1,4 +1,5 @@
-"""What every service's options share: the common flags, argv in both directions, and the deployment facts.
+"""What every command's options share (argv in both directions), what every service's add (the common flags),
+and the deployment facts.
 
 A service's options are one pydantic model (a bound and a description per field); its command line is
 derived from the fields (`--metrics-port` is `metrics_port`, also read from RLBOOST_METRICS_PORT), so the
@@ -21,6 +22,7 @@ import types
 from typing import Annotated, ClassVar, NamedTuple, Self, TypeVar, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic_core import PydanticUndefined
 
 from rlboost.spec import JobSpec, JobSpecError, load_job_spec
 
@@ -67,12 +69,66 @@ def flag_of(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-class ServiceOptions(BaseModel):
-    """The flags every service takes."""
+class CommandOptions(BaseModel):
+    """A command's options: one field per flag, rendered to argv and parsed back from it."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-    SERVICE: ClassVar[str] = ""  # the name in `rlboost serve <service>` and in its one-line errors
     MODULE: ClassVar[str] = ""  # `python -m <module>` runs it
+    # A flag not given defaults to RLBOOST_<FLAG> when set (a service's settings from its pod's environment).
+    ENV_DEFAULTS: ClassVar[bool] = True
+
+    @classmethod
+    def prog(cls) -> str:
+        """How the command names itself in usage and one-line errors."""
+        return f"python -m {cls.MODULE}"
+
+    def to_argv(self) -> list[str]:
+        """The flags that render these options: every field that was set, in declaration order."""
+        argv: list[str] = []
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if name not in self.model_fields_set or value is None or value is False:
+                continue
+            argv += [flag_of(name)] if value is True else [flag_of(name), str(value)]
+        return argv
+
+    def command(self, python: str = "python") -> list[str]:
+        """The whole command line: `python -m <module> <flags>`."""
+        return [python, "-m", self.MODULE, *self.to_argv()]
+
+    @classmethod
+    def parser(cls) -> argparse.ArgumentParser:
+        """An argparse parser with one flag per field (its default: RLBOOST_<FLAG> where read, else the field's;
+        a field without a default is a required flag)."""
+        parser = argparse.ArgumentParser(prog=cls.prog(), description=cls.__doc__)
+        for name, info in cls.model_fields.items():
+            flag = flag_of(name)
+            default = env_default(flag[2:], info.default) if cls.ENV_DEFAULTS else info.default
+            required = default is PydanticUndefined
+            help_text = f"{info.description} ({'required' if required else f'default: {info.default!r}'}"
+            help_text += f"; env {env_name(flag[2:])})" if cls.ENV_DEFAULTS else ")"
+            if _is_bool(info.annotation):
+                parser.add_argument(flag, action="store_true", default=default, help=help_text)
+            elif required:
+                parser.add_argument(flag, required=True, metavar=name.upper(), help=help_text)
+            else:  # a string: pydantic converts and bounds it, so every check lives in the model
+                parser.add_argument(flag, default=default, metavar=name.upper(), help=help_text)
+        return parser
+
+    @classmethod
+    def from_argv(cls, argv: list[str] | None = None) -> Self:
+        """Parse a command line (and RLBOOST_* variables where read); OptionsError names each bad flag."""
+        values = vars(cls.parser().parse_args(argv))
+        try:
+            return cls.model_validate(values)
+        except ValidationError as err:
+            raise OptionsError([_problem(e, cls.ENV_DEFAULTS) for e in err.errors()]) from None
+
+
+class ServiceOptions(CommandOptions):
+    """The flags every service takes."""
+
+    SERVICE: ClassVar[str] = ""  # the name in `rlboost serve <service>` and in its one-line errors
 
     config: str = Field("", description="Job spec YAML (the defaults when empty).")
     namespace: str = Field("default", min_length=1, max_length=253, description="NATS subject namespace.")
@@ -102,50 +158,14 @@ class ServiceOptions(BaseModel):
             self._spec = load_job_spec(self.config) if self.config else JobSpec()
         return self._spec
 
-    def to_argv(self) -> list[str]:
-        """The flags that render these options: every field that was set, in declaration order."""
-        argv: list[str] = []
-        for name in type(self).model_fields:
-            value = getattr(self, name)
-            if name not in self.model_fields_set or value is None or value is False:
-                continue
-            argv += [flag_of(name)] if value is True else [flag_of(name), str(value)]
-        return argv
-
-    def command(self, python: str = "python") -> list[str]:
-        """The whole command line: `python -m <module> <flags>`."""
-        return [python, "-m", self.MODULE, *self.to_argv()]
-
-    @classmethod
-    def parser(cls) -> argparse.ArgumentParser:
-        """An argparse parser with one flag per field (its default: RLBOOST_<FLAG>, else the field's)."""
-        parser = argparse.ArgumentParser(prog=cls.prog(), description=cls.__doc__)
-        for name, info in cls.model_fields.items():
-            flag, default = flag_of(name), env_default(flag_of(name)[2:], info.default)
-            help_text = f"{info.description} (default: {info.default!r}; env {env_name(flag[2:])})"
-            if _is_bool(info.annotation):
-                parser.add_argument(flag, action="store_true", default=default, help=help_text)
-            else:  # a string: pydantic converts and bounds it, so every check lives in the model
-                parser.add_argument(flag, default=default, metavar=name.upper(), help=help_text)
-        return parser
-
-    @classmethod
-    def from_argv(cls, argv: list[str] | None = None) -> Self:
-        """Parse a command line (and RLBOOST_* variables); OptionsError names each bad flag."""
-        values = vars(cls.parser().parse_args(argv))
-        try:
-            return cls.model_validate(values)
-        except ValidationError as err:
-            raise OptionsError([_problem(e) for e in err.errors()]) from None
-
 
 T = TypeVar("T", bound=ServiceOptions)
 
 
-def _problem(error: dict) -> OptionProblem:
+def _problem(error: dict, env_defaults: bool) -> OptionProblem:
     """A validation error as (flag, message): a check of our own says what it got, pydantic's get the value added."""
     flag = flag_of(str(error["loc"][0])) if error["loc"] else ""
-    if flag and env_name(flag[2:]) in os.environ:  # the bad value may have come from the environment
+    if flag and env_defaults and env_name(flag[2:]) in os.environ:  # the bad value may have come from the environment
         flag = f"{flag} (or {env_name(flag[2:])})"
     cause = (error.get("ctx") or {}).get("error")
     if isinstance(cause, ValueError):

@@ -6,8 +6,9 @@ trains), the rollout-manager (`rollout_manager.server.GroupTarget`: when a step'
 
 - In flight: a step keeps `in_flight(promptsPerStep, overProvision)` groups in flight, promptsPerStep plus the
   over-provision rounded up, so its stream can end at its target while the longest responses go on; the spec
-  rejects a job whose in-flight requests do not fit in rollout.maxStepRequests (`fits_step_limit`). The step
-  opens `new_groups(...)`: what the groups still open from earlier steps leave of that.
+  rejects a job whose in-flight requests do not fit in rollout.maxStepRequests (`fits_step_limit`). Both live in
+  rlboost.step_sizing, below the spec, which validates with them. The step opens `new_groups(...)`: what the
+  groups still open from earlier steps leave of that.
 - Stream end: the stream ends once `stream_target(target, owed)` groups are complete (`stream_ended`); the rest
   (unfinished responses, with their tokens) is carried into the next step under its weight version.
 - Staleness: a sample's lag is its step's weight version minus the version of its OLDEST token (`lag`); it is
@@ -21,18 +22,18 @@ group owed, nothing left unfinished at the stream's end, every sample on-policy 
 
 from __future__ import annotations
 
-import math
+from rlboost.step_sizing import fits_step_limit, in_flight  # the spec validates with them too: they live below it
 
-
-def in_flight(per_step: int, over_provision: float, partial: bool = True) -> int:
-    """Groups a step keeps in flight: `per_step` plus `over_provision` of it rounded up (partial rollout), or
-    exactly `per_step` (synchronous)."""
-    return per_step + math.ceil(per_step * over_provision) if partial else per_step
-
-
-def fits_step_limit(groups: int, group_size: int, max_step_requests: int) -> bool:
-    """Whether `groups` groups in flight fit in one Rollout call's request bound (rollout.maxStepRequests)."""
-    return groups * group_size <= max_step_requests
+__all__ = [
+    "fits_step_limit",
+    "in_flight",
+    "lag",
+    "may_carry",
+    "new_groups",
+    "stream_ended",
+    "stream_target",
+    "trainable",
+]
 
 
 def new_groups(in_flight_groups: int, open_groups: int) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlboost.simulate.cluster import ClusterConfig, PolicyResult
+from rlboost.simulate.runner import SAME_ALGORITHM_BASELINE
 
 
 def comparison(cfg: ClusterConfig, results: dict[str, PolicyResult]) -> dict:
@@ -20,7 +21,26 @@ def comparison(cfg: ClusterConfig, results: dict[str, PolicyResult]) -> dict:
             }
             for name, s in policies.items()
         }
-    return {"policies": policies, "relative_to_reserved_only": relative}
+    return {"policies": policies, "relative_to_reserved_only": relative, "spot_share": spot_share(policies)}
+
+
+def spot_share(policies: dict[str, dict]) -> dict | None:
+    """rlboost's throughput gain over reserved-only, split: the algorithm's (partial rollout on the reserved GPUs
+    alone, `reserved-only+staleness`) and spot's (the rest). None unless all three policies ran."""
+    names = ("reserved-only", SAME_ALGORITHM_BASELINE, "rlboost")
+    if not all(n in policies and policies[n]["samples_per_s"] for n in names):
+        return None
+    base, same_algorithm, ours = (policies[n]["samples_per_s"] for n in names)
+    gain = ours - base
+    return {
+        "rlboost_vs_reserved_only": ours / base,
+        "same_algorithm_reserved_only_vs_reserved_only": same_algorithm / base,
+        "rlboost_vs_same_algorithm_reserved_only": ours / same_algorithm,
+        "cost_efficiency_vs_same_algorithm_reserved_only": policies["rlboost"]["cost_efficiency"]
+        / policies[SAME_ALGORITHM_BASELINE]["cost_efficiency"],
+        # of rlboost's extra samples/s over reserved-only, the fraction spot brings (<= 0: spot added nothing)
+        "spot_share_of_gain": (ours - same_algorithm) / gain if gain > 0 else 0.0,
+    }
 
 
 def print_table(doc: dict, title: str) -> None:
@@ -45,6 +65,13 @@ def print_table(doc: dict, title: str) -> None:
         )
     console = Console()
     console.print(table)
+    if share := doc.get("spot_share"):
+        console.print(
+            f"rlboost {share['rlboost_vs_reserved_only']:.2f}x reserved-only: partial rollout alone gives "
+            f"{share['same_algorithm_reserved_only_vs_reserved_only']:.2f}x ({SAME_ALGORITHM_BASELINE}), spot "
+            f"{share['rlboost_vs_same_algorithm_reserved_only']:.2f}x on top; spot's share of the gain "
+            f"{share['spot_share_of_gain']:.0%}"
+        )
     for name, s in doc["policies"].items():  # the weight-distribution model's figures (rlboost.simulate.weights)
         console.print(
             f"{name}: cold starts {s['cold_start_gpu_hours']:.1f} GPU-h, "

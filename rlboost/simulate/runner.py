@@ -2,7 +2,8 @@
 
 Policies: `reserved-only`, `disaggregated`, `hybrid` (the paper's), and rlboost's hybrid with issue 17's
 policies (`Features`): `rlboost` has every one on; `hybrid+length`, `hybrid+scaler`, `hybrid+staleness`,
-`hybrid+tp2` switch one on alone.
+`hybrid+tp2` switch one on alone. `reserved-only+staleness` runs rlboost's algorithm (partial rollout) on the
+reserved GPUs alone: against it, the gain left is spot's.
 """
 
 from __future__ import annotations
@@ -39,16 +40,33 @@ HYBRIDS = {
     "hybrid+staleness": Features(staleness=1),
     "hybrid+tp2": Features(tail_tp2=True),
 }
-POLICIES = ("reserved-only", "disaggregated", "hybrid", "rlboost")  # the default comparison
-ALL_POLICIES = ("reserved-only", "disaggregated", *HYBRIDS)
+# reserved-only with rlboost's algorithm (partial rollout, staleness 1) and no spot: the baseline that tells
+# spot's share of rlboost's gain from the algorithm's (with no spot at all, `rlboost` is this policy)
+SAME_ALGORITHM_BASELINE = "reserved-only+staleness"
+BASELINES = {SAME_ALGORITHM_BASELINE: Features(staleness=HYBRIDS["rlboost"].staleness)}
+POLICIES = ("reserved-only", SAME_ALGORITHM_BASELINE, "disaggregated", "hybrid", "rlboost")  # the default comparison
+ALL_POLICIES = ("reserved-only", "disaggregated", *BASELINES, *HYBRIDS)
 LOCAL_RELOAD_S = 1.0  # colocated engines reload weights from the trainer's memory
+MAX_STEP_S = 7 * 24 * 3600.0  # simulated time one step may take before the run stops as stalled
+
+
+class SimulationStalledError(RuntimeError):
+    """A step made no progress within its bound of simulated time; the message names the policy and the step."""
 
 
 class StepRunner:
     """Shared stepping: ticks until rollout and the streamed trainer are both done."""
 
-    def __init__(self, cfg: ClusterConfig, policy: str, trace: SpotTrace | None, spot_cap: int | None = None) -> None:
-        self.features = HYBRIDS.get(policy, Features())
+    def __init__(
+        self,
+        cfg: ClusterConfig,
+        policy: str,
+        trace: SpotTrace | None,
+        spot_cap: int | None = None,
+        max_step_s: float = MAX_STEP_S,
+    ) -> None:
+        self.max_step_s = max_step_s
+        self.features = HYBRIDS.get(policy) or BASELINES.get(policy, Features())
         if self.features.tail_tp2:
             cfg = replace(cfg, spot_tp2_share=TP2_SHARE)
         self.cfg, self.policy, self.hybrid = cfg, policy, policy in HYBRIDS
@@ -134,12 +152,16 @@ class StepRunner:
             self.now += dt
             if not complete:
                 complete = self._rollout_complete(sim, trainer, target, carried, must_finish if partial else None)
-            if complete and partial and not offloaded:  # colocated: the reserved GPUs stop generating and train
+            if complete and partial and (not offloaded or trainer.paused):
+                # the reserved GPUs stop generating and train: colocated, or offloaded but called back to rollout
+                # because spot ran out (a trainer left paused here never finished: the loop never ended)
                 offloaded = True
                 sim.blocked |= set(reserved)
                 sim.offload(reserved)
-                trainer.start = self.now
+                if trainer.start is None:
+                    trainer.start = self.now
                 trainer.paused = False
+            self._check_progress(k, t0)
         if partial:
             end = self.now
             self._carry(sim, target, carried, versions)
@@ -158,6 +180,14 @@ class StepRunner:
         paid = self.result.spot_gpu_s - spot_paid0
         ready = ready_spot_gpu_s + self.spot.ready_gpus(self.now) * (self.now - t0 - len(spot_samples) * dt)
         self._scale(sim, trainer, paid, ready, self.now - t0)
+
+    def _check_progress(self, k: int, t0: float) -> None:
+        """A step that runs past `max_step_s` of simulated time is a stall, not a slow step: stop, saying where."""
+        if self.now - t0 > self.max_step_s:
+            raise SimulationStalledError(
+                f"policy {self.policy!r}: step {k} ran past {self.max_step_s:.0f} s of simulated time "
+                f"(started at {t0:.0f} s; spot VMs now {len(self.spot.vms)}); the simulation stopped"
+            )
 
     def _rollout_complete(
         self, sim: StepSim, trainer: Trainer, target: int, carried: int, must_finish: np.ndarray | None

@@ -32,17 +32,18 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import aiohttp
 import httpx
 from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from rlboost.weights.peer_serve import CachedPayload, PayloadCache
 from rlboost.weights.signing import ASSET_MANIFEST, ManifestVerifier, WeightsRejectedError
+from rlboost.wire import weight_routes as routes
 from rlboost.wire.peers_io import PeerRegistration, Source, SourceList, SourcesRequest
 from rlboost.wire.weights_io import (
-    API_PREFIX,
     HEADER_BASE_VERSION,
     HEADER_CHECKSUM,
     HEADER_CHUNK_BYTES,
@@ -55,10 +56,6 @@ from rlboost.wire.weights_io import (
     Manifest,
     VersionList,
 )
-
-if TYPE_CHECKING:
-    from rlboost.weights.fanout import PeerFanout
-    from rlboost.weights.peer_serve import CachedPayload
 
 UPLOAD_BLOCK = 1 << 20
 READ_PIECE = 1 << 20  # payload bytes per read from the response stream
@@ -95,6 +92,21 @@ class PullStats:
     seconds: float = 0.0
     peer_bytes: int = 0  # payload bytes that came from peers (the rest from the weight-server)
     peer_failures: int = 0  # chunk fetches from a peer that failed and went to another source
+
+
+class PeerSources(Protocol):
+    """What a pull needs of peer fan-out: where to fetch a payload from, and the cache that keeps each verified
+    chunk for other peers. rlboost.weights.fanout.PeerFanout is one, and attaches itself as `WeightClient.fanout`."""
+
+    cache: PayloadCache
+
+    async def sources(self, manifest: Manifest) -> list[Source]:
+        """The payload's sources, best first (the weight-server last); [] when the directory cannot be asked."""
+        ...
+
+    def held_changed(self) -> None:
+        """A payload became whole (peers may be told now)."""
+        ...
 
 
 @dataclass
@@ -162,7 +174,7 @@ class WeightClient:
         )
         self.last_pull = PullStats()
         self.verifier = verifier  # None: manifests are taken as served (no job credentials)
-        self.fanout: PeerFanout | None = None  # peer sources and the cache peers are served from (fanout.py)
+        self.fanout: PeerSources | None = None  # peer sources and the cache peers are served from (fanout.py)
         self.on_peer_rejected: Callable[[str], None] | None = None  # called with a peer's URL when it lied
         self.bad_peers: set[str] = set()  # peers that served bytes that are not the manifest's: never asked again
 
@@ -191,7 +203,7 @@ class WeightClient:
 
     async def _get(self, path: str, **kwargs: object) -> httpx.Response:
         try:
-            resp = await self._http.get(API_PREFIX + path, **kwargs)
+            resp = await self._http.get(routes.api(path), **kwargs)
         except httpx.TransportError as err:
             raise WeightServerError(0, f"cannot reach {self._http.base_url}: {err!r}") from None
         _raise_for(resp)
@@ -199,13 +211,13 @@ class WeightClient:
 
     # ---- reads -------------------------------------------------------------------------------
     async def versions(self) -> VersionList:
-        return VersionList.model_validate_json((await self._get("/versions")).content)
+        return VersionList.model_validate_json((await self._get(routes.VERSIONS)).content)
 
     async def manifest(self, version: int, kind: str | None = None) -> Manifest:
         """A version's manifest; with `kind` ('full' or 'delta') its payload of that kind (a snapshot version
         may also hold the delta from the version before, as a companion)."""
         params = {"kind": kind} if kind else None
-        return Manifest.model_validate_json((await self._get(f"/versions/{version}/manifest", params=params)).content)
+        return Manifest.model_validate_json((await self._get(routes.manifest(version), params=params)).content)
 
     async def sync_plan(
         self, from_version: int | None, to_version: int | None = None, compact: bool = True
@@ -218,32 +230,32 @@ class WeightClient:
         params = {k: str(v) for k, v in (("from", from_version), ("to", to_version)) if v is not None}
         if not compact or self.verifier is not None:  # a compacted delta carries no trainer signature
             params["compact"] = "0"
-        plan = parse_sync_plan((await self._get("/sync", params=params)).content)
+        plan = parse_sync_plan((await self._get(routes.SYNC, params=params)).content)
         if self.verifier is not None:
             self.verifier.check_plan(plan, from_version, to_version)
         return plan
 
     async def compacted(self, base: int, version: int) -> Manifest:
         """The manifest of the server's compacted base->version delta (built on first request)."""
-        return Manifest.model_validate_json((await self._get(f"/compacted/{base}/{version}/manifest")).content)
+        return Manifest.model_validate_json((await self._get(routes.compacted_manifest(base, version))).content)
 
     # ---- peer fan-out (the weight-server's source directory: rlboost.weights.peers) -------------
     async def register_peer(self, worker: str, registration: PeerRegistration) -> None:
         """Register (or heartbeat) this worker as a peer that serves the payloads it holds."""
-        await self._call("PUT", f"/peers/{worker}", registration.model_dump_json())
+        await self._call("PUT", routes.peer(worker), registration.model_dump_json())
 
     async def leave_peer(self, worker: str) -> None:
-        await self._call("DELETE", f"/peers/{worker}")
+        await self._call("DELETE", routes.peer(worker))
 
     async def peer_sources(self, worker: str, path: str) -> SourceList:
         """Where `worker` should fetch the payload at `path`: peers near it first, the weight-server last."""
         body = SourcesRequest(worker=worker, path=path).model_dump_json()
-        return SourceList.model_validate_json((await self._call("POST", "/sources", body)).content)
+        return SourceList.model_validate_json((await self._call("POST", routes.SOURCES, body)).content)
 
     async def _call(self, method: str, path: str, body: str | None = None) -> httpx.Response:
         headers = {"Content-Type": "application/json"} if body is not None else None
         try:
-            resp = await self._http.request(method, API_PREFIX + path, content=body, headers=headers)
+            resp = await self._http.request(method, routes.api(path), content=body, headers=headers)
         except httpx.TransportError as err:
             raise WeightServerError(0, f"cannot reach {self._http.base_url}: {err!r}") from None
         _raise_for(resp)
@@ -393,7 +405,7 @@ class WeightClient:
         if start > end:
             return
         stats.requests += 1
-        url = base_url + API_PREFIX + m.payload_path  # as httpx joins base_url and path
+        url = base_url + routes.api(m.payload_path)  # as httpx joins base_url and path
         try:
             async with self._bulk().get(url, headers={"Range": f"bytes={start}-{end}"}) as resp:
                 if resp.status >= 500:
@@ -441,7 +453,7 @@ class WeightClient:
         else:  # in blocks: handed over whole, a snapshot was copied twice on its way to the socket
             headers["Content-Length"] = str(memoryview(payload).nbytes)
             content = _memory_blocks(memoryview(payload).cast("B"))
-        url = f"{self._base_url}{API_PREFIX}/versions/{version}"
+        url = self._base_url + routes.api(routes.version(version))
         try:
             async with self._bulk().put(url, data=content, headers=headers) as resp:
                 body = await resp.read()
@@ -453,11 +465,11 @@ class WeightClient:
     # ---- model assets ------------------------------------------------------------------------
     async def assets(self) -> AssetList:
         """The model's assets the server holds (config, tokenizer, chat template...), with sizes and sha256s."""
-        return AssetList.model_validate_json((await self._get("/assets")).content)
+        return AssetList.model_validate_json((await self._get(routes.ASSETS)).content)
 
     async def asset(self, info: AssetInfo) -> bytes:
         """One asset's bytes, checked against its sha256."""
-        data = (await self._get(f"/assets/{info.name}")).content
+        data = (await self._get(routes.asset(info.name))).content
         if hashlib.sha256(data).hexdigest() != info.sha256:
             message = f"asset {info.name}: its bytes do not match their sha256"
             raise WeightsRejectedError("asset", message) if self.verifier else WeightServerError(0, message)
@@ -495,7 +507,7 @@ class WeightClient:
     async def upload_asset(self, name: str, data: bytes) -> AssetInfo:
         """PUT one model asset (needs the token); the same bytes again are accepted, other bytes refused."""
         try:
-            resp = await self._http.put(f"{API_PREFIX}/assets/{name}", content=data)
+            resp = await self._http.put(routes.api(routes.asset(name)), content=data)
         except httpx.TransportError as err:
             raise WeightServerError(0, f"upload of asset {name} failed: {err!r}") from None
         _raise_for(resp)

@@ -9,6 +9,7 @@
 source directory (rlboost.weights.peers) and heartbeats every `heartbeat_s`, telling it the payloads held whole.
 The client (rlboost.weights.client.WeightClient) asks `sources(manifest)` before each pull and keeps each verified
 chunk in the cache for others. A directory that cannot be reached only means pulling from the weight-server.
+This module builds on the client; the client knows fan-out only as what a pull needs of it (client.PeerSources).
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from rlboost.wire.weights_io import API_PREFIX, ChunkInfo, Manifest
+from rlboost.wire import weight_routes as routes
+from rlboost.wire.weights_io import ChunkInfo, Manifest
 
 log = logging.getLogger(__name__)
 SERVE_BLOCK = 1 << 20
@@ -156,8 +157,8 @@ class PeerServer:
         self.bytes_served = 0
         self._runner: web.AppRunner | None = None
         app = web.Application()
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get(API_PREFIX + "/{path:.+}", self._payload)
+        app.router.add_get(routes.HEALTHZ, self._healthz)
+        app.router.add_get(routes.api("/{path:.+}"), self._payload)  # any payload route; the cache knows which it holds
         self.app = app
 
     async def start(self, host: str, port: int, advertise: str = "") -> str:

@@ -1,21 +1,52 @@
 """NATS subjects and event payloads (JSON), shared by every publisher and subscriber.
 
-Subjects are per job: `rlboost.<namespace>.<job>.<topic>`.
+Subjects are per job: `rlboost.<namespace>.<job>.<topic>`. The topics are one typed table at the end of this
+file, each paired with the payload its messages carry (`WEIGHTS.subject(namespace, job)`, `WEIGHTS.encode(event)`,
+`WEIGHTS.decode(data)`); publishers, subscribers and the NATS permissions (rlboost.auth.nats_config) name them
+from there.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 STATUS_STREAM = "RLBOOST_STATUS"  # JetStream stream the operator keeps each job's newest step report and `done` in
 TRAINER_INBOX = "_INBOX.trainer"  # the trainer's reply subjects (nats.connect inbox_prefix): the stream's acks
+SUBJECT = "rlboost.{namespace}.{job}.{topic}"
+
+Payload = TypeVar("Payload", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Topic(Generic[Payload]):
+    """One topic of a job's NATS subjects and the payload type every message on it carries (JSON)."""
+
+    name: str
+    payload: type[Payload]
+
+    def subject(self, namespace: str, job: str) -> str:
+        """`rlboost.<namespace>.<job>.<name>`; "*" for the namespace or job: that topic of every one."""
+        return SUBJECT.format(namespace=namespace, job=job, topic=self.name)
+
+    def carries(self, subject: str) -> bool:
+        """Whether `subject` is this topic's (of whichever job)."""
+        return subject.rsplit(".", 1)[-1] == self.name
+
+    def encode(self, event: Payload) -> bytes:
+        return event.model_dump_json().encode()
+
+    def decode(self, data: bytes) -> Payload:
+        """A message's payload; pydantic's ValidationError (a ValueError) for bytes that are not one."""
+        return self.payload.model_validate_json(data)
 
 
 def subject(namespace: str, job: str, topic: str) -> str:
-    """`rlboost.<namespace>.<job>.<topic>`; topics: weights, nodes, steps, done, colocation, colocation-acks."""
-    return f"rlboost.{namespace}.{job}.{topic}"
+    """`rlboost.<namespace>.<job>.<topic>` of a topic's name. Superseded by `Topic.subject` (the table below):
+    kept while callers outside the table's users still name topics by string."""
+    return SUBJECT.format(namespace=namespace, job=job, topic=topic)
 
 
 class WeightsAnnounced(BaseModel):
@@ -214,3 +245,13 @@ class ColocationAck(BaseModel):
         description="HMAC of the other fields with the worker's own ack key (rlboost.auth."
         "colocation_acks); '' from a worker without one (a job without credentials).",
     )
+
+
+# The topics of a job: each subject and what it carries (who may publish and subscribe: rlboost.auth.nats_config).
+WEIGHTS = Topic("weights", WeightsAnnounced)  # weight-server -> workers: a new version to pull
+NODES = Topic("nodes", PreemptionNotice)  # operator -> manager: drain what runs on a node about to go
+STEPS = Topic("steps", StepReport)  # trainer -> operator, `rlboost local`: the record of each step
+DONE = Topic("done", JobDone)  # trainer -> operator, `rlboost local`: the job's end
+COLOCATION = Topic("colocation", ColocationCommand)  # trainer -> colocated reserved workers: release, resume
+COLOCATION_ACKS = Topic("colocation-acks", ColocationAck)  # those workers -> trainer: one ack per command
+TOPICS: tuple[Topic[Any], ...] = (WEIGHTS, NODES, STEPS, DONE, COLOCATION, COLOCATION_ACKS)

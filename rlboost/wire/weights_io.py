@@ -1,6 +1,6 @@
 """Domain types of the weight-server's HTTP API (JSON bodies), shared by server and clients.
 
-Routes (all under the weight-server's base URL):
+Routes (all under the weight-server's base URL; spelled in rlboost.wire.weight_routes):
   GET  /v1/versions                     -> VersionList
   GET  /v1/versions/{v}/manifest        -> Manifest (?kind=full|delta: that kind's payload of the version)
   GET  /v1/versions/{v}/payload         -> bytes (HTTP Range supported; chunks per manifest)
@@ -28,7 +28,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-API_PREFIX = "/v1"
+from rlboost.wire import weight_routes as routes
+
 # Upload headers (PUT /v1/versions/{v}).
 HEADER_KIND = "X-Rlboost-Kind"  # "full" | "delta"
 HEADER_BASE_VERSION = "X-Rlboost-Base-Version"  # for deltas
@@ -102,12 +103,10 @@ class Manifest(BaseModel):
 
     @property
     def payload_path(self) -> str:
-        """The payload's route under API_PREFIX."""
+        """The payload's route under API_PREFIX (rlboost.wire.weight_routes)."""
         if self.compacted:
-            return f"/compacted/{self.base_version}/{self.version}/payload"
-        if self.companion:
-            return f"/versions/{self.version}/{self.kind}/payload"
-        return f"/versions/{self.version}/payload"
+            return routes.compacted_payload(self.base_version, self.version)
+        return routes.payload(self.version, self.kind if self.companion else None)
 
     @property
     def sync_path(self) -> str:

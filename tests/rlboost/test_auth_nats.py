@@ -15,11 +15,12 @@ import pytest
 from rlboost.auth.credentials import JobCredentials, generate
 from rlboost.auth.nats import connect_options
 from rlboost.auth.nats_config import PUBLISHERS, SUBSCRIBERS, passwords_of, render_nats_config
-from rlboost.wire.events import STATUS_STREAM, subject
+from rlboost.wire.events import NODES, STATUS_STREAM, STEPS, TOPICS, WEIGHTS
 from tests.rlboost.conftest import JOB, NS
 
 RECEIVE_S = 1.0  # how long a denied message is given to arrive anyway (it must not)
 DELIVER_S = 15.0  # the deadline of an allowed message (returns as soon as it arrives; generous under load)
+BY_NAME = {t.name: t for t in TOPICS}
 
 
 async def _client(url: str, creds: JobCredentials, user: str, errors: list[str] | None = None):
@@ -82,11 +83,12 @@ def test_anonymous_and_wrong_password_clients_are_refused(job_nats) -> None:
 
 @pytest.mark.parametrize(
     ("topic", "publisher", "subscriber"),
-    [(topic, users[0], SUBSCRIBERS[topic][0]) for topic, users in PUBLISHERS.items()],
+    [(topic.name, users[0], SUBSCRIBERS[topic][0]) for topic, users in PUBLISHERS.items()],
 )
 def test_every_flow_the_services_use_is_delivered(job_nats, topic: str, publisher: str, subscriber: str) -> None:
     server, creds = job_nats
-    ok, errors = asyncio.run(_delivered(server.url, creds, publisher, subscriber, subject(NS, JOB, topic), DELIVER_S))
+    subj = BY_NAME[topic].subject(NS, JOB)
+    ok, errors = asyncio.run(_delivered(server.url, creds, publisher, subscriber, subj, DELIVER_S))
     assert ok and not errors, errors
 
 
@@ -104,8 +106,8 @@ def test_every_flow_the_services_use_is_delivered(job_nats, topic: str, publishe
 )
 def test_a_role_cannot_publish_another_roles_subject(job_nats, topic: str, forger: str) -> None:
     server, creds = job_nats
-    subscriber = SUBSCRIBERS[topic][0]
-    ok, errors = asyncio.run(_delivered(server.url, creds, forger, subscriber, subject(NS, JOB, topic)))
+    subscriber = SUBSCRIBERS[BY_NAME[topic]][0]
+    ok, errors = asyncio.run(_delivered(server.url, creds, forger, subscriber, BY_NAME[topic].subject(NS, JOB)))
     assert not ok
     assert any("permissions violation for publish" in e.lower() for e in errors), errors
 
@@ -114,9 +116,9 @@ def test_a_role_cannot_publish_another_roles_subject(job_nats, topic: str, forge
     ("subscriber", "subj"),
     [
         ("observer", "rlboost.>"),  # the audit's wildcard read of every job
-        ("worker", subject(NS, "other-job", "weights")),
-        ("worker", subject(NS, JOB, "nodes")),
-        ("manager", subject(NS, JOB, "steps")),
+        ("worker", WEIGHTS.subject(NS, "other-job")),
+        ("worker", NODES.subject(NS, JOB)),
+        ("manager", STEPS.subject(NS, JOB)),
         ("trainer", "_INBOX.>"),
     ],
 )
@@ -143,7 +145,7 @@ def test_only_the_operator_uses_the_status_stream(job_nats) -> None:
     async def add_stream(user: str) -> None:
         nc = await _client(server.url, creds, user)
         try:
-            await nc.jetstream(timeout=2).add_stream(name=STATUS_STREAM, subjects=[subject(NS, JOB, "steps")])
+            await nc.jetstream(timeout=2).add_stream(name=STATUS_STREAM, subjects=[STEPS.subject(NS, JOB)])
         finally:
             await nc.close()
 
@@ -165,3 +167,7 @@ def test_configuration_is_json_with_tls_when_asked(tmp_path: Path) -> None:
     assert manager["permissions"]["publish"] == {"deny": [">"]}
     with pytest.raises(ValueError, match="observer"):
         render_nats_config({"operator": "x"}, NS, JOB, listen="x", store_dir="/d")
+
+
+def test_every_topic_has_its_publishers_and_subscribers() -> None:
+    assert list(PUBLISHERS) == list(SUBSCRIBERS) == list(TOPICS)

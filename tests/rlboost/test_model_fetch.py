@@ -1,4 +1,4 @@
-"""rlboost.models.fetch and rlboost.models.layout for real: the tiny model created, 'path' and 'pvc' directories
+"""rlboost.models.sources, .fetch and .layout for real: the tiny model created, 'path' and 'pvc' directories
 checked, and the command line's one-line errors, exit codes and termination log (run as a process).
 Object storage and the Hub have their own files (test_model_fetch_s3.py, test_model_fetch_hf.py)."""
 
@@ -14,13 +14,10 @@ import pytest
 import yaml
 
 from rlboost.models import ModelError, ensure_model
-from rlboost.models.fetch import (
-    EXIT_BAD_SOURCE,
-    EXIT_USAGE,
-    ModelFetchError,
-    fetch_model,
-)
+from rlboost.models.errors import EXIT_BAD_SOURCE, EXIT_USAGE, ModelFetchError
+from rlboost.models.fetch import main
 from rlboost.models.layout import asset_files, model_dir_problem
+from rlboost.models.sources import fetch_model
 from rlboost.spec import JobSpec, ModelSpec, TaskSpec
 
 SMALL = {"hiddenSize": 32, "numLayers": 1, "numHeads": 2, "warmupSteps": 0}
@@ -122,3 +119,11 @@ def test_command_line_with_a_bad_spec_is_a_usage_error(tmp_path: Path) -> None:
     done = _run(tmp_path, {"source": "huggingface"}, tmp_path / "m", "--termination-log", str(log))
     assert done.returncode == EXIT_USAGE
     assert "model.repo: model.source 'huggingface' needs model.repo" in log.read_text()
+
+
+def test_command_line_with_a_bad_flag_is_one_line_and_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["--config", "", "--dest", str(tmp_path / "m")]) == EXIT_USAGE
+    stderr = capsys.readouterr().err.strip().splitlines()
+    assert len(stderr) == 1 and stderr[0].startswith("rlboost-fetch-model: --config: ")

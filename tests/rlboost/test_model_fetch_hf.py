@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from rlboost.models import ensure_model
-from rlboost.models.fetch import SOURCE_MARKER, ModelFetchError, fetch_model
+from rlboost.models.errors import ModelFetchError
 from rlboost.models.layout import model_dir_problem
+from rlboost.models.sources import SOURCE_MARKER, fetch_model
 from rlboost.nats_server import free_port
 from rlboost.spec import JobSpec, ModelSpec, TaskSpec
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from rlboost.models import ensure_model
-from rlboost.models.fetch import EXIT_UNREACHABLE, SOURCE_MARKER, ModelFetchError, fetch_model
+from rlboost.models.errors import EXIT_UNREACHABLE, ModelFetchError
 from rlboost.models.layout import model_dir_problem
+from rlboost.models.sources import SOURCE_MARKER, fetch_model
 from rlboost.nats_server import free_port, wait_for_port
 from rlboost.spec import JobSpec, ModelSpec, TaskSpec
 

@@ -140,7 +140,7 @@ def test_a_created_model_is_cached_and_the_next_run_copies_it(tmp_path: Path, mo
     def not_again(*_: object) -> None:
         raise AssertionError("created again")
 
-    monkeypatch.setattr("rlboost.models.tiny.create_tiny_model", not_again)
+    monkeypatch.setattr("rlboost.models.tiny_cache.create_tiny_model", not_again)
     b = ensure_model(SMALL.model_copy(update={"path": "elsewhere"}), SMALL_TASK, tmp_path / "b")
     assert _checksum(a) == _checksum(b) == _checksum(entry)
     assert sorted(f.name for f in a.iterdir()) == sorted(f.name for f in b.iterdir())

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rlboost import step_sizing
 from rlboost.policies.partial_rollout import (
     fits_step_limit,
     in_flight,
@@ -22,6 +24,7 @@ from rlboost.policies.partial_rollout import (
     stream_target,
     trainable,
 )
+from rlboost.spec import JobSpecError, parse_job_spec
 
 
 @dataclass
@@ -140,3 +143,21 @@ def test_new_groups_fill_up_to_the_in_flight_count_and_never_go_negative(kept, a
 def test_the_step_limit_bounds_the_requests_in_flight(prompts, over, group_size, max_step_requests):
     groups = in_flight(prompts, over)
     assert fits_step_limit(groups, group_size, max_step_requests) == (groups * group_size <= max_step_requests)
+
+
+def test_the_spec_bounds_groups_in_flight_with_the_policys_arithmetic() -> None:
+    """The spec validates with rlboost.step_sizing, the very functions the policy runs by (it may not import a
+    policy): 4 prompts + 50% over-provision = 6 groups in flight, x groupSize 4 = 24 requests > 20."""
+    assert (in_flight, fits_step_limit) == (step_sizing.in_flight, step_sizing.fits_step_limit)
+    algorithm = {"partialRollout": True, "maxStaleness": 1, "promptsPerStep": 4, "groupSize": 4}
+    ok = parse_job_spec({"algorithm": {**algorithm, "partialRolloutOverProvision": 0.25}})
+    assert ok.partial_rollout_groups() == in_flight(4, 0.25) == 5
+    with pytest.raises(JobSpecError) as err:
+        parse_job_spec(
+            {"algorithm": {**algorithm, "partialRolloutOverProvision": 0.5}, "rollout": {"maxStepRequests": 20}}
+        )
+    assert err.value.problems[0] == (
+        "algorithm.partialRolloutOverProvision",
+        "6 groups in flight x algorithm.groupSize exceeds rollout.maxStepRequests (20); lower the over-provision or "
+        "raise the limit",
+    )

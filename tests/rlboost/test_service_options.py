@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 from rlboost.local.plan import ChildPlan, LocalOptions, build_plan
+from rlboost.models import fetch
 from rlboost.options import (
     ANY_ADDRESS,
     LOOPBACK,
     SERVICES,
     ManagerOptions,
+    ModelFetchOptions,
     OptionsError,
     ServiceOptions,
     TrainerOptions,
@@ -247,3 +249,49 @@ def test_workers_of_accelerator_pools_run_on_cuda_in_bf16_both_ways(tmp_path: Pa
         _parsed(c["command"]).pool: _parsed(c["command"]) for c in _pod_containers(spec) if "--pool" in c["command"]
     }
     assert (pods["spot"].device, pods["reserved"].device) == ("cuda", "cpu")
+
+
+def test_model_fetch_options_round_trip_through_argv_with_the_flags_of_old() -> None:
+    opts = ModelFetchOptions(config="/etc/job.yaml", dest="/models/policy", termination_log="/dev/termination-log")
+    assert ModelFetchOptions.from_argv(opts.to_argv()) == opts
+    assert opts.command() == [
+        "python",
+        "-m",
+        "rlboost.models.fetch",
+        "--config",
+        "/etc/job.yaml",
+        "--dest",
+        "/models/policy",
+        "--termination-log",
+        "/dev/termination-log",
+    ]
+    with_token = opts.model_copy(update={"token_file": "/t"})
+    assert ModelFetchOptions.from_argv(with_token.to_argv()) == with_token
+    assert ModelFetchOptions in vars(fetch).values()  # what the fetcher's main parses with
+
+
+@pytest.mark.parametrize("spec", DEFAULT_SPECS.values(), ids=DEFAULT_SPECS.keys())
+def test_the_pods_model_fetch_init_container_parses_back(spec: JobSpec) -> None:
+    objs = children.build_children("job1", "ns1", spec, SETTINGS, 2)
+    pods = [o["spec"]["template"]["spec"] for o in objs if o["kind"] in ("Deployment", "StatefulSet")]
+    inits = [c for pod in pods for c in pod.get("initContainers", []) if c["name"] == children.FETCH_CONTAINER]
+    assert inits  # the trainer's pod fetches its model at least
+    expected = ModelFetchOptions(
+        config=children.CONFIG_PATH, dest=children.model_dir(spec.model), termination_log=children.TERMINATION_LOG
+    )
+    for container in inits:
+        assert container["command"][:3] == ["python", "-m", ModelFetchOptions.MODULE]
+        assert ModelFetchOptions.from_argv(container["command"][3:]) == expected
+
+
+def test_model_fetch_flags_are_required_bounded_and_not_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        ModelFetchOptions.from_argv(["--config", "/etc/job.yaml"])
+    assert exit_.value.code == 2 and "--dest" in capsys.readouterr().err
+    with pytest.raises(OptionsError) as err:
+        ModelFetchOptions.from_argv(["--config", "", "--dest", "/m"])
+    assert [p.flag for p in err.value.problems] == ["--config"]
+    monkeypatch.setenv("RLBOOST_TOKEN_FILE", "/weight-server-token")  # another command's variable
+    assert ModelFetchOptions.from_argv(["--config", "c", "--dest", "d"]).token_file == ""

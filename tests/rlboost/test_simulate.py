@@ -69,7 +69,8 @@ def test_cli_prints_json_and_writes_plot(tmp_path, capsys):
     rc = main(["simulate", "--trace", str(trace), "--steps", "4", "--json", "--plot", str(png)])
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0
-    assert set(doc["policies"]) == {"reserved-only", "disaggregated", "hybrid", "rlboost"}
+    assert set(doc["policies"]) == {"reserved-only", "reserved-only+staleness", "disaggregated", "hybrid", "rlboost"}
+    assert doc["spot_share"]["rlboost_vs_same_algorithm_reserved_only"] > 0  # the headline's split, beside it
     for fields in doc["policies"].values():
         assert {"samples_per_s", "cost_per_hour", "cost_efficiency", "gpu_utilisation", "bubble_fraction"} <= set(
             fields

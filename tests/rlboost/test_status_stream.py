@@ -7,7 +7,7 @@ from __future__ import annotations
 import nats
 
 from rlboost.local.status_stream import ensure_status_stream
-from rlboost.wire.events import StepReport, subject
+from rlboost.wire.events import DONE, STEPS, StepReport
 
 NS, JOB = "default", "j"
 
@@ -36,8 +36,8 @@ async def test_a_resumed_run_knows_the_last_step_report_the_stream_holds(nats_se
         assert first.last_step_before is None  # a new run dir: nothing before
         js = nc.jetstream()
         for step in (0, 1):
-            await js.publish(subject(NS, JOB, "steps"), _report(step))
-        await js.publish(subject(NS, JOB, "done"), b"{}")  # the last message need not be a step report
+            await js.publish(STEPS.subject(NS, JOB), _report(step))
+        await js.publish(DONE.subject(NS, JOB), b"{}")  # the last message need not be a step report
         resumed = await ensure_status_stream(nc, NS, JOB)
         assert resumed.last_step_before == 1 and resumed.next_seq == 4
     finally:

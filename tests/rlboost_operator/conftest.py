@@ -13,6 +13,9 @@ stale one answered 409 Conflict.
 kmock serves no OIDC discovery: the fixture adds the API server's `/.well-known/openid-configuration` and
 `/openid/v1/jwks` for a key pair of its own (`ClusterDiscovery`; a test rotates the key, or makes the endpoints
 refuse, as a cluster could).
+
+KopfRunner runs kopf in a thread of the test process, so a test can read the operator's in-process state: the
+collaborators its startup handler put in kopf's memo (`operator_memo()`, kept by a startup handler of the tests').
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 
 import httpx
 import kmock
+import kopf
 import pytest
 from aiohttp import web
 
@@ -54,6 +58,22 @@ RESOURCES = {
     "networking.k8s.io/v1/networkpolicies": dict(kind="NetworkPolicy", namespaced=True),
     "coordination.k8s.io/v1/leases": dict(kind="Lease", namespaced=True),
 }
+
+
+_STARTED: dict[str, Any] = {}  # "memo": the memo of the operator this process started last
+
+
+@kopf.on.startup(id="tests: keep the operator's memo")
+async def keep_memo(memo: kopf.Memo, **_: Any) -> None:
+    """Registered with kopf's default registry, as the operator's handlers are: each operator a test starts runs it
+    (before or after the operator's own startup: the memo is one object, which that startup fills)."""
+    _STARTED["memo"] = memo
+
+
+def operator_memo() -> Any:
+    """The memo of the operator started last in this process (`memo.jobs`, `memo.sizer`, ...: startup.fill_memo)."""
+    assert "memo" in _STARTED, "no operator was started in this process"
+    return _STARTED["memo"]
 
 
 def _status(code: int, reason: str, message: str) -> web.Response:

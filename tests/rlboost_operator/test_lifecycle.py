@@ -16,6 +16,7 @@ from kopf.testing import KopfRunner
 from rlboost.wire.events import JobDone, subject
 from rlboost_operator import children
 from tests.helpers import wait_until
+from tests.rlboost_operator.conftest import operator_memo
 from tests.rlboost_operator.test_operator import NS, _publish, rljob, status_of
 
 ARGS = ["run", "-A", "--standalone", "-m", "rlboost_operator.handlers"]
@@ -156,25 +157,24 @@ def test_rljobs_carry_no_finalizer_and_delete_when_no_operator_runs(kube_api, jo
     operator uninstalled, a deleted RLJob stayed in Terminating. Now none is added, and an older operator's is
     removed; the links to each job's NATS (and its status subscriptions) are the operator's own, dropped when the
     RLJob goes."""
-    from rlboost_operator.handlers import STATE  # the operator runs in this process (KopfRunner's thread)
-
     api = kube_api
     legacy = rljob("legacy")
     legacy["metadata"]["finalizers"] = ["rlboost.io/operator"]  # as an older operator left it
     with _start(api, monkeypatch, job_nats.url) as runner:
         wait_until(lambda: api.watched("rljobs"), timeout=20, what="the operator's watch")
+        memo = operator_memo()  # the operator runs in this process (KopfRunner's thread)
         api.create("RLJob", rljob("plain"))
         api.create("RLJob", legacy)
         for name in ("plain", "legacy"):
             wait_until(lambda n=name: status_of(api, n).get("phase") == "Pending", timeout=20, what=f"{name} Pending")
-            wait_until(lambda n=name: (NS, n) in STATE.nats, timeout=20, what=f"{name}'s NATS link")
+            wait_until(lambda n=name: (NS, n) in memo.links, timeout=20, what=f"{name}'s NATS link")
         wait_until(lambda: finalizers(api, "legacy") == [], timeout=20, what="the old finalizer removed")
         assert finalizers(api, "plain") == []
         api.delete("RLJob", NS, "legacy")
         assert api.get("RLJob", NS, "legacy") is None
-        wait_until(lambda: (NS, "legacy") not in STATE.nats, timeout=20, what="legacy forgotten")
-        assert (NS, "legacy") not in STATE.subscriptions
-        assert (NS, "legacy") not in STATE.jobs and (NS, "plain") in STATE.jobs
+        wait_until(lambda: (NS, "legacy") not in memo.links, timeout=20, what="legacy forgotten")
+        assert (NS, "legacy") not in memo.stream.subscriptions
+        assert (NS, "legacy") not in memo.jobs and (NS, "plain") in memo.jobs
     assert runner.exception is None, runner.output
     api.delete("RLJob", NS, "plain")  # no operator runs
     assert api.get("RLJob", NS, "plain") is None  # gone, not Terminating

@@ -14,7 +14,7 @@ from rlboost.spec import JobSpec, parse_job_spec
 from rlboost.wire.events import JobDone
 from rlboost_operator import children, status
 from rlboost_operator.config import OperatorSettings
-from rlboost_operator.state import State
+from rlboost_operator.lifecycle import TrainerFailures
 
 K8S_VERSION = "1.30.0"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -101,14 +101,12 @@ def test_backoff_limit_tolerates_that_many_restarts_and_names_count_and_limit():
 
 
 def test_the_most_failures_of_any_rank_count_once_per_job():
-    state = State(settings=OperatorSettings())
-    state.trainer_failures = {
-        ("ns", "j-trainer-0"): ("j", 2),
-        ("ns", "j-trainer-1"): ("j", 3),
-        ("ns", "k-trainer-0"): ("k", 9),
-        ("other", "j-trainer-0"): ("j", 7),
-    }
-    assert state.most_trainer_failures("ns", "j") == 3 and state.most_trainer_failures("ns", "none") == 0
+    trainers = TrainerFailures()
+    trainers.seen("ns", "j-trainer-0", "j", 2)
+    trainers.seen("ns", "j-trainer-1", "j", 3)
+    trainers.seen("ns", "k-trainer-0", "k", 9)
+    trainers.seen("other", "j-trainer-0", "j", 7)
+    assert trainers.most("ns", "j") == 3 and trainers.most("ns", "none") == 0
 
 
 def test_backoff_limit_is_a_bounded_spec_field_with_a_default():

@@ -22,6 +22,7 @@ from rlboost.auth.credentials import TICKET_KEY, WORKER_IDENTITY_CLUSTER, genera
 from rlboost.wire.events import JobDone, PreemptionNotice, StepReport, subject
 from rlboost_operator import children
 from tests.helpers import wait_until
+from tests.rlboost_operator.conftest import operator_memo
 
 NS = "team-a"
 
@@ -191,14 +192,13 @@ def test_autoscaled_spot_pool_asks_for_max_shrinks_on_pending_pods_and_retries(s
 
     The pods exist before the RLJob, and the test waits until the operator has seen them (its in-process state),
     so the bound, which counts from the first ask, expires with all four known."""
-    from rlboost_operator.handlers import STATE
-
     api = operator
+    sizer = operator_memo().sizer
     for name, node in [("a", "spot-a"), ("b", "spot-a"), ("c", None), ("d", None)]:
         api.create("Pod", spot_pod("auto", f"auto-workers-spot-{name}", node))
 
     def seen() -> int:  # list() first: the operator's thread adds to the dict meanwhile
-        return sum(1 for (ns, _), (job, _) in list(STATE.spot_pods.items()) if (ns, job) == (NS, "auto"))
+        return sum(1 for (ns, _), (job, _) in list(sizer.pods.items()) if (ns, job) == (NS, "auto"))
 
     wait_until(lambda: seen() == 4, timeout=20, what="the operator seeing the pods")
     spec = {"rollout": {"spot": {"minReplicas": 0, "maxReplicas": 4, "gpusPerWorker": 1, "sizing": "autoscaler"}}}

@@ -94,7 +94,7 @@ def _fail_a_fetch(api) -> None:
 def test_a_missing_claim_fails_the_rljob_before_any_child_and_it_starts_once_the_claim_exists(
     operator, monkeypatch: pytest.MonkeyPatch
 ):
-    monkeypatch.setattr("rlboost_operator.handlers.MODEL_RECHECK_S", 1)
+    monkeypatch.setattr("rlboost_operator.lifecycle.MODEL_RECHECK_S", 1)
     api = operator
     api.create("RLJob", rljob("pvcjob", {"model": {"source": "pvc", "claimName": "models", "path": "qwen3"}}))
     wait_until(lambda: status_of(api, "pvcjob").get("phase") == "Failed", timeout=20, what="phase Failed")

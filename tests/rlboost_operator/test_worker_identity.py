@@ -23,11 +23,11 @@ import pytest
 from rlboost.auth.credentials import ROLE_ITEMS, WORKER_IDENTITY_CLUSTER
 from rlboost.auth.worker_identity import IdentityRefused, WorkerIdentityVerifier, audience
 from rlboost.spec import JobSpec
-from rlboost_operator import children, cluster_keys, handlers
+from rlboost_operator import children, cluster_keys, credentials
 from rlboost_operator.config import OperatorSettings
 from rlboost_operator.kube import Kube
 from tests.helpers import wait_until
-from tests.rlboost_operator.conftest import ISSUER, ClusterDiscovery
+from tests.rlboost_operator.conftest import ISSUER, ClusterDiscovery, operator_memo
 from tests.rlboost_operator.test_operator import NS, rljob, status_of
 
 
@@ -93,15 +93,14 @@ def test_unusable_discovery_answers_name_the_endpoint_and_the_fix(config, jwks, 
     assert err.value.path == path
 
 
-async def test_a_discovery_read_never_answered_fails_at_the_request_deadline(kube_api, monkeypatch) -> None:
+async def test_a_discovery_read_never_answered_fails_at_the_request_deadline(kube_api) -> None:
     """kmock holds the discovery request (its gate): the read gives up at the client's deadline with an error
     naming the endpoint, rather than holding the reconcile, and the cluster-keys lock, for aiohttp's 5 minutes."""
     kube_api.discovery.gate = threading.Event()
     kube = Kube(kopf.ConnectionInfo(server=kube_api.url, token="test"), request_timeout_s=0.5)
-    monkeypatch.setattr(handlers.STATE, "kube", kube)
     try:
         with pytest.raises(cluster_keys.DiscoveryError, match="no answer within 0.5 s") as err:
-            await handlers._read_cluster_keys()
+            await credentials.read_cluster_keys(kube)
         assert err.value.path == cluster_keys.ISSUER_PATH and kube_api.discovery.held == 1
     finally:
         await kube.close()
@@ -191,7 +190,7 @@ def test_a_key_rotation_reaches_the_jobs_credentials(operator, tmp_path):
     api = operator
     api.create("RLJob", rljob("rot"))
     first = wait_until(lambda: _identity_item(api, "rot"), timeout=20, what="worker-identity.json")
-    wait_until(lambda: ("team-a", "rot") in handlers.STATE.jobs, timeout=10, what="the job running")
+    wait_until(lambda: ("team-a", "rot") in operator_memo().jobs, timeout=10, what="the job running")
     old_token = kubelet_token(api.discovery, "rot", "rot-workers-reserved-x", "rot-reserved-worker")
     api.discovery.rotate()
     second = wait_until(lambda: (i := _identity_item(api, "rot")) != first and i, timeout=10, what="the new keys")
@@ -204,7 +203,7 @@ def test_a_key_rotation_reaches_the_jobs_credentials(operator, tmp_path):
 
 def test_unreadable_keys_hold_the_job_back_and_say_why(operator, monkeypatch):
     api = operator
-    monkeypatch.setattr(handlers, "IDENTITY_RETRY_S", 0.5)
+    monkeypatch.setattr(credentials, "IDENTITY_RETRY_S", 0.5)
     api.discovery.refuse = 403
     api.create("RLJob", rljob("nokeys"))
 

@@ -16,7 +16,7 @@ import pytest
 from rlboost.auth.colocation_acks import AckVerifier, worker_ack_key
 from rlboost.nats_server import free_port
 from rlboost.rollout.v1 import rollout_pb2 as pb
-from rlboost.wire.events import ColocationAck, ColocationCommand, subject
+from rlboost.wire.events import COLOCATION, COLOCATION_ACKS, ColocationAck, ColocationCommand
 from tests.rollout_worker.standin_manager import StandInManager
 from tests.rollout_worker.test_session import PROMPT, REGISTERED, eventually, pb_assignment
 from tests.rollout_worker.test_torch_engine import hf_greedy
@@ -57,7 +57,7 @@ async def test_release_is_acked_work_waits_and_resume_generates_again(
     async def on_ack(msg) -> None:
         acks.put_nowait(ColocationAck.model_validate_json(msg.data))
 
-    await nc.subscribe(subject("default", JOB, "colocation-acks"), cb=on_ack)
+    await nc.subscribe(COLOCATION_ACKS.subject("default", JOB), cb=on_ack)
     argv = worker_argv(
         tiny_model_dir,
         mport,
@@ -76,7 +76,7 @@ async def test_release_is_acked_work_waits_and_resume_generates_again(
 
         async def command(action: str) -> ColocationAck:
             cmd = ColocationCommand(step=4, action=action, weight_version=0)
-            await nc.publish(subject("default", JOB, "colocation"), cmd.model_dump_json().encode())
+            await nc.publish(COLOCATION.subject("default", JOB), cmd.model_dump_json().encode())
             return await asyncio.wait_for(acks.get(), 30)
 
         beats_before = len(manager.of_kind("heartbeat"))
@@ -128,13 +128,13 @@ async def test_spot_worker_ignores_colocation(tiny_model_dir, tmp_path, nats_ser
     async def on_ack(msg) -> None:
         got.append(msg.data)
 
-    await nc.subscribe(subject("default", JOB, "colocation-acks"), cb=on_ack)
+    await nc.subscribe(COLOCATION_ACKS.subject("default", JOB), cb=on_ack)
     argv = worker_argv(tiny_model_dir, mport, 0, nats_url=nats_server.url, job=JOB, config=str(colocated_config))
     proc = spawn(argv, tmp_path / "worker.log")
     try:
         await eventually(lambda: manager.registrations, timeout=60, what="registration")
         cmd = ColocationCommand(step=0, action="release")
-        await nc.publish(subject("default", JOB, "colocation"), cmd.model_dump_json().encode())
+        await nc.publish(COLOCATION.subject("default", JOB), cmd.model_dump_json().encode())
         await nc.flush()
         manager.assign(pb_assignment("g", PROMPT, 6))  # it keeps generating: it was never released
         await eventually(lambda: (c := manager.last_chunk("g")) and c.finished, timeout=30, what="generation")

@@ -11,10 +11,11 @@ from collections.abc import Callable
 import pytest
 
 from rlboost.nats_server import free_port
+from rlboost.options.worker import WorkerOptions
 from rlboost.rollout.v1 import rollout_pb2 as pb
-from rlboost.wire.rollout_io import Pool
 from rollout_worker.engine.torch_engine import TorchEngine
-from rollout_worker.session import IdentityProofUnreadableError, ManagerUnreachableError, SessionConfig, WorkerSession
+from rollout_worker.errors import IdentityProofUnreadableError, ManagerUnreachableError
+from rollout_worker.session import WorkerSession
 from tests.rollout_worker.standin_manager import StandInManager
 
 PROMPT = [5, 9, 3, 17, 8]
@@ -45,8 +46,10 @@ async def rig(tiny_model_dir):
     manager = await StandInManager(REGISTERED).start(port)
     engine = TorchEngine(capacity=4)
     await engine.start(str(tiny_model_dir))
-    cfg = SessionConfig("w-1", Pool.SPOT, "node-a", 4, f"127.0.0.1:{port}", reconnect_timeout_s=10)
-    session = WorkerSession(cfg, engine)
+    options = WorkerOptions(
+        worker_id="w-1", pool="spot", node="node-a", manager=f"127.0.0.1:{port}", reconnect_timeout=10
+    )
+    session = WorkerSession(options, engine)
     task = asyncio.create_task(session.run())
     await eventually(lambda: manager.registrations, what="registration")
     try:
@@ -154,9 +157,11 @@ async def test_drain_asked_while_registering_closes_the_new_stream(rig):
 async def test_unreachable_manager_is_reported(tiny_model_dir):
     engine = TorchEngine(capacity=1)
     await engine.start(str(tiny_model_dir))
-    cfg = SessionConfig("w", Pool.RESERVED, "n", 1, f"127.0.0.1:{free_port()}", reconnect_timeout_s=1.0)
+    options = WorkerOptions(
+        worker_id="w", pool="reserved", node="n", manager=f"127.0.0.1:{free_port()}", reconnect_timeout=1.0
+    )
     with pytest.raises(ManagerUnreachableError, match="unreachable"):
-        await asyncio.wait_for(WorkerSession(cfg, engine).run(), 15)
+        await asyncio.wait_for(WorkerSession(options, engine).run(), 15)
     await engine.close()
 
 
@@ -168,10 +173,15 @@ async def test_each_registration_presents_the_identity_proof_as_it_is_then(tiny_
     manager = await StandInManager(REGISTERED).start(port)
     engine = TorchEngine(capacity=1)
     await engine.start(str(tiny_model_dir))
-    cfg = SessionConfig(
-        "w", Pool.SPOT, "n", 1, f"127.0.0.1:{port}", reconnect_timeout_s=10, identity_token_file=str(token)
+    options = WorkerOptions(
+        worker_id="w",
+        pool="spot",
+        node="n",
+        manager=f"127.0.0.1:{port}",
+        reconnect_timeout=10,
+        identity_token_file=str(token),
     )
-    session = WorkerSession(cfg, engine)
+    session = WorkerSession(options, engine)
     task = asyncio.create_task(session.run())
     try:
         await eventually(lambda: session.registrations == 1, what="registration")
@@ -195,10 +205,12 @@ async def test_an_unreadable_identity_proof_ends_the_session_naming_the_flag(tin
     engine = TorchEngine(capacity=1)
     await engine.start(str(tiny_model_dir))
     missing = tmp_path / "identity" / "token"
-    cfg = SessionConfig("w", Pool.SPOT, "n", 1, f"127.0.0.1:{port}", identity_token_file=str(missing))
+    options = WorkerOptions(
+        worker_id="w", pool="spot", node="n", manager=f"127.0.0.1:{port}", identity_token_file=str(missing)
+    )
     try:
         with pytest.raises(IdentityProofUnreadableError, match=f"--identity-token-file {missing}: cannot read it"):
-            await asyncio.wait_for(WorkerSession(cfg, engine).run(), 15)
+            await asyncio.wait_for(WorkerSession(options, engine).run(), 15)
         assert manager.registrations == []
     finally:
         await engine.close()

@@ -12,7 +12,7 @@ import nats
 import pytest
 
 from rlboost.nats_server import NatsServer
-from rlboost.wire.events import WeightsAnnounced, subject
+from rlboost.wire.events import WEIGHTS, WeightsAnnounced
 from rlboost.wire.weights_io import HEADER_BASE_VERSION, HEADER_CHECKSUM, HEADER_KIND, Manifest, VersionList
 from tests.weight_server.servers import TOKEN, ThreadServer
 from weight_server.app import HTTP_STATUS
@@ -129,7 +129,7 @@ def test_metrics_count_uploads_bytes_and_ranges(client) -> None:
 
 async def test_upload_is_announced_on_nats(tmp_path, nats_server) -> None:
     nc = await nats.connect(nats_server.url)
-    sub = await nc.subscribe(subject("default", "annc", "weights"))
+    sub = await nc.subscribe(WEIGHTS.subject("default", "annc"))
     try:
         with ThreadServer(tmp_path, nats_url=nats_server.url, job="annc") as srv:
             async with httpx.AsyncClient(base_url=srv.url) as c:
@@ -153,7 +153,7 @@ async def test_serving_continues_when_nats_dies_and_announces_after_it_returns(t
             with NatsServer(tmp_path / "nats2", port=nats_server.port) as again:
                 nc = await nats.connect(again.url)
                 try:
-                    sub = await nc.subscribe(subject("default", "drop", "weights"))
+                    sub = await nc.subscribe(WEIGHTS.subject("default", "drop"))
                     await nc.flush()
                     # the server's client reconnects on its own; announcements flow again
                     for v in range(1, 200):
@@ -176,7 +176,7 @@ async def test_snapshot_version_with_its_delta_over_http_counts_bytes_and_announ
     sends the delta to a worker one version behind and the snapshot to a new worker; bytes served count
     each path."""
     nc = await nats.connect(nats_server.url)
-    sub = await nc.subscribe(subject("default", "comp", "weights"))
+    sub = await nc.subscribe(WEIGHTS.subject("default", "comp"))
     try:
         with ThreadServer(tmp_path, nats_url=nats_server.url, job="comp") as srv:
             async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:

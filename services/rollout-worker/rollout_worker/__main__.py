@@ -42,7 +42,6 @@ from rlboost.observability import serve_http, setup_logging
 from rlboost.options.base import parse_service_args
 from rlboost.options.worker import WorkerOptions
 from rlboost.spec import PoolSpec
-from rlboost.wire.rollout_io import Pool
 
 log = logging.getLogger("rollout_worker")
 PROG = "rollout-worker"
@@ -58,7 +57,7 @@ async def _amain(args: WorkerOptions) -> int:
     from rlboost.auth.credentials import CredentialsError
     from rlboost.auth.grpc_auth import ClientAuth
     from rollout_worker.engine.base import EngineError
-    from rollout_worker.session import SessionEndedError
+    from rollout_worker.errors import SessionEndedError
     from rollout_worker.weights import WeightsError
 
     try:
@@ -164,7 +163,7 @@ class _Stop:
 
 async def _start(args: WorkerOptions, auth, pool_spec: PoolSpec, opened: _Opened):
     """Load the engine and the newest weights, subscribe to announcements; the session, ready to register."""
-    from rollout_worker.session import SessionConfig, WorkerSession
+    from rollout_worker.session import WorkerSession
     from rollout_worker.weights import WeightPuller
 
     engine, puller, version = opened.engine, None, 0
@@ -189,19 +188,7 @@ async def _start(args: WorkerOptions, auth, pool_spec: PoolSpec, opened: _Opened
         version = await _start_beside_first_pull(engine, model_dir, puller, args.startup_timeout)
     else:
         await engine.start(args.model_dir)
-    cfg = SessionConfig(
-        worker_id=args.worker_id,
-        pool=Pool(args.pool),
-        node=args.node,
-        capacity=engine.capacity,
-        manager=args.manager,
-        engine=engine.name,
-        reconnect_timeout_s=args.reconnect_timeout,
-        drain_deadline_ms=args.drain_deadline_ms,
-        auth=auth,
-        identity_token_file=args.identity_token_file,
-    )
-    session = WorkerSession(cfg, engine, puller.pull if puller else None)
+    session = WorkerSession(args, engine, puller.pull if puller else None, auth)
     if args.nats_url:
         opened.nats = await _subscribe_weights(args, session)
         if args.pool == "reserved" and args.spec.trainer.colocate_reserved:
@@ -214,9 +201,9 @@ async def _start(args: WorkerOptions, auth, pool_spec: PoolSpec, opened: _Opened
     log.info(
         "worker ready",
         extra={
-            "worker_id": cfg.worker_id,
+            "worker_id": args.worker_id,
             "weight_version": version,
-            "capacity": cfg.capacity,
+            "capacity": engine.capacity,
             "engine": args.engine or pool_spec.engine,
             "device": args.device,
             "dtype": args.dtype,
@@ -361,11 +348,11 @@ async def _subscribe_weights(args: WorkerOptions, session):
     import nats
 
     from rlboost.auth.nats import connect_options
-    from rlboost.wire.events import WeightsAnnounced, subject
+    from rlboost.wire.events import WEIGHTS
 
     async def on_message(msg) -> None:
         try:
-            event = WeightsAnnounced.model_validate_json(msg.data)
+            event = WEIGHTS.decode(msg.data)
         except ValueError as err:
             log.warning("bad weights announcement ignored", extra={"error": str(err)[:200]})
             return
@@ -386,7 +373,7 @@ async def _subscribe_weights(args: WorkerOptions, session):
         )
     except Exception as err:
         raise StartupError(f"cannot connect to NATS at {args.nats_url}: {type(err).__name__}: {err}") from None
-    await nc.subscribe(subject(args.namespace, args.job, "weights"), cb=on_message)
+    await nc.subscribe(WEIGHTS.subject(args.namespace, args.job), cb=on_message)
     return nc
 
 
@@ -394,13 +381,13 @@ async def _subscribe_colocation(nc, args: WorkerOptions, session) -> None:
     """Follow the trainer's release / resume commands (colocation) and ack each one, MACed with this worker's
     own ack key from the manager (rlboost.auth.colocation_acks: the trainer refuses an ack it cannot check)."""
     from rlboost.auth.colocation_acks import sign
-    from rlboost.wire.events import COLOCATION_RELEASE, COLOCATION_RESUME, ColocationAck, ColocationCommand, subject
+    from rlboost.wire.events import COLOCATION, COLOCATION_ACKS, COLOCATION_RELEASE, COLOCATION_RESUME, ColocationAck
 
-    acks = subject(args.namespace, args.job, "colocation-acks")
+    acks = COLOCATION_ACKS.subject(args.namespace, args.job)
 
     async def on_message(msg) -> None:
         try:
-            cmd = ColocationCommand.model_validate_json(msg.data)
+            cmd = COLOCATION.decode(msg.data)
         except ValueError as err:
             log.warning("bad colocation command ignored", extra={"error": str(err)[:200]})
             return
@@ -416,9 +403,9 @@ async def _subscribe_colocation(nc, args: WorkerOptions, session) -> None:
             log.error("colocation command failed", extra={"action": cmd.action, "step": cmd.step, "error": str(err)})
             ack.ok, ack.error = False, f"{type(err).__name__}: {err}"
         ack.released, ack.weight_version = session.released, session.engine.weight_version
-        await nc.publish(acks, sign(ack, session.colocation_ack_key).model_dump_json().encode())
+        await nc.publish(acks, COLOCATION_ACKS.encode(sign(ack, session.colocation_ack_key)))
 
-    await nc.subscribe(subject(args.namespace, args.job, "colocation"), cb=on_message)
+    await nc.subscribe(COLOCATION.subject(args.namespace, args.job), cb=on_message)
     await nc.flush(timeout=5)  # subscribed before the worker registers: no command is missed after that
     log.info("colocated with the trainer: following release / resume commands", extra={"subject_acks": acks})
 

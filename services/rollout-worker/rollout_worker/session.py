@@ -16,6 +16,9 @@ abort running requests, flush what they made since, close the stream. A stream
 that breaks pauses the running requests, keeping their tokens (held.py), and reconnects with backoff; the next
 Register reports them (`held`), so a restarted manager continues them from there instead of from scratch.
 
+Collaborators: registration.py (Register / Registered, and what one registration hands the next), link.py
+(one stream's outgoing side: outbox, chunk flushing, heartbeats, and the tasks of the requests running on it).
+
 Colocation (`trainer.colocateReserved`, reserved workers): release() stops taking work (assignments that
 arrive are held; every heartbeat says `memory_released` from then on, read from the engine), aborts whatever still runs (the manager requeues it; normally nothing, the step's batch
 is complete), waits for any weight update in flight and frees the engine's memory; weight versions announced
@@ -27,103 +30,46 @@ workers holding the work's version, so a worker that resumed is given the next s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from rlboost.auth.grpc_auth import ClientAuth
 from rlboost.observability import monotonic_ms
+from rlboost.options.worker import WorkerOptions
 from rlboost.rollout.v1 import rollout_pb2 as pb
 from rlboost.rollout.v1.rollout_pb2_grpc import RolloutManagerStub
-from rlboost.spec import RolloutSpec
-from rlboost.wire.rollout_io import Assignment, Pool, TokenChunk, WorkerRegistration
-from rlboost.wire.rollout_proto import (
-    WireError,
-    assignment_from_pb,
-    chunk_to_pb,
-    grpc_message_options,
-    held_to_pb,
-    registration_to_pb,
-)
+from rlboost.wire.rollout_io import Assignment
+from rlboost.wire.rollout_proto import WireError, assignment_from_pb, grpc_message_options
 from rollout_worker import metrics
-from rollout_worker.chunker import Chunker
 from rollout_worker.engine.base import FINISH_ABORT, Engine, MemoryReport, RepeatedLog
+from rollout_worker.errors import ManagerUnreachableError, NotConnectedError, describe
 from rollout_worker.held import HeldResponses
+from rollout_worker.link import ManagerLink
+from rollout_worker.registration import Registration
 
 log = logging.getLogger(__name__)
 
-_CLOSE = object()  # outbox sentinel: half-close the stream
-_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)  # the worker's credentials
 ABORT_WAIT_S = 5.0  # how long an abort may take to stop every request of a stream before they are cancelled
-_SPEC_DEFAULTS = RolloutSpec()  # a Registered timing left at 0 (unset) means the job spec's default
-
-
-class SessionEndedError(RuntimeError):
-    """The session cannot go on; the message says why and what to fix (the worker exits 1 with it)."""
-
-
-class ManagerUnreachableError(SessionEndedError):
-    """The rollout-manager could not be reached (or refused to register us) within the reconnect window."""
-
-
-class IdentityProofUnreadableError(SessionEndedError):
-    """--identity-token-file could not be read at a registration: without it the manager refuses this worker."""
-
-
-class _NotConnectedError(Exception):
-    """One connection attempt failed before registration; tenacity retries it."""
-
-
-@dataclass
-class SessionConfig:
-    worker_id: str
-    pool: Pool
-    node: str
-    capacity: int
-    manager: str  # host:port of the rollout-manager
-    engine: str = "torch"
-    reconnect_timeout_s: float = 60.0  # give up when no (re)connect succeeds for this long
-    drain_deadline_ms: int = 10_000  # promised in the DrainNotice: all tokens flushed by then
-    register_timeout_s: float = 10.0  # wait this long for Registered after sending Register
-    keep_finished_s: float = 30.0  # finished responses are kept this long for a manager that restarts
-    auth: ClientAuth = ClientAuth()  # the worker token and the job CA ('' / None: an open manager)
-    # this worker's identity proof, re-read at each Register (kubelet rotates a projected token); '' = none
-    identity_token_file: str = ""
-
-
-class _Link:
-    """State of one connected stream: the outbox, the chunker, the request tasks."""
-
-    def __init__(self, call: grpc.aio.StreamStreamCall, registered: pb.Registered) -> None:
-        self.call = call
-        self.registered = registered
-        self.outbox: asyncio.Queue = asyncio.Queue()
-        self.chunker = Chunker(
-            max(1, registered.chunk_max_tokens or _SPEC_DEFAULTS.chunk_max_tokens),
-            max(1, registered.chunk_max_ms or _SPEC_DEFAULTS.chunk_max_ms),
-        )
-        self.flush = asyncio.Event()
-        self.tasks: dict[str, asyncio.Task] = {}
-        self.drained = False  # this stream was drained: flushed and half-closed
-        self.lost = False  # this stream broke: requests that stop now are paused and kept (held.py)
-        self.chunks_sent_at = float("-inf")  # monotonic time of the last ChunkBatch: heartbeats skip while they flow
+KEEP_FINISHED_S = 30.0  # finished responses are kept this long for a manager that restarts
 
 
 class WorkerSession:
     """Runs until drained (returns) or the manager stays unreachable (raises ManagerUnreachableError)."""
 
-    def __init__(self, cfg: SessionConfig, engine: Engine, pull: Callable | None = None) -> None:
-        """`pull(version)` is an async callable returning an object with .state, .checksum (a WeightPuller.pull)."""
-        self.cfg = cfg
+    def __init__(
+        self, options: WorkerOptions, engine: Engine, pull: Callable | None = None, auth: ClientAuth | None = None
+    ) -> None:
+        """`pull(version)` is an async callable returning an object with .state, .checksum (a WeightPuller.pull);
+        `auth`: the worker token and the job CA (None: an open manager)."""
+        self.options = options
+        self.auth = auth or ClientAuth()
         self.engine = engine
         self.pull = pull
-        self.link: _Link | None = None
+        self.link: ManagerLink | None = None
         self.draining = False
         self._drain_request: tuple[str, bool] = ("", False)  # (reason, notice) of the drain asked for
         self.drained = asyncio.Event()
@@ -135,10 +81,9 @@ class WorkerSession:
         self._held_while_released: list[Assignment] = []  # assignments that arrived while the memory was released
         self._deferred_version = 0  # newest version announced while released: synced on resume
         self._memory_lock = asyncio.Lock()
-        self._session_token = ""  # from the manager's Registered: proves a reconnect is this worker
-        self.colocation_ack_key = ""  # from Registered (reserved workers): MACs its colocation acks as its own
         self._errors = RepeatedLog(log)  # a failure repeated per request logs one line with a count
-        self.held = HeldResponses(cfg.capacity, cfg.keep_finished_s)  # responses a restarted manager adopts
+        self.held = HeldResponses(engine.capacity, KEEP_FINISHED_S)  # responses a restarted manager adopts
+        self.registration = Registration(options, engine, self.held)
 
     # ---- public ------------------------------------------------------------------------------
 
@@ -146,15 +91,15 @@ class WorkerSession:
         while not self.draining:
             try:
                 async for attempt in AsyncRetrying(
-                    stop=stop_after_delay(self.cfg.reconnect_timeout_s),
+                    stop=stop_after_delay(self.options.reconnect_timeout),
                     wait=wait_exponential(multiplier=0.1, max=2.0),
-                    retry=retry_if_exception_type(_NotConnectedError),
+                    retry=retry_if_exception_type(NotConnectedError),
                     reraise=True,
                 ):
                     with attempt:
                         await self._connect_once()
-            except _NotConnectedError as err:
-                raise ManagerUnreachableError(f"rollout-manager at {self.cfg.manager} unreachable: {err}") from None
+            except NotConnectedError as err:
+                raise ManagerUnreachableError(f"rollout-manager at {self.options.manager} unreachable: {err}") from None
         self.drained.set()
 
     def request_drain(self, reason: str, notice: bool = True) -> None:
@@ -177,12 +122,17 @@ class WorkerSession:
     def released(self) -> bool:
         return self.engine.memory_released
 
+    @property
+    def colocation_ack_key(self) -> str:
+        """The key this worker's colocation acks are MACed with, from the manager's last Registered."""
+        return self.registration.colocation_ack_key
+
     async def release(self, step: int) -> MemoryReport:
         """Colocation: stop taking work and free the engine's memory while the trainer trains step `step`."""
         async with self._memory_lock:
             link = self.link
             self.engine.hold_for_release()  # announced before the aborts, so their requests do not come straight back here
-            self._send_heartbeat(link)
+            self._send_heartbeat()
             try:
                 if link is not None and link.tasks:
                     log.warning("release with requests running: they go back to the manager", extra={"step": step})
@@ -208,7 +158,7 @@ class WorkerSession:
 
     def _take_work_again(self) -> None:
         """After a resume (or a release that failed): say so, sync to the newest version, start the work held."""
-        self._send_heartbeat(self.link)  # capacity again, without waiting a heartbeat period
+        self._send_heartbeat()  # capacity again, without waiting a heartbeat period
         version, self._deferred_version = self._deferred_version, 0
         self.schedule_update(version)
         held, self._held_while_released = self._held_while_released, []
@@ -220,29 +170,25 @@ class WorkerSession:
     # ---- one connection ----------------------------------------------------------------------
 
     async def _connect_once(self) -> None:
-        """Register and serve one stream until it ends; raises _NotConnectedError if registration fails."""
+        """Register and serve one stream until it ends; raises NotConnectedError if registration fails."""
         if self.draining:
             return
-        async with self.cfg.auth.aio_channel(self.cfg.manager, options=grpc_message_options()) as channel:
+        async with self.auth.aio_channel(self.options.manager, options=grpc_message_options()) as channel:
             call = RolloutManagerStub(channel).Connect()
-            registered = await self._register(call)
-            link = self.link = _Link(call, registered)
+            registered = await self.registration.register(call)
+            link = self.link = ManagerLink(call, registered, self.engine, lambda: self._tokens_total)
             self.registrations += 1
             metrics.CONNECTS.inc()
             metrics.RECONNECTS.inc(self.registrations > 1)
             log.info(
                 "registered",
                 extra={
-                    "manager": self.cfg.manager,
+                    "manager": self.options.manager,
                     "weight_version": self.engine.weight_version,
                     "reconnect": self.registrations > 1,
                 },
             )
-            workers = [
-                asyncio.create_task(self._writer(link)),
-                asyncio.create_task(self._flusher(link)),
-                asyncio.create_task(self._heartbeat(link)),
-            ]
+            link.start()
             if self.draining:  # asked while this stream was registering: _drain saw no link then
                 self._spawn(self._drain(*self._drain_request))
             try:
@@ -251,16 +197,11 @@ class WorkerSession:
                 self.link = None
                 self._keep_for_next_manager(link)
                 await self._abort_all(link, "disconnect")
-                for t in workers:
-                    t.cancel()
-                _, stuck = await asyncio.wait(workers, timeout=ABORT_WAIT_S)  # bounded: never stay off the manager
-                if stuck:
-                    log.error("stream tasks did not stop when cancelled", extra={"tasks": len(stuck)})
-                call.cancel()
+                await link.stop()
         if not self.draining:  # run() starts a fresh retry window: a lost stream is not a failed attempt
-            log.warning("stream to the manager ended; reconnecting", extra={"manager": self.cfg.manager})
+            log.warning("stream to the manager ended; reconnecting", extra={"manager": self.options.manager})
 
-    def _keep_for_next_manager(self, link: _Link) -> None:
+    def _keep_for_next_manager(self, link: ManagerLink) -> None:
         """The stream ended: unless draining, what stops now is paused with its tokens (the manager may have
         restarted and know nothing of it); assignments that never started are kept the same way."""
         link.lost = not self.draining
@@ -270,68 +211,19 @@ class WorkerSession:
         self._held.clear()  # a manager that did not restart requeues them itself
         self._held_while_released.clear()
 
-    async def _register(self, call: grpc.aio.StreamStreamCall) -> pb.Registered:
-        reg = WorkerRegistration(
-            self.cfg.worker_id,
-            self.cfg.pool,
-            self.cfg.node,
-            self.cfg.capacity,
-            self.engine.weight_version,
-            self.cfg.engine,
-        )
-        register = registration_to_pb(reg)
-        register.session_token = self._session_token
-        register.identity_proof = self._identity_proof()
-        held = self.held.report(time.monotonic())
-        register.held.extend(held_to_pb(h) for h in held)
-        try:  # the write is bounded too: a connection half set up (the manager restarting) must not hang it
-            await asyncio.wait_for(call.write(pb.WorkerMessage(register=register)), self.cfg.register_timeout_s)
-            first = await asyncio.wait_for(call.read(), self.cfg.register_timeout_s)
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError, TimeoutError) as err:
-            call.cancel()
-            log.debug("registration failed; retrying", extra={"error": _describe(err)})
-            if isinstance(err, grpc.aio.AioRpcError) and err.code() in _REFUSED:  # retrying cannot help
-                raise ManagerUnreachableError(f"rollout-manager at {self.cfg.manager}: {_describe(err)}") from None
-            raise _NotConnectedError(_describe(err)) from None
-        if first is grpc.aio.EOF or first.WhichOneof("body") != "registered":
-            call.cancel()
-            raise _NotConnectedError("the manager did not answer Register with Registered")
-        self._session_token = first.registered.session_token
-        self.colocation_ack_key = first.registered.colocation_ack_key
-        if held:
-            self.held.clear()  # the manager owns them now
-            metrics.HELD_REPORTED.inc(len(held))
-            log.info(
-                "reported held responses", extra={"responses": len(held), "tokens": sum(len(h.token_ids) for h in held)}
-            )
-        return first.registered
-
-    def _identity_proof(self) -> str:
-        """The proof of who this worker is (rlboost.auth.worker_identity), read afresh: a rotated token counts."""
-        path = self.cfg.identity_token_file
-        if not path:
-            return ""
-        try:
-            return Path(path).read_text().strip()
-        except OSError as err:
-            raise IdentityProofUnreadableError(
-                f"--identity-token-file {path}: cannot read it ({err.strerror}); on Kubernetes it is the pod's "
-                "projected service-account token, locally `rlboost local` writes it"
-            ) from None
-
-    async def _reader(self, link: _Link) -> None:
+    async def _reader(self, link: ManagerLink) -> None:
         while True:
             try:
                 msg = await link.call.read()
             except grpc.aio.AioRpcError as err:
                 if not self.draining:
-                    log.warning("manager stream broke", extra={"error": _describe(err)})
+                    log.warning("manager stream broke", extra={"error": describe(err)})
                 return
             if msg is grpc.aio.EOF:
                 return
             self._handle(link, msg)
 
-    def _handle(self, link: _Link, msg: pb.ManagerMessage) -> None:
+    def _handle(self, link: ManagerLink, msg: pb.ManagerMessage) -> None:
         kind = msg.WhichOneof("body")
         if kind == "assign":
             for a in msg.assign.assignments:
@@ -349,18 +241,11 @@ class WorkerSession:
         elif kind == "set_weight_version":
             self.schedule_update(msg.set_weight_version.weight_version)
         elif kind == "chunk_cadence":
-            self._set_cadence(link, msg.chunk_cadence)
-
-    def _set_cadence(self, link: _Link, cadence: pb.ChunkCadence) -> None:
-        """The manager's load-adaptive cadence: flush by these bounds from now on (0 = keep the current one)."""
-        chunker = link.chunker
-        chunker.set_bounds(cadence.chunk_max_tokens or chunker.max_tokens, cadence.chunk_max_ms or chunker.max_ms)
-        link.flush.set()  # the flusher waits on the old deadline: recompute it
-        log.info("chunk cadence", extra={"chunk_max_tokens": chunker.max_tokens, "chunk_max_ms": chunker.max_ms})
+            link.set_cadence(msg.chunk_cadence)
 
     # ---- requests ----------------------------------------------------------------------------
 
-    def _assign(self, link: _Link, a: Assignment) -> None:
+    def _assign(self, link: ManagerLink, a: Assignment) -> None:
         metrics.ASSIGNED.inc()
         if self.draining:
             self._reject(link, a)
@@ -377,7 +262,7 @@ class WorkerSession:
                 )
             self._start(link, a)
 
-    def _start(self, link: _Link, a: Assignment) -> None:
+    def _start(self, link: ManagerLink, a: Assignment) -> None:
         previous = link.tasks.get(a.request_id)
         if previous is not None:  # re-assigned under a new lease: finish the old one first
             self.engine.abort(a.request_id)
@@ -385,13 +270,13 @@ class WorkerSession:
         link.tasks[a.request_id] = asyncio.create_task(self._run_request(link, a, previous))
         metrics.RUNNING.set(self.engine.running)
 
-    def _reject(self, link: _Link, a: Assignment) -> None:
+    def _reject(self, link: ManagerLink, a: Assignment) -> None:
         """Hand an assignment straight back: an empty abort chunk (we are draining)."""
         link.chunker.open(a.request_id, a.lease_epoch, a.generated)
         link.chunker.end(a.request_id, False, FINISH_ABORT)
         link.flush.set()
 
-    async def _run_request(self, link: _Link, a: Assignment, previous: asyncio.Task | None) -> None:
+    async def _run_request(self, link: ManagerLink, a: Assignment, previous: asyncio.Task | None) -> None:
         rid = a.request_id
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
@@ -422,7 +307,7 @@ class WorkerSession:
             metrics.RUNNING.set(self.engine.running)
             link.flush.set()
 
-    async def _abort_all(self, link: _Link, why: str) -> None:
+    async def _abort_all(self, link: ManagerLink, why: str) -> None:
         for rid in list(link.tasks):
             if self.engine.abort(rid):
                 metrics.ABORTS.labels(why).inc()
@@ -438,63 +323,9 @@ class WorkerSession:
                 task.cancel()
             await asyncio.wait(stuck, timeout=ABORT_WAIT_S)
 
-    # ---- outgoing ----------------------------------------------------------------------------
-
-    async def _writer(self, link: _Link) -> None:
-        """The only writer of the stream (grpc.aio allows one write at a time)."""
-        while True:
-            msg = await link.outbox.get()
-            try:
-                if msg is _CLOSE:
-                    await link.call.done_writing()
-                    return
-                await link.call.write(msg)
-            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as err:
-                log.warning("write to the manager failed", extra={"error": _describe(err)})
-                return
-
-    async def _flusher(self, link: _Link) -> None:
-        while True:
-            deadline = link.chunker.next_deadline()
-            timeout = None if deadline is None else max(0, deadline - monotonic_ms()) / 1000
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the result when a cancel races the
-            # event's wakeup, swallowing the cancel, and this loop then outlived its broken stream (the worker
-            # never reconnected to a restarted manager: seen in the all-services chaos run)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
-                    await link.flush.wait()
-            link.flush.clear()
-            self._send_due(link, flush_all=False)
-
-    def _send_due(self, link: _Link, flush_all: bool) -> None:
-        chunks: list[TokenChunk] = link.chunker.due(monotonic_ms(), flush_all=flush_all)
-        if chunks:
-            packed = link.registered.packed_tokens  # the manager reads packed tokens (one bytes copy per chunk)
-            batch = pb.ChunkBatch(chunks=[chunk_to_pb(c, packed) for c in chunks])
-            link.outbox.put_nowait(pb.WorkerMessage(chunks=batch))
-            link.chunks_sent_at = time.monotonic()
-            metrics.CHUNKS.inc(len(chunks))
-            metrics.BATCHES.inc()
-
-    async def _heartbeat(self, link: _Link) -> None:
-        period = max(0.01, (link.registered.heartbeat_interval_ms or _SPEC_DEFAULTS.heartbeat_interval_ms) / 1000)
-        last_t, last_tokens = time.monotonic(), self._tokens_total
-        while True:
-            if time.monotonic() - link.chunks_sent_at >= period:  # chunks that flowed within the period said it
-                self._send_heartbeat(link)
-            else:
-                metrics.HEARTBEATS_SKIPPED.inc()
-            await asyncio.sleep(period)  # the heartbeat period itself, not synchronisation
-            now = time.monotonic()
-            metrics.TOKENS_PER_S.set((self._tokens_total - last_tokens) / max(now - last_t, 1e-9))
-            last_t, last_tokens = now, self._tokens_total
-
-    def _send_heartbeat(self, link: _Link | None) -> None:
-        """Version, load and whether the engine's memory is released: the manager assigns a released worker nothing."""
-        if link is not None:
-            e = self.engine
-            beat = pb.Heartbeat(weight_version=e.weight_version, running=e.running, memory_released=e.memory_released)
-            link.outbox.put_nowait(pb.WorkerMessage(heartbeat=beat))
+    def _send_heartbeat(self) -> None:
+        if self.link is not None:
+            self.link.send_heartbeat()
 
     # ---- drain and weights -------------------------------------------------------------------
 
@@ -504,19 +335,15 @@ class WorkerSession:
             return  # not connected: nothing to flush (a stream still registering drains when it is up)
         link.drained = True
         if notice:
-            link.outbox.put_nowait(
-                pb.WorkerMessage(drain=pb.DrainNotice(reason=reason, deadline_ms=self.cfg.drain_deadline_ms))
-            )
-        self._send_due(link, flush_all=True)  # what is buffered leaves now, before the aborts have to finish
+            link.send(pb.WorkerMessage(drain=pb.DrainNotice(reason=reason, deadline_ms=self.options.drain_deadline_ms)))
+        link.send_due(flush_all=True)  # what is buffered leaves now, before the aborts have to finish
         for a in self._held + self._held_while_released:
             self._reject(link, a)
         self._held.clear()
         self._held_while_released.clear()
         await self._abort_all(link, "drain")
-        self._send_due(link, flush_all=True)
-        link.outbox.put_nowait(_CLOSE)
-        # The manager ends its side when we half-close; if it does not within a moment, cut the stream.
-        asyncio.get_running_loop().call_later(3.0, link.call.cancel)
+        link.send_due(flush_all=True)
+        link.close()
         log.info("drained: every token flushed, stream closing", extra={"reason": reason})
 
     async def _update_to(self, version: int) -> None:
@@ -536,7 +363,7 @@ class WorkerSession:
             link = self.link
             if link is not None:
                 report = pb.WeightVersionReport(weight_version=version, checksum=self.engine.weights_checksum)
-                link.outbox.put_nowait(pb.WorkerMessage(weight_version=report))
+                link.send(pb.WorkerMessage(weight_version=report))
                 ready = [a for a in self._held if a.weight_version <= version]
                 self._held = [a for a in self._held if a.weight_version > version]
                 for a in ready:
@@ -568,9 +395,3 @@ def _fields(r: MemoryReport) -> dict[str, object]:
         "seconds": round(r.seconds, 4),
         "effective": r.effective,
     }
-
-
-def _describe(err: BaseException) -> str:
-    if isinstance(err, grpc.aio.AioRpcError):
-        return f"{err.code().name}: {err.details()}"
-    return f"{type(err).__name__}: {err}"

@@ -16,7 +16,7 @@ import nats
 from nats.aio.client import Client
 
 from rlboost.backoff import keep_trying
-from rlboost.wire.events import WeightsAnnounced, subject
+from rlboost.wire.events import WEIGHTS, WeightsAnnounced
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class Announcer:
     def __init__(self, url: str, namespace: str, job: str, nats_options: dict[str, Any] | None = None) -> None:
         self.url = url
         self._options = nats_options or {}  # user, password, TLS: rlboost.auth.nats.connect_options
-        self.subject = subject(namespace, job, "weights")
+        self.subject = WEIGHTS.subject(namespace, job)
         self._nc: Client | None = None
 
     async def connect_within(self, wait_s: float, timeout: float = 5.0) -> None:
@@ -69,7 +69,7 @@ class Announcer:
         if self._nc is None:
             return False
         try:
-            await self._nc.publish(self.subject, event.model_dump_json().encode())
+            await self._nc.publish(self.subject, WEIGHTS.encode(event))
             await self._nc.flush(timeout=2)
         except Exception as err:  # noqa: BLE001 (any transport failure must not fail the upload)
             log.warning("announcement not delivered", extra={"version": event.version, "error": str(err)})

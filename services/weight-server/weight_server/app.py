@@ -1,6 +1,6 @@
 """The weight-server's FastAPI app: versions, manifests, ranged payloads, uploads and sync plans.
 
-Routes (rlboost.wire.weights_io): GET /v1/versions, GET /v1/versions/{v}/manifest[?kind=full|delta],
+Routes (rlboost.wire.weight_routes; bodies: rlboost.wire.weights_io): GET /v1/versions, GET /v1/versions/{v}/manifest[?kind=full|delta],
 GET /v1/versions/{v}/payload (Range), GET /v1/versions/{v}/{kind}/payload (a version's payload of that kind:
 a snapshot version may also hold the delta from the version before, its companion), PUT /v1/versions/{v}
 (trainer token; a second PUT of the other kind adds a companion, not announced again; the trainer's signature
@@ -27,10 +27,10 @@ from pydantic import BaseModel, ValidationError
 
 from rlboost.observability import LoopWatchdog
 from rlboost.weights.peers import PeerDirectory
+from rlboost.wire import weight_routes as routes
 from rlboost.wire.events import WeightsAnnounced
 from rlboost.wire.peers_io import WORKER_ID_PATTERN, PeerRegistration, SourceList, SourcesRequest
 from rlboost.wire.weights_io import (
-    API_PREFIX,
     HEADER_BASE_VERSION,
     HEADER_CHECKSUM,
     HEADER_CHUNK_BYTES,
@@ -144,29 +144,29 @@ def create_app(
     def check_read(request: Request) -> None:
         access.check_read(_bearer(request))
 
-    @app.get("/healthz")
+    @app.get(routes.HEALTHZ)
     async def healthz() -> Response:
         if watchdog is not None and not watchdog.healthy():  # the loop was blocked: answered late, and 503
             return Response(f"event loop blocked for {watchdog.lag_s():.1f}s\n", 503, media_type="text/plain")
         return Response("ok\n", media_type="text/plain")
 
-    @app.get("/metrics")
+    @app.get(routes.METRICS)
     async def prometheus() -> Response:
         refresh_gauges()
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get(API_PREFIX + "/versions")
+    @app.get(routes.api(routes.VERSIONS))
     async def versions(request: Request) -> VersionList:
         check_read(request)
         held = store.versions()
         return VersionList(latest=held[-1] if held else None, versions=held)
 
-    @app.get(API_PREFIX + "/versions/{version}/manifest")
+    @app.get(routes.api(routes.MANIFEST))
     async def manifest(version: int, request: Request) -> Manifest:
         check_read(request)
         return store.manifest(version, request.query_params.get("kind") or None)
 
-    @app.put(API_PREFIX + "/peers/{worker}")
+    @app.put(routes.api(routes.PEER))
     async def register_peer(worker: str, request: Request) -> Response:
         check_read(request)  # a worker's token: what it would need to pull the payloads it serves
         _check_worker_id(worker)
@@ -174,14 +174,14 @@ def create_app(
         metrics.peers.set(len(peers.peers))
         return Response(status_code=204)
 
-    @app.delete(API_PREFIX + "/peers/{worker}")
+    @app.delete(routes.api(routes.PEER))
     async def leave_peer(worker: str, request: Request) -> Response:
         check_read(request)
         peers.leave(worker)
         metrics.peers.set(len(peers.peers))
         return Response(status_code=204)
 
-    @app.post(API_PREFIX + "/sources")
+    @app.post(routes.api(routes.SOURCES))
     async def sources(request: Request) -> SourceList:
         check_read(request)
         ask = _parse(SourcesRequest, await request.body())
@@ -190,7 +190,7 @@ def create_app(
         metrics.source_answers.labels("relay" if found.relay else "peers").inc()
         return found
 
-    @app.get(API_PREFIX + "/sync")
+    @app.get(routes.api(routes.SYNC))
     async def sync(request: Request) -> list[Manifest]:
         check_read(request)
         q = request.query_params
@@ -199,24 +199,24 @@ def create_app(
         # Off the event loop: building a compacted delta reads and composes the chain.
         return await anyio.to_thread.run_sync(store.sync_plan, a, b, compact)
 
-    @app.get(API_PREFIX + "/compacted/{base}/{version}/manifest")
+    @app.get(routes.api(routes.COMPACTED_MANIFEST))
     async def compacted_manifest(base: int, version: int, request: Request) -> Manifest:
         check_read(request)
         return await anyio.to_thread.run_sync(store.compacted, base, version)
 
-    @app.get(API_PREFIX + "/compacted/{base}/{version}/payload")
+    @app.get(routes.api(routes.COMPACTED_PAYLOAD))
     async def compacted_payload(base: int, version: int, request: Request) -> Response:
         check_read(request)
         m = await anyio.to_thread.run_sync(store.compacted, base, version)
         return _serve(m, store.compacted_payload_path(base, version), request)
 
-    @app.get(API_PREFIX + "/versions/{version}/payload")
+    @app.get(routes.api(routes.PAYLOAD))
     async def payload(version: int, request: Request) -> Response:
         check_read(request)
         m = store.manifest(version)
         return _serve(m, store.payload_path(version), request)
 
-    @app.get(API_PREFIX + "/versions/{version}/{kind}/payload")
+    @app.get(routes.api(routes.KIND_PAYLOAD))
     async def payload_of_kind(version: int, kind: str, request: Request) -> Response:
         check_read(request)
         m = store.manifest(version, kind)
@@ -251,19 +251,19 @@ def create_app(
     def check_upload(request: Request) -> None:
         access.check_upload(_bearer(request))
 
-    @app.get(API_PREFIX + "/assets")
+    @app.get(routes.api(routes.ASSETS))
     async def asset_list(request: Request) -> AssetList:
         check_read(request)
         return assets.list()
 
-    @app.get(API_PREFIX + "/assets/{name}")
+    @app.get(routes.api(routes.ASSET))
     async def asset(name: str, request: Request) -> Response:
         check_read(request)
         info = assets.info(name)
         data = await anyio.to_thread.run_sync(assets.path(name).read_bytes)
         return Response(data, media_type="application/octet-stream", headers={"ETag": f'"{info.sha256}"'})
 
-    @app.put(API_PREFIX + "/assets/{name}")
+    @app.put(routes.api(routes.ASSET))
     async def upload_asset(name: str, request: Request) -> AssetInfo:
         check_upload(request)
         declared = _int_param(request.headers.get("content-length"), "Content-Length")
@@ -273,7 +273,7 @@ def create_app(
         log.info("asset uploaded", extra={"asset": name, "bytes": info.size})
         return info
 
-    @app.put(API_PREFIX + "/versions/{version}")
+    @app.put(routes.api(routes.VERSION))
     async def upload(version: int, request: Request) -> Manifest:
         check_upload(request)
         h = request.headers

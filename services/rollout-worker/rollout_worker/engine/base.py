@@ -115,6 +115,7 @@ class Engine(ABC):
     """One generation backend. All methods are called from the worker's asyncio event loop."""
 
     name: str = "base"
+    capacity: int  # concurrent requests it takes (each engine sets it)
     _version: int = 0  # set by start / update_weights: the version generated with now
     _checksum: str = ""  # state_checksum of the state held, set with _version
 
