@@ -73,8 +73,8 @@ def run(args: argparse.Namespace, mode: str) -> tuple[list[float], dict]:
 
     speed_aware, rebalance = MODES[mode]
     state = ManagerState(lease_timeout_s=30.0, speed_aware=speed_aware)
-    state.speed_migration_cost_s = args.migration_cost_s
-    state.speed_rebalance_moves = state.speed_rebalance_moves if rebalance else 0
+    state.speed.migration_cost_s = args.migration_cost_s
+    state.speed.rebalance_moves = state.speed.rebalance_moves if rebalance else 0
     slow_n = round(args.workers * args.slow_share)
     workers = {}
     now = 0.0
@@ -119,7 +119,7 @@ def _slow_report(state, slow_n: int) -> dict:
         "all_tokens": sum(w.tokens_generated for w in state.workers.values()),
         "slow_versions": sorted({w.version for w in slow}),
         "slow_sync_s_measured": max((w.sync_s for w in slow), default=0.0),
-        "migrations_by_reason": dict(state.migrations_by_reason),
+        "migrations_by_reason": dict(state.tally.migrations_by_reason),
     }
 
 

@@ -150,7 +150,7 @@ async def test_worker_reported_failure_migrates_and_refused_input_fails_at_once(
     trajs = {t.request_id: t for t in await asyncio.wait_for(rollout, 5)}
     assert list(trajs[flaky.request_id].response_ids) == [3, 4] and trajs[flaky.request_id].finish_reason == "length"
     assert trajs[refused.request_id].finish_reason == "failed"  # one attempt: every worker would refuse it
-    assert manager.state.migrations_by_reason["worker_failed"] == 2
+    assert manager.state.tally.migrations_by_reason["worker_failed"] == 2
     await w1.close()
     await w2.close()
 
@@ -291,7 +291,7 @@ async def test_stalled_request_migrates_although_its_worker_heartbeats(make_mana
     _send(w2, a2.request_id, a2.lease_epoch, 1, [7, 8], [-0.3] * 2, finished=True, finish_reason="length")
     (traj,) = await asyncio.wait_for(rollout, 5)
     assert list(traj.response_ids) == [6, 7, 8]
-    assert strict_manager.state.migrations_by_reason["stalled"] == 1
+    assert strict_manager.state.tally.migrations_by_reason["stalled"] == 1
     await w2.close()
     await hung.close()
 
@@ -299,7 +299,8 @@ async def test_stalled_request_migrates_although_its_worker_heartbeats(make_mana
 def test_worker_reported_failure_is_a_failed_attempt_and_stale_reports_are_ignored():
     """The state machine alone (the worker's report arrives on a field the worker side adds)."""
     from rlboost.wire.rollout_io import Pool, PromptItem, RolloutRequest, SamplingParams, WorkerRegistration
-    from rollout_manager.state import ManagerState, RequestPolicy
+    from rollout_manager.state import ManagerState
+    from rollout_manager.steps import RequestPolicy
 
     st = ManagerState(lease_timeout_s=1.0, policy=RequestPolicy(max_attempts=2, drop_failed=True))
     for wid in ("a", "b"):
@@ -316,8 +317,8 @@ def test_worker_reported_failure_is_a_failed_attempt_and_stale_reports_are_ignor
     b = box.assign[0]
     assert st.on_request_failed(second, b.request_id, b.lease_epoch, "engine error", 0.2)
     (traj,) = st.take_delivered()
-    assert traj.finish_reason == "failed" and st.failed_requests == 1
-    assert st.migrations_by_reason == {"worker_failed": 2}
+    assert traj.finish_reason == "failed" and st.tally.failed_requests == 1
+    assert st.tally.migrations_by_reason == {"worker_failed": 2}
 
 
 async def test_health_reflects_a_blocked_loop_and_a_dead_ticker():

@@ -80,5 +80,5 @@ async def test_a_worker_sending_only_chunks_keeps_its_lease(manager):
     worker.chunk(a.request_id, a.lease_epoch, 12, [13], finished=True, reason="length")
     (traj,) = await asyncio.wait_for(rollout, 5)
     assert list(traj.response_ids) == list(range(1, 14)) and list(traj.workers) == ["w1"]
-    assert manager.state.workers["w1"].expired is False and manager.state.migrations == 0
+    assert manager.state.workers["w1"].expired is False and manager.state.tally.migrations == 0
     await worker.close()

@@ -64,7 +64,7 @@ async def test_packed_batches_arrive_whole_and_go_out_as_the_trainer_asks(manage
 
     assert tokens(trajs[a.request_id]) == ([11, 12, 13], [-0.25, -0.5, -0.75])
     assert tokens(trajs[b.request_id]) == ([21, 22, 23, 24], [-1.0, -0.125, -0.125, -0.125])
-    assert manager.state.tokens_received == 7
+    assert manager.state.tally.tokens_received == 7
     await worker.close()
 
 
@@ -99,5 +99,5 @@ async def test_a_malformed_packed_chunk_ends_the_stream_naming_the_field(manager
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await worker.expect("assign")
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.value.details()
-    assert manager.state.tokens_received == 0
+    assert manager.state.tally.tokens_received == 0
     rollout.cancel()

@@ -78,7 +78,7 @@ async def test_the_long_request_lands_on_the_fast_worker(timed_manager, speed_aw
     where its group's finished response had 10: with both workers idle, least-loaded placement gives the first in
     line (the long one) to the worker whose id sorts first, the slow one; speed-aware gives it to the fast one."""
     server = timed_manager
-    server.state.speed_aware = speed_aware
+    server.state.speed.aware = speed_aware
     slow = await WorkerClient(server.target, "a-slow", capacity=3, heartbeats=False).connect()
     fast = await WorkerClient(server.target, "b-fast", capacity=3, heartbeats=False).connect()
     await _measure_speeds(server, slow, fast)

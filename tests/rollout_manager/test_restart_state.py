@@ -38,7 +38,7 @@ def test_held_before_the_step_is_adopted_when_the_trainer_reattaches_and_receive
     (done,) = st.take_delivered()  # g2 ended on its stop token: delivered at once, nothing regenerated
     assert (done.request_id, done.response_ids, done.finish_reason) == ("s0-p0-g2", [4, 0], "stop")
     assert _assigned(st) == {"s0-p0-g1": PROMPT + [5, 6, 7]}  # continued from the held tokens
-    assert list(st.requests["s0-p0-g1"].logprobs) == [-0.5] * 3 and st.adopted == 2
+    assert list(st.requests["s0-p0-g1"].logprobs) == [-0.5] * 3 and st.held.adopted == 2
 
 
 def test_held_after_a_fresh_start_takes_over_and_stops_the_run_behind_it():
@@ -60,7 +60,7 @@ def test_held_with_fewer_tokens_or_another_version_or_prompt_is_not_adopted():
         [_held("s0-p0-g0", [5, 6]), _held("s0-p0-g1", [5], version=3), _held("s0-p0-g2", [5], prompt=[1, 2])],
         now=1.0,
     )
-    assert st.adopted == 0 and not st.requests["s0-p0-g1"].tokens and not st.requests["s0-p0-g2"].tokens
+    assert st.held.adopted == 0 and not st.requests["s0-p0-g1"].tokens and not st.requests["s0-p0-g2"].tokens
 
 
 def test_orphans_of_a_step_nobody_reattaches_to_are_forgotten():
@@ -68,7 +68,7 @@ def test_orphans_of_a_step_nobody_reattaches_to_are_forgotten():
     st.on_held("a", [_held("s0-p0-g0", [5])], now=0.0)
     st.tick(6.0)
     st.add_step(_request(group=1), now=6.5)
-    assert st.adopted == 0 and not st.requests["s0-p0-g0"].tokens
+    assert st.held.adopted == 0 and not st.requests["s0-p0-g0"].tokens
 
 
 def test_a_step_whose_samples_were_all_received_yields_nothing_and_is_not_held_open():

@@ -15,7 +15,7 @@ from rlboost.wire.rollout_io import (
     WorkerRegistration,
 )
 from rlboost.wire.rollout_proto import status_from_pb, status_to_pb
-from rollout_manager import state as state_module
+from rollout_manager import book as book_module
 from rollout_manager.state import ManagerState, StepError
 
 
@@ -72,7 +72,7 @@ def test_lease_expiry_migrates_with_tokens_and_worker_returns_when_it_speaks():
     st.tick(1.4)
     assert st.running == 1  # 0.9 s silent: lease still held
     st.tick(1.6)
-    assert st.pending == 1 and st.migrations == 1 and st.workers["a"].expired
+    assert st.pending == 1 and st.tally.migrations == 1 and st.workers["a"].expired
     assert st.take_outbox()["a"].revoke == {"lease_expired": [a.request_id]}
     st.schedule(1.6)
     assert st.take_outbox() == {}  # expired worker gets nothing
@@ -149,7 +149,7 @@ def test_revoke_waits_for_flush_then_deadline_fences():
     assert st.running == 1  # still waiting for the worker's flush
     st.on_heartbeat("a", 0, 1.2)
     st.tick(1.2)  # revoke deadline (1 s) passed without a flush: migrate anyway
-    assert st.pending == 1 and st.migrations == 1
+    assert st.pending == 1 and st.tally.migrations == 1
 
 
 def test_offloaded_reserved_pool_gets_no_work():
@@ -269,12 +269,12 @@ def test_a_step_cancelled_while_pending_and_re_attached_places_each_request_once
     assert st.workers["a"].tokens_per_s > st.workers["b"].tokens_per_s > 0
     for w in st.workers.values():
         w.running.update(f"busy-{w.id}-{i}" for i in range(8))  # no free slot: step 1 stays pending
-        st._free.pop(w.id, None)
+        st.fleet.free.pop(w.id, None)
     _step(st, step=1, prompts=4, budget=32, now=8.0)
     assert st.cancel_step(1, 8.5) == 4  # the trainer died: its pending requests are dropped
     for w in st.workers.values():
         w.running.clear()
-        st._free[w.id] = None
+        st.fleet.free[w.id] = None
     _step(st, step=1, prompts=4, budget=32, now=9.0)  # the restarted trainer: the same step, the same ids
     for rid in ("s1-p0-g0", "s1-p1-g0"):  # expected shorter than the rest (as adopted held responses are): the slow
         st.requests[rid].tokens, st.requests[rid].logprobs = [5] * 24, [0.0] * 24  # worker's slots take them
@@ -301,20 +301,21 @@ def test_a_late_chunk_of_a_cancelled_step_does_not_pass_as_the_re_sent_steps():
     (new,) = st.take_outbox()["a"].assign
     assert new.request_id == old.request_id and new.lease_epoch > old.lease_epoch
     st.on_chunks("a", [_chunk(old.request_id, old.lease_epoch, 0, [5, 6])], 1.1)  # the cancelled run's flush
-    assert list(st.requests[new.request_id].tokens) == [] and st.tokens_received == 0
+    assert list(st.requests[new.request_id].tokens) == [] and st.tally.tokens_received == 0
 
 
 def test_the_epochs_of_cancelled_steps_are_bounded_and_the_newest_kept(monkeypatch):
     """Cancelled steps that are never sent again leave at most MAX_DROPPED_EPOCHS epochs behind, forgetting the
     oldest; the step cancelled last, sent again, still continues its leases."""
-    monkeypatch.setattr(state_module, "MAX_DROPPED_EPOCHS", 6)
+    monkeypatch.setattr(book_module, "MAX_DROPPED_EPOCHS", 6)
     st = _state(("a", 4))
     for step in range(3):  # three steps of 4 requests, each leased once, then cancelled: 12 drops
         _step(st, step=step, prompts=4, budget=8, now=step)
         st.schedule(step)
         st.take_outbox()
         st.cancel_step(step, step + 0.5)
-    assert len(st._dropped_epochs) == 6 and all(rid.startswith("s2-") for rid in list(st._dropped_epochs)[2:])
+    epochs = st.book.dropped_epochs
+    assert len(epochs) == 6 and all(rid.startswith("s2-") for rid in list(epochs)[2:])
     _step(st, step=2, prompts=4, budget=8, now=9.0)  # the last step sent again: its leases go on
     assert all(st.requests[rid].lease_epoch == 1 for rid in st.requests)
     st.schedule(9.0)
@@ -326,12 +327,12 @@ def test_the_speed_rebalance_knobs_come_from_the_job_spec():
     the defaults are the policy's own (rlboost.policies.speed_rebalance)."""
     from rlboost.policies.speed_rebalance import MAX_MOVES, MIGRATION_COST_S
     from rlboost.spec import RolloutSpec
-    from rollout_manager.state import RequestPolicy
+    from rollout_manager.steps import RequestPolicy
 
     spec = RolloutSpec.model_validate({"speedRebalanceMigrationCostS": 30, "speedRebalanceMaxMoves": 0})
     st = ManagerState(lease_timeout_s=5, policy=RequestPolicy.from_spec(spec))
-    assert (st.speed_migration_cost_s, st.speed_rebalance_moves) == (30, 0)
+    assert (st.speed.migration_cost_s, st.speed.rebalance_moves) == (30, 0)
     default = ManagerState(lease_timeout_s=5, policy=RequestPolicy.from_spec(RolloutSpec()))
-    assert (default.speed_migration_cost_s, default.speed_rebalance_moves) == (MIGRATION_COST_S, MAX_MOVES)
+    assert (default.speed.migration_cost_s, default.speed.rebalance_moves) == (MIGRATION_COST_S, MAX_MOVES)
     with pytest.raises(ValueError, match="speedRebalanceMaxMoves"):
         RolloutSpec.model_validate({"speedRebalanceMaxMoves": -1})

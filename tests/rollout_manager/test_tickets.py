@@ -94,7 +94,7 @@ async def test_a_restarted_manager_adopts_a_held_response_only_with_its_workers_
         assert _refused("ticket_missing") - before["ticket_missing"] == 1
         (traj,) = await asyncio.wait_for(collect_rollout(target, rollout_request(max_new_tokens=4)), 10)
         assert list(traj.response_ids) == [7, 8, 9, 10], "the assigned worker's tokens, not an attacker's"
-        assert second.state.adopted == 1
+        assert second.state.held.adopted == 1
     finally:
         for c in clients:
             await c.drop()

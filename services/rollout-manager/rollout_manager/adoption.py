@@ -1,27 +1,29 @@
-"""Held responses after a manager restart: the part of `ManagerState` that takes back work a restarted manager
-forgot.
+"""Held responses after a manager restart: how the manager takes back work it forgot.
 
 A restarted manager knows nothing, but its workers kept the responses they were generating. On re-registering a
 worker reports them (`on_held`); those of a step the trainer has not re-attached to yet are kept as orphans, for
-orphan_ttl_s at most. Once the step comes (`add_step`), each is adopted: the request continues from the held tokens
-(or is finished with them), instead of generating them all again, provided they fit the request (same version,
-prompt and bounds, valid output).
+orphan_ttl_s at most. Once the step comes (`add_step`), each is adopted (`adopt_orphans`): the request continues
+from the held tokens (or is finished with them), instead of generating them all again, provided they fit the
+request (same version, prompt and bounds, valid output).
 
-A mixin, not a collaborator: it reads and writes the bookkeeping `ManagerState.__init__` sets up (`requests`,
-`_orphans`, `adopted`, `orphan_ttl_s`, `_pending`, `_pending_count`, `policy`) and calls its transitions
-(`_box`, `_release`, `_finish`).
+`HeldResponses` owns the orphans and the count of adopted responses; it takes a running request off its worker
+through leases.py and finishes a complete one through the lifecycle (lifecycle.py).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from rlboost.policies.migration import finish_reason_if_done
 from rlboost.wire.rollout_io import HeldResponse
 
 from . import metrics
+from .book import RequestBook
+from .effects import Effects
+from .leases import Leases
+from .lifecycle import RequestLifecycle
 from .records import Phase, Request, invalid_output
 
 # the state machine's one logger: its lines keep the name they had before ManagerState was split into modules
@@ -38,22 +40,53 @@ class Orphan:
 
 
 class HeldResponses:
-    """`ManagerState`'s adoption of held responses (see the module docstring)."""
+    """The responses workers held across a manager restart. Single-threaded, like the state."""
+
+    def __init__(
+        self,
+        book: RequestBook,
+        effects: Effects,
+        leases: Leases,
+        lifecycle: RequestLifecycle,
+        max_orphans: int,
+        orphan_ttl_s: float,
+    ) -> None:
+        """`max_orphans`: the most held responses kept for steps not re-attached yet (a step's most requests);
+        `orphan_ttl_s`: how long they are kept for a step nobody re-attaches to."""
+        self.book, self.effects, self.leases, self.lifecycle = book, effects, leases, lifecycle
+        self.max_orphans = max_orphans
+        self.orphan_ttl_s = orphan_ttl_s
+        self._orphans: dict[str, Orphan] = {}  # request id -> a held response waiting for its step
+        self.adopted = 0  # held responses adopted with their tokens
 
     def on_held(self, worker_id: str, held: list[HeldResponse], now: float) -> None:
         """A (re-)registered worker reports responses it kept across its broken stream: adopt those of known
         requests now; keep the others until the trainer re-attaches to their step (or orphan_ttl_s passes)."""
         for h in held:
-            req = self.requests.get(h.request_id)
+            req = self.book.requests.get(h.request_id)
             if req is not None:
                 self._adopt(req, h, worker_id, now)
-            elif len(self._orphans) < self.policy.max_step_requests:
+            elif len(self._orphans) < self.max_orphans:
                 self._orphans[h.request_id] = Orphan(h, worker_id, now)
         if held:
             log.info(
                 "worker reported held responses",
                 extra={"worker_id": worker_id, "held": len(held), "orphans": len(self._orphans)},
             )
+
+    def adopt_orphans(self, ids: Iterable[str], now: float) -> None:
+        """The trainer re-attached to a step with these request ids: adopt the held responses kept for them."""
+        for rid in [rid for rid in ids if rid in self._orphans]:
+            orphan = self._orphans.pop(rid)
+            self._adopt(self.book.requests[rid], orphan.held, orphan.worker, now)
+
+    def forget_old(self, now: float) -> None:
+        """Forget the held responses of steps nobody re-attached to within orphan_ttl_s."""
+        old = [rid for rid, o in self._orphans.items() if now - o.since > self.orphan_ttl_s]
+        for rid in old:
+            del self._orphans[rid]
+        if old:
+            log.info("held responses forgotten: no step re-attached", extra={"requests": len(old)})
 
     def _adopt(self, req: Request, h: HeldResponse, worker_id: str, now: float) -> None:
         """Continue `req` from the held response's tokens when it holds more than we do (its tokens are the same
@@ -68,12 +101,12 @@ class HeldResponses:
             )
             return
         if req.phase is Phase.PENDING:
-            self._pending_count[req.weight_version] -= 1  # its queue entry goes stale once it is finished below
+            self.book.pending_count[req.weight_version] -= 1  # its queue entry goes stale once it is finished below
         elif req.worker is not None:  # running afresh elsewhere, behind the held tokens: stop that run
-            self._box(req.worker).revoke.setdefault("adopted", []).append(req.id)
+            self.effects.revoke(req.worker, "adopted", req.id)
             metrics.REVOKES.labels("adopted").inc()
-            self._release(req, now)
-            self._pending.setdefault(req.weight_version, deque()).appendleft(req.id)
+            self.leases.release(req, now)
+            self.book.queue(req.weight_version).appendleft(req.id)
         req.tokens, req.logprobs = list(h.token_ids), list(h.logprobs)
         if not req.workers or req.workers[-1] != worker_id:
             req.workers.append(worker_id)
@@ -86,10 +119,10 @@ class HeldResponses:
         )
         done = finish_reason_if_done(req.tokens, req.sampling) or (h.finish_reason if h.finished else None)
         if done is not None:
-            self._finish(req, done, now)
+            self.lifecycle.finish(req, done, now)
         else:
-            self._pending_count[req.weight_version] += 1
-        self.dirty = True
+            self.book.pending_count[req.weight_version] += 1
+        self.effects.dirty = True
 
     def _adoption_problem(self, req: Request, h: HeldResponse) -> str | None:
         """Why the held response cannot continue `req` (another version or prompt, too long, bad output)."""
@@ -100,10 +133,3 @@ class HeldResponses:
         if len(h.token_ids) > req.sampling.max_new_tokens:
             return f"{len(h.token_ids)} tokens is over max_new_tokens {req.sampling.max_new_tokens}"
         return invalid_output(h.token_ids, h.logprobs, req.vocab_size)
-
-    def _forget_orphans(self, now: float) -> None:
-        old = [rid for rid, o in self._orphans.items() if now - o.since > self.orphan_ttl_s]
-        for rid in old:
-            del self._orphans[rid]
-        if old:
-            log.info("held responses forgotten: no step re-attached", extra={"requests": len(old)})

@@ -1,8 +1,8 @@
 """The records the manager's state machine keeps: a request, a worker, a request's phase, and the check a worker's
 output must pass before any of it is kept.
 
-Plain data, apart from `invalid_output`. They live here, not in state.py, because the modules `ManagerState` is
-assembled from (speed_placement, carry_over, adoption) need them too, and state.py imports those modules.
+Plain data, apart from `invalid_output`, shared by every part of the state machine (fleet, book, leases,
+lifecycle, carry_over, speed_placement, adoption, scheduling), which each own their own bookkeeping of them.
 """
 
 from __future__ import annotations

@@ -36,9 +36,11 @@ from rlboost.wire import rollout_proto as wire
 from rlboost.wire.rollout_io import Pool, RolloutRequest, Trajectory, request_id
 
 from . import metrics
+from .effects import Outbox
 from .identity import SessionRefused, WorkerSessions
 from .offload import OffloadController
-from .state import ManagerState, Outbox, RequestPolicy, StepError
+from .state import ManagerState
+from .steps import RequestPolicy, StepError
 from .tickets import TicketBook
 
 log = logging.getLogger(__name__)
@@ -339,7 +341,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
             raise wire.WireError("register: sent twice on one stream; open a new stream to re-register")
         else:
             raise wire.WireError("body: empty WorkerMessage; set one of chunks, heartbeat, drain, weight_version")
-        if st.dirty or st._delivered:
+        if st.dirty or st.effects.delivered:
             self.kick()
 
     # ---- trainer -----------------------------------------------------------------------------------
