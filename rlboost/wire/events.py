@@ -43,12 +43,6 @@ class Topic(Generic[Payload]):
         return self.payload.model_validate_json(data)
 
 
-def subject(namespace: str, job: str, topic: str) -> str:
-    """`rlboost.<namespace>.<job>.<topic>` of a topic's name. Superseded by `Topic.subject` (the table below):
-    kept while callers outside the table's users still name topics by string."""
-    return SUBJECT.format(namespace=namespace, job=job, topic=topic)
-
-
 class WeightsAnnounced(BaseModel):
     """topic `weights`: a new version is on the weight-server."""
 

@@ -20,7 +20,6 @@ from rlboost.wire.events import (
     PreemptionNotice,
     StepReport,
     WeightsAnnounced,
-    subject,
 )
 
 
@@ -35,11 +34,6 @@ def test_each_topic_is_the_subject_on_the_wire_with_its_payload_type():
         "rlboost.ns.job.colocation-acks": ColocationAck,
     }
     assert STEPS.subject("*", "*") == "rlboost.*.*.steps"  # the operator's stream: every job's
-
-
-def test_the_old_subject_function_names_the_same_subjects():
-    for topic in TOPICS:
-        assert subject("ns", "job", topic.name) == topic.subject("ns", "job")
 
 
 def test_a_payload_goes_out_as_its_json_and_comes_back_typed():

@@ -7,7 +7,7 @@ import asyncio
 import nats
 import pytest
 
-from rlboost.wire.events import PreemptionNotice, subject
+from rlboost.wire.events import NODES, PreemptionNotice
 from rollout_manager.preemption import NatsUnavailableError, PreemptionSubscriber, handle_notice
 
 from .client import WorkerClient, collect_rollout, rollout_request, status
@@ -24,7 +24,7 @@ async def test_preemption_notice_drains_worker_and_migrates_all_tokens(manager, 
 
     nc = await nats.connect(nats_server.url)
     notice = PreemptionNotice(node="node-a", reason="spot-itn", deadline_s=30)
-    await nc.publish(subject("ns", "job1", "nodes"), notice.model_dump_json().encode())
+    await nc.publish(NODES.subject("ns", "job1"), NODES.encode(notice))
     await nc.flush()
     drain = await w1.expect("drain")
     assert drain.drain.reason == "spot-itn"

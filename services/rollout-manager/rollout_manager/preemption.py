@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rlboost.backoff import keep_trying
-from rlboost.wire.events import PreemptionNotice, subject
+from rlboost.wire.events import NODES
 
 from . import metrics
 
@@ -28,7 +28,7 @@ class NatsUnavailableError(ConnectionError):
 def handle_notice(data: bytes, drain: Callable[[str, list[str], str], list[str]]) -> list[str]:
     """Parse one notice and drain the workers it names; a bad payload is logged and counted, not raised."""
     try:
-        notice = PreemptionNotice.model_validate_json(data)
+        notice = NODES.decode(data)
     except ValidationError as err:
         metrics.PREEMPTION_NOTICES.labels("invalid").inc()
         log.warning("invalid preemption notice ignored", extra={"error": str(err).splitlines()[0]})
@@ -51,7 +51,7 @@ class PreemptionSubscriber:
         on_change: Callable[[], None] = lambda: None,
         nats_options: dict[str, Any] | None = None,
     ) -> None:
-        self.url, self.subject = url, subject(namespace, job, "nodes")
+        self.url, self.subject = url, NODES.subject(namespace, job)
         self._options = nats_options or {}  # user, password, TLS: rlboost.auth.nats.connect_options
         self._drain, self._on_change = drain, on_change
         self._nc = None
