@@ -2,7 +2,7 @@
 what `kubectl apply` refuses before the operator sees it.
 
 - Immutable fields: what a running job's checkpoints were written for (the trainer's resume check,
-  services/trainer/trainer/loop.py `_resume_point`: world size, ZeRO stage, task seed, prompts per step) and
+  services/trainer/trainer/resume.py `Checkpoints`: world size, ZeRO stage, task seed, prompts per step) and
   the model. Transition rules (`oldSelf`): the API server evaluates them on updates only.
 - Cross-field checks: the same as JobSpec's and PoolSpec's model validators, each naming its field
   (`fieldPath`, and the message). What needs the operator's settings (trainer pool limits) or its image

@@ -18,8 +18,10 @@ from typing import Any, NamedTuple
 from rlboost.spec import ModelSpec
 from rlboost_operator.children.model import FETCH_CONTAINER
 
-EXIT_USAGE, EXIT_BAD_SOURCE = 2, 3  # rlboost.models.fetch's codes for 'retrying will not help'
 PRECHECK_REASONS = {"ClaimNotFound", "SecretNotFound", "SecretKeyMissing"}  # missing_model_objects' reasons
+# rlboost.models.errors' codes for "retrying will not help", restated: importing rlboost.models would pull the
+# model factory's dependencies (torch, transformers) into the operator's image (tests/deploy/test_dockerfiles.py)
+EXIT_USAGE, EXIT_BAD_SOURCE = 2, 3
 FETCH_ATTEMPTS = 3  # failed tries of a possibly transient fetch (unreachable) before the job is Failed
 _LINE = re.compile(r"spec\.model\.(\w+): (\w+): (.+)")
 

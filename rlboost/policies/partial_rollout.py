@@ -1,6 +1,6 @@
 """Partial rollout's rules (algorithm.partialRollout, bounded staleness): pure functions, no I/O, no clock.
 
-One copy of the rules, called by the trainer (`trainer.loop`: how many new prompts a step opens, which samples it
+One copy of the rules, called by the trainer (`trainer.assembly`, `trainer.partial_assembly`: how many new prompts a step opens, which samples it
 trains), the rollout-manager (`rollout_manager.server.GroupTarget`: when a step's stream ends) and the simulator
 (`rlboost.simulate.runner.StepRunner`, which applies them to samples: a group of one).
 

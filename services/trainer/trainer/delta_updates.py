@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1 or args.group < 2 or args.prompts < 1 or args.lr <= 0:
         print("error: --steps and --prompts must be >= 1, --group >= 2 and --lr > 0", file=sys.stderr)
         return 2
-    from rlboost.models.factory import ModelError
+    from rlboost.models import ModelError
     from rlboost.observability import setup_logging
     from rlboost.spec import JobSpecError
 
