@@ -95,3 +95,11 @@ def load_registered(name: str) -> Callable[..., Any]:
     if not callable(obj):
         raise EnvironmentNameError(f"task.environment.name {name!r}: {target!r} is a {type(obj).__name__}")
     return obj
+
+
+def check_environment(name: str, verifiers: str) -> None:
+    """The environment task.environment names exists (metadata only; nothing imported): before the first step."""
+    if name:
+        check_environment_name(name)
+    elif verifiers:
+        check_verifiers_id(verifiers)

@@ -1197,6 +1197,14 @@ class JobSpec(SpecModel):
                 "task.environment (each turn is still offloaded and migrated as a request)",
             )
 
+    def max_trained_tokens(self) -> int:
+        """The most tokens one sample trains on: maxNewTokens, or an episode's model turns together (the
+        normaliser of lossAggregation 'token')."""
+        alg = self.algorithm
+        if not self.task.episodes:
+            return alg.max_new_tokens
+        return min(alg.max_turns * alg.max_new_tokens, alg.max_episode_tokens)
+
     def partial_rollout_groups(self) -> int:
         """Groups in flight per step with algorithm.partialRollout: promptsPerStep plus the over-provision."""
         alg = self.algorithm

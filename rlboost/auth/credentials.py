@@ -71,7 +71,8 @@ ROLE_ITEMS: dict[str, tuple[str, ...]] = {
         WORKER_IDENTITY_KEY,
         WORKER_IDENTITY_CLUSTER,  # written by the operator (no pod of the job starts before it is there)
     ),
-    "env-runner": ("token-env-runner", CA_CERT),
+    # its own stream to the manager; the observer's read of the weight-server for the model's signed tokenizer
+    "env-runner": ("token-env-runner", "token-observer", VERIFY_KEY, CA_CERT),
     "weight-server": (
         "token-trainer",
         "token-worker",

@@ -69,6 +69,7 @@ class EnvProcess:
         self.proc, self.config = proc, config
         self.netns = False
         self.alive = True
+        self.busy = False  # a call was sent and its reply not read (the caller was cancelled meanwhile)
 
     @classmethod
     async def start(cls, config: EnvConfig) -> EnvProcess:
@@ -118,12 +119,14 @@ class EnvProcess:
         if not self.alive:
             raise EnvFailure("crash", "the environment's process already ended")
         assert self.proc.stdin is not None
+        self.busy = True
         try:
             self.proc.stdin.write(json.dumps(request).encode() + b"\n")
             await self.proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError):
             pass  # it died: the reply's EOF says how
         reply = await self._reply(self.config.step_timeout_s)
+        self.busy = False
         if "fail" in reply:
             await self.kill()
             raise EnvFailure(str(reply["fail"]), str(reply.get("detail", ""))[:500])
@@ -178,7 +181,12 @@ class EnvPool:
         return await EnvProcess.start(self.config)
 
     def release(self, proc: EnvProcess) -> None:
-        if proc.alive and proc.proc.returncode is None:
+        """Back to the idle ones; a process with a call in flight (its episode was cancelled) is ended instead."""
+        if proc.busy and proc.alive:
+            proc.alive = False
+            with contextlib.suppress(ProcessLookupError):
+                proc.proc.kill()
+        elif proc.alive and proc.proc.returncode is None:
             self._idle.append(proc)
 
     async def close(self) -> None:

@@ -526,6 +526,8 @@ def status_to_pb(s: ManagerStatus) -> pb.StatusReply:
         episodes_finished=s.episodes.finished,
         episodes_failed=s.episodes.failed,
         idle_slot_seconds_in_tools=s.episodes.idle_slot_seconds_in_tools,
+        runner_episode_seconds=s.episodes.runner_episode_seconds,
+        runner_capacity_seconds=s.episodes.runner_capacity_seconds,
     )
 
 
@@ -566,6 +568,8 @@ def status_from_pb(m: pb.StatusReply) -> ManagerStatus:
             m.episodes_finished,
             m.episodes_failed,
             m.idle_slot_seconds_in_tools,
+            m.runner_episode_seconds,
+            m.runner_capacity_seconds,
         ),
     )
 

@@ -331,6 +331,11 @@ class Episodes:
         """Count idle slot-seconds while episodes are in tools and nothing is pending; the runners gone silent."""
         last, self._last_tick = self._last_tick, now
         in_tools = self.in_tools()
+        capacity = self.runners.capacity
+        busy = sum(len(r.episodes) for r in self.runners.runners.values())
+        if last is not None:
+            self.counts.runner_episode_seconds += (now - last) * busy
+            self.counts.runner_capacity_seconds += (now - last) * capacity
         if last is not None and in_tools and self.book.pending_total == 0 and free_slots > 0:
             idle = (now - last) * free_slots
             self.counts.idle_slot_seconds_in_tools += idle
@@ -339,8 +344,6 @@ class Episodes:
         metrics.EPISODE_STATE.labels("running").set(len(self.episodes) - self.pending_count())
         metrics.EPISODE_STATE.labels("in_tools").set(in_tools)
         metrics.ENV_RUNNERS.set(len(self.runners.runners))
-        capacity = self.runners.capacity
-        busy = sum(len(r.episodes) for r in self.runners.runners.values())
         metrics.ENV_RUNNER_UTILISATION.set(busy / capacity if capacity else 0.0)
         return self.runners.silent(now, lease_timeout_s)
 
