@@ -157,35 +157,49 @@ class EnvProcess:
         return reply
 
     async def kill(self) -> int:
-        """End the process (if still running); how it ended (negative: by that signal)."""
+        """End the process (if still running) and close its pipes; how it ended (negative: by that signal)."""
         self.alive = False
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
-        return await self.proc.wait()
+        code = await self.proc.wait()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        transport = getattr(self.proc, "_transport", None)  # asyncio keeps it open until closed
+        if transport is not None:
+            transport.close()
+        return code
 
 
 class EnvPool:
     """Idle environment processes, reused episode after episode; a failed one is replaced by a fresh start."""
 
-    def __init__(self, config: EnvConfig) -> None:
+    def __init__(self, config: EnvConfig, concurrent_starts: int = 2) -> None:
         self.config = config
         self._idle: list[EnvProcess] = []
         self.started = 0  # processes started, since the pool's start
+        # a start is an interpreter importing the environment: a burst of them (a step's first episodes) would take
+        # every core at once and starve the caller's event loop (its heartbeats), so a few at a time
+        self._starting = asyncio.Semaphore(concurrent_starts)
+        self._ending: set[asyncio.Task] = set()  # kills of processes released mid-call
 
     async def acquire(self) -> EnvProcess:
         while self._idle:
             proc = self._idle.pop()
             if proc.alive and proc.proc.returncode is None:
                 return proc
-        self.started += 1
-        return await EnvProcess.start(self.config)
+        async with self._starting:
+            if self._idle:  # one was released while this waited
+                return await self.acquire()
+            self.started += 1
+            return await EnvProcess.start(self.config)
 
     def release(self, proc: EnvProcess) -> None:
         """Back to the idle ones; a process with a call in flight (its episode was cancelled) is ended instead."""
         if proc.busy and proc.alive:
+            task = asyncio.ensure_future(proc.kill())
+            self._ending.add(task)
+            task.add_done_callback(self._ending.discard)
             proc.alive = False
-            with contextlib.suppress(ProcessLookupError):
-                proc.proc.kill()
         elif proc.alive and proc.proc.returncode is None:
             self._idle.append(proc)
 
@@ -193,3 +207,5 @@ class EnvPool:
         idle, self._idle = self._idle, []
         for proc in idle:
             await proc.kill()
+        if self._ending:
+            await asyncio.gather(*self._ending)

@@ -195,8 +195,10 @@ class RunnerSession:
     # ---- episodes ----------------------------------------------------------------------------
 
     def _start(self, a: EpisodeAssignment) -> None:
-        if self.draining or a.episode_id in self.episodes:
+        if self.draining:
             return  # a draining runner takes none (the manager assigns none after its DrainNotice)
+        if (old := self.episodes.pop(a.episode_id, None)) is not None:
+            old.cancel()  # assigned again (its lease was taken back meanwhile): the manager's newer lease wins
         self.episodes[a.episode_id] = asyncio.create_task(self._episode(a), name=f"episode {a.episode_id}")
         metrics.RUNNING.set(len(self.episodes))
 

@@ -267,7 +267,8 @@ class ManagerState:
             self.lifecycle.migrate(req, req.revoke_reason, now)
         free = self._free_slots() if self.episodes.episodes else 0  # O(workers): only with episodes
         for runner in self.episodes.tick(now, free, self.lease_timeout_s):
-            runner.expired = True
+            runner.expired = True  # if it is slow rather than dead, it stops what it still drives
+            self.runners.box(runner.id).cancel.setdefault("lease_expired", []).extend(runner.episodes)
             self.episodes.runner_left(runner, now, "lease expired")
         if now >= self._next_stall_check:
             self._next_stall_check = now + min(1.0, self.policy.stall_timeout_s / 4)
