@@ -29,6 +29,7 @@ IMAGES = {
     "trainer": "trainer",
     "torch": "rollout-worker",
     "sglang": "rollout-worker-sglang",
+    "env_runner": "env-runner",
 }
 
 
@@ -47,6 +48,7 @@ def names(job: str) -> dict[str, str]:
         "spot": f"{job}-workers-spot",
         "reserved_account": f"{job}-reserved-worker",
         "spot_account": f"{job}-spot-worker",
+        "env_runners": f"{job}-env-runners",
     }
 
 
@@ -65,7 +67,7 @@ def workloads(job: str, variants: Sequence[str] = ()) -> list[tuple[str, str]]:
     """(kind, name) of every child that runs pods: what scaling a job to zero patches; `variants`: the names of
     spot variants whose Deployments there may be."""
     n = names(job)
-    deployments = ("nats", "manager", "weights", "reserved", "spot")
+    deployments = ("nats", "manager", "weights", "reserved", "spot", "env_runners")
     variant_deployments = [("Deployment", spot_variant_name(job, v)) for v in variants]
     return [("StatefulSet", n["trainer"]), *(("Deployment", n[k]) for k in deployments), *variant_deployments]
 
