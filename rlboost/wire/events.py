@@ -186,8 +186,8 @@ class StepReport(BaseModel):
     episode_turns_mean: float = gauge(0.0, "Mean model turns per episode of the step.", name="episode_turns", ge=0)
     episode_turns_max: int = Field(0, ge=0, description="Most model turns of one episode of the step.")
     tool_calls: int = Field(0, ge=0, description="Tool calls the step's episodes made.")
-    tool_failures: int = gauge(
-        0, "Tool calls of the step's episodes that failed (malformed, unknown tool, the tool raised).", ge=0
+    tool_failures: int = Field(
+        0, ge=0, description="Tool calls of the step's episodes that failed (malformed, unknown tool, the tool raised)."
     )
     tool_latency_seconds: float = gauge(
         0.0, "Mean wall time of one environment call (reset or a step with its tools) in the step's episodes.", ge=0
