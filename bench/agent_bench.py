@@ -95,7 +95,9 @@ class Run:
         sc = self.sc
         sampling = SamplingParams(temperature=0.0, max_new_tokens=sc.turn_tokens, seed=sc.seed)
         tasks = [PromptItem(i, [], "{}") for i in range(sc.episodes)]
-        request = RolloutRequest(0, 0, tasks, 1, sampling, episodes=EpisodeSettings(sc.turns, (sc.turns + 1) * sc.turn_tokens))
+        request = RolloutRequest(
+            0, 0, tasks, 1, sampling, episodes=EpisodeSettings(sc.turns, (sc.turns + 1) * sc.turn_tokens)
+        )
         self.st.add_step(request, 0.0)
         self.flush()
         while self.events:

@@ -25,7 +25,6 @@ from typing import Any
 ENVIRONMENT_GROUP = "rlboost.environments"
 BUILTIN_ENVIRONMENTS: dict[str, str] = {
     "calculator": "rlboost.environments.calculator:CalculatorEnv",
-    "reasoning_gym": "rlboost.environments.reasoning:ReasoningGymEnv",
 }
 ENVIRONMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 REGISTER_HINT = (

@@ -343,8 +343,7 @@ class EnvironmentSpec(SpecModel):
     name: str = Field(
         "",
         max_length=128,
-        description="An entry point of the group 'rlboost.environments' (built-ins: calculator, reasoning_gym); "
-        "'' = none.",
+        description="An entry point of the group 'rlboost.environments' (built-in: calculator); '' = none.",
     )
     verifiers: str = Field(
         "",
