@@ -98,6 +98,6 @@ def test_the_agent_example_learns_to_use_its_tool(tmp_path: Path):
     run_local_cli("--config", CONFIG, "--run-dir", tmp_path / "run", "--json-report", report, timeout=1500)
     steps = json.loads(report.read_text())["steps"]
     rewards = [s["reward_mean"] for s in steps]
-    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    assert last > first + 0.1, rewards
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10  # a step's mean is noisy: 128 episodes
+    assert last > first + 0.08, rewards
     assert all(s["episode_turns_mean"] >= 1 and s["tool_calls"] > 0 for s in steps)
