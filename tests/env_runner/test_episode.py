@@ -161,3 +161,24 @@ async def test_the_gateway_refuses_what_it_cannot_continue(fmt: ChatFormat):
         await gateway.complete(key, {"messages": edited})
     with pytest.raises(GatewayError, match="messages"):
         await gateway.complete(key, {"messages": "hello"})
+
+
+async def test_the_gateway_serves_chat_completions_over_http(fmt: ChatFormat):
+    import httpx
+
+    from env_runner.gateway import serve_gateway
+
+    gateway = ChatGateway(fmt, Scripted(fmt, [CALL]))
+    key = gateway.open(_assignment())
+    runner, port = await serve_gateway(gateway, "127.0.0.1", 0)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}/v1") as client:
+            body = {"model": "policy", "messages": [{"role": "user", "content": "What is 7*6?"}]}
+            ok = await client.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+            refused = await client.post("/chat/completions", json=body, headers={"Authorization": "Bearer nope"})
+            models = await client.get("/models")
+    finally:
+        await runner.cleanup()
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["tool_calls"][0]["type"] == "function"
+    assert refused.status_code == 401 and "Authorization" in refused.json()["error"]["message"]
+    assert models.json()["data"][0]["id"] == "policy"
