@@ -13,7 +13,7 @@ from rlboost.options.manager import DEFAULT_MANAGER_ADDRESS
 
 class EnvRunnerOptions(ServiceOptions):
     """An env-runner: runs the job's environment (task.environment) and drives its episodes' turns through the
-    rollout-manager; serves the OpenAI-compatible chat endpoint its episodes' harnesses call."""
+    rollout-manager."""
 
     SERVICE: ClassVar[str] = "env-runner"
     MODULE: ClassVar[str] = "env_runner"
@@ -31,12 +31,6 @@ class EnvRunnerOptions(ServiceOptions):
         0, ge=0, le=100000, description="Episodes driven at once (0 = the spec's rollout.envRunners.capacity)."
     )
     metrics_port: Port = Field(0, description="/metrics and /healthz port (0 = off).")
-    gateway_port: int = Field(
-        -1,
-        ge=-1,
-        le=65535,
-        description="Port of the OpenAI-compatible chat endpoint (POST /v1/chat/completions; 0 = any free, -1 = off).",
-    )
     startup_timeout: float = Field(120, gt=0, description="Seconds to wait for the model's assets (weight-server).")
     reconnect_timeout: float = Field(60, gt=0, description="Give up when the manager stays unreachable this long (s).")
     drain_timeout: float = Field(
@@ -45,7 +39,7 @@ class EnvRunnerOptions(ServiceOptions):
 
 
 def env_runner_options(
-    site: Site, runner_id: str, node: str, model_dir: Path | str, metrics_port: int, gateway_port: int = -1
+    site: Site, runner_id: str, node: str, model_dir: Path | str, metrics_port: int
 ) -> EnvRunnerOptions:
     """`model_dir` '' : the tokenizer is pulled from the site's weight-server (a pod without the model)."""
     return EnvRunnerOptions(
@@ -56,5 +50,4 @@ def env_runner_options(
         weight_server=site.weight_server_url,
         model_dir=str(model_dir),
         metrics_port=metrics_port,
-        **({"gateway_port": gateway_port} if gateway_port >= 0 else {}),
     )

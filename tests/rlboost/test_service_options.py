@@ -193,7 +193,7 @@ def test_rendered_options_round_trip_through_argv() -> None:
         WeightServerOptions(chunk_bytes=4096, no_nats=True, read_token_file="/r", log_level="debug"),
         WorkerOptions(worker_id="w", pool="spot", manager="[::1]:5", weight_server="", capacity=3, engine="sglang"),
         TrainerOptions(steps=2, checkpoint_dir="/c", resume=True, colocation_timeout=0.5, dump_rollouts="/d"),
-        EnvRunnerOptions(runner_id="r", capacity=4, gateway_port=0, drain_timeout=1.5, model_dir="/m"),
+        EnvRunnerOptions(runner_id="r", capacity=4, drain_timeout=1.5, model_dir="/m"),
     ]
     for opts in samples:
         assert type(opts).from_argv(opts.to_argv()) == opts

@@ -5,8 +5,7 @@
 It loads the model's tokenizer and chat template (`--model-dir`, else pulled from `--weight-server`, signed by the
 job's trainer), starts one confined process of the job's environment (`task.environment`) to check it loads (an
 unknown or broken environment stops it here, naming the field), then attaches to the rollout-manager and drives
-the episodes it is given. With `--gateway-port` it also serves the OpenAI-compatible chat endpoint. SIGTERM
-drains. The flags (each also RLBOOST_<FLAG>) are the fields of rlboost.options.env_runner.EnvRunnerOptions.
+the episodes it is given. SIGTERM drains. The flags (each also RLBOOST_<FLAG>) are the fields of rlboost.options.env_runner.EnvRunnerOptions.
 """
 
 from __future__ import annotations
