@@ -151,33 +151,9 @@ DATASET_FORMATS = ("auto", "jsonl", "parquet", "hf-disk")
 DATASET_SCHEMES = ("s3://", "gs://", "hf://", "file://")
 
 
-class ReasoningGymSpec(SpecModel):
-    """A reasoning-gym procedural dataset (PyPI `reasoning-gym`): questions generated from a seed, scored by the
-    dataset's own `score_answer` (the reward `reasoning_gym`); no files, no network."""
-
-    name: str = Field(
-        min_length=1,
-        max_length=128,
-        pattern=r"^[a-z0-9_]+$",
-        description="The reasoning-gym dataset (e.g. 'basic_arithmetic', 'chain_sum', 'leg_counting').",
-    )
-    size: int = Field(1000, ge=1, le=10**7, description="Questions generated (one epoch).")
-    seed: int = Field(42, ge=0, description="Seed of the generator: the same seed gives the same questions.")
-    config: dict[str, str | int | float | bool] = Field(
-        default_factory=dict,
-        max_length=32,
-        description="Further keyword arguments of the dataset's config (e.g. {min_terms: 2, max_terms: 4}).",
-    )
-
-
 class DatasetSpec(SpecModel):
     """A prompt dataset: JSONL / Parquet files or a Hugging Face `datasets` directory, streamed (never loaded whole)."""
 
-    reasoning_gym: ReasoningGymSpec | None = Field(
-        None,
-        description="Generate the prompts with reasoning-gym instead of reading files (train is then unset): "
-        "{name, size, seed}. Pair it with task.reward: reasoning_gym, the dataset's own scoring.",
-    )
 
     train: str = Field(
         "",
@@ -262,10 +238,6 @@ class DatasetSpec(SpecModel):
 
     @model_validator(mode="after")
     def _locations(self) -> DatasetSpec:
-        if self.reasoning_gym is not None and (self.train or self.validation):
-            raise SpecFieldError(
-                "reasoningGym", "task.dataset.reasoningGym generates the prompts: leave train and validation unset"
-            )
         if self.validation and not self.train:
             raise SpecFieldError("train", "task.dataset.validation is set but task.dataset.train is not; set both")
         for name in ("train", "validation"):
