@@ -321,7 +321,8 @@ class EnvironmentSpec(SpecModel):
         "",
         max_length=128,
         pattern=r"^$|^[A-Za-z0-9_.\-]+$",
-        description="A verifiers environment id (its installed module, e.g. 'vf-math-python'); '' = none.",
+        description="A verifiers environment id (its installed module, e.g. 'vf-math-python'); '' = none. Not "
+        "supported yet: a job naming one is refused with the alternative.",
     )
     args: Annotated[dict[str, Any], WithJsonSchema(_ENV_ARGS_SCHEMA)] = Field(
         default_factory=dict, description=_ENV_ARGS_SCHEMA["description"]
@@ -360,6 +361,13 @@ class EnvironmentSpec(SpecModel):
     def _one(self) -> EnvironmentSpec:
         if self.name and self.verifiers:
             raise SpecFieldError("verifiers", "task.environment: set either name or verifiers, not both")
+        if self.verifiers:  # refused before anything starts, rather than by every env-runner at its start
+            raise SpecFieldError(
+                "verifiers",
+                f"task.environment.verifiers {self.verifiers!r}: verifiers environments are not supported by this "
+                "rlboost yet (docs/agents.md); wrap the environment as an rlboost.environments entry point and set "
+                "task.environment.name",
+            )
         return self
 
 
