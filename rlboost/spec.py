@@ -154,7 +154,6 @@ DATASET_SCHEMES = ("s3://", "gs://", "hf://", "file://")
 class DatasetSpec(SpecModel):
     """A prompt dataset: JSONL / Parquet files or a Hugging Face `datasets` directory, streamed (never loaded whole)."""
 
-
     train: str = Field(
         "",
         max_length=4096,
