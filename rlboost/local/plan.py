@@ -1,7 +1,8 @@
 """The plan of a local run (pure): paths, ports, and the command line of every child process.
 
 `build_plan(spec, options, port_fn)` decides everything `rlboost local` starts, in start order:
-nats-server, weight-server, rollout-manager, the reserved and spot rollout-workers, the trainer.
+nats-server, weight-server, rollout-manager, the reserved and spot rollout-workers, the env-runners (agentic
+episodes: task.environment set), the trainer.
 Every service's command line is rendered from its options model in `rlboost.options` (the contract with
 the services), for a `Site` that binds every socket to loopback.
 """
@@ -22,6 +23,7 @@ from rlboost.options import (
     LOOPBACK,
     ServiceOptions,
     Site,
+    env_runner_options,
     manager_options,
     trainer_options,
     weight_server_options,
@@ -89,7 +91,7 @@ class ChildPlan:
 
     name: str
     argv: list[str]
-    role: str  # nats | weight-server | rollout-manager | rollout-worker | trainer
+    role: str  # nats | weight-server | rollout-manager | rollout-worker | env-runner | trainer
     ready_port: int  # accepts TCP connections once started
     health_url: str = ""  # GET must answer 200 before the next child starts (empty: the port is enough)
     pool: str = ""  # workers only
@@ -205,6 +207,15 @@ class LocalPlan:
             options=options,
         )
 
+    def env_runner(self, runner_id: str) -> ChildPlan:
+        """An env-runner child: the run's model directory gives it the tokenizer; one thread (few cores)."""
+        metrics_port = self.port_fn()
+        options = env_runner_options(self.site, runner_id, f"local-{runner_id}", self.model_dir, metrics_port)
+        env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        return ChildPlan(
+            runner_id, options.command(self.options.python), "env-runner", metrics_port, env=env, options=options
+        )
+
     def identity_file(self, worker_id: str) -> Path:
         """Where the runner writes worker `worker_id`'s identity proof (rlboost.auth.worker_identity.local_proof)."""
         return self.options.run_dir / "identities" / worker_id
@@ -294,6 +305,11 @@ def initial_spot_workers(spec: JobSpec, first_trace_count: int | None) -> int:
     return max(pool.min_replicas, min(pool.max_replicas, wanted))
 
 
+def _env_runners(spec: JobSpec) -> int:
+    """Env-runners to start: rollout.envRunners.replicas for a job with an environment, else none."""
+    return spec.rollout.env_runners.replicas if spec.task.episodes else 0
+
+
 def build_plan(
     spec: JobSpec,
     options: LocalOptions,
@@ -326,6 +342,7 @@ def build_plan(
         _manager(plan),
         *(plan.worker(f"reserved-{i}", "reserved") for i in range(spec.rollout.reserved.replicas)),
         *(plan.worker(f"spot-{i}", "spot") for i in range(n_spot)),
+        *(plan.env_runner(f"env-runner-{i}") for i in range(_env_runners(spec))),
         *_trainers(plan),
     ]
     return plan

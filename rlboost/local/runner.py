@@ -46,6 +46,7 @@ READY_TIMEOUT_S = {
     "weight-server": 60.0,
     "rollout-manager": 60.0,
     "rollout-worker": 180.0,
+    "env-runner": 120.0,
     "trainer": 240.0,
 }
 SETTLE_TIMEOUT_S = 60.0  # after JobDone: how long workers get to report the final weight version
@@ -362,7 +363,7 @@ class Run:
                     await self._connect_nats()
                 if child.role == "rollout-manager":
                     self._connect_manager()
-        rest = [c for c in children if c.role in ("rollout-worker", "trainer")]
+        rest = [c for c in children if c.role in ("rollout-worker", "env-runner", "trainer")]
         for child in rest:
             self._start(child)
         self.state.progress.phase = "starting workers and trainer"

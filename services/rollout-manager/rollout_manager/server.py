@@ -37,6 +37,7 @@ from rlboost.wire.rollout_io import Pool, RolloutRequest, Trajectory, request_id
 
 from . import metrics
 from .effects import Outbox
+from .episode_edge import RunnerEdge
 from .identity import SessionRefused, WorkerSessions
 from .offload import OffloadController
 from .state import ManagerState
@@ -98,6 +99,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         )
         self.balance_interval_s = balance_interval_s
         self.offload = OffloadController(self.state, offload)  # offload None: reserved workers run to the end
+        self.runner_edge = RunnerEdge(self.state, rollout, self.clock, self.kick)  # env-runners (agentic episodes)
         self._conns: dict[str, _WorkerConn] = {}
         self._sinks: dict[int, asyncio.Queue[Trajectory | StepFailed | None]] = {}  # None: shutting down
         self._wake = asyncio.Event()
@@ -119,6 +121,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         options = [("grpc.so_reuseport", 0), ("grpc.http2.bdp_probe", 0), *wire.grpc_message_options()]
         self._server = grpc.aio.server(options=options, interceptors=self.auth.interceptors)
         pb_grpc.add_RolloutManagerServicer_to_server(self, self._server)
+        self.runner_edge.add_to(self._server)
         try:
             bound = self.auth.add_port(self._server, f"{host}:{port}")
         except RuntimeError as err:
@@ -136,6 +139,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         """End every open stream cleanly, then stop serving."""
         for conn in self._conns.values():
             conn.queue.put_nowait(None)
+        self.runner_edge.stop()
         for sink in self._sinks.values():
             sink.put_nowait(None)
         await self.watchdog.stop()
@@ -216,6 +220,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
                 sink.put_nowait(StepFailed(why))
             else:  # nobody waits for it: drop the rest of the step now
                 self.state.cancel_step(step, self.clock())
+        self.runner_edge.flush()  # after the step's failures: a cancelled episode's turn result is not sent
 
     # ---- worker stream -----------------------------------------------------------------------------
 

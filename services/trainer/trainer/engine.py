@@ -185,7 +185,7 @@ class PolicyEngine:
         mask = batch.response_mask
         if batch.loss_weight is not None:
             mask = mask * batch.loss_weight[:, None]  # a skipped (too stale) row contributes nothing
-        agg = {"aggregation": alg.loss_aggregation, "max_tokens": alg.max_new_tokens}
+        agg = {"aggregation": alg.loss_aggregation, "max_tokens": self.spec.max_trained_tokens()}
         loss, stats = clipped_policy_loss(
             logp, old, batch.advantages, mask, self.clip_low, num_sequences, clip_high=self.clip_high, **agg
         )

@@ -20,6 +20,7 @@ from rlboost.tasks.base import Cursor
 from rlboost.tasks.validation import validation_source
 from rlboost.wire.events import ValidationReport
 from rlboost.wire.rollout_io import PromptItem, RolloutRequest, SamplingParams
+from trainer.assembly import with_prompts
 from trainer.judge import Judge
 from trainer.prompt_cursor import PromptCursor
 from trainer.rollout_client import RolloutClient
@@ -92,6 +93,7 @@ class Evaluator:
             stop_token_ids=self.vocab.stop_ids,
         )
         request = RolloutRequest(-(step + 1), version, prompts, ev.samples, sampling, vocab_size=self.vocab.size)
+        with_prompts(request, self.spec, examples, [p.token_ids for p in prompts])  # episodes: the tasks
         return request, examples
 
     def _validation_set(self, limit: int) -> tuple[list[Any], list[list[int]]]:

@@ -1,7 +1,9 @@
 """GRPO math, free of DeepSpeed and the network: advantages, collation, log-probs and the clipped loss.
 
 - `group_advantages`: (r - mean_g) / (std_g + eps) within one prompt's group (std unbiased, as TRL).
-- `collate`: samples -> a right-padded `MicroBatch` with a response-token mask aligned to the targets.
+- `collate`: samples -> a right-padded `MicroBatch` with a response-token mask aligned to the targets (an agentic
+  episode's environment tokens masked out: `Trajectory.loss_mask`, so loss, KL, entropy and their statistics
+  only ever see the model's own tokens).
 - `token_logprobs`: log_softmax(logits / T) at the target tokens, in float32, over the full vocabulary
   (the quantity the rollout workers report, see `rlboost.sampling.sample_next`).
 - `clipped_policy_loss`: PPO-clipped token-level loss with behaviour log-probs (asymmetric clip range),
@@ -118,7 +120,7 @@ def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
             raise ValueError(f"trajectory {t.request_id}: empty prompt_ids")
         input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
         attention[i, : len(row)] = 1
-        resp_mask[i, p - 1 : p - 1 + n] = 1.0
+        resp_mask[i, p - 1 : p - 1 + n] = 1.0 if not t.loss_mask else _loss_mask(t.loss_mask)
         if n and len(t.logprobs) == n:
             old[i, p - 1 : p - 1 + n] = torch.tensor(t.logprobs, dtype=torch.float32)
             has_old[i] = True
@@ -126,6 +128,11 @@ def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
     stale = torch.tensor([s.stale for s in samples], dtype=torch.bool)
     weight = torch.tensor([s.weight for s in samples], dtype=torch.float32)
     return MicroBatch(input_ids, attention, resp_mask, old, has_old, adv, stale, weight)
+
+
+def _loss_mask(mask: bytes) -> torch.Tensor:
+    """An agentic episode's loss mask (1 the model's token, 0 the environment's) as response-mask values."""
+    return torch.frombuffer(bytearray(mask), dtype=torch.uint8).to(torch.float32)
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:

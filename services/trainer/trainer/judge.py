@@ -1,7 +1,9 @@
 """The judge: rewards of trajectories from the reward sandbox (rlboost.tasks.sandbox), rank 0 only.
 
 A failed reward call scores 0, is counted by reason (rlboost_trainer_reward_failures_total) and logged once per
-batch; a sample the rollout-manager dropped (finish_reason 'failed') is not judged and scores 0.
+batch; a sample the rollout-manager dropped (finish_reason 'failed') is not judged and scores 0. An agentic
+episode whose environment scored it (Trajectory.reward) keeps that reward; otherwise task.reward judges the
+episode's whole text after its first prompt.
 """
 
 from __future__ import annotations
@@ -20,6 +22,16 @@ from trainer import metrics
 log = logging.getLogger(__name__)
 
 FAILED = "failed"  # finish_reason of a sample the rollout-manager dropped (rollout.onFailedRequest: drop)
+
+
+def _needs_reward(t: Trajectory) -> bool:
+    """task.reward judges it: not dropped, and (an agentic episode) its environment gave no reward."""
+    return t.finish_reason != FAILED and t.reward is None
+
+
+def _given(t: Trajectory) -> RewardResult:
+    """A dropped sample's 0, or the reward its environment gave (an agentic episode)."""
+    return RewardResult(0.0 if t.finish_reason == FAILED or t.reward is None else float(t.reward))
 
 
 class Judge:
@@ -50,12 +62,12 @@ class Judge:
         """The rewards of trajectories of `examples` (indexed by prompt_index) from the reward sandbox. The
         trajectories were validated (their prompt_index is one of `examples`)."""
         assert self.sandbox is not None
-        judged = [t for t in trajs if t.finish_reason != FAILED]  # dropped by the manager: nothing to judge, 0
+        judged = [t for t in trajs if _needs_reward(t)]  # dropped (0) or scored by its environment: not judged
         items = [(self.decode(t.response_ids), examples[t.prompt_index]) for t in judged]
         results = await asyncio.to_thread(self.sandbox.score, items) if items else []
         self._count_failures(step, results)
         scored = iter(results)
-        return [RewardResult(0.0) if t.finish_reason == FAILED else next(scored) for t in trajs]
+        return [next(scored) if _needs_reward(t) else _given(t) for t in trajs]
 
     def _count_failures(self, step: int, results: list[RewardResult]) -> None:
         failed: dict[str, int] = {}

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlboost.auth.grpc_auth import ClientAuth
+from rlboost.environment_registry import check_environment
 from rlboost.observability import LoopWatchdog
 from rlboost.options.trainer import TrainerOptions
 from rlboost.spec import JobSpec
@@ -114,6 +115,8 @@ class Trainer:
             return JobDone(ok=True, steps=steps)
         try:
             await self.events.connect()  # first: a reward that cannot start is reported in JobDone
+            env = self.spec.task.environment  # an unknown environment is refused before the first step
+            check_environment(env.name, env.verifiers)
             await asyncio.to_thread(self.prompts.open)  # bad dataset: a clear error, no step
             await asyncio.to_thread(self.judge.start)
             await asyncio.to_thread(self.training.start)

@@ -20,6 +20,7 @@ from rlboost.spec import JobSpec
 from rlboost.wire.events import STEPS, StepReport
 from rlboost.wire.rollout_io import ManagerStatus
 from trainer import metrics, ranks
+from trainer.episode_report import RunnerMeter, episode_fields
 from trainer.grpo import Sample
 from trainer.job_events import JobEvents
 from trainer.pool_metrics import PoolMeter, PoolStep, length_percentiles
@@ -36,6 +37,8 @@ class StepReporter:
     def __init__(self, spec: JobSpec, run_dir: Path, events: JobEvents) -> None:
         self.run_dir, self.events = run_dir, events
         self.pool_meter = PoolMeter(spec, time.monotonic())
+        self.runner_meter = RunnerMeter()  # agentic episodes: env-runners' utilisation, idle slot-seconds
+        self._runner_fields: dict[str, Any] = {}
         self.trackers: Any = None  # rlboost.tracking.Trackers of spec.logging, once opened
 
     def open_trackers(self, spec: JobSpec, job: str) -> None:
@@ -50,6 +53,7 @@ class StepReporter:
 
     def pools(self, status: ManagerStatus | None) -> PoolStep:
         """The manager's status after the step, as rates since the previous step's."""
+        self._runner_fields = self.runner_meter.update(status)
         return self.pool_meter.update(status, time.monotonic())
 
     def record(
@@ -107,6 +111,8 @@ class StepReporter:
             data_epoch=data_epoch,
             carried_over=counts.carried_over,
             stale_tokens=counts.stale_tokens,
+            **episode_fields(samples),
+            **self._runner_fields,
         )
 
     async def report(self, r: StepReport) -> None:

@@ -1,4 +1,7 @@
-"""`--dump-rollouts`: every trajectory the trainer receives, appended as one JSON line (a debugging output)."""
+"""`--dump-rollouts`: every trajectory the trainer receives, appended as one JSON line (a debugging output).
+
+An agentic episode's line also has `turns` (model turns), `loss_mask` (one per `token_ids` entry: 1 the model's
+token, 0 the environment's) and `reward` (the environment's, or null when task.reward judged it)."""
 
 from __future__ import annotations
 
@@ -27,5 +30,9 @@ class RolloutDump:
         }
         if traj.version_spans:  # partial rollout: the versions it was generated under
             line["version_spans"] = traj.version_spans
+        if traj.turns:  # an agentic episode: model turns, and which of token_ids are the model's (1) or not (0)
+            line["turns"] = traj.turns
+            line["loss_mask"] = list(traj.loss_mask) if traj.loss_mask else [1] * len(traj.response_ids)
+            line["reward"] = traj.reward
         with self.path.open("a") as f:
             f.write(json.dumps(line) + "\n")
