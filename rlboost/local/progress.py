@@ -52,6 +52,7 @@ class ProgressState:
     status: ManagerStatus | None = None
     rates: PoolRate = field(default_factory=PoolRate)
     preemptions: int = 0
+    restarts: int = 0  # children the runner started again (rlboost.local.restarts)
     phase: str = "starting"
 
     def on_status(self, status: ManagerStatus) -> None:
@@ -109,7 +110,7 @@ def render(state: ProgressState) -> Group:
         (f"[{state.phase}] ", "cyan"),
         f"{elapsed:5.0f}s  ",
         f"pending {s.pending if s else 0}  running {s.running if s else 0}  ",
-        f"migrations {s.migrations if s else 0}  preemptions {state.preemptions}",
+        f"migrations {s.migrations if s else 0}  preemptions {state.preemptions}  restarts {state.restarts}",
     )
     validated = [s.validation for s in state.steps if s.validation is not None]
     parts = [header, _steps_table(state)] + ([Text(validation_line(validated[-1]))] if validated else [])
