@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlboost.fsio import append_line
 from rlboost.spec import JobSpec
 from rlboost.wire.events import STEPS, StepReport
 from rlboost.wire.rollout_io import ManagerStatus
@@ -111,8 +112,7 @@ class StepReporter:
 
     async def report(self, r: StepReport) -> None:
         """The step's one record: a line of steps.jsonl, the step gauges, the trackers, the log, the `steps` event."""
-        with (self.run_dir / "steps.jsonl").open("a") as f:
-            f.write(r.model_dump_json() + "\n")
+        append_line(self.run_dir / "steps.jsonl", r.model_dump_json(), "step report", "the trainer's --run-dir")
         metrics.export_step(r)
         if self.trackers is not None:
             from rlboost.tracking import step_metrics

@@ -65,6 +65,7 @@ HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.FORBIDDEN: 403,
     ErrorKind.RANGE_NOT_SATISFIABLE: 416,
     ErrorKind.TOO_LARGE: 413,
+    ErrorKind.INSUFFICIENT_STORAGE: 507,
 }
 
 
