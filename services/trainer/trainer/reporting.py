@@ -13,6 +13,7 @@ import asyncio
 import logging
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,7 @@ class StepReporter:
         metrics.OFF_POLICY.inc(counts.off_policy)
         metrics.STALE.inc(counts.stale)
         metrics.PUBLISHED_BYTES.inc(published.nbytes)
-        rewards = [s.reward for s in samples]
+        rewards = [s.reward for s in samples if s.reward_failure is None] or [0.0]  # a failed call is no zero
         n_tok = stats.tokens
         return StepReport(
             step=step,
@@ -108,6 +109,7 @@ class StepReporter:
             data_epoch=data_epoch,
             carried_over=counts.carried_over,
             stale_tokens=counts.stale_tokens,
+            reward_failures=dict(Counter(s.reward_failure for s in samples if s.reward_failure)),
         )
 
     async def report(self, r: StepReport) -> None:
