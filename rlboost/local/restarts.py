@@ -5,7 +5,8 @@ with its own command line, so on the same ports: the others reconnect to it (the
 checkpoints). The delay before a restart is a bounded back-off: none after a child that had run `STABLE_AFTER_S`,
 else `BACKOFF_BASE_S` doubling per consecutive death up to `BACKOFF_CAP_S`. A child that dies `CRASH_LOOP_LIMIT`
 times in a row without a stable run is failing, not being killed: the run stops with its log's last lines rather
-than restart it forever. Chaos kills (`--chaos-kill-every`) are restarted at once and never count towards it.
+than restart it forever; the trainer's limit is the job's trainer.backoffLimit + 1, as on Kubernetes. Chaos kills
+(`--chaos-kill-every`) are restarted at once and never count towards it.
 
 Every restart is a `RestartRecord` (the live display counts them, the JSON report lists them); `back_after_seconds`
 is filled once the restarted child answers its readiness probe again.
@@ -50,13 +51,14 @@ class BackOff:
 
     deaths: dict[str, int] = field(default_factory=dict)
 
-    def delay(self, name: str, uptime_s: float) -> float | None:
-        """Seconds to wait before starting `name` again after it died `uptime_s` after its start; None: give up."""
+    def delay(self, name: str, uptime_s: float, limit: int = CRASH_LOOP_LIMIT) -> float | None:
+        """Seconds to wait before starting `name` again after it died `uptime_s` after its start; None: give up
+        (its `limit`-th death in a row)."""
         if uptime_s >= STABLE_AFTER_S:
             self.deaths[name] = 1
-            return 0.0
+            return 0.0 if limit > 1 else None
         n = self.deaths[name] = self.deaths.get(name, 0) + 1
-        if n >= CRASH_LOOP_LIMIT:
+        if n >= limit:
             return None
         return min(BACKOFF_BASE_S * 2 ** (n - 1), BACKOFF_CAP_S)
 
@@ -69,6 +71,7 @@ class Restarts:
     started_at: float
     start_child: Callable[[str], None]  # start `name` again from its plan (runner.start_child)
     ready: Callable[[str], bool]  # one readiness probe of `name`, never raising (Supervisor.probe_ready)
+    limits: dict[str, int] = field(default_factory=dict)  # role -> deaths in a row that fail the run
     backoff: BackOff = field(default_factory=BackOff)
     records: list[RestartRecord] = field(default_factory=list)
     waiting: dict[str, tuple[float, RestartRecord]] = field(default_factory=dict)  # name -> (due at, its record)
@@ -78,10 +81,11 @@ class Restarts:
     def died(self, child: Child, now: float) -> None:
         """`child` exited without being asked to: schedule its restart, or raise ChildFailedError (a crash loop)."""
         uptime = now - child.started_at
-        delay = self.backoff.delay(child.name, uptime)
+        limit = self.limits.get(child.role, CRASH_LOOP_LIMIT)
+        delay = self.backoff.delay(child.name, uptime, limit)
         ended = how_it_ended(child.proc.returncode)
         if delay is None:
-            reason = f"keeps dying ({CRASH_LOOP_LIMIT} times in a row, the last after {uptime:.0f}s: {ended})"
+            reason = f"keeps dying ({self.backoff.deaths[child.name]} times in a row, the last after {uptime:.0f}s)"
             raise self.sup.failure(child, reason)
         record = self._record(child, now, "died", ended, delay)
         self.waiting[child.name] = (now + delay, record)

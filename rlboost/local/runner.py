@@ -339,6 +339,9 @@ class Run:
         self.channel = None
         self.stub = None
         self.status_read: asyncio.Task | None = None  # the status stream's read in progress
+        self.ready: set[str] | None = set()  # while starting: the children that were ready (None: all started)
+        self._supervising = asyncio.Lock()
+        self._said_stalled = False
 
     # ---- start-up ----
 
@@ -347,7 +350,12 @@ class Run:
         while time.monotonic() < deadline:
             self._check_interrupt()
             if await asyncio.to_thread(self.sup.check_ready, child.name, child.ready_port, child.health_url):
+                if self.ready is not None:
+                    self.ready.add(child.name)  # from now on supervised: restarted if it dies
                 return
+            async with self._supervising:  # the waits of the workers and the trainer run side by side
+                self._check_children()
+                await self._restart_due(time.monotonic())
             await asyncio.sleep(0.1)
         what = child.health_url or f"port {child.ready_port}"
         raise ChildFailedError(
@@ -362,7 +370,9 @@ class Run:
 
     async def start_all(self) -> None:
         """nats, weight-server, manager: each ready before the next. Then every worker and the trainer,
-        waited for together: a worker may wait for the trainer's first weights before it listens."""
+        waited for together: a worker may wait for the trainer's first weights before it listens. Meanwhile the
+        children already ready are supervised (a death at start-up fails the run at once, naming the child; one
+        after it was ready is restarted, as while the job runs)."""
         children = self.plan.children
         for child in children:
             if child.role in ("nats", "weight-server", "rollout-manager"):
@@ -378,6 +388,7 @@ class Run:
             self._start(child)
         self.state.progress.phase = "starting workers and trainer"
         await asyncio.gather(*(self._await_ready(c) for c in rest))
+        self.ready = None  # every child started: all of them supervised
 
     async def _connect_nats(self) -> None:
         """Connect as the job's operator (this run plays it) and keep the status stream: every step report and
@@ -457,7 +468,7 @@ class Run:
         """Every child that died unasked is restarted (rlboost.local.restarts), but a trainer that exited 0 (the job
         is done) and a spot worker the trace or chaos replaces; a crash loop fails the run."""
         now = time.monotonic()
-        for child in self.sup.unexpected_exits():
+        for child in self.sup.unexpected_exits(among=self.ready):
             if child.role == "trainer" and child.proc.returncode == 0:
                 self._trainer_exited_at = now
             elif child.pool == "spot" and self.spot.active:
@@ -489,6 +500,13 @@ class Run:
         self.restarts.poll(now)
         self.state.progress.restarts = self.restarts.count
 
+    def _say_stalled(self) -> None:
+        """Without a live display, a line once the job makes no progress for want of workers (it has a header)."""
+        stalled = self.state.progress.stalled()
+        if self.live is None and stalled and not self._said_stalled:
+            self.console.print(f"waiting: {stalled}", soft_wrap=True, highlight=False)
+        self._said_stalled = bool(stalled)
+
     def _show_restart(self, record: RestartRecord) -> None:
         """A line per restart when there is no live display (the live one counts them in its header)."""
         if self.live is None:
@@ -519,6 +537,7 @@ class Run:
                 last_read = now
                 self.status_read = asyncio.create_task(self._read_status())
             self.state.progress.preemptions = self.spot.preemptions
+            self._say_stalled()
             self._refresh()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.state.wake.wait(), timeout=0.02 if hunting else 0.25)
@@ -637,7 +656,13 @@ def _make_spot_controller(
     return SpotController(
         sup,
         plan,
-        Restarts(sup, started_at=time.monotonic(), start_child=restart, ready=ready),
+        Restarts(
+            sup,
+            started_at=time.monotonic(),
+            start_child=restart,
+            ready=ready,
+            limits={"trainer": spec.trainer.backoff_limit + 1},  # as on Kubernetes
+        ),
         desired=n,
         schedule=schedule,
         chaos=chaos,

@@ -216,10 +216,12 @@ class Supervisor:
     def tail(self, name: str, n: int = 15) -> str:
         return tail_lines(self.children[name].log_path, n)
 
-    def unexpected_exits(self) -> list[Child]:
-        """Children that exited without being asked to; each is returned once."""
+    def unexpected_exits(self, among: set[str] | None = None) -> list[Child]:
+        """Children (of `among`, if given) that exited without being asked to; each is returned once."""
         out = []
         for child in self.children.values():
+            if among is not None and child.name not in among:
+                continue
             if not child.reported and not child.expected_exit and not child.alive:
                 child.reported = True
                 out.append(child)

@@ -56,6 +56,7 @@ from .lifecycle import RequestLifecycle
 from .records import Request, Worker
 from .scheduling import Scheduler
 from .speed_placement import SpeedPlacement
+from .starved import StarvedWork
 from .status import Gauges, Tally, manager_status
 from .steps import RequestPolicy, StepError, check_step
 
@@ -95,6 +96,7 @@ class ManagerState:
         self.scheduler = Scheduler(self.book, self.fleet, self.leases, self.speed, self.effects, balance_min_excess)
         self.gauges = Gauges()
         self._next_stall_check = 0.0
+        self.starved = StarvedWork()  # pending work no worker can take: said, not waited on in silence (issue 31)
 
     # ---- what the server reads ---------------------------------------------------------------------
 
@@ -249,6 +251,7 @@ class ManagerState:
             self._next_stall_check = now + min(1.0, self.policy.stall_timeout_s / 4)
             self.leases.revoke_stalled(now, self.policy.stall_timeout_s)
             self.held.forget_old(now)
+            self.starved.check(now, self.book.pending_count, self.fleet.workers.values())
         self.gauges.update(now, self.fleet, self.book, self.tally)
 
     def schedule(self, now: float) -> int:
