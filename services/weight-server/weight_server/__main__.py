@@ -124,8 +124,10 @@ async def serve(args: WeightServerOptions) -> None:
     from .announce import AnnounceError, Announcer
     from .app import create_app
     from .deadlines import header_deadline_protocol
+    from .memory import bound_arenas
     from .store import VersionStore
 
+    bound_arenas()  # before uvicorn's threads: their arenas bound the memory reads can hold (issue 31)
     access = _access(args)
     chunk = args.chunk_bytes or args.spec.weight_sync.chunk_bytes
     root = check_data_dir(args.data_dir)

@@ -36,7 +36,7 @@ from pathlib import Path
 from rlboost.fsio import fsync_dir
 from rlboost.wire.weights_io import ChunkInfo, Manifest
 
-from . import planning
+from . import memory, planning
 from .errors import ErrorKind, StoreError, storing
 from .planning import Holdings
 
@@ -188,6 +188,7 @@ class VersionStore:
         self.compacted_evictions = 0
         self.on_compacted_evicted: Callable[[int], None] = lambda n: None  # metrics hook: n deltas evicted
         self._compact_locks: dict[tuple[int, int], threading.Lock] = {}  # one build per (a, b) at a time
+        self._building = threading.Lock()  # one build at a time at all: its chain and result bound the memory
         self._load()
 
     # ---- startup -----------------------------------------------------------------------------
@@ -412,7 +413,13 @@ class VersionStore:
         with gate:  # concurrent requests for the same pair build it once
             with self._lock:
                 found = self._compacted.get(key)
-            return found if found is not None else self._build_compacted(base, version)
+            if found is not None:
+                return found
+            with self._building:
+                try:
+                    return self._build_compacted(base, version)
+                finally:
+                    memory.trim()  # the chain and the composed delta are freed: give the memory back
 
     def _build_compacted(self, base: int, version: int) -> Manifest:
         from rlboost.delta.compact import compose_chain
