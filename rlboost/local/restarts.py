@@ -121,8 +121,9 @@ class Restarts:
         return [name for name, (at, _) in self.waiting.items() if now >= at]
 
     def cancel(self, name: str) -> None:
-        """Do not restart `name` after all (a trainer that announced the job's end before it exited)."""
-        self.waiting.pop(name, None)
+        """Do not restart `name` after all (a trainer that announced the job's end before it exited): no record."""
+        _, record = self.waiting.pop(name)
+        self.records.remove(record)
 
     def start(self, name: str, now: float, record: RestartRecord | None = None) -> None:
         """Start `name` again (a due restart, or a chaos kill's `record`)."""

@@ -266,28 +266,37 @@ def test_delta_bench_real_source_bad_input_is_one_clear_line(tmp_path: Path) -> 
         assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], proc.stderr[-2000:]
 
 
-def test_a_killed_manager_is_restarted_on_its_port_and_the_run_completes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("module", "child"), [("rollout_manager", "rollout-manager"), ("weight_server", "weight-server")]
+)
+def test_a_service_killed_from_outside_is_restarted_on_its_port_and_the_run_completes(
+    tmp_path: Path, module: str, child: str
+) -> None:
+    """As the OOM killer would: SIGKILL from outside the runner (issue 31: the weight-server's failed the job)."""
     env, argv = _fake_env(tmp_path, "slow")
-    env["FAKE_DELAY"] = "15"  # the trainer's steps come after the manager was killed and restarted
+    env["FAKE_DELAY"] = "15"  # the trainer's steps come after the service was killed and restarted
     proc = subprocess.Popen([PY, "-c", DRIVER, *argv, "-"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     pids = tmp_path / "pids"
 
     def managers() -> list[Path]:
-        return sorted(pids.glob("rollout_manager-*"), key=lambda p: p.stat().st_mtime)
+        return sorted(pids.glob(f"{module}-*"), key=lambda p: p.stat().st_mtime)
 
     try:
         first = wait_until(managers, timeout=60, what="manager started")[0]
         # the runner starts the trainer once the manager was ready: from then on a death is restarted
         wait_until(lambda: list(pids.glob("trainer-*")), timeout=60, what="trainer started")
         os.kill(int(first.name.split("-")[1]), signal.SIGKILL)
-        wait_until(lambda: len(managers()) == 2, timeout=30, what="manager restarted")
+        wait_until(lambda: len(managers()) == 2, timeout=30, what=f"{child} restarted")
         out, _ = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out.decode()
-    events = json.loads((tmp_path / "report.json").read_text())["spot_events"]
-    assert [e for e in events if e.startswith("restarted rollout-manager")], events
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [e for e in report["spot_events"] if e.startswith(f"restarted {child}")], report["spot_events"]
+    (restart,) = report["restarts"]
+    assert (restart["process"], restart["cause"], restart["ended"]) == (child, "died", "SIGKILL")
+    assert f"restarted {child} (died: SIGKILL after" in out.decode()  # said, with no live display
     assert _run_processes(tmp_path / "run") == []
 
 
