@@ -87,12 +87,14 @@ def writing(what: str, path: Path | str, field: str, undo: Callable[[], None] | 
     except WriteFailed:
         raise
     except Exception as err:
-        if not isinstance(err, OSError) and not is_disk_full(err, path):
+        full = is_disk_full(err, path)  # before the undo frees what the failed write took
+        if not isinstance(err, OSError) and not full:
             raise  # not a failed write: the caller's own bug, as it was
+        why = "no space left on device" if full else reason(err)
         if undo is not None:
             with contextlib.suppress(OSError):
                 undo()
-        raise WriteFailed(what, path, reason(err, path), field, is_disk_full(err, path)) from err
+        raise WriteFailed(what, path, why, field, full) from err
 
 
 def append_line(path: Path, line: str, what: str, field: str) -> None:

@@ -751,7 +751,7 @@ def run_local(spec: JobSpec, options: LocalOptions, console: Console, json_repor
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)  # the shutdown below is bounded; let it finish
         if code:
-            console.print(f"[bold red]rlboost local: {error}[/]; stopping every child", highlight=False)
+            console.print(f"[bold red]rlboost local: {error}[/]; stopping every child", highlight=False, soft_wrap=True)
         sup.shutdown(SHUTDOWN_GRACE_S)
         plan.endpoints_file.unlink(missing_ok=True)  # it says where a running job listens
         for sig, handler in previous.items():

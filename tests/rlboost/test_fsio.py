@@ -63,3 +63,22 @@ def test_the_jsonl_tracker_on_a_full_disk_warns_once_naming_logging_dir_and_writ
         lines = (root / "tracking" / "metrics.jsonl").read_text().splitlines()
         assert len(lines) == 1 and lines[0].startswith('{"step": 0')
         trackers.close()
+
+
+def test_a_full_disk_is_named_even_when_the_undo_frees_the_space() -> None:
+    """torch's zip writer fails with 'unexpected pos ...' (no errno) while the disk is full; removing the partial
+    checkpoint (the undo) frees the space before the message is made: it still says what happened."""
+    from rlboost.fsio import writing
+
+    with mounted_tmpfs("256k") as root:
+        partial = root / "step-2"
+        partial.mkdir()
+        fill(root).rename(partial / "model.pt")
+
+        with (
+            pytest.raises(WriteFailed) as info,
+            writing("checkpoint step-2", root, "--checkpoint-dir", undo=lambda: (partial / "model.pt").unlink()),
+        ):
+            raise RuntimeError("[enforce fail at inline_container.cc:778] . unexpected pos 406016 vs 405904")
+        assert "no space left on device; free space there or change --checkpoint-dir" in str(info.value)
+        assert not (partial / "model.pt").exists()
