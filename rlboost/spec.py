@@ -415,6 +415,15 @@ class TaskSpec(SpecModel):
         description="Agentic episodes: an environment (its tools) the model acts in for up to "
         "algorithm.maxTurns turns, run by the env-runner pool (rollout.envRunners); unset = single-turn samples.",
     )
+    # issue 31: a step's reward time is bounded; what the budget cuts fails with kind 'budget', not a real zero
+    reward_step_budget_seconds: float = Field(
+        600.0,
+        ge=0,
+        le=86400,
+        description="Wall time the reward sandbox may spend on one batch of a step's samples (the processes take "
+        "them from one queue). A sample still running when it ends, and those not started, fail with kind 'budget' "
+        "(counted in the step's rewardFailures, kept out of their group's baseline). 0 = no budget.",
+    )
 
     @property
     def active_dataset(self) -> DatasetSpec | None:
@@ -1131,7 +1140,17 @@ class JobSpec(SpecModel):
                 "trainer.backend",
                 "trainer.backend 'nccl' needs GPUs: set trainer.gpusPerRank >= 1 or use 'gloo'/'auto'",
             )
+        self._check_has_workers()
         return self
+
+    def _check_has_workers(self) -> None:
+        """A job with no rollout worker at all would wait forever for its first step (issue 31)."""
+        if self.rollout.reserved.replicas == 0 and self.rollout.spot.max_replicas == 0:
+            raise SpecFieldError(
+                "rollout.reserved.replicas",
+                "rollout.reserved.replicas and rollout.spot.maxReplicas are both 0: the job would have no rollout "
+                "worker; set rollout.reserved.replicas >= 1 or rollout.spot.maxReplicas >= 1",
+            )
 
     def _check_partial_rollout(self) -> None:
         """algorithm.partialRollout: responses continue across versions, so a bound on their age is needed. Any

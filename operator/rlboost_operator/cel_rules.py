@@ -182,6 +182,12 @@ def cross_field_rules() -> list[Rule]:
             "spec.trainer.backend 'nccl' needs GPUs: set spec.trainer.gpusPerRank >= 1 or use 'gloo'/'auto'",
             "trainer.backend",
         ),
+        Rule(  # issue 31: a job with no rollout worker would wait forever for its first step
+            f"{v('rollout.reserved.replicas')} >= 1 || {v('rollout.spot.maxReplicas')} >= 1",
+            "spec.rollout.reserved.replicas and spec.rollout.spot.maxReplicas are both 0: the job would have no "
+            "rollout worker; set one of them >= 1",
+            "rollout.reserved.replicas",
+        ),
     ]
 
 

@@ -20,7 +20,8 @@ Files (every one mode 0600):
   the manager derives each reserved worker's own ack key from it and hands it over on the worker's session;
   the trainer derives the same key to check each ack. Mounted by the manager and the trainer only.
 - `worker-identity.key`: the HMAC key `rlboost local` mints each worker's identity proof with, and the manager
-  checks it with (rlboost.auth.worker_identity); mounted by the manager only.
+  checks it with (rlboost.auth.worker_identity); mounted by the manager and the weight-server (its peer
+  directory binds each entry to the worker that proves its id).
 - `worker-identity.json` (Kubernetes only, written by the operator): the cluster's service-account token
   signing keys, the job's audience and the workers' service accounts, which the manager checks each worker
   pod's projected token against (rlboost.auth.worker_identity.ClusterIdentity).
@@ -81,6 +82,8 @@ ROLE_ITEMS: dict[str, tuple[str, ...]] = {
         CA_CERT,
         "tls-weight-server.crt",
         "tls-weight-server.key",
+        WORKER_IDENTITY_KEY,  # a peer entry is bound to the worker that proves its id (rlboost.weights.peers)
+        WORKER_IDENTITY_CLUSTER,
     ),
     "nats": tuple(f"nats-{u}.pass" for u in NATS_USERS) + (CA_CERT, "tls-nats.crt", "tls-nats.key"),
 }

@@ -77,12 +77,15 @@ class LocalOptions(BaseModel):
         return parse_targets(",".join(value))
 
     @property
-    def trainer_checkpoints(self) -> Path | None:
-        """Where the trainer checkpoints: checkpoint_dir, else `<run dir>/checkpoints` when chaos may kill the
-        trainer (a restarted trainer resumes from there), else nowhere."""
-        if self.checkpoint_dir is None and self.chaos_kill_every and "trainer" in self.chaos_targets:
-            return self.run_dir / "checkpoints"
-        return self.checkpoint_dir
+    def trainer_checkpoints(self) -> Path:
+        """Where the trainer checkpoints: checkpoint_dir, else `<run dir>/checkpoints` (the runner restarts a trainer
+        that dies, with --resume, as Kubernetes does from the trainer's volume; a fresh run clears it first)."""
+        return self.checkpoint_dir if self.checkpoint_dir is not None else self.implied_checkpoints
+
+    @property
+    def implied_checkpoints(self) -> Path:
+        """The run directory's own checkpoints, used without --checkpoint-dir."""
+        return self.run_dir / "checkpoints"
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,9 @@ class LocalPlan:
     trainer_metrics_port: int
     children: list[ChildPlan]
     port_fn: Callable[[], int]
+    # The plan each child was last started with (runner.start_child): a restart uses it, also for spot workers
+    # started after the first plan (by the trace or chaos), which `children` does not list.
+    started: dict[str, ChildPlan] = field(default_factory=dict)
 
     @property
     def nats_url(self) -> str:
@@ -220,15 +226,12 @@ class LocalPlan:
         """Where the runner writes worker `worker_id`'s identity proof (rlboost.auth.worker_identity.local_proof)."""
         return self.options.run_dir / "identities" / worker_id
 
-    def restart_of(self, name: str) -> ChildPlan:
-        """The child to start again after `name` was killed: the same command line (so the same ports); a
-        trainer with --resume, so it continues from its newest checkpoint."""
-        old = self.child(name)
-        if old.role != "trainer" or self.spec.trainer.ranks != 1:
-            return old
-        (trainer,) = _trainers(self, resume=True)
-        # a fresh rendezvous port: the killed trainer's may still be held (TIME_WAIT)
-        return ChildPlan(old.name, trainer.argv, old.role, old.ready_port, env=trainer.env, options=trainer.options)
+    def restart_of(self, name: str) -> list[ChildPlan]:
+        """The children to start again after `name` died: itself, with the command line it last had (so the same
+        ports); for a trainer rank every rank, with --resume (they continue from the newest checkpoint) and a fresh
+        rendezvous port (the killed one's may still be held), since the ranks left cannot go on without it."""
+        old = self.started.get(name) or self.child(name)
+        return _trainers(self, resume=True) if old.role == "trainer" else [old]
 
     def child(self, name: str) -> ChildPlan:
         for c in self.children:

@@ -204,6 +204,13 @@ class StepReport(BaseModel):
         "previous step (engine capacity that waited for environments).",
         ge=0,
     )
+    # issue 31: a failed reward call is a kind of failure, not a real zero (rlboost.tasks.sandbox.FAILURE_REASONS)
+    reward_failures: dict[str, int] = Field(
+        default_factory=dict,
+        description="The step's samples whose reward call failed, per kind ('timeout': past task.rewardTimeoutSeconds, "
+        "'budget': cut or not started within task.rewardStepBudgetSeconds, 'crash', 'cpu', 'memory', ...): "
+        "scored 0, left out of reward_mean and of their group's baseline.",
+    )
 
 
 def step_gauges() -> dict[str, tuple[str, str]]:

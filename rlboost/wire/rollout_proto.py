@@ -141,9 +141,16 @@ def registration_to_pb(r: WorkerRegistration) -> pb.Register:
     )
 
 
+MAX_WORKER_ID = 253  # a pod name (DNS subdomain); rlboost.options.WorkerOptions.worker_id's bound
+
+
 def registration_from_pb(m: pb.Register) -> WorkerRegistration:
     if not m.worker_id:
         raise WireError("register.worker_id: must not be empty")
+    if len(m.worker_id) > MAX_WORKER_ID:
+        raise WireError(f"register.worker_id: at most {MAX_WORKER_ID} characters, got {len(m.worker_id)}")
+    if len(m.node) > MAX_WORKER_ID or len(m.engine) > 64:
+        raise WireError("register.node/engine: at most 253 / 64 characters")
     if not 0 < m.capacity <= MAX_WORKER_CAPACITY:
         raise WireError(f"register.capacity: must be in 1..{MAX_WORKER_CAPACITY}, got {m.capacity}")
     return WorkerRegistration(

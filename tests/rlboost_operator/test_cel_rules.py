@@ -161,6 +161,7 @@ BAD_SPECS = [
     },
     {"rollout": {"spot": {"gpusPerWorker": 2, "tensorParallel": 2}}},  # engine torch (the default)
     {"rollout": {"reserved": {"engine": "sglang", "gpusPerWorker": 1, "tensorParallel": 2}}},
+    {"rollout": {"reserved": {"replicas": 0}, "spot": {"replicas": 0, "maxReplicas": 0}}},  # no worker (issue 31)
 ]
 
 

@@ -53,7 +53,7 @@ async def test_the_judge_keeps_an_episode_s_own_reward_and_judges_the_others():
         def __init__(self) -> None:
             self.items: list = []
 
-        def score(self, items):
+        def score(self, items, deadline=None):
             self.items += items
             return [RewardResult(0.5) for _ in items]
 

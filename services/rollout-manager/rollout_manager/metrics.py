@@ -36,7 +36,8 @@ ADOPTED = Counter(
 IDENTITY_REFUSED = Counter(
     "rlboost_manager_identity_refused_total",
     "Worker streams refused because their identity proof was missing or invalid (unauthenticated) or named "
-    "another worker id or pool (denied) (rlboost.auth.worker_identity)",
+    "another worker id or pool (denied) (rlboost.auth.worker_identity), or because no Register came within "
+    "--register-timeout (no_register)",
     ["reason"],
 )
 HELD_REFUSED = Counter(
@@ -112,4 +113,10 @@ IDLE_SLOT_SECONDS_IN_TOOLS = Counter(
     "rlboost_manager_idle_slot_seconds_in_tools_total",
     "Free worker slot-seconds while episodes were in their tools and no request was pending: engine capacity "
     "that waited for environments",
+)
+# issue 31: a step that cannot make progress says why (rollout_manager.starved)
+STARVED_SECONDS = Gauge(
+    "rlboost_manager_starved_seconds",
+    "Seconds pending requests have had no worker that can take them (none registered, or none at their weight "
+    "version); 0 while work can go on. Past 30 s the manager logs why, every 30 s.",
 )

@@ -79,6 +79,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         tickets: TicketBook | None = None,
         colocation_ack_key: Callable[[str], str] | None = None,
         identities: WorkerIdentityVerifier | None = None,
+        register_timeout_s: float = 10.0,
     ) -> None:
         """`auth`: role tokens and TLS (identity.METHOD_ROLES); None = open and plaintext (no credentials dir).
         `tickets`: assignment tickets (tickets.py), checked on held responses; None = none given, held
@@ -89,6 +90,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         (rlboost.auth.worker_identity); None = ids taken as asserted (no credentials dir)."""
         self.rollout = rollout
         self.identities = identities
+        self.register_timeout_s = register_timeout_s  # a stream's first message (Register) comes within it
         self.auth = auth or ServerAuth()
         self.tickets = tickets
         self.colocation_ack_key = colocation_ack_key
@@ -228,9 +230,16 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         self, request_iterator: AsyncIterator[pb.WorkerMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ManagerMessage]:
         try:
-            first = await anext(request_iterator)
+            async with asyncio.timeout(self.register_timeout_s):
+                first = await anext(request_iterator)
         except StopAsyncIteration:
             return
+        except TimeoutError:
+            metrics.IDENTITY_REFUSED.labels("no_register").inc()
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"register: no Register within {self.register_timeout_s:g}s of opening the stream (--register-timeout)",
+            )
         if first.WhichOneof("body") != "register":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "body: the first message must be register")
         try:

@@ -61,6 +61,7 @@ from .records import Request, Worker
 from .runners import EnvRunners, RunnerOutbox
 from .scheduling import Scheduler
 from .speed_placement import SpeedPlacement
+from .starved import StarvedWork
 from .status import Gauges, Tally, manager_status
 from .steps import RequestPolicy, StepError, check_step
 
@@ -102,6 +103,7 @@ class ManagerState:
         self.episodes = Episodes(self.book, self.leases, self.effects, self.runners, p)
         self.gauges = Gauges()
         self._next_stall_check = 0.0
+        self.starved = StarvedWork()  # pending work no worker can take: said, not waited on in silence (issue 31)
 
     # ---- what the server reads ---------------------------------------------------------------------
 
@@ -274,6 +276,7 @@ class ManagerState:
             self._next_stall_check = now + min(1.0, self.policy.stall_timeout_s / 4)
             self.leases.revoke_stalled(now, self.policy.stall_timeout_s)
             self.held.forget_old(now)
+            self.starved.check(now, self.book.pending_count, self.fleet.workers.values())
         self.gauges.update(now, self.fleet, self.book, self.tally)
 
     def schedule(self, now: float) -> int:

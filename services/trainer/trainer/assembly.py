@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from rlboost.policies.partial_rollout import lag, trainable
 from rlboost.spec import AlgorithmSpec, JobSpec, effective_micro_batch
+from rlboost.tasks.sandbox import RewardResult
 from rlboost.wire.rollout_io import EpisodeSettings, PromptItem, RolloutRequest, SamplingParams, Trajectory
 from trainer import metrics
 from trainer.batching import StepAssembler
@@ -52,9 +53,9 @@ class StepAssembly(Protocol):
 
     def fresh(self, batch: list[Trajectory]) -> list[Trajectory]: ...
 
-    async def judged(self, batch: list[Trajectory]) -> list[float]: ...
+    async def judged(self, batch: list[Trajectory]) -> list[RewardResult]: ...
 
-    def add(self, batch: list[Trajectory], rewards: list[float], counts: StepCounts) -> list[list[Sample]]: ...
+    def add(self, batch: list[Trajectory], rewards: list[RewardResult], counts: StepCounts) -> list[list[Sample]]: ...
 
     def finish(self, counts: StepCounts) -> tuple[list[Sample], list[list[Sample]]]: ...
 
@@ -103,11 +104,11 @@ class WholeGroups:
             self.assembler.validate(traj)
         return batch
 
-    async def judged(self, batch: list[Trajectory]) -> list[float]:
+    async def judged(self, batch: list[Trajectory]) -> list[RewardResult]:
         assert self.request is not None
-        return await self.judge.rewards(self.request.step, self.examples, batch)
+        return await self.judge.judge(self.request.step, self.examples, batch)
 
-    def add(self, batch: list[Trajectory], rewards: list[float], counts: StepCounts) -> list[list[Sample]]:
+    def add(self, batch: list[Trajectory], rewards: list[RewardResult], counts: StepCounts) -> list[list[Sample]]:
         """Take judged trajectories; the micro-batches that became ready, in order."""
         assert self.assembler is not None and self.request is not None
         ready: list[list[Sample]] = []
@@ -116,7 +117,7 @@ class WholeGroups:
             counts.stale += is_stale
             counts.off_policy += weight == 0.0 and traj.finish_reason != FAILED
             arrived(traj, counts, self.dump)
-            ready += self.assembler.add(traj, reward, stale=is_stale, weight=weight)
+            ready += self.assembler.add(traj, reward.value, is_stale, weight, reward_failure=reward.failure)
         return ready
 
     def finish(self, counts: StepCounts) -> tuple[list[Sample], list[list[Sample]]]:

@@ -49,15 +49,23 @@ class StepAssembler:
     def complete(self) -> bool:
         return self._next_chunk == len(self._chunks)
 
-    def add(self, traj: Trajectory, reward: float, stale: bool = False, weight: float = 1.0) -> list[list[Sample]]:
+    def add(
+        self,
+        traj: Trajectory,
+        reward: float,
+        stale: bool = False,
+        weight: float = 1.0,
+        reward_failure: str | None = None,
+    ) -> list[list[Sample]]:
         """Take one trajectory and its reward; return the micro-batches that became ready (possibly none), in order.
 
-        `stale`/`weight`: see `Sample` (bounded staleness; weight 0 skips a too-stale sample's loss)."""
+        `stale`/`weight`/`reward_failure`: see `Sample` (bounded staleness; weight 0 skips a too-stale sample's
+        loss; a failed reward call's kind)."""
         key = self.validate(traj)
         if key in self._samples:
             self.duplicates += 1  # a re-sent trajectory must not count twice
             return []
-        self._samples[key] = Sample(traj, float(reward), stale=stale, weight=weight)
+        self._samples[key] = Sample(traj, float(reward), stale=stale, weight=weight, reward_failure=reward_failure)
         self._maybe_finish_group(traj.prompt_index)
         return self._release()
 

@@ -57,7 +57,7 @@ class Evaluator:
         ev, start = self.spec.evaluation, time.monotonic()
         request, examples = self.request(step, version)
         trajs = [t async for t in rc.rollout(request)]
-        results = await self.judge.judge(step, examples, trajs)
+        results = await self.judge.judge(step, examples, trajs, budget=("validation", step))
         groups: list[list[ScoredResponse]] = [[] for _ in examples]
         for traj, result in zip(trajs, results, strict=True):
             groups[traj.prompt_index].append(

@@ -53,6 +53,8 @@ class Sample:
 
     `stale`: generated with an older weight version within the staleness bound (importance-corrected);
     `weight` 0 skips a sample that is too stale (it keeps its slot so micro-batches stay fixed).
+    `reward_failure`: why its reward call failed ('timeout', 'budget', ...: rlboost.tasks.sandbox.FAILURE_REASONS),
+    None for a real reward; its 0.0 is no real zero and does not belong in its group's baseline.
     """
 
     trajectory: Trajectory
@@ -60,6 +62,7 @@ class Sample:
     advantage: float = 0.0
     stale: bool = False
     weight: float = 1.0
+    reward_failure: str | None = None
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import Any
 
 from rlboost.policies.partial_rollout import new_groups
 from rlboost.spec import JobSpec, effective_micro_batch
+from rlboost.tasks.sandbox import RewardResult
 from rlboost.wire.rollout_io import PromptItem, RolloutRequest, Trajectory
 from trainer.assembly import OpenedStep, arrived, classify, training_sampling
 from trainer.grpo import Sample, group_advantages
@@ -74,16 +75,16 @@ class PartialGroups:
         """The batch less samples already in (re-sent by a retried rollout); CarryError for one of no group."""
         return [t for t in batch if self.carry.wants(t)]
 
-    async def judged(self, batch: list[Trajectory]) -> list[float]:
+    async def judged(self, batch: list[Trajectory]) -> list[RewardResult]:
         """Rewards of trajectories of any groups in flight: judged per step, whose examples they index."""
-        rewards: dict[str, float] = {}
+        rewards: dict[str, RewardResult] = {}
         for origin in sorted({t.step for t in batch}):
             part = [t for t in batch if t.step == origin]
             judged = await self.judge.judge(origin, self.carry.examples_of(origin), part)
-            rewards.update((t.request_id, r.value) for t, r in zip(part, judged, strict=True))
+            rewards.update((t.request_id, r) for t, r in zip(part, judged, strict=True))
         return [rewards[t.request_id] for t in batch]
 
-    def add(self, batch: list[Trajectory], rewards: list[float], counts: StepCounts) -> list[list[Sample]]:
+    def add(self, batch: list[Trajectory], rewards: list[RewardResult], counts: StepCounts) -> list[list[Sample]]:
         """Take judged trajectories into their groups; none is trained before the stream ends."""
         for traj, reward in zip(batch, rewards, strict=True):
             arrived(traj, counts, self.dump)
@@ -107,13 +108,13 @@ class PartialGroups:
         samples: list[Sample] = []
         for group in groups:
             members = [group.samples[g] for g in range(self.spec.algorithm.group_size)]
-            advantages = group_advantages([reward for _, reward in members])
+            advantages = group_advantages([reward.value for _, reward in members])
             for (traj, reward), advantage in zip(members, advantages, strict=True):
                 is_stale, weight = classify(request, traj, self.spec.algorithm.max_staleness)
                 counts.stale += is_stale
                 counts.off_policy += weight == 0.0 and traj.finish_reason != FAILED
                 counts.stale_tokens += older_tokens(traj, request.weight_version) if weight else 0
-                samples.append(Sample(traj, float(reward), advantage, stale=is_stale, weight=weight))
+                samples.append(Sample(traj, reward.value, advantage, is_stale, weight, reward.failure))
         return samples
 
     def carried_groups(self) -> list[dict[str, Any]] | None:

@@ -13,9 +13,11 @@ import asyncio
 import logging
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from rlboost.fsio import append_line
 from rlboost.spec import JobSpec
 from rlboost.wire.events import STEPS, StepReport
 from rlboost.wire.rollout_io import ManagerStatus
@@ -72,7 +74,7 @@ class StepReporter:
         metrics.OFF_POLICY.inc(counts.off_policy)
         metrics.STALE.inc(counts.stale)
         metrics.PUBLISHED_BYTES.inc(published.nbytes)
-        rewards = [s.reward for s in samples]
+        rewards = [s.reward for s in samples if s.reward_failure is None] or [0.0]  # a failed call is no zero
         n_tok = stats.tokens
         return StepReport(
             step=step,
@@ -113,12 +115,12 @@ class StepReporter:
             stale_tokens=counts.stale_tokens,
             **episode_fields(samples),
             **self._runner_fields,
+            reward_failures=dict(Counter(s.reward_failure for s in samples if s.reward_failure)),
         )
 
     async def report(self, r: StepReport) -> None:
         """The step's one record: a line of steps.jsonl, the step gauges, the trackers, the log, the `steps` event."""
-        with (self.run_dir / "steps.jsonl").open("a") as f:
-            f.write(r.model_dump_json() + "\n")
+        append_line(self.run_dir / "steps.jsonl", r.model_dump_json(), "step report", "the trainer's --run-dir")
         metrics.export_step(r)
         if self.trackers is not None:
             from rlboost.tracking import step_metrics
