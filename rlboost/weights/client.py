@@ -15,10 +15,11 @@ A pull fetches the manifest's chunks over `streams` concurrent `Range` requests.
 connection drops is retried with exponential backoff (bounded), resuming from the bytes of that
 chunk already received; a chunk whose sha256 does not match is fetched again from its start.
 
-Two HTTP clients, on purpose: httpx for the small JSON calls, aiohttp for payload bytes (pulls, uploads).
-httpx's pure-Python HTTP/1.1 path reads 64 KiB at a time through four layers and cost ~6 ms of CPU per
-MB here (a single stream capped at ~160 MB/s, whatever the link); aiohttp's C parser reading 1 MiB
-pieces pulled ~950 MB/s on one stream at ~0.7 ms per MB (bench: docs/benchmarks.md).
+Three HTTP paths, on purpose: httpx for the small JSON calls, aiohttp for uploads, and rlboost.weights.range_get
+for payload reads. httpx's pure-Python HTTP/1.1 path reads 64 KiB at a time through four layers and cost ~6 ms of
+CPU per MB here (a single stream capped at ~160 MB/s, whatever the link); aiohttp's C parser reading 1 MiB pieces
+pulled ~950 MB/s on one stream at ~0.7 ms per MB, but still made an object per socket read and copied every piece
+into the payload; range_get receives into the payload buffer itself (bench: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from rlboost.weights.peer_serve import CachedPayload, PayloadCache
+from rlboost.weights.range_get import RangeConnectionError, RangeReader
 from rlboost.weights.signing import ASSET_MANIFEST, ManifestVerifier, WeightsRejectedError
 from rlboost.wire import weight_routes as routes
 from rlboost.wire.peers_io import HEADER_IDENTITY, PeerRegistration, Source, SourceList, SourcesRequest
@@ -58,7 +60,6 @@ from rlboost.wire.weights_io import (
 )
 
 UPLOAD_BLOCK = 1 << 20
-READ_PIECE = 1 << 20  # payload bytes per read from the response stream
 
 
 class WeightServerError(Exception):
@@ -164,7 +165,8 @@ class WeightClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._base_url, self._headers, self._timeout = base_url.rstrip("/"), headers, timeout
         self._tls = ssl.create_default_context(cadata=ca.decode()) if ca else None
-        self._bulk_http: aiohttp.ClientSession | None = None  # payload bytes; made on first use, in the event loop
+        self._bulk_http: aiohttp.ClientSession | None = None  # uploads; made on first use, in the event loop
+        self._range_reader: RangeReader | None = None  # payload reads, straight into the pull's buffer
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=headers,
@@ -188,6 +190,13 @@ class WeightClient:
         await self._http.aclose()
         if self._bulk_http is not None:
             await self._bulk_http.close()
+        if self._range_reader is not None:
+            await self._range_reader.close()
+
+    def _ranges(self) -> RangeReader:
+        if self._range_reader is None:
+            self._range_reader = RangeReader(self._headers, self._tls, self._timeout, keep=self.streams + 2)
+        return self._range_reader
 
     def _bulk(self) -> aiohttp.ClientSession:
         if self._bulk_http is None:
@@ -328,9 +337,7 @@ class WeightClient:
     ) -> None:
         """Fetch one chunk from the peers (each tried once), else from the weight-server; keep it for other peers."""
         if not await self._chunk_from_peers(m, chunk, buf, stats, gate, fanned):
-            await self._chunk_from_server(m, chunk, buf, stats, gate)
-        if fanned.kept is not None:
-            await fanned.kept.chunk_verified(chunk, memoryview(buf)[chunk.offset : chunk.offset + chunk.length])
+            await self._chunk_from_server(m, chunk, buf, stats, gate, fanned.kept)
 
     async def _chunk_from_peers(
         self,
@@ -358,7 +365,7 @@ class WeightClient:
             except (_RetryableError, WeightServerError):  # 503: it does not hold the chunk (yet); 4xx: refused
                 stats.peer_failures += 1
                 continue
-            if await _chunk_matches(buf, chunk):
+            if await _chunk_matches(buf, chunk, fanned.kept):
                 stats.peer_bytes += chunk.length
                 return True
             stats.peer_failures += 1
@@ -368,10 +375,17 @@ class WeightClient:
         return False
 
     async def _chunk_from_server(
-        self, m: Manifest, chunk: ChunkInfo, buf: bytearray, stats: PullStats, gate: asyncio.Semaphore
+        self,
+        m: Manifest,
+        chunk: ChunkInfo,
+        buf: bytearray,
+        stats: PullStats,
+        gate: asyncio.Semaphore,
+        kept: CachedPayload | None,
     ) -> None:
         """Fetch one chunk (holding one of the `streams` slots) and verify it (slot released: the next chunk's
-        bytes flow while this one is hashed), retrying with backoff and resuming after the bytes received."""
+        bytes flow while this one is hashed), retrying with backoff and resuming after the bytes received; keep it
+        for peers in `kept`."""
         held = [0]  # bytes of this chunk already in buf, updated as they arrive; a retry resumes after them
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.retries),
@@ -388,7 +402,7 @@ class WeightClient:
                             stats.resumed_offsets.append(chunk.offset + held[0])
                     async with gate:
                         await self._fetch_from(m, chunk, buf, held, stats, self._base_url)
-                    if not await _chunk_matches(buf, chunk):
+                    if not await _chunk_matches(buf, chunk, kept):
                         held[0] = 0
                         raise _ChunkMismatchError(f"chunk {chunk.index} sha256 mismatch")
         except _RetryableError as err:
@@ -409,20 +423,20 @@ class WeightClient:
             return
         stats.requests += 1
         url = base_url + routes.api(m.payload_path)  # as httpx joins base_url and path
+        view = memoryview(buf)[start : end + 1]
         try:
-            async with self._bulk().get(url, headers={"Range": f"bytes={start}-{end}"}) as resp:
-                if resp.status >= 500:
-                    raise _RetryableError(f"HTTP {resp.status}")
-                if resp.status != 206:
-                    _raise_status(resp.status, await resp.read(), resp.reason)
-                    raise WeightServerError(resp.status, f"expected 206 for a ranged read, got {resp.status}")
-                async for piece in resp.content.iter_chunked(READ_PIECE):
-                    n = min(len(piece), chunk.length - held[0])
-                    pos = chunk.offset + held[0]
-                    buf[pos : pos + n] = piece[:n] if n < len(piece) else piece
-                    held[0] += n
-        except (aiohttp.ClientError, TimeoutError) as err:  # dropped connection, timeout, truncated body
-            raise _ConnectionLostError(f"{type(err).__name__}: {err}") from None
+            reply = await self._ranges().get_into(url, start, end, view)
+        except RangeConnectionError as err:  # dropped connection, timeout, truncated or malformed answer
+            held[0] += err.received
+            raise _ConnectionLostError(str(err)) from None
+        finally:
+            view.release()
+        held[0] += reply.received
+        if reply.status >= 500:
+            raise _RetryableError(f"HTTP {reply.status}")
+        if reply.status != 206:
+            _raise_status(reply.status, reply.body, reply.reason)
+            raise WeightServerError(reply.status, f"expected 206 for a ranged read, got {reply.status}")
         if held[0] < chunk.length:
             raise _RetryableError(f"short read: {held[0]} of {chunk.length} bytes")
 
@@ -532,11 +546,21 @@ async def _file_blocks(path: Path) -> AsyncIterator[bytes]:
         f.close()
 
 
-async def _chunk_matches(buf: bytearray, chunk: ChunkInfo) -> bool:
-    """Whether the chunk's bytes in buf match its sha256; off the event loop (hashlib releases the GIL), so the
-    other streams keep reading meanwhile."""
+async def _chunk_matches(buf: bytearray, chunk: ChunkInfo, kept: CachedPayload | None = None) -> bool:
+    """Whether the chunk's bytes in buf match its sha256; when they do and `kept` is given, also written to the peer
+    cache. One trip off the event loop for both (hashlib and the write release the GIL), so the other streams keep
+    reading meanwhile; two trips per chunk showed as a sixth of a relay's Python time in the fan-out profile."""
     view = memoryview(buf)[chunk.offset : chunk.offset + chunk.length]
-    return await asyncio.to_thread(lambda: hashlib.sha256(view).hexdigest()) == chunk.sha256
+
+    def check() -> tuple[bool, OSError | None]:
+        if hashlib.sha256(view).hexdigest() != chunk.sha256:
+            return False, None
+        return True, kept.write(chunk, view) if kept is not None else None
+
+    matches, error = await asyncio.to_thread(check)
+    if matches and kept is not None:
+        kept.written(chunk, error)
+    return matches
 
 
 def _rotate(peers: list[Source], index: int) -> list[Source]:
