@@ -17,8 +17,9 @@ from typing import Any, Protocol
 
 from rlboost.policies.partial_rollout import lag, trainable
 from rlboost.spec import AlgorithmSpec, JobSpec, effective_micro_batch
+from rlboost.tasks.sandbox import RewardResult
 from rlboost.wire.rollout_io import PromptItem, RolloutRequest, SamplingParams, Trajectory
-from trainer import metrics
+from trainer import advantages, metrics
 from trainer.batching import StepAssembler
 from trainer.grpo import Sample
 from trainer.judge import FAILED, Judge
@@ -51,9 +52,9 @@ class StepAssembly(Protocol):
 
     def fresh(self, batch: list[Trajectory]) -> list[Trajectory]: ...
 
-    async def judged(self, batch: list[Trajectory]) -> list[float]: ...
+    async def judged(self, batch: list[Trajectory]) -> list[RewardResult]: ...
 
-    def add(self, batch: list[Trajectory], rewards: list[float], counts: StepCounts) -> list[list[Sample]]: ...
+    def add(self, batch: list[Trajectory], rewards: list[RewardResult], counts: StepCounts) -> list[list[Sample]]: ...
 
     def finish(self, counts: StepCounts) -> tuple[list[Sample], list[list[Sample]]]: ...
 
@@ -70,8 +71,14 @@ class WholeGroups:
         self, spec: JobSpec, prompts: PromptCursor, judge: Judge, vocab: Vocabulary, dump: RolloutDump
     ) -> None:
         self.spec, self.prompts, self.judge, self.vocab, self.dump = spec, prompts, judge, vocab, dump
-        # streamed training, unless colocated: reserved workers must finish generating before training starts
-        self.streams = spec.trainer.stream_training and not spec.trainer.colocate_reserved
+        # streamed training, unless colocated (reserved workers must finish generating before training starts) or
+        # the advantages need the whole step (trainer.advantages)
+        alg = spec.algorithm
+        self.streams = (
+            spec.trainer.stream_training
+            and not spec.trainer.colocate_reserved
+            and not advantages.needs_whole_batch(alg)
+        )
         self.request: RolloutRequest | None = None  # the current step's
         self.examples: list[Any] = []  # the current step's, by prompt index
         self.assembler: StepAssembler | None = None  # the current step's
@@ -91,7 +98,8 @@ class WholeGroups:
         sampling = training_sampling(alg, self.vocab.stop_ids)
         self.request = RolloutRequest(step, version, prompts, alg.group_size, sampling, self.vocab.size)
         self.examples = batch.examples
-        self.assembler = StepAssembler(step, len(batch.examples), alg.group_size, effective_micro_batch(self.spec))
+        mb, normalization = effective_micro_batch(self.spec), alg.advantage_normalization
+        self.assembler = StepAssembler(step, len(batch.examples), alg.group_size, mb, normalization)
         return OpenedStep(self.request, batch.skipped, self.assembler.total)
 
     def fresh(self, batch: list[Trajectory]) -> list[Trajectory]:
@@ -102,11 +110,11 @@ class WholeGroups:
             self.assembler.validate(traj)
         return batch
 
-    async def judged(self, batch: list[Trajectory]) -> list[float]:
+    async def judged(self, batch: list[Trajectory]) -> list[RewardResult]:
         assert self.request is not None
-        return await self.judge.rewards(self.request.step, self.examples, batch)
+        return await self.judge.judge(self.request.step, self.examples, batch)
 
-    def add(self, batch: list[Trajectory], rewards: list[float], counts: StepCounts) -> list[list[Sample]]:
+    def add(self, batch: list[Trajectory], rewards: list[RewardResult], counts: StepCounts) -> list[list[Sample]]:
         """Take judged trajectories; the micro-batches that became ready, in order."""
         assert self.assembler is not None and self.request is not None
         ready: list[list[Sample]] = []
@@ -114,8 +122,10 @@ class WholeGroups:
             is_stale, weight = classify(self.request, traj, self.spec.algorithm.max_staleness)
             counts.stale += is_stale
             counts.off_policy += weight == 0.0 and traj.finish_reason != FAILED
+            excluded = advantages.exclusion(traj.finish_reason, reward.failure, weight)
+            counts.baseline_excluded += bool(excluded)
             arrived(traj, counts, self.dump)
-            ready += self.assembler.add(traj, reward, stale=is_stale, weight=weight)
+            ready += self.assembler.add(traj, reward.value, stale=is_stale, weight=weight, excluded=excluded)
         return ready
 
     def finish(self, counts: StepCounts) -> tuple[list[Sample], list[list[Sample]]]:

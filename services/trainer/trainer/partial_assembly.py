@@ -13,9 +13,11 @@ from typing import Any
 
 from rlboost.policies.partial_rollout import new_groups
 from rlboost.spec import JobSpec, effective_micro_batch
+from rlboost.tasks.sandbox import RewardResult
 from rlboost.wire.rollout_io import PromptItem, RolloutRequest, Trajectory
+from trainer import advantages
 from trainer.assembly import OpenedStep, arrived, classify, training_sampling
-from trainer.grpo import Sample, group_advantages
+from trainer.grpo import Sample
 from trainer.judge import FAILED, Judge
 from trainer.partial import GroupCarry, OpenGroup
 from trainer.prompt_cursor import PromptCursor
@@ -38,6 +40,7 @@ class PartialGroups:
     ) -> None:
         self.spec, self.prompts, self.judge, self.vocab, self.dump = spec, prompts, judge, vocab, dump
         self.carry = GroupCarry(spec.algorithm.group_size)  # every group in flight, across steps
+        self.reward_failures: dict[str, str] = {}  # request id -> why its reward call failed (trainer.advantages)
         self.request: RolloutRequest | None = None  # the current step's
 
     @property
@@ -74,20 +77,22 @@ class PartialGroups:
         """The batch less samples already in (re-sent by a retried rollout); CarryError for one of no group."""
         return [t for t in batch if self.carry.wants(t)]
 
-    async def judged(self, batch: list[Trajectory]) -> list[float]:
+    async def judged(self, batch: list[Trajectory]) -> list[RewardResult]:
         """Rewards of trajectories of any groups in flight: judged per step, whose examples they index."""
-        rewards: dict[str, float] = {}
+        rewards: dict[str, RewardResult] = {}
         for origin in sorted({t.step for t in batch}):
             part = [t for t in batch if t.step == origin]
             judged = await self.judge.judge(origin, self.carry.examples_of(origin), part)
-            rewards.update((t.request_id, r.value) for t, r in zip(part, judged, strict=True))
+            rewards.update((t.request_id, r) for t, r in zip(part, judged, strict=True))
         return [rewards[t.request_id] for t in batch]
 
-    def add(self, batch: list[Trajectory], rewards: list[float], counts: StepCounts) -> list[list[Sample]]:
+    def add(self, batch: list[Trajectory], rewards: list[RewardResult], counts: StepCounts) -> list[list[Sample]]:
         """Take judged trajectories into their groups; none is trained before the stream ends."""
         for traj, reward in zip(batch, rewards, strict=True):
             arrived(traj, counts, self.dump)
-            self.carry.add(traj, reward)
+            self.carry.add(traj, reward.value)
+            if reward.failure:
+                self.reward_failures[traj.request_id] = reward.failure
         return []
 
     def finish(self, counts: StepCounts) -> tuple[list[Sample], list[list[Sample]]]:
@@ -103,18 +108,23 @@ class PartialGroups:
         return samples, [samples[i : i + mb] for i in range(0, len(samples), mb)]
 
     def _complete_groups(self, request: RolloutRequest, groups: list[OpenGroup], counts: StepCounts) -> list[Sample]:
-        """The complete groups' samples with their advantages and staleness (lag of their oldest token), in order."""
-        samples: list[Sample] = []
+        """The complete groups' samples with their advantages (trainer.advantages) and staleness (lag of their
+        oldest token), in order."""
+        alg, ordered = self.spec.algorithm, []
         for group in groups:
-            members = [group.samples[g] for g in range(self.spec.algorithm.group_size)]
-            advantages = group_advantages([reward for _, reward in members])
-            for (traj, reward), advantage in zip(members, advantages, strict=True):
-                is_stale, weight = classify(request, traj, self.spec.algorithm.max_staleness)
-                counts.stale += is_stale
-                counts.off_policy += weight == 0.0 and traj.finish_reason != FAILED
-                counts.stale_tokens += older_tokens(traj, request.weight_version) if weight else 0
-                samples.append(Sample(traj, float(reward), advantage, stale=is_stale, weight=weight))
-        return samples
+            members = [group.samples[g] for g in range(alg.group_size)]
+            ordered.append([self._sample(request, traj, reward, counts) for traj, reward in members])
+        advantages.assign(ordered, alg.advantage_normalization)
+        return [s for group in ordered for s in group]
+
+    def _sample(self, request: RolloutRequest, traj: Trajectory, reward: float, counts: StepCounts) -> Sample:
+        is_stale, weight = classify(request, traj, self.spec.algorithm.max_staleness)
+        counts.stale += is_stale
+        counts.off_policy += weight == 0.0 and traj.finish_reason != FAILED
+        counts.stale_tokens += older_tokens(traj, request.weight_version) if weight else 0
+        excluded = advantages.exclusion(traj.finish_reason, self.reward_failures.pop(traj.request_id, None), weight)
+        counts.baseline_excluded += bool(excluded)
+        return Sample(traj, float(reward), stale=is_stale, weight=weight, excluded=excluded)
 
     def carried_groups(self) -> list[dict[str, Any]] | None:
         """Where each group still in flight took its prompt (the checkpoint's TrainerState.carried_groups)."""

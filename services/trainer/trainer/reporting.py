@@ -20,7 +20,7 @@ from rlboost.spec import JobSpec
 from rlboost.wire.events import STEPS, StepReport
 from rlboost.wire.rollout_io import ManagerStatus
 from trainer import metrics, ranks
-from trainer.grpo import Sample
+from trainer.grpo import LossStats, Sample
 from trainer.job_events import JobEvents
 from trainer.pool_metrics import PoolMeter, PoolStep, length_percentiles
 from trainer.publisher import Published
@@ -107,6 +107,7 @@ class StepReporter:
             data_epoch=data_epoch,
             carried_over=counts.carried_over,
             stale_tokens=counts.stale_tokens,
+            **gap_fields(stats, counts.baseline_excluded),
         )
 
     async def report(self, r: StepReport) -> None:
@@ -132,3 +133,13 @@ class StepReporter:
             },
         )
         await self.events.publish(STEPS, r)
+
+
+def gap_fields(stats: LossStats, excluded: int) -> dict[str, Any]:
+    """The trainer/worker gap, the rollout correction and the baseline's exclusions of a step (StepReport fields)."""
+    return {
+        "logprob_mismatch_mean": stats.mismatch_sum / stats.mismatch_tokens if stats.mismatch_tokens else 0.0,
+        "logprob_mismatch_max": stats.mismatch_max,
+        "rollout_correction_fraction": stats.corrected_tokens / stats.tokens if stats.tokens else 0.0,
+        "baseline_excluded": excluded,
+    }
