@@ -30,7 +30,7 @@ import torch
 
 from rlboost.nats_server import free_port
 from rlboost.spec import JobSpec, effective_micro_batch
-from trainer.grad_scale import scaled_gradients
+from trainer import grad_scale
 from trainer.grpo import LossStats, MicroBatch, token_logprobs, token_mean_scale
 from trainer.objective import Objective
 
@@ -147,6 +147,8 @@ class PolicyEngine:
         config = deepspeed_config(spec, self.world, bf16=self.device_is_gpu)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         self.engine.train()
+        if alg.loss_aggregation == "token-mean":
+            grad_scale.check(self.engine)  # an optimizer whose gradient cannot be rescaled fails the start
         if self.reference is not None:
             self.reference.to(self.engine.device)
         self.extraction, why = self._choose_extraction()
@@ -241,7 +243,7 @@ class PolicyEngine:
         """Apply the accumulated gradient (clipped): one optimizer update. 'token-mean' first rescales it to the
         step's token mean (trainer.grad_scale)."""
         scale = self._token_mean_scale()
-        with scaled_gradients(self.engine, scale):
+        with grad_scale.scaled_gradients(self.engine, scale):
             self.engine.step()
         norm = self.engine.get_global_grad_norm()
         lr = self.engine.get_lr()[0]
