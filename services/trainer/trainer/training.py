@@ -116,12 +116,19 @@ class StepTrainer:
 
     def finish_step(self, loss: float, stats: LossStats) -> tuple[Trained, dict[str, Any]]:
         """Every rank: the optimizer update(s), statistics all-reduce, state gather (rank 0's: the state to publish;
-        the checkpoint comes after publication).
+        the checkpoint comes after publication)."""
+        result, loss, stats = self.update(loss, stats)
+        loss, stats = ranks.all_reduce_stats(loss, stats)
+        state = self.engine.publish_state()
+        return Trained(result, loss, stats), state
+
+    def update(self, loss: float, stats: LossStats) -> tuple[Any, float, LossStats]:
+        """Every rank: the step's optimizer update(s); (the last update's result, the step's loss, statistics).
 
         algorithm.updatesPerStep U > 1: after the first update each further one replays the step's micro-batches
         against their first pass's old log-probs (trainer.engine.replay). The step reports the mean loss and
         gradient norm over its U updates, and its statistics over all passes' tokens (the trainer/worker gap:
-        the first pass's only)."""
+        the first pass's only). 'token-mean': the loss shares are rescaled by the update's loss scale."""
         updates = self.spec.algorithm.updates_per_step
         result = self.engine.step()
         loss, norms = loss * result.loss_scale, [result.grad_norm]
@@ -133,6 +140,4 @@ class StepTrainer:
         if updates > 1:
             result = dataclasses.replace(result, grad_norm=sum(norms) / updates)
             loss /= updates
-        loss, stats = ranks.all_reduce_stats(loss, stats)
-        state = self.engine.publish_state()
-        return Trained(result, loss, stats), state
+        return result, loss, stats
