@@ -6,7 +6,9 @@
 Each row is one `python -m trainer.bench --set ...` (real DeepSpeed ranks on gloo, the default example's batch and
 tiny model, workers' log-probs near the trainer's): median seconds per step of the klInReward scoring pass,
 forward/backward over the step's micro-batches, the optimizer update(s), the extraction of the bf16 state, and the
-total, with the total's ratio to the defaults' row (run first, in the same invocation). Compute only: batch
+total, with the total's ratio to the defaults' row (run first, in the same invocation), and the step's CPU seconds
+(all threads of the process; on a shared machine the wall time mostly measures the others' load). One torch thread
+per rank by default (`--threads`), so the CPU seconds are the step's work, not OpenMP threads spinning for a core. Compute only: batch
 normalisation and klInReward also hold training until the rollout is complete, a cost that shows in a whole run's
 `trainer_idle_seconds`, not here. The load average is printed with the figures (the machine may be shared).
 """
@@ -38,8 +40,9 @@ OPTIONS: dict[str, list[str]] = {
 }
 
 
-def run(name: str, ranks: int, zero: int, steps: int) -> dict:
+def run(name: str, ranks: int, zero: int, steps: int, threads: int) -> dict:
     cmd = [sys.executable, "-m", "trainer.bench", "--ranks", str(ranks), "--zero-stage", str(zero)]
+    cmd += ["--threads", str(threads)]
     cmd += ["--steps", str(steps), *(f"--set={s}" for s in OPTIONS[name])]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
     return {"option": name, **json.loads(out.stdout.strip().splitlines()[-1])}
@@ -51,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--zero", type=int, default=1, choices=[0, 1, 2, 3])
     p.add_argument("--steps", type=int, default=5, help="optimizer steps per row (the first is not counted)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank; 0 = torch's own (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--out", default="", help="also append each row to this file as a JSON line, as it completes")
     args = p.parse_args(argv)
     names = [n for n in args.only.split(",") if n] or list(OPTIONS)
     unknown = [n for n in names if n not in OPTIONS]
@@ -59,10 +64,16 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--only: unknown option(s) {unknown}; choose from {', '.join(OPTIONS)}")
     names = ["defaults", *(n for n in names if n != "defaults")]
     load_before = os.getloadavg()
-    rows = [run(n, args.ranks, args.zero, args.steps) for n in names]
-    base = rows[0]["step_s"]
+    rows = []
+    for name in names:
+        rows.append(run(name, args.ranks, args.zero, args.steps, args.threads))
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps({**rows[-1], "loadavg": os.getloadavg()}) + "\n")
+    base, base_cpu = rows[0]["step_s"], rows[0]["step_cpu_s"]
     for r in rows:
         r["vs_defaults"] = round(r["step_s"] / base, 2) if base else None
+        r["cpu_vs_defaults"] = round(r["step_cpu_s"] / base_cpu, 2) if base_cpu else None
     result = {"rows": rows, "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "cpus": os.cpu_count()}
     if args.json:
         print(json.dumps(result))
@@ -71,10 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     t = Table(title=f"step time per option: {args.ranks} rank(s), ZeRO-{args.zero}, median of {args.steps - 1} steps")
-    for col in ("option", "--set", "score s", "fwd/bwd s", "optimizer s", "extract s", "step s", "x defaults"):
+    cols = ("score s", "fwd/bwd s", "optimizer s", "extract s", "step s", "x defaults", "step CPU s", "x defaults")
+    for col in ("option", "--set", *cols):
         t.add_column(col, justify="left" if col in ("option", "--set") else "right")
     for r in rows:
         cells = (r["score_s"], r["fwd_bwd_s"], r["optimizer_s"], r["extract_s"], r["step_s"], r["vs_defaults"])
+        cells += (r["step_cpu_s"], r["cpu_vs_defaults"])
         t.add_row(r["option"], " ".join(OPTIONS[r["option"]]) or "-", *map(str, cells))
     console = Console()
     console.print(t)

@@ -154,3 +154,16 @@ def test_kl_in_reward_sums_each_rows_kl_to_the_reference(tiny_model_dir):
         logp, ref_logp = engine.logprobs(mb), engine.reference_logprobs(mb)
     want = ref.verl_kl_penalty_forward(logp, ref_logp, "k3") * mb.loss_mask()
     assert kls == pytest.approx(want.sum(dim=1).tolist(), rel=1e-5) and all(k > 0 for k in kls)
+
+
+def test_token_mean_refuses_an_optimizer_it_cannot_rescale_exactly(tiny_model_dir, monkeypatch):
+    """ZeRO-0 with bf16 parameters (a GPU's setting, forced on this CPU: a real DeepSpeed engine) keeps bf16
+    gradients that a multiplication would round: the start fails, naming the fields to change."""
+    import trainer.engine as engine_module
+
+    config = engine_module.deepspeed_config
+    monkeypatch.setattr(engine_module, "deepspeed_config", lambda spec, world, bf16: config(spec, world, True))
+    spec = tiny_spec(loss_aggregation="token-mean")
+    spec.trainer.zero_stage = 0
+    with pytest.raises(ValueError, match="trainer.zeroStage >= 1, or lossAggregation 'token' or 'sequence'"):
+        engine_module.PolicyEngine(tiny_model_dir, spec)

@@ -8,7 +8,8 @@ log-probs near the trainer's) in micro-batches, then the optimizer update(s) and
 publish. `--set` (repeatable) changes an `algorithm` field, camelCase, dotted for nested ones
 (`rolloutCorrection.mode=tis`): the step runs the path that option takes (klInReward: its scoring pass first;
 updatesPerStep: the replays). Rank 0 prints one JSON line: the median seconds per step of the scoring pass,
-forward/backward, optimizer update(s), state extraction, and the total.
+forward/backward, optimizer update(s), state extraction, and the total, and the CPU seconds of the step (all of the
+process's threads: what a shared machine's load does not inflate).
 """
 
 from __future__ import annotations
@@ -77,16 +78,17 @@ def _rank_main(model_dir: str, zero: int, steps: int, settings: list[str]) -> No
         )
         for i in range(batch // world)
     ]
-    for s in samples:  # the workers' log-probs: the trainer's, off by up to +-0.01 (a trainer/sampler gap)
-        mb = collate([s], 0)
-        n = len(s.trajectory.response_ids)
+    n = alg.max_new_tokens
+    for i in range(0, len(samples), micro):  # the workers' log-probs: the trainer's, off by up to +-0.01
+        part = samples[i : i + micro]
         with torch.no_grad():
-            lp = engine.logprobs(mb.to(engine.device))[0, -n:]
-        s.trajectory.logprobs = (lp + 0.02 * (torch.rand(n, generator=g) - 0.5)).tolist()
+            lp = engine.logprobs(collate(part, 0).to(engine.device))[:, -n:].cpu()
+        for s, row in zip(part, lp, strict=True):
+            s.trajectory.logprobs = (row + 0.02 * (torch.rand(n, generator=g) - 0.5)).tolist()
     mbs = [collate(samples[i : i + micro], 0) for i in range(0, len(samples), micro)]
     rows = []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         if alg.kl_in_reward:  # the scoring pass: each row's KL to the reference (trainer.training.penalise_kl)
             for mb in mbs:
                 engine.sequence_kl(mb)
@@ -100,11 +102,11 @@ def _rank_main(model_dir: str, zero: int, steps: int, settings: list[str]) -> No
         t3 = time.perf_counter()
         engine.publish_state()  # the bf16 state to publish (per-partition extraction under ZeRO-3)
         t4 = time.perf_counter()
-        rows.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0))
+        rows.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0, time.process_time() - cpu0))
     if rank == 0:
         keep = rows[1:] or rows  # the first step includes warm-up
-        med = [round(statistics.median(r[i] for r in keep), 3) for i in range(5)]
-        keys = ("score_s", "fwd_bwd_s", "optimizer_s", "extract_s", "step_s")
+        med = [round(statistics.median(r[i] for r in keep), 3) for i in range(6)]
+        keys = ("score_s", "fwd_bwd_s", "optimizer_s", "extract_s", "step_s", "step_cpu_s")
         print(json.dumps({"ranks": world, "zero_stage": zero, "set": settings, **dict(zip(keys, med, strict=True))}))
 
 
@@ -113,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--zero-stage", type=int, default=1, choices=[0, 1, 2, 3])
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0, help="torch threads per rank (OMP_NUM_THREADS); 0 = torch's own")
     p.add_argument("--model-dir", default="", help="default: the default example's tiny model, created once")
     p.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="an algorithm field, e.g. updatesPerStep=2"
@@ -140,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         spec.model.warmup_steps = 0  # timing only
         ensure_model(spec.model, spec.task, Path(model_dir))
     base = {**os.environ, "WORLD_SIZE": str(args.ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    if args.threads:  # one thread: the step's CPU seconds are its work, not OpenMP spinning on a loaded machine
+        base["OMP_NUM_THREADS"] = str(args.threads)
     cmd = [
         sys.executable,
         "-m",

@@ -235,7 +235,8 @@ class PolicyEngine:
 
     @torch.no_grad()
     def evaluate_loss(self, batch: MicroBatch, num_sequences: int) -> float:
-        """The loss of a batch without touching gradients (tests, diagnostics)."""
+        """The loss of a batch without touching gradients (tests, diagnostics); 'token-mean': the provisional
+        share (grpo.token_mean_scale)."""
         loss, _, _ = self._loss(batch.to(self.device), num_sequences)
         return float(loss.item())
 

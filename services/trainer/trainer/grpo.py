@@ -277,8 +277,8 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) at the sampled tokens (Schulman, "Approximating KL divergence"):
-    k1 = log pi - log pi_ref (unbiased, can be negative), k2 = (log pi - log pi_ref)^2 / 2 (its gradient is the
-    KL's), k3 = `kl_k3` (unbiased, >= 0)."""
+    k1 = log pi - log pi_ref (unbiased, can be negative), k2 = (log pi - log pi_ref)^2 / 2 (biased, but its expected
+    gradient on samples of pi is the KL's), k3 = `kl_k3` (unbiased, >= 0)."""
     if estimator == "k3":
         return kl_k3(logp, ref_logp)
     d = logp - ref_logp
