@@ -67,6 +67,7 @@ class StepReporter:
         counts, clock = tally.counts, tally.clock
         metrics.OFF_POLICY.inc(counts.off_policy)
         metrics.STALE.inc(counts.stale)
+        metrics.BASELINE_EXCLUDED.inc(counts.baseline_excluded)
         metrics.PUBLISHED_BYTES.inc(published.nbytes)
         rewards = [s.reward for s in samples]
         n_tok = stats.tokens
