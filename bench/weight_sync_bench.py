@@ -113,7 +113,7 @@ def make_states(params: int, fraction: float, tensors: int = 8, seed: int = 0):
     return v0, v1
 
 
-def spawn_server(data_dir: Path, port: int, chunk: int) -> subprocess.Popen:
+def spawn_server(data_dir: Path, port: int, chunk: int, log: Path | None = None) -> subprocess.Popen:
     env = {**os.environ, "RLBOOST_TOKEN": TOKEN, "PYTHONPATH": f"{ROOT}:{ROOT / 'services' / 'weight-server'}"}
     argv = [
         sys.executable,
@@ -129,7 +129,8 @@ def spawn_server(data_dir: Path, port: int, chunk: int) -> subprocess.Popen:
         "--log-level",
         "WARNING",
     ]
-    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (the child keeps it)
+    return subprocess.Popen(argv, env=env, stdout=out, stderr=out)
 
 
 def spawn_proxy(listen: int, upstream: int, mbps: float, delay_ms: float) -> subprocess.Popen:

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlboost.fsio import writing
 from rlboost.models.layout import asset_files, model_dir_problem
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,9 @@ def export_model(
         _make_dir(parent, dest)
     with tempfile.TemporaryDirectory(prefix=".export-", dir=parent) as tmp:
         staged = Path(tmp) / "model"
-        staged.mkdir()
-        _write(state, model_dir, staged, stop_ids, pad_id)
+        with writing("policy export", dest if parent is not None else tmp, "export.path"):  # a full disk: one line
+            staged.mkdir()
+            _write(state, model_dir, staged, stop_ids, pad_id)  # the temporary directory goes with it
         problem = model_dir_problem(staged)
         if problem:
             raise ExportError(f"export.path {dest!r}: the exported directory is not a usable model ({problem})")

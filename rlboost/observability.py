@@ -32,6 +32,21 @@ _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"mess
 # kopf attaches its whole OperatorSettings to every record it logs (~2 KB once printed); the operator's lines keep
 # kopf's object reference (k8s_ref) and lose that
 _DROPPED = {"kopf": {"settings"}}
+# Every field of a line is bounded (issue 31: a refused Register with a 600 KB worker_id wrote a 600 KB line): what a
+# peer sent may be logged, but only its head, with its length.
+MAX_FIELD_CHARS = 1000
+MAX_EXC_CHARS = 16_000  # a traceback keeps more: its last frames say where
+
+
+def bounded(value: object, limit: int = MAX_FIELD_CHARS) -> object:
+    """`value` as logged: numbers and short values as they are, anything longer than `limit` once printed as its
+    head and a note of its length."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if len(text) <= limit:
+        return value
+    return f"{text[:limit]}... [{len(text)} chars]"
 
 
 class JsonFormatter(logging.Formatter):
@@ -47,12 +62,13 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "service": self.service,
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": bounded(record.getMessage()),
         }
         dropped = _DROPPED.get(record.name.partition(".")[0], set())
-        out.update({k: v for k, v in record.__dict__.items() if k not in _RESERVED and k not in dropped})
+        out.update({k: bounded(v) for k, v in record.__dict__.items() if k not in _RESERVED and k not in dropped})
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+            exc = self.formatException(record.exc_info)
+            out["exc"] = exc if len(exc) <= MAX_EXC_CHARS else f"[{len(exc)} chars] ...{exc[-MAX_EXC_CHARS:]}"
         return json.dumps(out, default=str)
 
 

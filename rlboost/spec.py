@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import yaml
 from pydantic import (
@@ -26,6 +26,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from rlboost.config_file import ConfigFileError, load_yaml_file
+from rlboost.environment_registry import check_environment_name
 from rlboost.reward_registry import check_reward_name
 from rlboost.step_sizing import fits_step_limit, in_flight
 
@@ -298,11 +299,84 @@ def _reward_form(value: object) -> str | None:
     return _REWARD_LIST if isinstance(value, list | tuple) else None
 
 
+_ENV_ARGS_SCHEMA = {
+    "type": "object",
+    "x-kubernetes-preserve-unknown-fields": True,
+    "description": "Keyword arguments of the environment's factory (JSON values).",
+}
+
+
+class EnvironmentSpec(SpecModel):
+    """An environment the model acts in for several turns (agentic episodes): a plain Python environment
+    registered under `rlboost.environments`, or a `verifiers` environment by id. It runs in env-runner processes,
+    confined as rewards are."""
+
+    name: str = Field(
+        "",
+        max_length=128,
+        description="An entry point of the group 'rlboost.environments' (built-in: calculator); '' = none.",
+    )
+    verifiers: str = Field(
+        "",
+        max_length=128,
+        pattern=r"^$|^[A-Za-z0-9_.\-]+$",
+        description="A verifiers environment id (its installed module, e.g. 'vf-math-python'); '' = none. Not "
+        "supported yet: a job naming one is refused with the alternative.",
+    )
+    args: Annotated[dict[str, Any], WithJsonSchema(_ENV_ARGS_SCHEMA)] = Field(
+        default_factory=dict, description=_ENV_ARGS_SCHEMA["description"]
+    )
+    step_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Wall time one environment call (reset, or a step: its tools) may take; past it the "
+        "environment's process is killed and the episode fails (reason 'timeout').",
+    )
+    cpu_seconds: int = Field(
+        60, ge=1, le=86400, description="CPU seconds one environment call may use (RLIMIT_CPU); past it: 'cpu'."
+    )
+    memory_mib: int = Field(
+        2048, ge=64, le=1 << 20, description="Address space of an environment process (RLIMIT_AS), MiB."
+    )
+
+    @property
+    def active(self) -> bool:
+        return bool(self.name or self.verifiers)
+
+    @property
+    def field(self) -> str:
+        """The field that names the environment, for messages."""
+        return "task.environment.verifiers" if self.verifiers else "task.environment.name"
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        if name:
+            check_environment_name(name)  # EnvironmentNameError (a ValueError): names the field and the fix
+        return name
+
+    @model_validator(mode="after")
+    def _one(self) -> EnvironmentSpec:
+        if self.name and self.verifiers:
+            raise SpecFieldError("verifiers", "task.environment: set either name or verifiers, not both")
+        if self.verifiers:  # refused before anything starts, rather than by every env-runner at its start
+            raise SpecFieldError(
+                "verifiers",
+                f"task.environment.verifiers {self.verifiers!r}: verifiers environments are not supported by this "
+                "rlboost yet (docs/agents.md); wrap the environment as an rlboost.environments entry point and set "
+                "task.environment.name",
+            )
+        return self
+
+
 class TaskSpec(SpecModel):
     """The task: the built-in addition prompts (generated from a seed), or a dataset; a reward checked by code."""
 
-    name: Literal["addition"] = Field(
-        "addition", description="Built-in task: 'addition' asks for the sum of two integers."
+    name: Literal["addition", "multiplication"] = Field(
+        "addition",
+        description="Built-in task: 'addition' asks for the sum of two integers, 'multiplication' for their product "
+        "(made for a calculator tool: task.environment.name calculator).",
     )
     max_operand: int = Field(5, ge=1, le=10**6, description="Operands are drawn from 0..max_operand.")
     num_prompts: int = Field(400, ge=1, le=10**7, description="Size of the prompt set generated from the seed.")
@@ -336,11 +410,30 @@ class TaskSpec(SpecModel):
     reward_processes: int = Field(
         2, ge=1, le=64, description="Long-lived reward sandbox processes; a step's samples are scored in batches."
     )
+    environment: EnvironmentSpec = Field(
+        default_factory=EnvironmentSpec,
+        description="Agentic episodes: an environment (its tools) the model acts in for up to "
+        "algorithm.maxTurns turns, run by the env-runner pool (rollout.envRunners); unset = single-turn samples.",
+    )
+    # issue 31: a step's reward time is bounded; what the budget cuts fails with kind 'budget', not a real zero
+    reward_step_budget_seconds: float = Field(
+        600.0,
+        ge=0,
+        le=86400,
+        description="Wall time the reward sandbox may spend on one batch of a step's samples (the processes take "
+        "them from one queue). A sample still running when it ends, and those not started, fail with kind 'budget' "
+        "(counted in the step's rewardFailures, kept out of their group's baseline). 0 = no budget.",
+    )
 
     @property
     def active_dataset(self) -> DatasetSpec | None:
         """The dataset the job trains on, or None for the built-in task (task.dataset.train unset)."""
         return self.dataset if self.dataset.train else None
+
+    @property
+    def episodes(self) -> bool:
+        """The job trains on agentic episodes (task.environment is set)."""
+        return self.environment.active
 
     @field_validator("reward")
     @classmethod
@@ -473,6 +566,20 @@ class AlgorithmSpec(SpecModel):
         le=4,
         description="With partialRollout: groups kept in flight per step beyond promptsPerStep, as a fraction of it "
         "(rounded up), so the step can stop at its target while the longest responses go on; 0 = none extra.",
+    )
+    max_turns: int = Field(
+        8,
+        ge=1,
+        le=1000,
+        description="Agentic episodes (task.environment): most model turns per episode; an episode still going "
+        "after them ends (finish reason 'length').",
+    )
+    max_episode_tokens: int = Field(
+        4096,
+        ge=2,
+        le=MAX_NEW_TOKENS,
+        description="Agentic episodes: most tokens an episode may hold, its first prompt, the model's turns and the "
+        "environment's messages together (the training sequence's length); reaching it ends the episode ('length').",
     )
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clipping.")
     micro_batch_size: int = Field(32, ge=1, le=65536, description="Trajectories per forward/backward micro-batch.")
@@ -784,8 +891,37 @@ class SpotPoolSpec(PoolSpec):
         return {v.name: int(spot_workers.get(v.name, 0)) for v in self.variants}
 
 
+class EnvRunnersSpec(SpecModel):
+    """The env-runner pool (agentic episodes): CPU processes that run the environments and drive the episodes; on
+    Kubernetes a Deployment, spot nodes allowed (an env-runner lost restarts its episodes from their tasks)."""
+
+    replicas: int = Field(2, ge=1, le=10000, description="Env-runners (a Deployment's replicas on Kubernetes).")
+    capacity: int = Field(
+        16,
+        ge=1,
+        le=100000,
+        description="Episodes one env-runner drives at once (one confined environment process each).",
+    )
+    spot: Literal["allowed", "required", "never"] = Field(
+        "allowed",
+        description="Kubernetes: 'allowed' tolerates spot nodes and prefers them, 'required' puts the pods on spot "
+        "nodes only, 'never' keeps them off.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, max_length=32, description="Kubernetes nodeSelector of the env-runner pods."
+    )
+    resources: ResourcesSpec = Field(
+        default_factory=lambda: ResourcesSpec(cpu="2", memory="4Gi"), description="Each env-runner's requests."
+    )
+
+
 class RolloutSpec(SpecModel):
     """Rollout workers and the manager's timing."""
+
+    env_runners: EnvRunnersSpec = Field(
+        default_factory=EnvRunnersSpec,
+        description="The env-runner pool that drives agentic episodes (only started when task.environment is set).",
+    )
 
     reserved: PoolSpec = Field(
         default_factory=lambda: PoolSpec(replicas=1), description="Reserved (on-demand) workers."
@@ -1055,6 +1191,8 @@ class JobSpec(SpecModel):
             )
         if alg.partial_rollout:
             self._check_partial_rollout()
+        if self.task.episodes:
+            self._check_episodes()
         evaluation = self.evaluation
         if evaluation.every_steps and evaluation.prompts * evaluation.samples > self.rollout.max_step_requests:
             raise SpecFieldError(
@@ -1080,7 +1218,17 @@ class JobSpec(SpecModel):
                 "trainer.backend",
                 "trainer.backend 'nccl' needs GPUs: set trainer.gpusPerRank >= 1 or use 'gloo'/'auto'",
             )
+        self._check_has_workers()
         return self
+
+    def _check_has_workers(self) -> None:
+        """A job with no rollout worker at all would wait forever for its first step (issue 31)."""
+        if self.rollout.reserved.replicas == 0 and self.rollout.spot.max_replicas == 0:
+            raise SpecFieldError(
+                "rollout.reserved.replicas",
+                "rollout.reserved.replicas and rollout.spot.maxReplicas are both 0: the job would have no rollout "
+                "worker; set rollout.reserved.replicas >= 1 or rollout.spot.maxReplicas >= 1",
+            )
 
     def _check_partial_rollout(self) -> None:
         """algorithm.partialRollout: responses continue across versions, so a bound on their age is needed. Any
@@ -1100,6 +1248,37 @@ class JobSpec(SpecModel):
                 f"{groups} groups in flight x algorithm.groupSize exceeds rollout.maxStepRequests "
                 f"({self.rollout.max_step_requests}); lower the over-provision or raise the limit",
             )
+
+    def _check_episodes(self) -> None:
+        """task.environment: a model turn fits an episode, and the episode's tokens fit what the manager takes."""
+        alg = self.algorithm
+        if alg.max_new_tokens >= alg.max_episode_tokens:
+            raise SpecFieldError(
+                "algorithm.maxEpisodeTokens",
+                f"algorithm.maxEpisodeTokens ({alg.max_episode_tokens}) must exceed algorithm.maxNewTokens "
+                f"({alg.max_new_tokens}), one turn's budget, so that a turn fits the episode with its prompt",
+            )
+        if alg.max_episode_tokens > self.rollout.max_prompt_tokens + alg.max_new_tokens:
+            raise SpecFieldError(
+                "algorithm.maxEpisodeTokens",
+                f"algorithm.maxEpisodeTokens ({alg.max_episode_tokens}) exceeds rollout.maxPromptTokens "
+                f"({self.rollout.max_prompt_tokens}) + algorithm.maxNewTokens: a late turn's prompt (the episode so "
+                "far) would be refused by the rollout-manager; lower it or raise rollout.maxPromptTokens",
+            )
+        if alg.partial_rollout:
+            raise SpecFieldError(
+                "algorithm.partialRollout",
+                "algorithm.partialRollout does not carry episodes across steps yet: turn it off with "
+                "task.environment (each turn is still offloaded and migrated as a request)",
+            )
+
+    def max_trained_tokens(self) -> int:
+        """The most tokens one sample trains on: maxNewTokens, or an episode's model turns together (the
+        normaliser of lossAggregation 'token')."""
+        alg = self.algorithm
+        if not self.task.episodes:
+            return alg.max_new_tokens
+        return min(alg.max_turns * alg.max_new_tokens, alg.max_episode_tokens)
 
     def partial_rollout_groups(self) -> int:
         """Groups in flight per step with algorithm.partialRollout: promptsPerStep plus the over-provision."""

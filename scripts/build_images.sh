@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Build order: the small services first; rollout-worker and trainer share their torch layer.
-ALL_IMAGES="rollout-manager weight-server operator rollout-worker trainer"
+ALL_IMAGES="rollout-manager weight-server operator rollout-worker trainer env-runner"
 IMAGES=${IMAGES:-$ALL_IMAGES}
 REGISTRY=${REGISTRY:-ghcr.io/rlboost}
 BUILT_REGISTRY=ghcr.io/rlboost

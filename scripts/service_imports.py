@@ -25,7 +25,15 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-FIRST_PARTY = ("rlboost", "rlboost_operator", "rollout_manager", "rollout_worker", "trainer", "weight_server")
+FIRST_PARTY = (
+    "rlboost",
+    "rlboost_operator",
+    "rollout_manager",
+    "rollout_worker",
+    "trainer",
+    "weight_server",
+    "env_runner",
+)
 
 
 def package_dir(top: str) -> Path:

@@ -176,12 +176,44 @@ def cross_field_rules() -> list[Rule]:
             "spec.algorithm.maxStaleness >= 1",
             "algorithm.partialRollout",
         ),
+        *_episode_rules(v),
         Rule(
             f'{v("trainer.backend")} != "nccl" || {v("trainer.gpusPerRank")} >= 1',
             "spec.trainer.backend 'nccl' needs GPUs: set spec.trainer.gpusPerRank >= 1 or use 'gloo'/'auto'",
             "trainer.backend",
         ),
+        Rule(  # issue 31: a job with no rollout worker would wait forever for its first step
+            f"{v('rollout.reserved.replicas')} >= 1 || {v('rollout.spot.maxReplicas')} >= 1",
+            "spec.rollout.reserved.replicas and spec.rollout.spot.maxReplicas are both 0: the job would have no "
+            "rollout worker; set one of them >= 1",
+            "rollout.reserved.replicas",
+        ),
         *_algorithm_variant_rules(),
+    ]
+
+
+def _episode_rules(v) -> list[Rule]:
+    """task.environment (agentic episodes): one way to name it, a turn that fits an episode, no partial rollout."""
+    name, verifiers = v("task.environment.name"), v("task.environment.verifiers")
+    episodes = f'({name} != "" || {verifiers} != "")'
+    return [
+        Rule(
+            f'{name} == "" || {verifiers} == ""',
+            "spec.task.environment.verifiers must be empty when spec.task.environment.name is set (one or the other)",
+            "task.environment.verifiers",
+        ),
+        Rule(
+            f"!{episodes} || {v('algorithm.maxNewTokens')} < {v('algorithm.maxEpisodeTokens')}",
+            "spec.algorithm.maxEpisodeTokens must exceed spec.algorithm.maxNewTokens (one turn's budget) with "
+            "spec.task.environment",
+            "algorithm.maxEpisodeTokens",
+        ),
+        Rule(
+            f"!{episodes} || !{v('algorithm.partialRollout')}",
+            "spec.algorithm.partialRollout does not carry episodes across steps yet: turn it off with "
+            "spec.task.environment",
+            "algorithm.partialRollout",
+        ),
     ]
 
 

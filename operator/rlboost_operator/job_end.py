@@ -39,7 +39,7 @@ async def end_job(
 
 async def scale_to_zero(kube: Kube, namespace: str, job: str, variants: list[str]) -> None:
     """Every workload of the job (`variants`: its spot variants') at zero replicas (a child already gone is fine)."""
-    for kind, name in children.workloads(job, variants):
+    for kind, name in children.workloads(job, variants, env_runners=True):  # a job without them: 404, fine
         await patch_if_present(kube, kind, namespace, name, {"spec": {"replicas": 0}})
 
 

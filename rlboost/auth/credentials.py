@@ -7,7 +7,8 @@ role needs (`ROLE_ITEMS`) at `/etc/rlboost/credentials`. Services take `--creden
 Files (every one mode 0600):
 - `token-<role>`: the bearer token a client of that role presents on gRPC (`authorization: Bearer ...`) and
   HTTP. Roles: `trainer` (manager's Rollout; weight-server uploads), `worker` (manager's worker stream;
-  weight-server reads), `observer` (read-only status: `rlboost local`'s report, the operator, dashboards).
+  weight-server reads), `observer` (read-only status: `rlboost local`'s report, the operator, dashboards),
+  `env-runner` (the env-runners' Attach stream to the manager: agentic episodes).
 - `nats-<user>.pass`: the NATS password of user `<user>` (operator, trainer, manager, worker, weight-server,
   observer); the NATS server's configuration gives each user publish/subscribe rights on its job's subjects.
 - `manifest.key` / `manifest.pub`: the Ed25519 key pair (PEM) the trainer signs each weight version's
@@ -19,7 +20,8 @@ Files (every one mode 0600):
   the manager derives each reserved worker's own ack key from it and hands it over on the worker's session;
   the trainer derives the same key to check each ack. Mounted by the manager and the trainer only.
 - `worker-identity.key`: the HMAC key `rlboost local` mints each worker's identity proof with, and the manager
-  checks it with (rlboost.auth.worker_identity); mounted by the manager only.
+  checks it with (rlboost.auth.worker_identity); mounted by the manager and the weight-server (its peer
+  directory binds each entry to the worker that proves its id).
 - `worker-identity.json` (Kubernetes only, written by the operator): the cluster's service-account token
   signing keys, the job's audience and the workers' service accounts, which the manager checks each worker
   pod's projected token against (rlboost.auth.worker_identity.ClusterIdentity).
@@ -41,6 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TOKEN_ROLES = ("trainer", "worker", "observer")
+# Roles whose token was added after the first ones: an older job's credentials get it (added_items), the rest kept.
+# `env-runner`: the env-runners' stream to the manager (agentic episodes).
+ADDED_TOKEN_ROLES = ("env-runner",)
 NATS_USERS = ("operator", "trainer", "manager", "worker", "weight-server", "observer")
 TLS_SERVICES = ("manager", "weight-server", "nats")
 SIGNING_KEY, VERIFY_KEY, CA_CERT = "manifest.key", "manifest.pub", "ca.crt"
@@ -57,6 +62,7 @@ ROLE_ITEMS: dict[str, tuple[str, ...]] = {
         "token-trainer",
         "token-worker",
         "token-observer",
+        "token-env-runner",
         "nats-manager.pass",
         TICKET_KEY,
         CA_CERT,
@@ -66,6 +72,8 @@ ROLE_ITEMS: dict[str, tuple[str, ...]] = {
         WORKER_IDENTITY_KEY,
         WORKER_IDENTITY_CLUSTER,  # written by the operator (no pod of the job starts before it is there)
     ),
+    # its own stream to the manager; the observer's read of the weight-server for the model's signed tokenizer
+    "env-runner": ("token-env-runner", "token-observer", VERIFY_KEY, CA_CERT),
     "weight-server": (
         "token-trainer",
         "token-worker",
@@ -74,6 +82,8 @@ ROLE_ITEMS: dict[str, tuple[str, ...]] = {
         CA_CERT,
         "tls-weight-server.crt",
         "tls-weight-server.key",
+        WORKER_IDENTITY_KEY,  # a peer entry is bound to the worker that proves its id (rlboost.weights.peers)
+        WORKER_IDENTITY_CLUSTER,
     ),
     "nats": tuple(f"nats-{u}.pass" for u in NATS_USERS) + (CA_CERT, "tls-nats.crt", "tls-nats.key"),
 }
@@ -114,6 +124,7 @@ _ADDED = {
     TICKET_KEY: lambda: secrets.token_urlsafe(32).encode(),
     COLOCATION_KEY: lambda: secrets.token_urlsafe(32).encode(),
     WORKER_IDENTITY_KEY: lambda: secrets.token_urlsafe(32).encode(),
+    **{f"token-{role}": lambda: secrets.token_urlsafe(32).encode() for role in ADDED_TOKEN_ROLES},
 }
 
 
@@ -224,7 +235,7 @@ class JobCredentials:
 
     def tokens(self) -> dict[str, str]:
         """Every role token this directory holds, by role: what a server accepts."""
-        return {r: self.token(r) for r in TOKEN_ROLES if self.has(token_file(r))}
+        return {r: self.token(r) for r in (*TOKEN_ROLES, *ADDED_TOKEN_ROLES) if self.has(token_file(r))}
 
     def nats_password(self, user: str) -> str:
         return self.read(nats_password_file(user)).decode()

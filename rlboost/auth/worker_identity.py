@@ -39,6 +39,7 @@ from rlboost.auth.credentials import JobCredentials
 LOCAL_PREFIX = "rlboost-local-v1."  # a local proof; a JWT starts with "ey" (base64 of '{"')
 LEEWAY_S = 30  # clock skew tolerated on a JWT's exp/nbf/iat (the manager's and the API server's clocks)
 ALGORITHMS = ["RS256", "ES256"]  # what Kubernetes signs service-account tokens with
+POOLS = ("reserved", "spot")
 
 
 class IdentityRefused(Exception):  # noqa: N818 (a refusal, not a fault)
@@ -144,6 +145,28 @@ class WorkerIdentityVerifier:
             raise IdentityRefused(
                 f"register.worker_id/pool: the identity proof is worker {proven.worker_id!r} of pool "
                 f"{proven.pool!r}, not {worker_id!r} of {pool!r}; a worker registers under its own id and pool",
+                denied=True,
+            )
+        return proven
+
+    def identify(self, proof: str, worker_id: str, where: str) -> ProvenWorker:
+        """Who `proof` (given in `where`, for the refusal to name) proves, whatever its pool; raises IdentityRefused
+        unless it is worker `worker_id`. The weight-server binds a peer entry to it (rlboost.weights.peers)."""
+        if not proof:
+            raise IdentityRefused(f"{where}: missing; a worker presents its identity proof (--identity-token-file)")
+        if not proof.startswith(LOCAL_PREFIX):
+            proven = self._jwt(proof)
+        elif self._local_key and any(
+            hmac.compare_digest(proof.encode(), local_proof(self._local_key, self.job, pool, worker_id).encode())
+            for pool in POOLS
+        ):
+            return ProvenWorker(worker_id, "", "local")
+        else:
+            raise IdentityRefused(f"{where}: not the runner's token for worker {worker_id!r} (made with {LOCAL_KEY})")
+        if proven.worker_id != worker_id:
+            raise IdentityRefused(
+                f"{where}: the identity proof is worker {proven.worker_id!r}'s, not {worker_id!r}'s; a worker "
+                "registers, leaves and asks only as itself",
                 denied=True,
             )
         return proven

@@ -191,6 +191,30 @@ def _check_chaos_targets(args: argparse.Namespace, spec: JobSpec) -> None:
         raise JobSpecError("--chaos-targets trainer: a killed trainer is restarted alone; use --trainer-ranks 1")
 
 
+def _check_workers(args: argparse.Namespace, spec: JobSpec) -> None:
+    """Some rollout worker can start (issue 31): reserved ones, spot ones at the start, or, replaying a trace, once
+    its count rises above 0. Else the job would wait for its first step in silence."""
+    from rlboost.local.plan import initial_spot_workers
+
+    if spec.rollout.reserved.replicas > 0:
+        return
+    if args.spot_trace is not None:
+        from rlboost.local.spot_trace import load_trace
+
+        counts = load_trace(args.spot_trace).counts
+        if spec.rollout.spot.max_replicas > 0 and max(counts, default=0) > 0:
+            return
+    elif initial_spot_workers(spec, None) > 0:
+        return
+    raise JobSpecError(
+        "no rollout worker would start: rollout.reserved.replicas is 0 and no spot worker starts "
+        f"(rollout.spot.replicas {spec.rollout.spot.replicas}, minReplicas {spec.rollout.spot.min_replicas}, "
+        f"maxReplicas {spec.rollout.spot.max_replicas}"
+        + (", and the trace's counts" if args.spot_trace is not None else "")
+        + "); set rollout.reserved.replicas or rollout.spot.replicas >= 1"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from rlboost.local.spot_trace import TraceError
     from rlboost.tracking import TrackingError, check_backends
@@ -200,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
         _check_inputs(args)
         check_backends(spec.logging)  # a missing library or a silent MLflow server: before any process starts
         _check_chaos_targets(args, spec)
+        _check_workers(args, spec)
     except (JobSpecError, TraceError, TrackingError) as err:
         print(f"rlboost local: error: {err}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ COMPONENTS = {
     "rollout-manager": "rollout_manager",
     "rollout-worker": "rollout_worker",
     "trainer": "trainer",
+    "env-runner": "env_runner",
     "operator": "rlboost_operator",
 }
 
@@ -36,7 +37,7 @@ def command_for(component: str, args: list[str]) -> list[str]:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
-        help="run one service (weight-server, rollout-manager, rollout-worker, trainer, operator)",
+        help="run one service (weight-server, rollout-manager, rollout-worker, trainer, env-runner, operator)",
         description="Run one service in the foreground; every argument after the component goes to it "
         "(e.g. `rlboost serve rollout-manager --config job.yaml --port 50051`).",
     )

@@ -1,7 +1,8 @@
 """The plan of a local run (pure): paths, ports, and the command line of every child process.
 
 `build_plan(spec, options, port_fn)` decides everything `rlboost local` starts, in start order:
-nats-server, weight-server, rollout-manager, the reserved and spot rollout-workers, the trainer.
+nats-server, weight-server, rollout-manager, the reserved and spot rollout-workers, the env-runners (agentic
+episodes: task.environment set), the trainer.
 Every service's command line is rendered from its options model in `rlboost.options` (the contract with
 the services), for a `Site` that binds every socket to loopback.
 """
@@ -22,6 +23,7 @@ from rlboost.options import (
     LOOPBACK,
     ServiceOptions,
     Site,
+    env_runner_options,
     manager_options,
     trainer_options,
     weight_server_options,
@@ -75,12 +77,15 @@ class LocalOptions(BaseModel):
         return parse_targets(",".join(value))
 
     @property
-    def trainer_checkpoints(self) -> Path | None:
-        """Where the trainer checkpoints: checkpoint_dir, else `<run dir>/checkpoints` when chaos may kill the
-        trainer (a restarted trainer resumes from there), else nowhere."""
-        if self.checkpoint_dir is None and self.chaos_kill_every and "trainer" in self.chaos_targets:
-            return self.run_dir / "checkpoints"
-        return self.checkpoint_dir
+    def trainer_checkpoints(self) -> Path:
+        """Where the trainer checkpoints: checkpoint_dir, else `<run dir>/checkpoints` (the runner restarts a trainer
+        that dies, with --resume, as Kubernetes does from the trainer's volume; a fresh run clears it first)."""
+        return self.checkpoint_dir if self.checkpoint_dir is not None else self.implied_checkpoints
+
+    @property
+    def implied_checkpoints(self) -> Path:
+        """The run directory's own checkpoints, used without --checkpoint-dir."""
+        return self.run_dir / "checkpoints"
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,7 @@ class ChildPlan:
 
     name: str
     argv: list[str]
-    role: str  # nats | weight-server | rollout-manager | rollout-worker | trainer
+    role: str  # nats | weight-server | rollout-manager | rollout-worker | env-runner | trainer
     ready_port: int  # accepts TCP connections once started
     health_url: str = ""  # GET must answer 200 before the next child starts (empty: the port is enough)
     pool: str = ""  # workers only
@@ -114,6 +119,9 @@ class LocalPlan:
     trainer_metrics_port: int
     children: list[ChildPlan]
     port_fn: Callable[[], int]
+    # The plan each child was last started with (runner.start_child): a restart uses it, also for spot workers
+    # started after the first plan (by the trace or chaos), which `children` does not list.
+    started: dict[str, ChildPlan] = field(default_factory=dict)
 
     @property
     def nats_url(self) -> str:
@@ -205,19 +213,25 @@ class LocalPlan:
             options=options,
         )
 
+    def env_runner(self, runner_id: str) -> ChildPlan:
+        """An env-runner child: the run's model directory gives it the tokenizer; one thread (few cores)."""
+        metrics_port = self.port_fn()
+        options = env_runner_options(self.site, runner_id, f"local-{runner_id}", self.model_dir, metrics_port)
+        env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        return ChildPlan(
+            runner_id, options.command(self.options.python), "env-runner", metrics_port, env=env, options=options
+        )
+
     def identity_file(self, worker_id: str) -> Path:
         """Where the runner writes worker `worker_id`'s identity proof (rlboost.auth.worker_identity.local_proof)."""
         return self.options.run_dir / "identities" / worker_id
 
-    def restart_of(self, name: str) -> ChildPlan:
-        """The child to start again after `name` was killed: the same command line (so the same ports); a
-        trainer with --resume, so it continues from its newest checkpoint."""
-        old = self.child(name)
-        if old.role != "trainer" or self.spec.trainer.ranks != 1:
-            return old
-        (trainer,) = _trainers(self, resume=True)
-        # a fresh rendezvous port: the killed trainer's may still be held (TIME_WAIT)
-        return ChildPlan(old.name, trainer.argv, old.role, old.ready_port, env=trainer.env, options=trainer.options)
+    def restart_of(self, name: str) -> list[ChildPlan]:
+        """The children to start again after `name` died: itself, with the command line it last had (so the same
+        ports); for a trainer rank every rank, with --resume (they continue from the newest checkpoint) and a fresh
+        rendezvous port (the killed one's may still be held), since the ranks left cannot go on without it."""
+        old = self.started.get(name) or self.child(name)
+        return _trainers(self, resume=True) if old.role == "trainer" else [old]
 
     def child(self, name: str) -> ChildPlan:
         for c in self.children:
@@ -294,6 +308,11 @@ def initial_spot_workers(spec: JobSpec, first_trace_count: int | None) -> int:
     return max(pool.min_replicas, min(pool.max_replicas, wanted))
 
 
+def _env_runners(spec: JobSpec) -> int:
+    """Env-runners to start: rollout.envRunners.replicas for a job with an environment, else none."""
+    return spec.rollout.env_runners.replicas if spec.task.episodes else 0
+
+
 def build_plan(
     spec: JobSpec,
     options: LocalOptions,
@@ -326,6 +345,7 @@ def build_plan(
         _manager(plan),
         *(plan.worker(f"reserved-{i}", "reserved") for i in range(spec.rollout.reserved.replicas)),
         *(plan.worker(f"spot-{i}", "spot") for i in range(n_spot)),
+        *(plan.env_runner(f"env-runner-{i}") for i in range(_env_runners(spec))),
         *_trainers(plan),
     ]
     return plan

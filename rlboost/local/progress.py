@@ -13,6 +13,7 @@ from rlboost.wire.events import StepReport, ValidationReport
 from rlboost.wire.rollout_io import ManagerStatus
 
 _BARS = "▁▂▃▄▅▆▇█"
+STARVED_AFTER_S = 30.0  # as the manager's own warning (rollout_manager.starved)
 
 
 def sparkline(values: list[float], width: int = 30) -> str:
@@ -52,11 +53,23 @@ class ProgressState:
     status: ManagerStatus | None = None
     rates: PoolRate = field(default_factory=PoolRate)
     preemptions: int = 0
+    restarts: int = 0  # children the runner started again (rlboost.local.restarts)
     phase: str = "starting"
+    starved_since: float | None = None  # since when requests wait with no worker registered at all
 
     def on_status(self, status: ManagerStatus) -> None:
+        now = time.monotonic()
         self.status = status
-        self.rates.update(status, time.monotonic())
+        self.rates.update(status, now)
+        starved = status.pending > 0 and not status.workers
+        self.starved_since = (self.starved_since or now) if starved else None
+
+    def stalled(self, after_s: float = STARVED_AFTER_S) -> str:
+        """Why the job makes no progress, once that lasted `after_s` ('' otherwise): said, not waited on."""
+        if self.starved_since is None or time.monotonic() - self.starved_since < after_s:
+            return ""
+        pending = self.status.pending if self.status else 0
+        return f"{pending} requests pending and no rollout worker registered with the manager (see logs/*.log)"
 
 
 def _steps_table(state: ProgressState) -> Table:
@@ -116,8 +129,10 @@ def render(state: ProgressState) -> Group:
         (f"[{state.phase}] ", "cyan"),
         f"{elapsed:5.0f}s  ",
         f"pending {s.pending if s else 0}  running {s.running if s else 0}  ",
-        f"migrations {s.migrations if s else 0}  preemptions {state.preemptions}",
+        f"migrations {s.migrations if s else 0}  preemptions {state.preemptions}  restarts {state.restarts}",
     )
+    if stalled := state.stalled():
+        header.append(f"\nwaiting: {stalled}", style="bold red")
     validated = [s.validation for s in state.steps if s.validation is not None]
     parts = [header, _steps_table(state)] + ([Text(validation_line(validated[-1]))] if validated else [])
     return Group(*parts, _workers_table(state))
@@ -130,6 +145,8 @@ def step_line(rec: StepReport, total: int) -> str:
         f"rollout {rec.rollout_seconds:.2f}s  train {rec.train_seconds:.2f}s  sync {rec.sync_seconds:.2f}s  "
         f"version {rec.weight_version}  logp gap {logprob_gap(rec)}"
     )
+    if rec.reward_failures:  # failed reward calls by kind: no real zeros (issue 31)
+        line += "  reward failures " + ", ".join(f"{k} {n}" for k, n in sorted(rec.reward_failures.items()))
     return line if rec.validation is None else f"{line}\n{validation_line(rec.validation)}"
 
 

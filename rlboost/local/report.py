@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -27,6 +27,24 @@ class FaultRecord(BaseModel):
     doing: str = Field(description="What the manager's status showed it doing when it was hit.")
     back_after_seconds: float | None = Field(
         None, ge=0, description="Seconds until the restarted process listened again (None: a spot worker, replaced)."
+    )
+
+
+class RestartRecord(BaseModel):
+    """One child started again by the runner's supervision (rlboost.local.restarts), as a kubelet restarts a
+    container: after it died (cause 'died'), after a chaos kill ('chaos'), or a spot worker replaced by a new one
+    while a trace or chaos sizes the pool ('replaced')."""
+
+    process: str = Field(description="The child (its log is logs/<process>.log).")
+    role: str = Field(description="nats, weight-server, rollout-manager, rollout-worker or trainer.")
+    cause: Literal["died", "chaos", "replaced"] = Field(description="Why it was started again.")
+    ended: str = Field(description="How its process ended: 'SIGKILL', 'exit 1', ...")
+    at_seconds: float = Field(ge=0, description="Seconds from the start of the run to its death being seen.")
+    uptime_seconds: float = Field(ge=0, description="Seconds it had run since its (re)start.")
+    backoff_seconds: float = Field(ge=0, description="Back-off waited before starting it again.")
+    restarted_at_seconds: float | None = Field(None, ge=0, description="When it was started again (None: not yet).")
+    back_after_seconds: float | None = Field(
+        None, ge=0, description="Seconds from its death to answering its readiness probe again (None: not yet)."
     )
 
 
@@ -67,6 +85,9 @@ class LocalReport(BaseModel):
         description="Spot pool and chaos events in order: 'SIGKILL spot-1 (chaos, 3 running, ...)', 'restarted nats', ...",
     )
     faults: list[FaultRecord] = Field(default_factory=list, description="Every process chaos killed, in order.")
+    restarts: list[RestartRecord] = Field(
+        default_factory=list, description="Every child the runner started again (supervision, chaos), in order."
+    )
     workers: list[WorkerRecord] = Field(default_factory=list, description="Workers registered at the end.")
     wall_seconds: float = Field(0.0, description="Wall time from the first child start to completion.")
     export_path: str = Field(

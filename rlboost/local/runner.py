@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import shutil
 import signal
 import time
 from dataclasses import dataclass, field
@@ -25,11 +26,13 @@ from rlboost.local.progress import ProgressState, render, step_line, summary_tab
 from rlboost.local.report import (
     FaultRecord,
     LocalReport,
+    RestartRecord,
     counters_from_status,
     plot_rewards,
     workers_from_status,
     write_report,
 )
+from rlboost.local.restarts import Restarts
 from rlboost.local.spot_trace import TraceSchedule, load_trace, reconcile
 from rlboost.local.status_stream import StreamCursor
 from rlboost.local.supervisor import ChildFailedError, Supervisor
@@ -46,15 +49,11 @@ READY_TIMEOUT_S = {
     "weight-server": 60.0,
     "rollout-manager": 60.0,
     "rollout-worker": 180.0,
+    "env-runner": 120.0,
     "trainer": 240.0,
 }
 SETTLE_TIMEOUT_S = 60.0  # after JobDone: how long workers get to report the final weight version
 TRAINER_DONE_GRACE_S = 10.0  # a trainer that exits 0 may have published `done` a moment before
-# Roles started again, on the same ports, when they die: the others reconnect to them (the rollout-manager's workers
-# re-report the responses they hold and the trainer re-attaches to its step). One that dies within
-# MIN_UPTIME_S of its start is failing, not being killed: the run fails instead of restarting it forever.
-RESTARTED_ROLES = {"rollout-manager"}
-MIN_UPTIME_S = 5.0
 SHUTDOWN_GRACE_S = 10.0
 STATUS_READ_EVERY_S = 0.2  # how often the status stream is read for new step reports and `done`
 FINAL_READ_S = 5.0  # on the way out: how long the last read of the status stream may take
@@ -66,8 +65,13 @@ class LocalRunError(RuntimeError):
 
 
 def prepare_run_dir(spec: JobSpec, plan: LocalPlan) -> None:
-    """Write job.yaml (what every child reads) and the job's credentials (made once, kept by later runs)."""
-    plan.options.run_dir.mkdir(parents=True, exist_ok=True)
+    """Write job.yaml (what every child reads) and the job's credentials (made once, kept by later runs). A fresh
+    run (no --resume) clears the run directory's own checkpoints: a trainer restarted with --resume must continue
+    this run, not an earlier one."""
+    o = plan.options
+    o.run_dir.mkdir(parents=True, exist_ok=True)
+    if not o.resume and o.checkpoint_dir is None:
+        shutil.rmtree(o.implied_checkpoints, ignore_errors=True)
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     plan.job_file.write_text(dump_job_spec(spec))
     ensure_credentials(plan.credentials_dir)
@@ -115,6 +119,7 @@ def start_child(sup: Supervisor, plan: LocalPlan, child: ChildPlan) -> None:
     if child.role == "rollout-worker":
         write_identity_proof(plan, child)
     sup.start(child.name, child.argv, child.env, role=child.role, pool=child.pool)
+    plan.started[child.name] = child
 
 
 def ensure_model(spec: JobSpec, plan: LocalPlan, console: Console) -> None:
@@ -174,6 +179,7 @@ class SpotController:
 
     sup: Supervisor
     plan: LocalPlan
+    restarts: Restarts
     desired: int
     schedule: TraceSchedule | None = None
     chaos: ChaosMonkey | None = None
@@ -188,6 +194,7 @@ class SpotController:
     _manager_finished: int = 0  # the count of the manager's last status (a restarted manager counts from 0 again)
     faults: list[FaultRecord] = field(default_factory=list)  # every chaos kill, in order
     restarting: dict[str, FaultRecord] = field(default_factory=dict)  # killed, not yet back: name -> its fault
+    _restart_records: dict[str, RestartRecord | None] = field(default_factory=dict)  # None: not restarted yet
 
     @property
     def active(self) -> bool:
@@ -268,22 +275,26 @@ class SpotController:
             return
         self.sup.kill(victim.name, self.chaos_signal)
         self.restarting[victim.name] = fault
+        self._restart_records[victim.name] = None
         self.events.append(f"{fault.signal} {victim.name} (chaos, {victim.doing})")
         log.info("chaos kill", extra={"process": victim.name, "signal": fault.signal, "doing": victim.doing})
 
     def _bring_back(self, now: float) -> None:
-        """Restart each killed non-spot process once it has exited; it is back when it listens again."""
+        """Restart each killed non-spot process once it has exited (the supervision's restart, without back-off);
+        it is back when it answers its readiness probe again. Should it die while coming back, the supervision
+        restarts it again."""
         for name, fault in list(self.restarting.items()):
             child = self.sup.children[name]
-            if child.expected_exit:
+            if self._restart_records[name] is None:
                 if child.alive:
                     continue  # a TERM still being handled (a worker drains first)
-                start_child(self.sup, self.plan, self.plan.restart_of(name))
+                record = self._restart_records[name] = self.restarts.killed_by_chaos(child, now)
+                self.restarts.start(name, now, record)
                 self.events.append(f"restarted {name}")
                 continue
-            if self.sup.check_ready(name, self.plan.restart_of(name).ready_port):
+            if self.restarts.back(name):
                 fault.back_after_seconds = round(now - (self.started_at or now) - fault.at_seconds, 3)
-                del self.restarting[name]
+                del self.restarting[name], self._restart_records[name]
 
     def _preempt(self, name: str, why: str, sig: int, held: str = "") -> None:
         self.sup.kill(name, sig)
@@ -320,7 +331,8 @@ class Run:
 
     def __init__(self, spec: JobSpec, plan: LocalPlan, console: Console, spot: SpotController) -> None:
         self.spec, self.plan, self.console, self.spot = spec, plan, console, spot
-        self.sup = spot.sup
+        self.sup, self.restarts = spot.sup, spot.restarts
+        self.restarts.on_restart = self._show_restart
         self.state = RunState(ProgressState(total_steps=spec.algorithm.steps))
         self.live: Live | None = None
         self.nc = None
@@ -328,6 +340,9 @@ class Run:
         self.channel = None
         self.stub = None
         self.status_read: asyncio.Task | None = None  # the status stream's read in progress
+        self.ready: set[str] | None = set()  # while starting: the children that were ready (None: all started)
+        self._supervising = asyncio.Lock()
+        self._said_stalled = False
 
     # ---- start-up ----
 
@@ -336,7 +351,12 @@ class Run:
         while time.monotonic() < deadline:
             self._check_interrupt()
             if await asyncio.to_thread(self.sup.check_ready, child.name, child.ready_port, child.health_url):
+                if self.ready is not None:
+                    self.ready.add(child.name)  # from now on supervised: restarted if it dies
                 return
+            async with self._supervising:  # the waits of the workers and the trainer run side by side
+                self._check_children()
+                await self._restart_due(time.monotonic())
             await asyncio.sleep(0.1)
         what = child.health_url or f"port {child.ready_port}"
         raise ChildFailedError(
@@ -351,7 +371,9 @@ class Run:
 
     async def start_all(self) -> None:
         """nats, weight-server, manager: each ready before the next. Then every worker and the trainer,
-        waited for together: a worker may wait for the trainer's first weights before it listens."""
+        waited for together: a worker may wait for the trainer's first weights before it listens. Meanwhile the
+        children already ready are supervised (a death at start-up fails the run at once, naming the child; one
+        after it was ready is restarted, as while the job runs)."""
         children = self.plan.children
         for child in children:
             if child.role in ("nats", "weight-server", "rollout-manager"):
@@ -362,11 +384,12 @@ class Run:
                     await self._connect_nats()
                 if child.role == "rollout-manager":
                     self._connect_manager()
-        rest = [c for c in children if c.role in ("rollout-worker", "trainer")]
+        rest = [c for c in children if c.role in ("rollout-worker", "env-runner", "trainer")]
         for child in rest:
             self._start(child)
         self.state.progress.phase = "starting workers and trainer"
         await asyncio.gather(*(self._await_ready(c) for c in rest))
+        self.ready = None  # every child started: all of them supervised
 
     async def _connect_nats(self) -> None:
         """Connect as the job's operator (this run plays it) and keep the status stream: every step report and
@@ -443,27 +466,54 @@ class Run:
     # ---- the run ----
 
     def _check_children(self) -> None:
-        for child in self.sup.unexpected_exits():
+        """Every child that died unasked is restarted (rlboost.local.restarts), but a trainer that exited 0 (the job
+        is done) and a spot worker the trace or chaos replaces; a crash loop fails the run."""
+        now = time.monotonic()
+        for child in self.sup.unexpected_exits(among=self.ready):
             if child.role == "trainer" and child.proc.returncode == 0:
-                self._trainer_exited_at = time.monotonic()
-                continue
-            if child.role in RESTARTED_ROLES and time.monotonic() - child.started_at >= MIN_UPTIME_S:
-                self.restart_child(child.name)
-                continue
-            raise self.sup.failure(child)
+                self._trainer_exited_at = now
+            elif child.pool == "spot" and self.spot.active:
+                self.restarts.replaced(child, now)  # the controller starts a new spot worker on its tick
+            elif child.role == "trainer" and not self.restarts.back_all(self._trainer_ranks()):
+                continue  # another rank died first: its restart starts every rank
+            else:
+                self.restarts.died(child, now)
         exited = getattr(self, "_trainer_exited_at", None)
-        if exited is not None and self.state.done is None and time.monotonic() - exited > TRAINER_DONE_GRACE_S:
+        if exited is not None and self.state.done is None and now - exited > TRAINER_DONE_GRACE_S:
             raise ChildFailedError(
                 "trainer", 0, "exited without announcing that the job is done", self.sup.tail("trainer")
             )
 
-    def restart_child(self, name: str) -> None:
-        """Start a child that died again with its own command line (so on the same ports)."""
-        child = self.plan.child(name)
-        code = self.sup.children[name].proc.returncode
-        log.warning("child died: restarting it", extra={"child": name, "returncode": code})
-        self.spot.events.append(f"restarted {name} (exit {code})")
-        self._start(child)
+    def _trainer_ranks(self) -> list[str]:
+        return [c.name for c in self.plan.children if c.role == "trainer"]
+
+    async def _restart_due(self, now: float) -> None:
+        """Start the children whose back-off has passed. A trainer is not, once the status stream holds `done`:
+        it exited because the job ended (a failed job's trainer exits non-zero after saying why)."""
+        for name in self.restarts.due(now):
+            if self.sup.children[name].role == "trainer":
+                await self.read_what_is_left()
+                if self.state.done is not None:
+                    self.restarts.cancel(name)
+                    continue
+            self.restarts.start(name, now)
+            self.spot.events.append(f"restarted {name}")
+        self.restarts.poll(now)
+        self.state.progress.restarts = self.restarts.count
+
+    def _say_stalled(self) -> None:
+        """Without a live display, a line once the job makes no progress for want of workers (it has a header)."""
+        stalled = self.state.progress.stalled()
+        if self.live is None and stalled and not self._said_stalled:
+            self.console.print(f"waiting: {stalled}", soft_wrap=True, highlight=False)
+        self._said_stalled = bool(stalled)
+
+    def _show_restart(self, record: RestartRecord) -> None:
+        """A line per restart when there is no live display (the live one counts them in its header)."""
+        if self.live is None:
+            line = f"restarted {record.process} ({record.cause}: {record.ended} after {record.uptime_seconds:.0f}s"
+            line += f", back-off {record.backoff_seconds:.1f}s)" if record.backoff_seconds else ")"
+            self.console.print(line, soft_wrap=True, highlight=False)
 
     async def follow(self) -> None:
         """Until JobDone: watch children, poll the manager, drive the spot pool, refresh the display."""
@@ -483,10 +533,12 @@ class Run:
                 if status is not None:
                     self.state.progress.on_status(status)
             self.spot.tick(now, status)
+            await self._restart_due(now)
             if now - last_read >= STATUS_READ_EVERY_S and self._status_read_idle():
                 last_read = now
                 self.status_read = asyncio.create_task(self._read_status())
             self.state.progress.preemptions = self.spot.preemptions
+            self._say_stalled()
             self._refresh()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.state.wake.wait(), timeout=0.02 if hunting else 0.25)
@@ -577,6 +629,16 @@ def _raise_interrupt(signum: int, _frame: object) -> None:
 def _make_spot_controller(
     spec: JobSpec, options: LocalOptions, sup: Supervisor, plan: LocalPlan, n: int
 ) -> SpotController:
+    def restart(name: str) -> None:
+        for child in plan.restart_of(name):  # a trainer rank: every rank
+            if child.name != name and sup.children[child.name].alive:
+                sup.kill(child.name)  # a rank left alone cannot finish a collective
+            start_child(sup, plan, child)
+
+    def ready(name: str) -> bool:
+        started = plan.started[name]  # the plan it was started again with
+        return sup.probe_ready(name, started.ready_port, started.health_url)
+
     schedule = None
     if options.spot_trace is not None:
         pool = spec.rollout.spot
@@ -595,6 +657,13 @@ def _make_spot_controller(
     return SpotController(
         sup,
         plan,
+        Restarts(
+            sup,
+            started_at=time.monotonic(),
+            start_child=restart,
+            ready=ready,
+            limits={"trainer": spec.trainer.backoff_limit + 1},  # as on Kubernetes
+        ),
         desired=n,
         schedule=schedule,
         chaos=chaos,
@@ -620,6 +689,7 @@ def build_report(run: Run, status: ManagerStatus | None, wall_s: float) -> Local
         **counters_from_status(status),
         spot_events=list(run.spot.events),
         faults=list(run.spot.faults),
+        restarts=list(run.restarts.records),
         workers=workers_from_status(status),
         wall_seconds=round(wall_s, 3),
     )
@@ -633,7 +703,8 @@ def _print_summary(console: Console, report: LocalReport, plot: Path | None, jso
     )
     console.print(
         f"done: {len(report.steps)} steps in {report.wall_seconds:.0f}s, reward {first:.3f} -> {last:.3f}, "
-        f"preemptions {report.preemptions}, migrations {report.migrations}, tokens lost {report.tokens_lost}, "
+        f"preemptions {report.preemptions}, restarts {len(report.restarts)}, migrations {report.migrations}, "
+        f"tokens lost {report.tokens_lost}, "
         f"tokens regenerated {report.tokens_regenerated}"
     )
     for v in report.validation:
@@ -681,7 +752,7 @@ def run_local(spec: JobSpec, options: LocalOptions, console: Console, json_repor
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)  # the shutdown below is bounded; let it finish
         if code:
-            console.print(f"[bold red]rlboost local: {error}[/]; stopping every child", highlight=False)
+            console.print(f"[bold red]rlboost local: {error}[/]; stopping every child", highlight=False, soft_wrap=True)
         sup.shutdown(SHUTDOWN_GRACE_S)
         plan.endpoints_file.unlink(missing_ok=True)  # it says where a running job listens
         for sig, handler in previous.items():

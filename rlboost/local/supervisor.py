@@ -206,13 +206,22 @@ class Supervisor:
             raise ChildFailedError(name, None, reason, self.tail(name))
         return answer == "ok"
 
+    def probe_ready(self, name: str, port: int | None, health_url: str = "") -> bool:
+        """One readiness probe that never raises: False while the child is dead (its death is left to
+        `unexpected_exits`) or another program answers its port."""
+        if not self.children[name].alive or (port is not None and not _port_open(port)):
+            return False
+        return not health_url or _health_answer(health_url) == "ok"
+
     def tail(self, name: str, n: int = 15) -> str:
         return tail_lines(self.children[name].log_path, n)
 
-    def unexpected_exits(self) -> list[Child]:
-        """Children that exited without being asked to; each is returned once."""
+    def unexpected_exits(self, among: set[str] | None = None) -> list[Child]:
+        """Children (of `among`, if given) that exited without being asked to; each is returned once."""
         out = []
         for child in self.children.values():
+            if among is not None and child.name not in among:
+                continue
             if not child.reported and not child.expected_exit and not child.alive:
                 child.reported = True
                 out.append(child)

@@ -3,6 +3,10 @@
 The warm-up teaches the answer format (digits then <|im_end|>) and a little arithmetic, so that RL
 starts from a policy that sometimes succeeds. Everything is a function of the seeds: the same spec
 gives bit-identical weights (on the same machine and torch build).
+
+With an environment (task.environment) that offers `demonstration(task) -> messages` (the built-in calculator
+does), the tokenizer and the warm-up learn from whole demonstrated episodes instead: the model's turns are the
+labels, the environment's messages (built as the env-runner builds them, rlboost.environments.chat) are not.
 """
 
 from __future__ import annotations
@@ -69,19 +73,62 @@ def build_model(model_spec: ModelSpec, tokenizer: PreTrainedTokenizerBase) -> Pr
     return model.float()
 
 
+def demonstrations(task_spec: TaskSpec, task: Task) -> list[list[dict[str, str]]] | None:
+    """The environment's demonstrated episode of every example (task.environment's `demonstration`), or None
+    when the job has no environment or its environment offers none."""
+    env = task_spec.environment
+    if not env.name:
+        return None
+    from rlboost.environment_registry import load_registered
+
+    demonstrate = getattr(load_registered(env.name)(**env.args), "demonstration", None)
+    return [demonstrate(ex) for ex in task.examples] if callable(demonstrate) else None
+
+
+def demonstration_corpus(demos: list[list[dict[str, str]]]) -> list[str]:
+    """The texts the tokenizer learns from: every demonstrated episode as the chat template writes it."""
+    return ["".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in demo) for demo in demos]
+
+
+def demonstration_row(tokenizer: PreTrainedTokenizerBase, demo: list[dict[str, str]]) -> tuple[list[int], list[int]]:
+    """(ids, labels) of one demonstrated episode: the model's turns labelled, the rest -100."""
+    from rlboost.environments.chat import ChatFormat
+
+    fmt = ChatFormat(tokenizer, stop_token_ids(tokenizer))
+    im_end = tokenizer.convert_tokens_to_ids(IM_END)
+    turns = [i for i, m in enumerate(demo) if m["role"] == "assistant"]
+    ids = fmt.prompt(demo[: turns[0]])
+    labels = [-100] * len(ids)
+    for n, i in enumerate(turns):
+        turn = tokenizer.encode(demo[i]["content"], add_special_tokens=False) + [im_end]
+        ids, labels = ids + turn, labels + turn
+        if n + 1 < len(turns):
+            env = fmt.after_turn(demo[i + 1 : turns[n + 1]], stopped=True)
+            ids, labels = ids + env, labels + [-100] * len(env)
+    return ids, labels
+
+
 def warmup_tensors(
-    tokenizer: PreTrainedTokenizerBase, task: Task, examples: list[Example]
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    examples: list[Example],
+    demos: list[list[dict[str, str]]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask, labels) right-padded; labels are -100 except on answer + <|im_end|>."""
+    """(input_ids, attention_mask, labels) right-padded; labels are -100 except on answer + <|im_end|> (with
+    `demos`: on every model turn of the demonstrated episodes)."""
     import torch
 
     im_end = tokenizer.convert_tokens_to_ids(IM_END)
     rows, label_rows = [], []
-    for ex in examples:
+    for ex in examples if demos is None else ():
         prompt = encode_prompt(tokenizer, task.messages(ex))
         answer = tokenizer.encode(ex.answer, add_special_tokens=False) + [im_end]
         rows.append(prompt + answer)
         label_rows.append([-100] * len(prompt) + answer)
+    for demo in demos or ():
+        row, labels = demonstration_row(tokenizer, demo)
+        rows.append(row)
+        label_rows.append(labels)
     width = max(map(len, rows))
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
@@ -93,13 +140,21 @@ def warmup_tensors(
     return ids, mask, labels
 
 
-def warm_up(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, steps: int, seed: int) -> float:
-    """`steps` AdamW steps of response-only cross-entropy on the task's examples; returns the last loss."""
+def warm_up(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    steps: int,
+    seed: int,
+    demos: list[list[dict[str, str]]] | None = None,
+) -> float:
+    """`steps` AdamW steps of response-only cross-entropy on the task's examples (or `demos`, its environment's
+    demonstrated episodes); returns the last loss."""
     import torch
 
     if steps == 0:
         return float("nan")
-    ids, mask, labels = warmup_tensors(tokenizer, task, task.examples)
+    ids, mask, labels = warmup_tensors(tokenizer, task, task.examples, demos)
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=WARMUP_LR, weight_decay=0.0)
     model.train()
@@ -122,7 +177,8 @@ def create_tiny_model(model_spec: ModelSpec, task_spec: TaskSpec, out_dir: Path)
     from rlboost.tasks.dataset import warmup_task
 
     task = warmup_task(task_spec)  # a dataset's first rows, or the built-in task
-    tokenizer = train_tokenizer(task_corpus(task))
+    demos = demonstrations(task_spec, task)  # an environment's whole episodes, where it demonstrates them
+    tokenizer = train_tokenizer(task_corpus(task) if demos is None else demonstration_corpus(demos))
     # One thread: the result then cannot depend on the core count, and for ops this small it is also
     # faster than two threads contending on a busy machine.
     threads = torch.get_num_threads()
@@ -131,7 +187,7 @@ def create_tiny_model(model_spec: ModelSpec, task_spec: TaskSpec, out_dir: Path)
         model = build_model(model_spec, tokenizer)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(model_spec.seed)
-            loss = warm_up(model, tokenizer, task, model_spec.warmup_steps, model_spec.seed)
+            loss = warm_up(model, tokenizer, task, model_spec.warmup_steps, model_spec.seed, demos)
     finally:
         torch.set_num_threads(threads)
     log.info(

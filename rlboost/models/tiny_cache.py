@@ -70,6 +70,7 @@ def model_key(model_spec: ModelSpec, task_spec: TaskSpec) -> str:
     """A hash of everything the tiny model's bits depend on (where it is written is not among them)."""
     here = Path(__file__).resolve().parent
     sources = [here / "tiny.py", here / "tokenizer.py", *sorted((here.parent / "tasks").glob("*.py"))]
+    sources += sorted((here.parent / "environments").glob("*.py"))  # demonstrated episodes (task.environment)
     parts = {
         "model": model_spec.model_dump(include=TINY_FIELDS),
         "task": task_spec.model_dump(),

@@ -15,19 +15,27 @@ from rlboost.options.base import (
     env_default,
     parse_service_args,
 )
+from rlboost.options.env_runner import EnvRunnerOptions, env_runner_options
 from rlboost.options.manager import ManagerOptions, manager_options
 from rlboost.options.model_fetch import ModelFetchOptions
 from rlboost.options.trainer import TrainerOptions, trainer_options
 from rlboost.options.weight_server import WeightServerOptions, weight_server_options
 from rlboost.options.worker import WorkerOptions, worker_options
 
-SERVICES: tuple[type[ServiceOptions], ...] = (WeightServerOptions, ManagerOptions, WorkerOptions, TrainerOptions)
+SERVICES: tuple[type[ServiceOptions], ...] = (
+    WeightServerOptions,
+    ManagerOptions,
+    WorkerOptions,
+    TrainerOptions,
+    EnvRunnerOptions,
+)
 
 __all__ = [
     "ANY_ADDRESS",
     "LOOPBACK",
     "SERVICES",
     "CommandOptions",
+    "EnvRunnerOptions",
     "ManagerOptions",
     "ModelFetchOptions",
     "OptionProblem",
@@ -38,6 +46,7 @@ __all__ = [
     "WeightServerOptions",
     "WorkerOptions",
     "env_default",
+    "env_runner_options",
     "manager_options",
     "parse_service_args",
     "trainer_options",

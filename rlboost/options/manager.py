@@ -34,6 +34,13 @@ class ManagerOptions(ServiceOptions):
         "(unset: the job spec's rollout.offloadWindowS).",
     )
     balance_interval: float = Field(1.0, gt=0, le=3600, description="Seconds between balancing passes.")
+    register_timeout: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="Seconds a worker stream may stay open without its first message (Register); then it is "
+        "closed (DEADLINE_EXCEEDED), so idle streams hold nothing.",
+    )
 
 
 DEFAULT_MANAGER_ADDRESS = f"{LOOPBACK}:{MANAGER_PORT}"  # what a worker or trainer dials when told nothing

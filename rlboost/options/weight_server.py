@@ -38,6 +38,16 @@ class WeightServerOptions(ServiceOptions):
         description="Bytes of compacted deltas kept on disk; least recently used are evicted past it, and a "
         "compacted delta larger than it is not built (its chain is served). 0 = no compacted deltas.",
     )
+    # issue 31: slow clients cannot hold connections (weight_server.deadlines)
+    header_timeout: float = Field(
+        10.0, gt=0, le=3600, description="Seconds a connection has to send a whole request header; then closed."
+    )
+    body_timeout: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Seconds a request body may go without a byte while the server waits for it; then 408.",
+    )
     no_nats: bool = Field(False, description="Do not announce versions on NATS (tests, debugging).")
     nats_wait: float = Field(
         60.0,

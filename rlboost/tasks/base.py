@@ -122,8 +122,20 @@ def addition_examples(spec: TaskSpec) -> list[Example]:
     return out
 
 
+def multiplication_examples(spec: TaskSpec) -> list[Example]:
+    """`num_prompts` questions 'What is a*b?' with a, b uniform in 0..max_operand, from the seed."""
+    rng = random.Random(f"{spec.seed}:multiplication")
+    out = []
+    for _ in range(spec.num_prompts):
+        a, b = rng.randint(0, spec.max_operand), rng.randint(0, spec.max_operand)
+        out.append(Example(question=f"What is {a}*{b}?", answer=str(a * b)))
+    return out
+
+
 def make_task(spec: TaskSpec) -> Task:
     """Build the task named by `spec.name` (the built-in prompts; a dataset is read by rlboost.tasks.dataset)."""
     if spec.name == "addition":
         return Task(spec.name, addition_examples(spec), spec.seed)
-    raise ValueError(f"unknown task.name {spec.name!r}; allowed: 'addition'")
+    if spec.name == "multiplication":
+        return Task(spec.name, multiplication_examples(spec), spec.seed)
+    raise ValueError(f"unknown task.name {spec.name!r}; allowed: 'addition', 'multiplication'")

@@ -7,6 +7,12 @@ takes longer than `limits.timeout_seconds`, crashes its process, exceeds a limit
 non-finite value or a non-number scores 0.0 with a `failure` reason (FAILURE_REASONS); its process is replaced
 and the rest of the batch goes on in the new one, so good samples keep their rewards. Replies are JSON, never
 pickle: nothing the reward's process writes is executed here. Torch-free.
+
+Scoring is bounded by the pool (issue 31 item 4): the processes take small batches from one queue, so a slow
+sample holds one process, not a fixed share of the step; and a call of `score` has a budget
+(`limits.step_budget_seconds`, task.rewardStepBudgetSeconds): a sample still running when it ends is cut
+(failure 'budget'), and the samples not started by then are not scored (failure 'budget'). A failed sample is
+not a real zero: its `failure` says why, the trainer counts it per kind and keeps it out of its group's baseline.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +34,8 @@ from typing import Any
 from rlboost.reward_registry import RewardTerms, reward_terms
 from rlboost.tasks.base import Example
 
-FAILURE_REASONS = ("timeout", "crash", "cpu", "memory", "refused", "exception", "bad_value")
+FAILURE_REASONS = ("timeout", "crash", "cpu", "memory", "refused", "exception", "bad_value", "budget")
+QUEUE_BATCH = 8  # samples a process takes from the queue at once: few enough that a slow one holds up few
 _MAX_REPLY_BYTES = 64 * 1024  # a reply is a number; anything longer is a broken protocol
 _START_TIMEOUT_S = 120.0  # importing the reward's package may be slow on a busy machine
 
@@ -44,10 +52,17 @@ class SandboxLimits:
     cpu_seconds: int = 10
     memory_mib: int = 1024
     processes: int = 2
+    step_budget_seconds: float = 0.0  # wall time one `score` call may take (0: none)
 
     @classmethod
     def from_task(cls, task: Any) -> SandboxLimits:
-        return cls(task.reward_timeout_seconds, task.reward_cpu_seconds, task.reward_memory_mib, task.reward_processes)
+        return cls(
+            task.reward_timeout_seconds,
+            task.reward_cpu_seconds,
+            task.reward_memory_mib,
+            task.reward_processes,
+            task.reward_step_budget_seconds,
+        )
 
 
 @dataclass(frozen=True)
@@ -148,16 +163,48 @@ def _registered(sel: selectors.BaseSelector, fd: int) -> bool:
     return True
 
 
-def _why_ended(returncode: int, reply: dict[str, Any] | None, timed_out: bool) -> tuple[str, str]:
+BUDGET_DETAIL = "the step's reward budget (task.rewardStepBudgetSeconds) ran out"
+
+
+def _why_ended(returncode: int, reply: dict[str, Any] | None, timed_out: str) -> tuple[str, str]:
+    """`timed_out`: '' (no), 'timeout' (the call's own limit) or 'budget' (the step's ran out first)."""
     if reply is not None and reply.get("fail") in FAILURE_REASONS:
         return str(reply["fail"]), str(reply.get("detail", ""))[:500]
     if reply is not None:
         return "bad_value", f"unexpected reply {str(reply)[:200]}"
+    if timed_out == "budget":
+        return "budget", f"cut: {BUDGET_DETAIL}"
     if timed_out:
         return "timeout", "no reply within task.rewardTimeoutSeconds"
     if returncode == -signal.SIGXCPU:
         return "cpu", "CPU time over task.rewardCpuSeconds"
     return "crash", f"the reward process exited with {returncode}"
+
+
+class _Work:
+    """One `score` call's samples, shared by the pool's threads: the next batch to take, the results in order."""
+
+    def __init__(self, items: list[tuple[str, Example]], deadline: float | None) -> None:
+        self.items, self.deadline = items, deadline
+        self.results: list[RewardResult | None] = [None] * len(items)
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> tuple[int, list[tuple[str, Example]]] | None:
+        """The next up to `n` samples (their first index, them), or None: all taken, or the budget ran out."""
+        with self._lock:
+            if self._next >= len(self.items) or (self.deadline is not None and time.monotonic() >= self.deadline):
+                return None
+            start, self._next = self._next, min(len(self.items), self._next + n)
+            return start, self.items[start : self._next]
+
+    def done(self, start: int, results: list[RewardResult]) -> None:
+        self.results[start : start + len(results)] = results
+
+    def finished(self) -> list[RewardResult]:
+        """Every result in order; samples never taken (the budget ran out) fail with 'budget'."""
+        missing = RewardResult(0.0, "budget", f"not scored: {BUDGET_DETAIL}")
+        return [r if r is not None else missing for r in self.results]
 
 
 class RewardSandbox:
@@ -201,38 +248,57 @@ class RewardSandbox:
         self._idle = []
         self._pool.shutdown(wait=True)
 
-    def score(self, items: Sequence[tuple[str, Example]]) -> list[RewardResult]:
-        """One result per (response_text, example), in order; the batch is split over the processes."""
+    def score(self, items: Sequence[tuple[str, Example]], deadline: float | None = None) -> list[RewardResult]:
+        """One result per (response_text, example), in order: the pool's processes take batches of QUEUE_BATCH
+        from one queue until it is empty or the budget runs out: `deadline` (time.monotonic(); the trainer's
+        judge passes what is left of the step's), else `limits.step_budget_seconds` from now (0: none)."""
         if not items:
             return []
         if not self._idle:
             raise RewardSandboxError("the reward sandbox is not started (use it as a context manager)")
+        budget = self.limits.step_budget_seconds
+        if deadline is None and budget > 0:
+            deadline = time.monotonic() + budget
+        work = _Work(list(items), deadline)
         n = min(len(self._idle), len(items))
-        size = -(-len(items) // n)
-        chunks = [list(items[i : i + size]) for i in range(0, len(items), size)]
-        procs, self._idle = self._idle[: len(chunks)], self._idle[len(chunks) :]
-        if len(chunks) == 1:
-            outcomes = [self._run_chunk(procs[0], chunks[0])]
+        procs, self._idle = self._idle[:n], self._idle[n:]
+        if len(procs) == 1:
+            self._idle += [self._drain(procs[0], work)]
         else:
-            outcomes = list(self._pool.map(self._run_chunk, procs, chunks))
-        self._idle += [proc for proc, _ in outcomes]
-        return [r for _, results in outcomes for r in results]
+            self._idle += list(self._pool.map(self._drain, procs, [work] * len(procs)))
+        return work.finished()
 
-    def _run_chunk(self, proc: _Process, items: list[tuple[str, Example]]) -> tuple[_Process, list[RewardResult]]:
-        """Score `items` in order on `proc`; after a failure the rest go to a fresh process."""
+    def _drain(self, proc: _Process, work: _Work) -> _Process:
+        """Score batches from `work` on `proc` (replaced after a failure) until none is left or the budget ended."""
+        while (batch := work.take(QUEUE_BATCH)) is not None:
+            start, chunk = batch
+            proc, results = self._run_chunk(proc, chunk, work.deadline)
+            work.done(start, results)
+        return proc
+
+    def _run_chunk(
+        self, proc: _Process, items: list[tuple[str, Example]], until: float | None = None
+    ) -> tuple[_Process, list[RewardResult]]:
+        """Score `items` in order on `proc`; after a failure the rest go to a fresh process, and once `until` (the
+        step's budget) has passed, the rest are not scored."""
         results: list[RewardResult] = []
         while len(results) < len(items):
+            if until is not None and time.monotonic() >= until:
+                results += [RewardResult(0.0, "budget", f"not scored: {BUDGET_DETAIL}")] * (len(items) - len(results))
+                break
             rest = items[len(results) :]
             request = {"items": [[text, asdict(ex)] for text, ex in rest]}
             outgoing = bytearray(json.dumps(request).encode() + b"\n")
             for _ in rest:
-                deadline = time.monotonic() + self.limits.timeout_seconds
+                own = time.monotonic() + self.limits.timeout_seconds
+                deadline = own if until is None else min(own, until)
                 reply = proc.read_reply(deadline, outgoing)
                 value = reply.get("r") if reply is not None else None
                 if isinstance(value, float) and value == value and abs(value) != float("inf"):
                     results.append(RewardResult(value))
                     continue
-                timed_out = reply is None and time.monotonic() >= deadline
+                late = reply is None and time.monotonic() >= deadline
+                timed_out = ("timeout" if deadline == own else "budget") if late else ""
                 reason, detail = _why_ended(proc.kill(), reply, timed_out)
                 results.append(RewardResult(0.0, reason, detail))
                 proc = self._replacement()

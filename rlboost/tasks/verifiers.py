@@ -9,7 +9,9 @@ reference `answer` and its per-row `metadata`) and those parameters; it runs in 
 `math_verify` is Hugging Face's math-verify: the reference and the response are parsed (LaTeX, `\\boxed{}`,
 plain expressions) into SymPy and compared mathematically (1/2 == 0.5 == \\frac{1}{2}, sets, intervals,
 equations). math-verify reaches SymPy's `parse_expr`, which evaluates generated Python text: the sandbox allows
-exactly the number literals it generates there (rlboost.tasks.sandbox_child._safe_sympy_text).
+exactly the number literals it generates there (rlboost.tasks.sandbox_child._safe_sympy_text). Its own 5 s
+timeouts are off: they returned False, a real-looking zero, for text such as `9^{9^{9^9}}`; the sandbox's per-call
+limit (task.rewardTimeoutSeconds) ends such a call instead, counted as the failure kind 'timeout' (issue 31).
 """
 
 from __future__ import annotations
@@ -18,12 +20,16 @@ import re
 from functools import lru_cache
 from typing import Any
 
+import math_verify.grader
+import math_verify.parser
 from math_verify import parse, verify
 
 from rlboost.tasks.base import Example
 from rlboost.tasks.rewards import final_text
 
 _MAX_RESPONSE_CHARS = 20_000  # the answer comes last: only the tail of a long response is parsed
+# The sandbox times each call (see the module docstring): math-verify's warning that its own timeout is off is noise.
+math_verify.parser.TIMEOUT_WARNING_SHOWN = math_verify.grader.TIMEOUT_WARNING_SHOWN = True
 # A named answer format for `format`: the whole response (up to an end-of-turn marker) must match it.
 ANSWER_FORMATS: dict[str, str] = {
     "boxed": r"(?s).*\\boxed\{.+\}.*",
@@ -37,7 +43,7 @@ ANSWER_FORMATS: dict[str, str] = {
 def _parsed_reference(answer: str) -> Any:
     """The reference parsed once per distinct answer (a step scores group_size responses against each). A bare
     LaTeX answer ('\\frac{1}{2}') gets the $ delimiters math-verify's LaTeX extraction looks for."""
-    return parse(answer if "$" in answer or "\\boxed" in answer else f"${answer}$")
+    return parse(answer if "$" in answer or "\\boxed" in answer else f"${answer}$", parsing_timeout=None)
 
 
 def math_verify(response_text: str, example: Example) -> float:
@@ -45,8 +51,8 @@ def math_verify(response_text: str, example: Example) -> float:
     gold = _parsed_reference(example.answer)
     if not gold:
         return 0.0
-    answer = parse(final_text(response_text)[-_MAX_RESPONSE_CHARS:])
-    return 1.0 if answer and verify(gold, answer) else 0.0
+    answer = parse(final_text(response_text)[-_MAX_RESPONSE_CHARS:], parsing_timeout=None)
+    return 1.0 if answer and verify(gold, answer, timeout_seconds=None) else 0.0
 
 
 def _warm_up_math_verify() -> None:

@@ -91,10 +91,11 @@ def _flatten(data: Mapping[str, Any], prefix: str):
 
 
 class Trackers:
-    """The job's backends together: one failing backend's log is reported once, not fatal to training."""
+    """The job's backends together: one failing backend's log is reported once, not fatal to training; a full
+    disk is said as one line naming `logging.dir`'s directory (rlboost.fsio.WriteFailed)."""
 
-    def __init__(self, trackers: dict[str, Tracker]) -> None:
-        self.trackers = trackers
+    def __init__(self, trackers: dict[str, Tracker], directory: Path | None = None) -> None:
+        self.trackers, self.directory = trackers, directory
         self._failed: set[str] = set()
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -103,8 +104,17 @@ class Trackers:
                 tracker.log(step, metrics)
             except Exception as err:  # noqa: BLE001 (a metrics sink must not end the training run)
                 if name not in self._failed:
-                    log.warning("tracking backend failed to log", extra={"backend": name, "error": str(err)})
+                    log.warning(
+                        "tracking backend failed to log", extra={"backend": name, "error": self._why(name, err)}
+                    )
                 self._failed.add(name)
+
+    def _why(self, name: str, err: Exception) -> str:
+        from rlboost.fsio import WriteFailed, is_disk_full
+
+        if isinstance(err, WriteFailed) or self.directory is None or not is_disk_full(err, self.directory):
+            return str(err)
+        return str(WriteFailed(f"tracking ({name})", self.directory, "no space left on device", "logging.dir", True))
 
     def close(self) -> None:
         for name, tracker in self.trackers.items():
@@ -127,7 +137,7 @@ def open_trackers(spec: LoggingSpec, run_dir: Path, job: str = "local") -> Track
         Trackers(opened).close()
         raise
     log.info("tracking", extra={"backends": list(opened), "dir": str(directory)})
-    return Trackers(opened)
+    return Trackers(opened, directory)
 
 
 def check_backends(spec: LoggingSpec) -> None:

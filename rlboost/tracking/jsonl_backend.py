@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from rlboost.fsio import append_line
 from rlboost.spec import LoggingSpec
 from rlboost.tracking import make_dir
 
@@ -23,8 +24,8 @@ class JsonlTracker:
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         # Opened per line (one a step): readable while the run goes on, and no handle is left open by a trainer
         # that fails before close().
-        with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, "time": round(time.time(), 3), **metrics}) + "\n")
+        line = json.dumps({"step": step, "time": round(time.time(), 3), **metrics})
+        append_line(self.path, line, "tracking (jsonl)", "logging.dir")  # whole or not at all
 
     def close(self) -> None:
         pass

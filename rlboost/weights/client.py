@@ -42,7 +42,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from rlboost.weights.peer_serve import CachedPayload, PayloadCache
 from rlboost.weights.signing import ASSET_MANIFEST, ManifestVerifier, WeightsRejectedError
 from rlboost.wire import weight_routes as routes
-from rlboost.wire.peers_io import PeerRegistration, Source, SourceList, SourcesRequest
+from rlboost.wire.peers_io import HEADER_IDENTITY, PeerRegistration, Source, SourceList, SourcesRequest
 from rlboost.wire.weights_io import (
     HEADER_BASE_VERSION,
     HEADER_CHECKSUM,
@@ -240,20 +240,23 @@ class WeightClient:
         return Manifest.model_validate_json((await self._get(routes.compacted_manifest(base, version))).content)
 
     # ---- peer fan-out (the weight-server's source directory: rlboost.weights.peers) -------------
-    async def register_peer(self, worker: str, registration: PeerRegistration) -> None:
-        """Register (or heartbeat) this worker as a peer that serves the payloads it holds."""
-        await self._call("PUT", routes.peer(worker), registration.model_dump_json())
+    async def register_peer(self, worker: str, registration: PeerRegistration, identity: str = "") -> None:
+        """Register (or heartbeat) this worker as a peer that serves the payloads it holds; `identity`: its
+        identity proof (rlboost.wire.peers_io.HEADER_IDENTITY), which the job's weight-server requires."""
+        await self._call("PUT", routes.peer(worker), registration.model_dump_json(), identity)
 
-    async def leave_peer(self, worker: str) -> None:
-        await self._call("DELETE", routes.peer(worker))
+    async def leave_peer(self, worker: str, identity: str = "") -> None:
+        await self._call("DELETE", routes.peer(worker), identity=identity)
 
-    async def peer_sources(self, worker: str, path: str) -> SourceList:
+    async def peer_sources(self, worker: str, path: str, identity: str = "") -> SourceList:
         """Where `worker` should fetch the payload at `path`: peers near it first, the weight-server last."""
         body = SourcesRequest(worker=worker, path=path).model_dump_json()
-        return SourceList.model_validate_json((await self._call("POST", routes.SOURCES, body)).content)
+        return SourceList.model_validate_json((await self._call("POST", routes.SOURCES, body, identity)).content)
 
-    async def _call(self, method: str, path: str, body: str | None = None) -> httpx.Response:
-        headers = {"Content-Type": "application/json"} if body is not None else None
+    async def _call(self, method: str, path: str, body: str | None = None, identity: str = "") -> httpx.Response:
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        if identity:
+            headers[HEADER_IDENTITY] = identity
         try:
             resp = await self._http.request(method, routes.api(path), content=body, headers=headers)
         except httpx.TransportError as err:

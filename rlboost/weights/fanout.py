@@ -42,9 +42,12 @@ class PeerFanout:
         heartbeat_s: float = 10.0,
         keep: int = 4,
         on_served: Callable[[int], None] | None = None,
+        identity: Callable[[], str] = str,
     ) -> None:
-        """`token`: the job's worker token, which pullers must present to this worker's peer server."""
+        """`token`: the job's worker token, which pullers must present to this worker's peer server; `identity`:
+        reads this worker's identity proof afresh (a rotated token counts), which the directory binds its entry to."""
         self.client, self.worker_id, self.zone, self.region = client, worker_id, zone, region
+        self.identity = identity
         self.heartbeat_s = heartbeat_s
         self.cache = PayloadCache(cache_dir, keep=keep)
         self.server = PeerServer(self.cache, token=token, on_served=on_served)
@@ -68,7 +71,7 @@ class PeerFanout:
         """The sources of a payload, best first (the weight-server last); only the weight-server when the
         directory cannot be asked."""
         try:
-            found = await self.client.peer_sources(self.worker_id, manifest.payload_path)
+            found = await self.client.peer_sources(self.worker_id, manifest.payload_path, self.identity())
         except (WeightServerError, ValueError) as err:
             log.warning("peer directory unavailable; pulling from the weight-server", extra={"error": str(err)})
             return []
@@ -85,13 +88,13 @@ class PeerFanout:
             await asyncio.gather(self._beat, return_exceptions=True)
         self.client.fanout = None
         with contextlib.suppress(WeightServerError):
-            await self.client.leave_peer(self.worker_id)
+            await self.client.leave_peer(self.worker_id, self.identity())
         await self.server.stop()
         self.cache.close()
 
     async def _register(self) -> None:
         reg = PeerRegistration(url=self.url, zone=self.zone, region=self.region, holds=self.cache.held())
-        await self.client.register_peer(self.worker_id, reg)
+        await self.client.register_peer(self.worker_id, reg, self.identity())
 
     async def _heartbeat(self) -> None:
         while True:

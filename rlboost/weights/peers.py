@@ -11,7 +11,9 @@ them. Peers of other regions are never offered. The weight-server is always the 
 dies or lies costs a retry, never a sync.
 
 A peer that stops heartbeating for `ttl_s` is forgotten (and so is its place in the chains): the next puller
-of its region takes its place, and the region's relay is re-chosen when the relay leaves.
+of its region takes its place, and the region's relay is re-chosen when the relay leaves. The directory holds at
+most `max_entries` peers (a new worker past it is refused: DirectoryFull); expired ones go first. Who may write an
+entry is the weight-server's check: each entry is bound to the worker that proves its id (issue 31 item 3).
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from dataclasses import dataclass, field
 from rlboost.wire.peers_io import PeerRegistration, Source, SourceList
 
 MAX_TRACKED_PAYLOADS = 256  # chains of payloads no live peer holds or pulls are dropped past this many
+MAX_ENTRIES = 4096  # peers held at once: a job's workers, with room; a registration past it is refused
+
+
+class DirectoryFull(Exception):  # noqa: N818 (a refusal)
+    """A new peer while the directory holds `max_entries` live ones."""
 
 
 @dataclass
@@ -78,11 +85,15 @@ class PeerDirectory:
 
     ttl_s: float = 30.0
     max_peers: int = 4
+    max_entries: int = MAX_ENTRIES
     peers: dict[str, Peer] = field(default_factory=dict)
     pullers: dict[str, list[str]] = field(default_factory=dict)  # payload path -> worker ids, arrival order
 
     def register(self, worker: str, reg: PeerRegistration, now: float) -> None:
-        """Register or heartbeat `worker`; its `holds` replace what it held before."""
+        """Register or heartbeat `worker`; its `holds` replace what it held before. DirectoryFull for a new
+        worker while `max_entries` live peers are held."""
+        if worker not in self.peers and len(self.peers) >= self.max_entries and not self.expire(now):
+            raise DirectoryFull(f"the peer directory holds {self.max_entries} workers, its bound")
         self.peers[worker] = Peer(worker, reg.url, reg.zone, reg.region, now, frozenset(reg.holds))
 
     def leave(self, worker: str) -> None:

@@ -203,6 +203,35 @@ class StepReport(BaseModel):
     validation: ValidationReport | None = Field(
         None, description="The evaluation after this step (every evaluation.everySteps and the last), else null."
     )
+    # ---- agentic episodes (task.environment; issue 33): zeros for single-turn samples ----
+    episode_turns_mean: float = gauge(0.0, "Mean model turns per episode of the step.", name="episode_turns", ge=0)
+    episode_turns_max: int = Field(0, ge=0, description="Most model turns of one episode of the step.")
+    tool_calls: int = Field(0, ge=0, description="Tool calls the step's episodes made.")
+    tool_failures: int = Field(
+        0, ge=0, description="Tool calls of the step's episodes that failed (malformed, unknown tool, the tool raised)."
+    )
+    tool_latency_seconds: float = gauge(
+        0.0, "Mean wall time of one environment call (reset or a step with its tools) in the step's episodes.", ge=0
+    )
+    environment_failures: int = Field(
+        0, ge=0, description="Episodes of the step that failed in their environment (crash, timeout, ...)."
+    )
+    env_runner_utilisation: float = gauge(
+        0.0, "Episodes the env-runners drove as a share of their capacity, at the step's end.", ge=0, le=1
+    )
+    idle_slot_seconds_in_tools: float = gauge(
+        0.0,
+        "Free worker slot-seconds while episodes were in their tools and no request was pending, since the "
+        "previous step (engine capacity that waited for environments).",
+        ge=0,
+    )
+    # issue 31: a failed reward call is a kind of failure, not a real zero (rlboost.tasks.sandbox.FAILURE_REASONS)
+    reward_failures: dict[str, int] = Field(
+        default_factory=dict,
+        description="The step's samples whose reward call failed, per kind ('timeout': past task.rewardTimeoutSeconds, "
+        "'budget': cut or not started within task.rewardStepBudgetSeconds, 'crash', 'cpu', 'memory', ...): "
+        "scored 0, left out of reward_mean and of their group's baseline.",
+    )
 
 
 def step_gauges() -> dict[str, tuple[str, str]]:

@@ -1,6 +1,7 @@
 """Wire models of peer weight fan-out: a worker's registration, a puller's question, the sources it is given.
 
-Routes on the weight-server (JSON; reads need the same token as a payload read):
+Routes on the weight-server (JSON; reads need the same token as a payload read, and, with the job's credentials,
+the worker's identity proof in HEADER_IDENTITY for the worker id the call names):
 PUT /v1/peers/{worker_id} (PeerRegistration: register, heartbeat, report the payloads held),
 DELETE /v1/peers/{worker_id} (leave), POST /v1/sources (SourcesRequest -> SourceList).
 A peer serves the payloads it holds at the weight-server's own payload routes (GET /v1<payload_path>, Range).
@@ -12,6 +13,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
+# The worker's identity proof (rlboost.auth.worker_identity: what it registers with the manager with), on every peer
+# route: an entry, a departure and a question are accepted only from the worker whose id they name.
+HEADER_IDENTITY = "X-Rlboost-Identity"
 WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$"
 TOPOLOGY_PATTERN = r"^[A-Za-z0-9._-]{0,63}$"  # a Kubernetes label value ('' = unknown)
 PAYLOAD_PATH_PATTERN = r"^/(versions|compacted)/[0-9a-z/]{1,80}/payload$"

@@ -89,6 +89,15 @@ class TokenBounds:
 class PromptItem:
     prompt_index: int
     token_ids: list[int]
+    task_json: str = ""  # agentic episodes: the environment's task (the dataset row as JSON); token_ids is then []
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """A Rollout call whose prompts are environment tasks, each sample an episode (algorithm.maxTurns, ...)."""
+
+    max_turns: int  # model turns per episode
+    max_episode_tokens: int  # tokens an episode may hold, its first prompt included
 
 
 @dataclass
@@ -102,6 +111,7 @@ class RolloutRequest:
     received_request_ids: list[str] = field(default_factory=list)  # re-attaching: already delivered, not again
     target_groups: int = 0  # partial rollout: end the stream at this many complete groups (0: at every request)
     carried: list[CarriedGroup] = field(default_factory=list)  # partial rollout: earlier steps' samples still owed
+    episodes: EpisodeSettings | None = None  # agentic episodes: prompts are tasks, samples are episodes
 
 
 @dataclass
@@ -144,6 +154,51 @@ class Trajectory:
     # partial rollout: (weight version, tokens) per run of response tokens when they span several versions
     # (empty: all at weight_version, which is then the oldest)
     version_spans: list[tuple[int, int]] = field(default_factory=list)
+    # agentic episodes: one byte per response token, 1 the model's (trained on), 0 the environment's (masked out of
+    # the loss); b"" when every token is the model's. `turns`: model turns (0: a single-turn sample); `reward`: the
+    # environment's score (None: task.reward judges the episode)
+    loss_mask: bytes = b""
+    turns: int = 0
+    reward: float | None = None
+    episode: EpisodeStats | None = None
+
+
+@dataclass
+class EpisodeStats:
+    """What an episode's environment did: its tool calls, their failures and time, and why it failed if it did."""
+
+    tool_calls: int = 0
+    tool_failures: int = 0  # malformed calls and errors the tools returned (each an observation, not a crash)
+    tool_seconds: float = 0.0  # wall time of the environment's steps, all turns together
+    env_error: str = ""  # '' or why the environment failed the episode: crash, timeout, refused, bad_reply
+    runner: str = ""  # the env-runner that ran it
+
+
+@dataclass
+class RunnerStatus:
+    """One env-runner, as the manager sees it."""
+
+    runner_id: str
+    node: str
+    capacity: int  # episodes at once
+    running: int
+    in_tools: int  # of those, between turns (environment stepping)
+    draining: bool = False
+    episodes_done: int = 0
+
+
+@dataclass
+class EpisodeCounts:
+    """The manager's episodes: now and since it started."""
+
+    pending: int = 0
+    running: int = 0
+    in_tools: int = 0
+    finished: int = 0
+    failed: int = 0
+    idle_slot_seconds_in_tools: float = 0.0  # free worker slot-seconds while episodes were in tools, nothing pending
+    runner_episode_seconds: float = 0.0  # episodes the env-runners drove x time, since the manager started
+    runner_capacity_seconds: float = 0.0  # the env-runners' capacity x time: utilisation is the ratio of the two
 
 
 @dataclass
@@ -175,3 +230,5 @@ class ManagerStatus:
     migrations_by_reason: dict[str, int] = field(default_factory=dict)  # MigrationReason value -> migrations
     # pool -> seconds its workers held at least one request, since the manager started (the spot scaler's busy share)
     busy_seconds: dict[str, float] = field(default_factory=dict)
+    runners: list[RunnerStatus] = field(default_factory=list)  # agentic episodes: the env-runners
+    episodes: EpisodeCounts = field(default_factory=EpisodeCounts)

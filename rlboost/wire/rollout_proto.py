@@ -17,11 +17,15 @@ from rlboost.spec import MAX_WORKER_CAPACITY
 from rlboost.wire.rollout_io import (
     Assignment,
     CarriedGroup,
+    EpisodeCounts,
+    EpisodeSettings,
+    EpisodeStats,
     HeldResponse,
     ManagerStatus,
     Pool,
     PromptItem,
     RolloutRequest,
+    RunnerStatus,
     SamplingParams,
     TokenBounds,
     TokenChunk,
@@ -137,9 +141,16 @@ def registration_to_pb(r: WorkerRegistration) -> pb.Register:
     )
 
 
+MAX_WORKER_ID = 253  # a pod name (DNS subdomain); rlboost.options.WorkerOptions.worker_id's bound
+
+
 def registration_from_pb(m: pb.Register) -> WorkerRegistration:
     if not m.worker_id:
         raise WireError("register.worker_id: must not be empty")
+    if len(m.worker_id) > MAX_WORKER_ID:
+        raise WireError(f"register.worker_id: at most {MAX_WORKER_ID} characters, got {len(m.worker_id)}")
+    if len(m.node) > MAX_WORKER_ID or len(m.engine) > 64:
+        raise WireError("register.node/engine: at most 253 / 64 characters")
     if not 0 < m.capacity <= MAX_WORKER_CAPACITY:
         raise WireError(f"register.capacity: must be in 1..{MAX_WORKER_CAPACITY}, got {m.capacity}")
     return WorkerRegistration(
@@ -344,7 +355,9 @@ def rollout_request_to_pb(r: RolloutRequest) -> pb.RolloutRequest:
         weight_version=r.weight_version,
         group_size=r.group_size,
         sampling=sampling_to_pb(r.sampling),
-        prompts=[pb.Prompt(prompt_index=p.prompt_index, token_ids=p.token_ids) for p in r.prompts],
+        prompts=[
+            pb.Prompt(prompt_index=p.prompt_index, token_ids=p.token_ids, task_json=p.task_json) for p in r.prompts
+        ],
         vocab_size=r.vocab_size,
         received_request_ids=r.received_request_ids,
         packed_trajectories=True,  # read by trajectory_from_pb, which takes either form
@@ -355,14 +368,20 @@ def rollout_request_to_pb(r: RolloutRequest) -> pb.RolloutRequest:
             )
             for c in r.carried
         ],
+        episodes=None
+        if r.episodes is None
+        else pb.EpisodeSettings(max_turns=r.episodes.max_turns, max_episode_tokens=r.episodes.max_episode_tokens),
     )
 
 
 def rollout_request_from_pb(m: pb.RolloutRequest) -> RolloutRequest:
     if m.group_size <= 0:
         raise WireError(f"rollout.group_size: must be > 0, got {m.group_size}")
-    if any(not p.token_ids for p in m.prompts):
+    episodes = _episodes_from_pb(m)
+    if episodes is None and any(not p.token_ids for p in m.prompts):
         raise WireError("rollout.prompts: every prompt needs at least one token")
+    if episodes is not None and any(not p.task_json for p in m.prompts):
+        raise WireError("rollout.prompts: an episodes step needs every prompt's task_json (the environment's task)")
     for p in m.prompts:
         _no_negative_ids(p.token_ids, f"rollout.prompts[{p.prompt_index}].token_ids")
     if m.vocab_size < 0:
@@ -372,12 +391,25 @@ def rollout_request_from_pb(m: pb.RolloutRequest) -> RolloutRequest:
         weight_version=m.weight_version,
         group_size=m.group_size,
         sampling=sampling_from_pb(m.sampling),
-        prompts=[PromptItem(prompt_index=p.prompt_index, token_ids=list(p.token_ids)) for p in m.prompts],
+        prompts=[PromptItem(p.prompt_index, list(p.token_ids), p.task_json) for p in m.prompts],
         vocab_size=m.vocab_size,
         received_request_ids=list(m.received_request_ids),
         target_groups=m.target_groups,
         carried=_carried_from_pb(m),
+        episodes=episodes,
     )
+
+
+def _episodes_from_pb(m: pb.RolloutRequest) -> EpisodeSettings | None:
+    """RolloutRequest.episodes, checked (None: a single-turn step)."""
+    if not m.HasField("episodes"):
+        return None
+    e = m.episodes
+    if e.max_turns < 1:
+        raise WireError(f"rollout.episodes.max_turns: must be >= 1, got {e.max_turns}")
+    if e.max_episode_tokens < 1:
+        raise WireError(f"rollout.episodes.max_episode_tokens: must be >= 1, got {e.max_episode_tokens}")
+    return EpisodeSettings(e.max_turns, e.max_episode_tokens)
 
 
 def _carried_from_pb(m: pb.RolloutRequest) -> list[CarriedGroup]:
@@ -408,9 +440,29 @@ def trajectory_to_pb(t: Trajectory, packed: bool = False) -> pb.Trajectory:
         weight_version=t.weight_version,
         workers=t.workers,
         version_spans=[pb.VersionSpan(weight_version=v, tokens=n) for v, n in t.version_spans],
+        loss_mask=t.loss_mask,
+        turns=t.turns,
+        has_reward=t.reward is not None,
+        reward=t.reward or 0.0,
     )
+    if t.episode is not None:
+        m.episode.CopyFrom(episode_stats_to_pb(t.episode))
     _put_tokens(m, "response_ids", t.response_ids, t.logprobs, packed)
     return m
+
+
+def episode_stats_to_pb(e: EpisodeStats) -> pb.EpisodeStats:
+    return pb.EpisodeStats(
+        tool_calls=e.tool_calls,
+        tool_failures=e.tool_failures,
+        tool_seconds=e.tool_seconds,
+        env_error=e.env_error,
+        runner=e.runner,
+    )
+
+
+def episode_stats_from_pb(m: pb.EpisodeStats) -> EpisodeStats:
+    return EpisodeStats(m.tool_calls, m.tool_failures, m.tool_seconds, m.env_error, m.runner)
 
 
 def trajectory_from_pb(m: pb.Trajectory) -> Trajectory:
@@ -431,7 +483,18 @@ def trajectory_from_pb(m: pb.Trajectory) -> Trajectory:
         weight_version=m.weight_version,
         workers=list(m.workers),
         version_spans=[(s.weight_version, s.tokens) for s in m.version_spans],
+        loss_mask=_loss_mask(m.loss_mask, len(response_ids), "trajectory.loss_mask"),
+        turns=m.turns,
+        reward=m.reward if m.has_reward else None,
+        episode=episode_stats_from_pb(m.episode) if m.HasField("episode") else None,
     )
+
+
+def _loss_mask(mask: bytes, tokens: int, what: str) -> bytes:
+    """A loss mask, checked: empty, or one byte (0 or 1) per response token."""
+    if mask and (len(mask) != tokens or mask.translate(None, b"\x00\x01")):
+        raise WireError(f"{what}: {len(mask)} bytes for {tokens} tokens; one 0 or 1 per response token, or none")
+    return bytes(mask)
 
 
 def status_to_pb(s: ManagerStatus) -> pb.StatusReply:
@@ -463,6 +526,15 @@ def status_to_pb(s: ManagerStatus) -> pb.StatusReply:
         tokens_regenerated=s.tokens_regenerated,
         migrations_by_reason=s.migrations_by_reason,
         busy_seconds=s.busy_seconds,
+        runners=[pb.RunnerStatus(**r.__dict__) for r in s.runners],
+        episodes_pending=s.episodes.pending,
+        episodes_running=s.episodes.running,
+        episodes_in_tools=s.episodes.in_tools,
+        episodes_finished=s.episodes.finished,
+        episodes_failed=s.episodes.failed,
+        idle_slot_seconds_in_tools=s.episodes.idle_slot_seconds_in_tools,
+        runner_episode_seconds=s.episodes.runner_episode_seconds,
+        runner_capacity_seconds=s.episodes.runner_capacity_seconds,
     )
 
 
@@ -495,4 +567,19 @@ def status_from_pb(m: pb.StatusReply) -> ManagerStatus:
         tokens_regenerated=m.tokens_regenerated,
         migrations_by_reason=dict(m.migrations_by_reason),
         busy_seconds=dict(m.busy_seconds),
+        runners=[_runner_status(r) for r in m.runners],
+        episodes=EpisodeCounts(
+            m.episodes_pending,
+            m.episodes_running,
+            m.episodes_in_tools,
+            m.episodes_finished,
+            m.episodes_failed,
+            m.idle_slot_seconds_in_tools,
+            m.runner_episode_seconds,
+            m.runner_capacity_seconds,
+        ),
     )
+
+
+def _runner_status(r: pb.RunnerStatus) -> RunnerStatus:
+    return RunnerStatus(r.runner_id, r.node, r.capacity, r.running, r.in_tools, r.draining, r.episodes_done)

@@ -40,6 +40,11 @@ DOCKERFILES = {
     "trainer.Dockerfile": ("trainer", ["trainer"], []),
     "rollout-worker-sglang.Dockerfile": ("rollout_worker", ["worker", "sglang"], []),
     "trainer-cuda.Dockerfile": ("trainer", ["trainer"], []),
+    "env-runner.Dockerfile": (
+        "env_runner",
+        ["env-runner"],
+        ["torch", "datasets", "pyarrow", "fsspec", "huggingface_hub"],  # the model factory's, never called there
+    ),
 }
 GPU_DOCKERFILES = {"rollout-worker-sglang.Dockerfile", "trainer-cuda.Dockerfile"}
 CPU_TORCH_DOCKERFILES = ["rollout-worker.Dockerfile", "trainer.Dockerfile"]
@@ -147,6 +152,11 @@ def test_each_extra_covers_what_its_service_imports(dockerfile: str) -> None:
 @pytest.mark.parametrize("extra", ["manager", "weight-server", "operator"])
 def test_services_without_torch_install_none_of_it(extra: str) -> None:
     assert not closure([extra]) & HEAVY, f"rlboost[{extra}] brings {sorted(closure([extra]) & HEAVY)}"
+
+
+def test_the_env_runner_tokenises_without_torch() -> None:
+    """Env-runners run on cheap CPU (spot) nodes: the tokenizer and chat template, never an engine."""
+    assert not closure(["env-runner"]) & (HEAVY - {"transformers"})
 
 
 @pytest.mark.parametrize("extra", ["manager", "weight-server", "worker", "trainer"])

@@ -26,8 +26,17 @@ LINE_CHARS = 400  # JSON log lines can be long; the start says what happened
 
 def run_local(*args: str | Path, timeout: float = 900) -> subprocess.CompletedProcess:
     """`python -m rlboost.cli.main local ARGS`; fails the test on a timeout or a non-zero exit."""
+    return finish_local(start_local(*args), *args, timeout=timeout)
+
+
+def start_local(*args: str | Path) -> subprocess.Popen:
+    """`python -m rlboost.cli.main local ARGS` started in the background (finish it with `finish_local`)."""
     cmd = [sys.executable, "-m", "rlboost.cli.main", "local", *map(str, args)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish_local(proc: subprocess.Popen, *args: str | Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Wait for a started run; fails the test on a timeout (after the stack dumps) or a non-zero exit."""
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -37,7 +46,7 @@ def run_local(*args: str | Path, timeout: float = 900) -> subprocess.CompletedPr
             f"rlboost local {shown} did not finish in {timeout:.0f} s:\n{out[-4000:]}\n{err[-4000:]}\n"
             f"{_log_tails(args)}"
         )
-    res = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    res = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     assert res.returncode == 0, f"exit {res.returncode}\n{out[-4000:]}\n{err[-4000:]}\n{_log_tails(args)}"
     return res
 
@@ -55,6 +64,33 @@ def _stop_hung(proc: subprocess.Popen) -> tuple[str, str]:
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.communicate()
+
+
+def service_pids(root: int) -> dict[str, int]:
+    """The run's services by child name (nats, weight-server, rollout-manager, trainer, each worker's id) -> pid,
+    from the command lines of the processes under `root` (a reward sandbox or compiler process is none of them)."""
+    found: dict[str, int] = {}
+    for pid in _descendants(root):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        name = _service_name(argv)
+        if name:
+            found[name] = pid
+    return found
+
+
+_MODULES = {"weight_server": "weight-server", "rollout_manager": "rollout-manager", "trainer": "trainer"}
+
+
+def _service_name(argv: list[str]) -> str:
+    if argv and argv[0].endswith("nats-server"):
+        return "nats"
+    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
+    if module == "rollout_worker" and "--worker-id" in argv[:-1]:
+        return argv[argv.index("--worker-id") + 1]
+    return _MODULES.get(module, "")
 
 
 def _descendants(root: int) -> list[int]:

@@ -73,8 +73,8 @@ def _config(out: Path) -> Path:
 def run_local(out: Path, *flags: str) -> tuple[dict[str, Any], dict[Key, dict[str, Any]]]:
     """Run `rlboost local` greedily; its JSON report and the dumped rollouts keyed by (step, prompt, sample).
 
-    A trainer killed mid-step and resumed from its checkpoint redoes the step, dumping its samples again: a
-    sample dumped twice must be the same tokens both times (greedy, the same weights)."""
+    A trainer killed mid-step and resumed from its checkpoint redoes the step; it first cuts the dump to the steps
+    before it, so each sample is in the file once (issue 31: the audit found 256 duplicate rows after chaos)."""
     report, dump = out / "report.json", out / "rollouts.jsonl"
     run_local_cli(
         "--config",
@@ -96,8 +96,7 @@ def run_local(out: Path, *flags: str) -> tuple[dict[str, Any], dict[Key, dict[st
     for line in dump.read_text().splitlines():
         d = json.loads(line)
         key = (d["step"], d["prompt_index"], d["sample_index"])
-        if key in rollouts:
-            assert rollouts[key]["token_ids"] == d["token_ids"], f"sample {key} redone with other tokens"
+        assert key not in rollouts, f"sample {key} dumped twice"
         rollouts[key] = d
     return json.loads(report.read_text()), rollouts
 

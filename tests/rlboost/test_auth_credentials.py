@@ -25,8 +25,8 @@ def test_generated_directory_is_private_and_tokens_differ(tmp_path: Path) -> Non
     for f in (tmp_path / "c").iterdir():
         assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
     tokens = creds.tokens()
-    assert set(tokens) == {"trainer", "worker", "observer"}
-    assert len(set(tokens.values())) == 3
+    assert set(tokens) == {"trainer", "worker", "observer", "env-runner"}
+    assert len(set(tokens.values())) == 4
     assert generate(tmp_path / "d").token("worker") != tokens["worker"]
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlboost.local.chaos import ChaosMonkey, caught_at_work, parse_targets
+from rlboost.local.restarts import Restarts
 from rlboost.local.runner import SpotController
 from rlboost.local.supervisor import Supervisor
 from rlboost.wire.rollout_io import ManagerStatus, Pool, WorkerStatus
@@ -91,6 +92,7 @@ def test_chaos_paced_by_progress_rearms_after_samples_not_seconds_and_a_manager_
     spot = SpotController(
         sup,
         plan=None,
+        restarts=Restarts(sup, 0.0, start_child=lambda name: None, ready=lambda name: False),
         desired=0,
         chaos=ChaosMonkey(period_s=1.0),
         chaos_step_seconds=2.0,  # type: ignore[arg-type]

@@ -84,3 +84,19 @@ def test_relative_export_paths_are_under_the_run_dir(tmp_path):
     assert resolve_export_path("out/policy", tmp_path) == str((tmp_path / "out" / "policy").resolve())
     assert resolve_export_path("/abs/policy", tmp_path) == "/abs/policy"
     assert resolve_export_path("s3://b/p", tmp_path) == "s3://b/p"
+
+
+def test_an_export_to_a_full_disk_is_one_line_naming_export_path_and_leaves_nothing(tiny_model):
+    """Issue 31: export.path on a real 1 MiB tmpfs (tests/small_fs.py), too small for the model."""
+    from rlboost.fsio import WriteFailed
+    from tests.small_fs import mounted_tmpfs
+
+    state = _bf16_state(tiny_model)
+    with mounted_tmpfs("256k") as root:
+        dest = root / "out" / "policy"
+        with pytest.raises(WriteFailed) as info:
+            export_model(state, tiny_model, str(dest))
+        message = str(info.value)
+        assert message.startswith(f"policy export could not be written to {dest}: no space left on device")
+        assert "export.path" in message and "\n" not in message
+        assert list((root / "out").iterdir()) == []  # no staged directory, no half a model

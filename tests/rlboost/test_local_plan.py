@@ -105,7 +105,7 @@ def test_every_torch_process_gets_the_pinned_cpu_numerics(tmp_path: Path) -> Non
     plan = _plan(tmp_path, checkpoint_dir=tmp_path / "checkpoints")
     torch_children = [c for c in plan.children if c.role in ("trainer", "rollout-worker")]
     assert len(torch_children) == 4
-    for child in [*torch_children, plan.restart_of("trainer")]:
+    for child in [*torch_children, *plan.restart_of("trainer")]:
         assert CPU_NUMERICS_ENV.items() <= child.env.items(), child.name
     ports = itertools.count(21000)
     two_ranks = JobSpec.model_validate({"trainer": {"ranks": 2}})

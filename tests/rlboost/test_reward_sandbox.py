@@ -116,3 +116,39 @@ def test_a_failing_term_of_a_weighted_reward_fails_the_sample_with_its_reason(pl
         results = sandbox.score([("raise", GOOD), ("3", GOOD)])
     assert [(r.value, r.failure) for r in results] == [(0.0, "exception"), (1.5, None)]
     assert "bad sample" in results[0].detail
+
+
+def test_a_steps_budget_cuts_what_runs_and_leaves_what_never_started_unscored(plugins: Path, monkeypatch) -> None:
+    """Issue 31: two processes each stuck in a sample past the budget (their own limit is far away): both are cut
+    with the kind 'budget', and the third sample, which no process was free to start, fails 'budget' unscored."""
+    import rlboost.tasks.sandbox as sandbox_module
+
+    monkeypatch.setattr(sandbox_module, "QUEUE_BATCH", 1)  # one sample per take: each hang holds one process
+    limits = dataclasses.replace(LIMITS, timeout_seconds=600.0, step_budget_seconds=2.0)
+    with RewardSandbox("chaos", limits) as sandbox:
+        results = sandbox.score([("hang", GOOD), ("hang", GOOD), ("3", GOOD)])
+        assert [r.failure for r in results] == ["budget", "budget", "budget"]
+        assert results[0].detail.startswith("cut:") and results[2].detail.startswith("not scored:")
+        assert [r.value for r in sandbox.score([("3", GOOD), ("4", GOOD)])] == [1.0, 0.0]  # a new call: a new budget
+
+
+def test_a_slow_sample_holds_one_process_and_the_pool_scores_the_rest(plugins: Path, monkeypatch) -> None:
+    """Processes take small batches from one queue: a sample that hangs to its timeout holds its own batch, while
+    the other process scores every later batch (a fixed split would have given it half of them)."""
+    import rlboost.tasks.sandbox as sandbox_module
+
+    monkeypatch.setattr(sandbox_module, "QUEUE_BATCH", 2)
+    items = [("hang", GOOD), ("3", GOOD)] + [("3", GOOD)] * 8
+    with RewardSandbox("chaos", LIMITS) as sandbox:
+        results = sandbox.score(items)
+    assert [r.failure for r in results] == ["timeout"] + [None] * 9 and [r.value for r in results[1:]] == [1.0] * 9
+
+
+def test_math_verify_past_the_call_limit_is_a_timeout_not_a_real_zero() -> None:
+    """The audit's `9^{9^{9^9}}`: math-verify's own 5 s timeout returned False (0, no failure counted). Its timeouts
+    are off now; the sandbox's per-call limit (here 8 s, past math-verify's 5) ends the call as 'timeout'."""
+    limits = dataclasses.replace(LIMITS, timeout_seconds=8.0, cpu_seconds=60, processes=1)
+    with RewardSandbox("math_verify", limits) as sandbox:
+        (result,) = sandbox.score([("\\boxed{9^{9^{9^9}}}", Example("", "5"))])
+        assert (result.value, result.failure) == (0.0, "timeout")
+        assert [r.value for r in sandbox.score([("\\boxed{5}", Example("", "5"))])] == [1.0]  # the next call is fine

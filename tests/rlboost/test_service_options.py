@@ -15,6 +15,7 @@ from rlboost.options import (
     ANY_ADDRESS,
     LOOPBACK,
     SERVICES,
+    EnvRunnerOptions,
     ManagerOptions,
     ModelFetchOptions,
     OptionsError,
@@ -22,6 +23,7 @@ from rlboost.options import (
     TrainerOptions,
     WeightServerOptions,
     WorkerOptions,
+    env_runner_options,
     manager_options,
     parse_service_args,
     trainer_options,
@@ -39,7 +41,13 @@ DEFAULT_SPECS = {
     "spec.py defaults": JobSpec(),
     "examples/local.yaml": load_job_spec(REPO / "examples" / "local.yaml"),
     "examples/rljob.yaml": load_job_spec(REPO / "examples" / "rljob.yaml"),
+    "examples/local-agent.yaml": load_job_spec(REPO / "examples" / "local-agent.yaml"),  # env-runners too
 }
+
+
+def _services(spec: JobSpec) -> set[type[ServiceOptions]]:
+    """The services a job runs: env-runners only with task.environment (agentic episodes)."""
+    return set(SERVICES) if spec.task.episodes else set(SERVICES) - {EnvRunnerOptions}
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +86,7 @@ def _pod_containers(spec: JobSpec) -> list[dict]:
 @pytest.mark.parametrize("spec", DEFAULT_SPECS.values(), ids=DEFAULT_SPECS.keys())
 def test_local_commands_parse_back_into_what_was_rendered(spec: JobSpec, tmp_path: Path) -> None:
     local = _local_children(spec, tmp_path)
-    assert {type(child.options) for child in local} == set(SERVICES)  # every service is covered
+    assert {type(child.options) for child in local} == _services(spec)  # every service is covered
     for child in local:
         assert _parsed(child.argv) == child.options, child.name
         assert child.options.host == LOOPBACK and child.options.config == str(tmp_path / "job.yaml"), child.name
@@ -106,6 +114,9 @@ def _expected_pod_options(spec: JobSpec, settings: OperatorSettings) -> dict[typ
                 "identity_token_file": children.IDENTITY_TOKEN,
             }
         ),
+        EnvRunnerOptions: env_runner_options(site, "$(POD_NAME)", "$(NODE_NAME)", "", port).model_copy(
+            update={"startup_timeout": children.ENV_RUNNER_STARTUP_TIMEOUT_S}  # its tokenizer: the trainer's assets
+        ),
         TrainerOptions: trainer_options(
             site,
             children.model_dir(spec.model),
@@ -120,7 +131,7 @@ def _expected_pod_options(spec: JobSpec, settings: OperatorSettings) -> dict[typ
 @pytest.mark.parametrize("spec", DEFAULT_SPECS.values(), ids=DEFAULT_SPECS.keys())
 def test_pod_commands_parse_back_and_listen_where_probes_and_prometheus_reach(spec: JobSpec) -> None:
     containers, expected = _pod_containers(spec), _expected_pod_options(spec, SETTINGS)
-    assert {BY_MODULE[c["command"][2]] for c in containers} == set(SERVICES)
+    assert {BY_MODULE[c["command"][2]] for c in containers} == _services(spec)
     for container in containers:
         parsed = _parsed(container["command"])
         if container["name"] != "rollout-worker" or parsed.pool == "spot":  # the expected worker is a spot one
@@ -143,8 +154,9 @@ def test_pod_commands_parse_back_and_listen_where_probes_and_prometheus_reach(sp
 
 
 def test_pod_and_local_commands_differ_only_in_deployment_facts(tmp_path: Path) -> None:
-    local = {type(c.options): c.options for c in _local_children(JobSpec(), tmp_path)}
-    pods = {type(p): p for p in (_parsed(c["command"]) for c in _pod_containers(JobSpec()))}
+    spec = DEFAULT_SPECS["examples/local-agent.yaml"]  # every service, env-runners included
+    local = {type(c.options): c.options for c in _local_children(spec, tmp_path)}
+    pods = {type(p): p for p in (_parsed(c["command"]) for c in _pod_containers(spec))}
     # checkpoint_dir, resume: a pod's trainer always resumes from its PVC; `rlboost local` only when asked.
     facts = {
         "config",
@@ -168,6 +180,7 @@ def test_pod_and_local_commands_differ_only_in_deployment_facts(tmp_path: Path) 
         "startup_timeout",
         "peer_port",
         "identity_token_file",
+        "runner_id",
     }
     for options in SERVICES:
         differ = {f for f in options.model_fields if getattr(local[options], f) != getattr(pods[options], f)}
@@ -180,6 +193,7 @@ def test_rendered_options_round_trip_through_argv() -> None:
         WeightServerOptions(chunk_bytes=4096, no_nats=True, read_token_file="/r", log_level="debug"),
         WorkerOptions(worker_id="w", pool="spot", manager="[::1]:5", weight_server="", capacity=3, engine="sglang"),
         TrainerOptions(steps=2, checkpoint_dir="/c", resume=True, colocation_timeout=0.5, dump_rollouts="/d"),
+        EnvRunnerOptions(runner_id="r", capacity=4, drain_timeout=1.5, model_dir="/m"),
     ]
     for opts in samples:
         assert type(opts).from_argv(opts.to_argv()) == opts

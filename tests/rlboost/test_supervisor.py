@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,74 @@ def test_exit_reason_reads_the_port_from_servers_messages() -> None:
         "could not start: a port it listens on is in use by another program"
     )
     assert exit_reason("Traceback ...\nValueError: no model", "exited unexpectedly") == "exited unexpectedly"
+
+
+def test_backoff_doubles_per_quick_death_is_capped_gives_up_and_resets_after_a_stable_run() -> None:
+    from rlboost.local.restarts import BACKOFF_CAP_S, CRASH_LOOP_LIMIT, STABLE_AFTER_S, BackOff
+
+    b = BackOff()
+    delays = [b.delay("svc", uptime_s=1.0) for _ in range(CRASH_LOOP_LIMIT - 1)]
+    assert delays == [0.5, 1.0, 2.0, 4.0, BACKOFF_CAP_S][: CRASH_LOOP_LIMIT - 1]
+    assert b.delay("svc", uptime_s=1.0) is None  # a crash loop: the run fails with its log
+    assert b.delay("svc", uptime_s=STABLE_AFTER_S) == 0.0  # a long run first: a kill, restarted at once
+    assert b.delay("svc", uptime_s=1.0) == 1.0 and b.delay("other", uptime_s=1.0) == 0.5
+
+
+def test_a_child_sigkilled_from_outside_is_restarted_on_its_port_and_recorded(tmp_path: Path) -> None:
+    """As the OOM killer would: SIGKILL from outside the supervisor; the child comes back listening on its port, and
+    the record says how it ended, its back-off and when it was back."""
+    from rlboost.local.restarts import Restarts
+
+    sup, port = Supervisor(tmp_path / "logs"), free_port()
+    argv = [PY, "-c", LISTEN, str(port)]
+    shown = []
+    restarts = Restarts(
+        sup,
+        started_at=time.monotonic(),
+        start_child=lambda name: sup.start(name, argv, role="weight-server"),
+        ready=lambda name: sup.probe_ready(name, port),
+        on_restart=shown.append,
+    )
+    try:
+        first = sup.start("weight-server", argv, role="weight-server")
+        sup.wait_ready("weight-server", port, timeout=15)
+        os.kill(first.pid, signal.SIGKILL)
+        (dead,) = wait_until(sup.unexpected_exits, timeout=15, what="the death seen")
+        restarts.died(dead, time.monotonic())
+        assert restarts.due(time.monotonic()) == [] and not restarts.back("weight-server")  # its back-off first
+
+        def tick() -> bool:
+            now = time.monotonic()
+            for name in restarts.due(now):
+                restarts.start(name, now)
+            restarts.poll(now)
+            return restarts.back("weight-server")
+
+        wait_until(tick, timeout=15, what="the restart back")
+        assert sup.children["weight-server"].pid != first.pid and sup.probe_ready("weight-server", port)
+        (record,) = restarts.records
+        assert (record.process, record.cause, record.ended, record.backoff_seconds) == (
+            "weight-server",
+            "died",
+            "SIGKILL",
+            0.5,
+        )
+        assert record.back_after_seconds is not None and record.back_after_seconds >= 0.5 and shown == [record]
+    finally:
+        sup.shutdown(grace_s=5)
+
+
+def test_a_child_that_keeps_dying_fails_the_run_with_its_log(tmp_path: Path) -> None:
+    from rlboost.local.restarts import CRASH_LOOP_LIMIT, Restarts
+
+    sup = Supervisor(tmp_path / "logs")
+    argv = [PY, "-c", "import sys; print('bad flag --x', file=sys.stderr); sys.exit(2)"]
+    restarts = Restarts(sup, time.monotonic(), lambda name: sup.start(name, argv), lambda name: False)
+    sup.start("nats", argv)
+    with pytest.raises(ChildFailedError, match=rf"nats keeps dying \({CRASH_LOOP_LIMIT} times in a row") as info:
+        for _ in range(CRASH_LOOP_LIMIT):
+            (dead,) = wait_until(sup.unexpected_exits, timeout=15, what="the death seen")
+            restarts.died(dead, time.monotonic())
+            restarts.start("nats", time.monotonic())
+    assert "bad flag --x" in str(info.value) and len(restarts.records) == CRASH_LOOP_LIMIT - 1
+    sup.shutdown(grace_s=1)

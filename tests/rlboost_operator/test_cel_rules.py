@@ -164,6 +164,7 @@ BAD_SPECS = [
     {"algorithm": {"dualClip": 0.5}},
     {"algorithm": {"dualClip": 1}},
     {"algorithm": {"klInReward": True}},  # klCoef 0
+    {"rollout": {"reserved": {"replicas": 0}, "spot": {"replicas": 0, "maxReplicas": 0}}},  # no worker (issue 31)
 ]
 
 

@@ -144,7 +144,7 @@ def test_k1_and_k3_are_unbiased_estimates_of_the_kl_and_k2_is_not():
 
 
 def test_kl_in_reward_takes_the_summed_kl_off_the_reward_as_verl_does():
-    objective = Objective(AlgorithmSpec(kl_coef=0.1, kl_in_reward=True, kl_estimator="k1"))
+    objective = Objective(AlgorithmSpec(kl_coef=0.1, kl_in_reward=True, kl_estimator="k1"), 8)
     logp = torch.log(torch.tensor([[0.5, 0.4, 0.9], [0.2, 0.2, 0.2]]))
     ref_logp = torch.log(torch.tensor([[0.25, 0.4, 0.3], [0.2, 0.1, 0.9]]))
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
@@ -227,7 +227,7 @@ def test_decoupled_loss_is_trls_grpo_loss_with_the_vllm_ratio_and_measures_the_g
     mb = collate(samples, pad_id=0)
     logp = (mb.old_logprobs + 0.3 * torch.randn(3, 4, generator=g)).requires_grad_(True)
     logits = torch.zeros(3, 5, 11)
-    loss, stats, old = Objective(alg).loss(logits, logp, mb, 3)
+    loss, stats, old = Objective(alg, 8).loss(logits, logp, mb, 3)
     mask = mb.loss_mask()
     is_ratio = ref.trl_vllm_is_ratio(logp.detach(), mb.old_logprobs, mask, "token_truncate", 1.2)
     trl = ref.trl_aggregate(
@@ -236,7 +236,7 @@ def test_decoupled_loss_is_trls_grpo_loss_with_the_vllm_ratio_and_measures_the_g
     assert loss.item() == pytest.approx(trl.item(), rel=1e-6)
     torch.testing.assert_close(*(torch.autograd.grad(x, logp, retain_graph=True)[0] for x in (loss, trl)))
     assert torch.equal(old, logp.detach()) and stats.mismatch_tokens == 9 and stats.corrected_tokens > 0
-    _, again, _ = Objective(alg).loss(logits, logp, mb, 3, old=old)
+    _, again, _ = Objective(alg, 8).loss(logits, logp, mb, 3, old=old)
     assert again.mismatch_tokens == 0
 
 

@@ -74,3 +74,31 @@ def test_manifest_lists_every_file_with_its_hash(tiny_model_dir, tmp_path):
     on_disk = {str(p.relative_to(saved[-1])) for p in saved[-1].rglob("*") if p.is_file()} - {"manifest.json"}
     assert set(body["files"]) == on_disk and "rng-rank0.pt" in on_disk
     assert body["state"]["steps_done"] == 3
+
+
+def test_a_checkpoint_that_does_not_fit_leaves_nothing_and_the_previous_one_stays_current(tiny_model_dir, tmp_path):
+    """Issue 31: the checkpoint directory on a real tmpfs that holds one checkpoint and a half. The second save
+    fails with one line naming the directory and the fields, leaves nothing in .incoming/, and the first stays the
+    newest valid one, loadable bit-exactly."""
+    from rlboost.fsio import WriteFailed
+    from tests.small_fs import mounted_tmpfs
+
+    spec = tiny_spec(micro_batch_size=4)
+    spec.trainer.zero_stage = 1
+    engine = PolicyEngine(tiny_model_dir, spec)
+    probe = checkpoint.save(engine, tmp_path / "probe", _state(1), keep=3)
+    size = sum(p.stat().st_size for p in probe.rglob("*") if p.is_file())
+    want = engine.full_state()
+    with mounted_tmpfs(f"{size * 3 // 2 // 1024}k") as root:
+        first = checkpoint.save(engine, root, _state(1), keep=3)
+        with pytest.raises(WriteFailed) as info:
+            checkpoint.save(engine, root, _state(2), keep=3)
+        message = str(info.value)
+        assert message.startswith(f"checkpoint step-00000002 could not be written to {root}: no space left on device")
+        assert "--checkpoint-dir" in message and "trainer.keepCheckpoints" in message and "\n" not in message
+        assert list((root / ".incoming").glob("step-*")) == []  # nothing partial left (DeepSpeed keeps its scripts)
+        assert latest_valid(root) == (first, _state(1))
+        fresh = PolicyEngine(tiny_model_dir, spec)
+        checkpoint.load(fresh, first)
+        got = fresh.full_state()
+        assert all(torch.equal(got[k].view(torch.int32), want[k].view(torch.int32)) for k in want)

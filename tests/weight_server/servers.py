@@ -14,6 +14,7 @@ import uvicorn
 
 from rlboost.nats_server import free_port, wait_for_port
 from rlboost.observability import LoopWatchdog
+from rlboost.weights.peers import PeerDirectory
 from weight_server.__main__ import bind
 from weight_server.announce import Announcer
 from weight_server.app import create_app
@@ -35,6 +36,7 @@ class ThreadServer:
         nats_url: str | None = None,
         job: str = "test",
         watchdog: LoopWatchdog | None = None,
+        peers: PeerDirectory | None = None,
     ) -> None:
         self.store = VersionStore(data_dir, chunk_bytes, retain)
         self.watchdog = watchdog
@@ -42,7 +44,7 @@ class ThreadServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.announcer = Announcer(nats_url, "default", job) if nats_url else None
-        self.app = create_app(self.store, TOKEN, read_token, self.announcer, watchdog=watchdog)
+        self.app = create_app(self.store, TOKEN, read_token, self.announcer, watchdog=watchdog, peers=peers)
         self.server = uvicorn.Server(uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off"))
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
         self.error: BaseException | None = None

@@ -335,3 +335,35 @@ def test_compaction_cache_is_bounded_by_bytes_least_recently_used_first(tmp_path
         small.compacted(3, 7)
     assert err.value.kind == ErrorKind.INVALID and "--compacted-cache-bytes" in err.value.message
     assert [m.version for m in small.sync_plan(3, 7)] == [4, 5, 6, 7]  # the chain is served instead
+
+
+def test_compacted_deltas_are_built_one_at_a_time_whatever_the_readers(tmp_path, monkeypatch) -> None:
+    """Issue 31: weight-server memory grew 69 -> 209 MB under valid compacted-delta reads, built on many of
+    uvicorn's threads at once (bench/weight_server_memory_bench.py measures it). Eight readers asking for eight
+    different pairs at once: the real builds happen one after another (the composer is wrapped to count them)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import rlboost.delta.compact as compact
+    from tests.weight_server.states import chain
+
+    store = VersionStore(tmp_path, 4096, 50)
+    _put_chain(store, chain(6))
+    real, lock = compact.compose_chain, threading.Lock()
+    at_once, most = [0], [0]
+
+    def counted(deltas):
+        with lock:
+            at_once[0] += 1
+            most[0] = max(most[0], at_once[0])
+        try:
+            return real(deltas)
+        finally:
+            with lock:
+                at_once[0] -= 1
+
+    monkeypatch.setattr(compact, "compose_chain", counted)
+    pairs = [(a, b) for a in range(6) for b in range(a + 2, 6)]
+    with ThreadPoolExecutor(8) as pool:
+        built = list(pool.map(lambda p: store.compacted(*p), pairs))
+    assert [(m.base_version, m.version) for m in built] == pairs and most[0] == 1

@@ -2,7 +2,8 @@
 
 - `build.py`: `build_children(job, namespace, spec, settings, spot_replicas)`, every child but the two Secrets made
   once and never rewritten, in creation order (Services first), config-hashed, an ended job's at zero replicas;
-- `trainer.py`, `manager.py`, `weight_server.py`, `worker.py` (reserved and spot pools, spot variants), `nats.py`
+- `trainer.py`, `manager.py`, `weight_server.py`, `worker.py` (reserved and spot pools, spot variants),
+  `env_runner.py` (the env-runners of a job with task.environment), `nats.py`
   (the job's own NATS and its `<job>-nats-config` Secret), `network_policy.py`, `service_accounts.py` (a worker's
   identity), `job_config.py` (the job file ConfigMap and the config hash), `secrets.py` (the credentials Secret),
   `model.py` (the model's volume and the `fetch-model` init container);
@@ -21,6 +22,8 @@ This package re-exports what the handlers and the tests use, so `children.<name>
 """
 
 from rlboost_operator.children.build import WORKLOAD_KINDS, adopted, build_children, scaled_to_zero, services_first
+from rlboost_operator.children.env_runner import STARTUP_TIMEOUT_S as ENV_RUNNER_STARTUP_TIMEOUT_S
+from rlboost_operator.children.env_runner import env_runners
 from rlboost_operator.children.job_config import CONFIG_HASH, OPERATOR_ONLY_FIELDS, config_hash, config_map
 from rlboost_operator.children.manager import manager
 from rlboost_operator.children.model import (
@@ -79,6 +82,8 @@ from rlboost_operator.children.weight_server import weight_server
 from rlboost_operator.children.worker import WORKER_STARTUP_TIMEOUT_S, initial_reserved, spot_workers, worker
 
 __all__ = [
+    "ENV_RUNNER_STARTUP_TIMEOUT_S",
+    "env_runners",
     "ACCELERATOR_LABEL",
     "CHECKPOINT_DIR",
     "CONFIG_HASH",

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlboost.spec import JobSpec
+from rlboost_operator.children.env_runner import env_runners
 from rlboost_operator.children.job_config import annotate_config_hash, config_map
 from rlboost_operator.children.manager import manager
 from rlboost_operator.children.naming import WORKER_POOLS
@@ -52,6 +53,7 @@ def build_children(
             model=spec.model,
         ),
         *spot_workers(job, namespace, spec, settings, spot_replicas, split),
+        *env_runners(job, namespace, spec, settings),  # agentic episodes (task.environment) only
     ]
     objs = services_first(objs)
     annotate_config_hash(objs, spec)

@@ -29,6 +29,7 @@ IMAGES = {
     "trainer": "trainer",
     "torch": "rollout-worker",
     "sglang": "rollout-worker-sglang",
+    "env_runner": "env-runner",
 }
 
 
@@ -47,6 +48,7 @@ def names(job: str) -> dict[str, str]:
         "spot": f"{job}-workers-spot",
         "reserved_account": f"{job}-reserved-worker",
         "spot_account": f"{job}-spot-worker",
+        "env_runners": f"{job}-env-runners",
     }
 
 
@@ -61,11 +63,12 @@ def spot_deployments(job: str, spec: JobSpec) -> list[str]:
     return [spot_variant_name(job, v.name) for v in variants] if variants else [names(job)["spot"]]
 
 
-def workloads(job: str, variants: Sequence[str] = ()) -> list[tuple[str, str]]:
+def workloads(job: str, variants: Sequence[str] = (), env_runners: bool = False) -> list[tuple[str, str]]:
     """(kind, name) of every child that runs pods: what scaling a job to zero patches; `variants`: the names of
-    spot variants whose Deployments there may be."""
+    spot variants whose Deployments there may be; `env_runners`: the env-runners' Deployment too (a job with
+    task.environment has one)."""
     n = names(job)
-    deployments = ("nats", "manager", "weights", "reserved", "spot")
+    deployments = ("nats", "manager", "weights", "reserved", "spot", *(("env_runners",) if env_runners else ()))
     variant_deployments = [("Deployment", spot_variant_name(job, v)) for v in variants]
     return [("StatefulSet", n["trainer"]), *(("Deployment", n[k]) for k in deployments), *variant_deployments]
 

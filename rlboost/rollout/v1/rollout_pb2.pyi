@@ -237,15 +237,25 @@ class SetWeightVersion(_message.Message):
     def __init__(self, weight_version: _Optional[int] = ...) -> None: ...
 
 class Prompt(_message.Message):
-    __slots__ = ("prompt_index", "token_ids")
+    __slots__ = ("prompt_index", "token_ids", "task_json")
     PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TASK_JSON_FIELD_NUMBER: _ClassVar[int]
     prompt_index: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prompt_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    task_json: str
+    def __init__(self, prompt_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., task_json: _Optional[str] = ...) -> None: ...
+
+class EpisodeSettings(_message.Message):
+    __slots__ = ("max_turns", "max_episode_tokens")
+    MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
+    MAX_EPISODE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    max_turns: int
+    max_episode_tokens: int
+    def __init__(self, max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ...) -> None: ...
 
 class RolloutRequest(_message.Message):
-    __slots__ = ("step", "weight_version", "prompts", "group_size", "sampling", "vocab_size", "received_request_ids", "packed_trajectories", "target_groups", "carried")
+    __slots__ = ("step", "weight_version", "prompts", "group_size", "sampling", "vocab_size", "received_request_ids", "packed_trajectories", "target_groups", "carried", "episodes")
     STEP_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +266,7 @@ class RolloutRequest(_message.Message):
     PACKED_TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
     TARGET_GROUPS_FIELD_NUMBER: _ClassVar[int]
     CARRIED_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
     step: int
     weight_version: int
     prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
@@ -266,7 +277,8 @@ class RolloutRequest(_message.Message):
     packed_trajectories: bool
     target_groups: int
     carried: _containers.RepeatedCompositeFieldContainer[CarriedGroup]
-    def __init__(self, step: _Optional[int] = ..., weight_version: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., group_size: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., vocab_size: _Optional[int] = ..., received_request_ids: _Optional[_Iterable[str]] = ..., packed_trajectories: _Optional[bool] = ..., target_groups: _Optional[int] = ..., carried: _Optional[_Iterable[_Union[CarriedGroup, _Mapping]]] = ...) -> None: ...
+    episodes: EpisodeSettings
+    def __init__(self, step: _Optional[int] = ..., weight_version: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., group_size: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., vocab_size: _Optional[int] = ..., received_request_ids: _Optional[_Iterable[str]] = ..., packed_trajectories: _Optional[bool] = ..., target_groups: _Optional[int] = ..., carried: _Optional[_Iterable[_Union[CarriedGroup, _Mapping]]] = ..., episodes: _Optional[_Union[EpisodeSettings, _Mapping]] = ...) -> None: ...
 
 class CarriedGroup(_message.Message):
     __slots__ = ("step", "prompt_index", "prompt_ids", "sample_indices")
@@ -289,7 +301,7 @@ class VersionSpan(_message.Message):
     def __init__(self, weight_version: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("request_id", "step", "prompt_index", "sample_index", "prompt_ids", "response_ids", "logprobs", "finish_reason", "weight_version", "workers", "response_ids_packed", "logprobs_packed", "version_spans")
+    __slots__ = ("request_id", "step", "prompt_index", "sample_index", "prompt_ids", "response_ids", "logprobs", "finish_reason", "weight_version", "workers", "response_ids_packed", "logprobs_packed", "version_spans", "loss_mask", "turns", "has_reward", "reward", "episode")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +315,11 @@ class Trajectory(_message.Message):
     RESPONSE_IDS_PACKED_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_PACKED_FIELD_NUMBER: _ClassVar[int]
     VERSION_SPANS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    HAS_REWARD_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     step: int
     prompt_index: int
@@ -316,7 +333,26 @@ class Trajectory(_message.Message):
     response_ids_packed: bytes
     logprobs_packed: bytes
     version_spans: _containers.RepeatedCompositeFieldContainer[VersionSpan]
-    def __init__(self, request_id: _Optional[str] = ..., step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., sample_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., weight_version: _Optional[int] = ..., workers: _Optional[_Iterable[str]] = ..., response_ids_packed: _Optional[bytes] = ..., logprobs_packed: _Optional[bytes] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ...) -> None: ...
+    loss_mask: bytes
+    turns: int
+    has_reward: bool
+    reward: float
+    episode: EpisodeStats
+    def __init__(self, request_id: _Optional[str] = ..., step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., sample_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., weight_version: _Optional[int] = ..., workers: _Optional[_Iterable[str]] = ..., response_ids_packed: _Optional[bytes] = ..., logprobs_packed: _Optional[bytes] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., loss_mask: _Optional[bytes] = ..., turns: _Optional[int] = ..., has_reward: _Optional[bool] = ..., reward: _Optional[float] = ..., episode: _Optional[_Union[EpisodeStats, _Mapping]] = ...) -> None: ...
+
+class EpisodeStats(_message.Message):
+    __slots__ = ("tool_calls", "tool_failures", "tool_seconds", "env_error", "runner")
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    TOOL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ENV_ERROR_FIELD_NUMBER: _ClassVar[int]
+    RUNNER_FIELD_NUMBER: _ClassVar[int]
+    tool_calls: int
+    tool_failures: int
+    tool_seconds: float
+    env_error: str
+    runner: str
+    def __init__(self, tool_calls: _Optional[int] = ..., tool_failures: _Optional[int] = ..., tool_seconds: _Optional[float] = ..., env_error: _Optional[str] = ..., runner: _Optional[str] = ...) -> None: ...
 
 class TrajectoryBatch(_message.Message):
     __slots__ = ("trajectories",)
@@ -357,7 +393,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., node: _Optional[str] = ..., weight_version: _Optional[int] = ..., running: _Optional[int] = ..., capacity: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., draining: _Optional[bool] = ..., memory_released: _Optional[bool] = ..., inflight_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., weight_sync_s: _Optional[float] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("workers", "pending", "running", "finished", "migrations", "tokens_received", "tokens_lost", "tokens_regenerated", "migrations_by_reason", "busy_seconds")
+    __slots__ = ("workers", "pending", "running", "finished", "migrations", "tokens_received", "tokens_lost", "tokens_regenerated", "migrations_by_reason", "busy_seconds", "runners", "episodes_pending", "episodes_running", "episodes_in_tools", "idle_slot_seconds_in_tools", "episodes_finished", "episodes_failed", "runner_episode_seconds", "runner_capacity_seconds")
     class MigrationsByReasonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -382,6 +418,15 @@ class StatusReply(_message.Message):
     TOKENS_REGENERATED_FIELD_NUMBER: _ClassVar[int]
     MIGRATIONS_BY_REASON_FIELD_NUMBER: _ClassVar[int]
     BUSY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RUNNERS_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_PENDING_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_IN_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_SLOT_SECONDS_IN_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FAILED_FIELD_NUMBER: _ClassVar[int]
+    RUNNER_EPISODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RUNNER_CAPACITY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     pending: int
     running: int
@@ -392,4 +437,31 @@ class StatusReply(_message.Message):
     tokens_regenerated: int
     migrations_by_reason: _containers.ScalarMap[str, int]
     busy_seconds: _containers.ScalarMap[str, float]
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., pending: _Optional[int] = ..., running: _Optional[int] = ..., finished: _Optional[int] = ..., migrations: _Optional[int] = ..., tokens_received: _Optional[int] = ..., tokens_lost: _Optional[int] = ..., tokens_regenerated: _Optional[int] = ..., migrations_by_reason: _Optional[_Mapping[str, int]] = ..., busy_seconds: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    runners: _containers.RepeatedCompositeFieldContainer[RunnerStatus]
+    episodes_pending: int
+    episodes_running: int
+    episodes_in_tools: int
+    idle_slot_seconds_in_tools: float
+    episodes_finished: int
+    episodes_failed: int
+    runner_episode_seconds: float
+    runner_capacity_seconds: float
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., pending: _Optional[int] = ..., running: _Optional[int] = ..., finished: _Optional[int] = ..., migrations: _Optional[int] = ..., tokens_received: _Optional[int] = ..., tokens_lost: _Optional[int] = ..., tokens_regenerated: _Optional[int] = ..., migrations_by_reason: _Optional[_Mapping[str, int]] = ..., busy_seconds: _Optional[_Mapping[str, float]] = ..., runners: _Optional[_Iterable[_Union[RunnerStatus, _Mapping]]] = ..., episodes_pending: _Optional[int] = ..., episodes_running: _Optional[int] = ..., episodes_in_tools: _Optional[int] = ..., idle_slot_seconds_in_tools: _Optional[float] = ..., episodes_finished: _Optional[int] = ..., episodes_failed: _Optional[int] = ..., runner_episode_seconds: _Optional[float] = ..., runner_capacity_seconds: _Optional[float] = ...) -> None: ...
+
+class RunnerStatus(_message.Message):
+    __slots__ = ("runner_id", "node", "capacity", "running", "in_tools", "draining", "episodes_done")
+    RUNNER_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    IN_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_DONE_FIELD_NUMBER: _ClassVar[int]
+    runner_id: str
+    node: str
+    capacity: int
+    running: int
+    in_tools: int
+    draining: bool
+    episodes_done: int
+    def __init__(self, runner_id: _Optional[str] = ..., node: _Optional[str] = ..., capacity: _Optional[int] = ..., running: _Optional[int] = ..., in_tools: _Optional[int] = ..., draining: _Optional[bool] = ..., episodes_done: _Optional[int] = ...) -> None: ...

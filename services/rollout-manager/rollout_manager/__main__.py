@@ -90,6 +90,7 @@ async def serve(args: ManagerOptions, started: list | None = None) -> int:
         tickets=tickets,
         colocation_ack_key=ack_keys,
         identities=identities,
+        register_timeout_s=args.register_timeout,
     )
     if started is not None:
         started.append(manager)

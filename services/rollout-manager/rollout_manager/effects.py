@@ -29,6 +29,7 @@ class Effects:
         self.outboxes: dict[str, Outbox] = {}
         self.delivered: list[Trajectory] = []
         self.failed_steps: dict[int, str] = {}  # step -> why (a request failed its attempts; policy: fail)
+        self.turns: list[Trajectory] = []  # finished model turns of agentic episodes, for their env-runners
         # something freed or needs capacity: the next scheduling pass has work (a pass with none costs nothing)
         self.dirty = False
 
@@ -49,6 +50,14 @@ class Effects:
     def deliver(self, traj: Trajectory) -> None:
         """A finished trajectory for its step's stream (CarryOver.delivery_step says which)."""
         self.delivered.append(traj)
+
+    def turn_done(self, traj: Trajectory) -> None:
+        """A model turn of an episode finished: its tokens go to the episode's env-runner, not to a step's stream."""
+        self.turns.append(traj)
+
+    def take_turns(self) -> list[Trajectory]:
+        out, self.turns = self.turns, []
+        return out
 
     def fail_step(self, step: int, why: str) -> None:
         """The step failed (the first reason is kept)."""

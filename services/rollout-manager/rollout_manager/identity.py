@@ -2,7 +2,7 @@
 
 Roles (tokens from the job's credentials, checked by rlboost.auth.grpc_auth's interceptor): the worker stream
 (Connect) needs the worker token, the trainer's Rollout the trainer token, GetStatus an observer or trainer
-token.
+token, an env-runner's Attach stream the env-runner token.
 
 Every worker shares the worker role's token (a Deployment's replicas cannot get per-pod secrets), so the token
 alone does not say which worker is calling. The manager binds each worker id to a session it issued: the first
@@ -23,6 +23,7 @@ METHOD_ROLES: dict[str, tuple[str, ...]] = {
     _SERVICE + "Connect": ("worker",),
     _SERVICE + "Rollout": ("trainer",),
     _SERVICE + "GetStatus": ("observer", "trainer"),
+    "/rlboost.rollout.v1.EpisodeRunners/Attach": ("env-runner",),  # agentic episodes (episode_edge.py)
 }
 
 

@@ -246,7 +246,8 @@ class RequestLifecycle:
         self.effects.dirty = True
 
     def finish(self, req: Request, reason: str, now: float) -> None:
-        """The response is complete: delivered (through the carry-over: a carried one may wait for its next step)."""
+        """The response is complete: delivered (through the carry-over: a carried one may wait for its next step;
+        a model turn of an agentic episode goes back to its env-runner)."""
         self.speed.note_length(req)
         last = req.worker
         if req.worker is not None:
@@ -255,8 +256,8 @@ class RequestLifecycle:
         if not req.workers and last:
             req.workers.append(last)
         oldest, spans = version_spans(req)
-        self.carry.deliver(
-            req,
+        deliver = self.effects.turn_done if req.episode is not None else functools.partial(self.carry.deliver, req)
+        deliver(
             Trajectory(
                 request_id=req.id,
                 step=req.step,
@@ -269,7 +270,7 @@ class RequestLifecycle:
                 weight_version=oldest,
                 workers=req.workers,
                 version_spans=spans,
-            ),
+            )
         )
         self.book.requests.pop(req.id, None)
         self.book.close(req)

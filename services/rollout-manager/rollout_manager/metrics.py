@@ -36,7 +36,8 @@ ADOPTED = Counter(
 IDENTITY_REFUSED = Counter(
     "rlboost_manager_identity_refused_total",
     "Worker streams refused because their identity proof was missing or invalid (unauthenticated) or named "
-    "another worker id or pool (denied) (rlboost.auth.worker_identity)",
+    "another worker id or pool (denied) (rlboost.auth.worker_identity), or because no Register came within "
+    "--register-timeout (no_register)",
     ["reason"],
 )
 HELD_REFUSED = Counter(
@@ -84,4 +85,38 @@ WORKER_MESSAGES = Counter(
 CHUNK_MAX_MS = Gauge(
     "rlboost_manager_chunk_max_ms",
     "The workers' chunk flush period the manager announces (rollout.maxChunkMessagesPerS stretches it with the fleet)",
+)
+
+# ---- agentic episodes (episodes.py, runners.py) ----
+ENV_RUNNERS = Gauge("rlboost_manager_env_runners", "Connected env-runners (agentic episodes)")
+ENV_RUNNER_UTILISATION = Gauge(
+    "rlboost_manager_env_runner_utilisation", "Episodes the env-runners drive, as a share of their capacity"
+)
+EPISODE_STATE = Gauge(
+    "rlboost_manager_episodes_by_state",
+    "Episodes by state: pending, running (on an env-runner), in_tools (running, between turns: the environment "
+    "steps and the episode holds no engine slot)",
+    ["state"],
+)
+EPISODES = Counter(
+    "rlboost_manager_episodes_total",
+    "Episodes by outcome: finished, failed (per rollout.onFailedRequest), lost (its env-runner left; started again)",
+    ["outcome"],
+)
+EPISODE_ASSIGNMENTS = Counter("rlboost_manager_episode_assignments_total", "Episodes handed to env-runners")
+TURNS = Counter("rlboost_manager_turns_total", "Model turns of episodes made generation requests")
+STALE_EPISODE_MESSAGES = Counter(
+    "rlboost_manager_stale_episode_messages_total",
+    "Turn requests and episode results of an episode the sending env-runner no longer holds (discarded)",
+)
+IDLE_SLOT_SECONDS_IN_TOOLS = Counter(
+    "rlboost_manager_idle_slot_seconds_in_tools_total",
+    "Free worker slot-seconds while episodes were in their tools and no request was pending: engine capacity "
+    "that waited for environments",
+)
+# issue 31: a step that cannot make progress says why (rollout_manager.starved)
+STARVED_SECONDS = Gauge(
+    "rlboost_manager_starved_seconds",
+    "Seconds pending requests have had no worker that can take them (none registered, or none at their weight "
+    "version); 0 while work can go on. Past 30 s the manager logs why, every 30 s.",
 )

@@ -70,6 +70,9 @@ class Request:
     stream: int | None = None
     next_version: int | None = None
     marks: list[tuple[int, int]] = field(default_factory=list)
+    episode: str | None = (
+        None  # a model turn of this agentic episode: finished, it goes to the env-runner (episodes.py)
+    )
 
     @property
     def stream_step(self) -> int:

@@ -37,6 +37,7 @@ from rlboost.wire.rollout_io import Pool, RolloutRequest, Trajectory, request_id
 
 from . import metrics
 from .effects import Outbox
+from .episode_edge import RunnerEdge
 from .identity import SessionRefused, WorkerSessions
 from .offload import OffloadController
 from .state import ManagerState
@@ -78,6 +79,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         tickets: TicketBook | None = None,
         colocation_ack_key: Callable[[str], str] | None = None,
         identities: WorkerIdentityVerifier | None = None,
+        register_timeout_s: float = 10.0,
     ) -> None:
         """`auth`: role tokens and TLS (identity.METHOD_ROLES); None = open and plaintext (no credentials dir).
         `tickets`: assignment tickets (tickets.py), checked on held responses; None = none given, held
@@ -88,6 +90,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         (rlboost.auth.worker_identity); None = ids taken as asserted (no credentials dir)."""
         self.rollout = rollout
         self.identities = identities
+        self.register_timeout_s = register_timeout_s  # a stream's first message (Register) comes within it
         self.auth = auth or ServerAuth()
         self.tickets = tickets
         self.colocation_ack_key = colocation_ack_key
@@ -98,6 +101,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         )
         self.balance_interval_s = balance_interval_s
         self.offload = OffloadController(self.state, offload)  # offload None: reserved workers run to the end
+        self.runner_edge = RunnerEdge(self.state, rollout, self.clock, self.kick)  # env-runners (agentic episodes)
         self._conns: dict[str, _WorkerConn] = {}
         self._sinks: dict[int, asyncio.Queue[Trajectory | StepFailed | None]] = {}  # None: shutting down
         self._wake = asyncio.Event()
@@ -119,6 +123,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         options = [("grpc.so_reuseport", 0), ("grpc.http2.bdp_probe", 0), *wire.grpc_message_options()]
         self._server = grpc.aio.server(options=options, interceptors=self.auth.interceptors)
         pb_grpc.add_RolloutManagerServicer_to_server(self, self._server)
+        self.runner_edge.add_to(self._server)
         try:
             bound = self.auth.add_port(self._server, f"{host}:{port}")
         except RuntimeError as err:
@@ -136,6 +141,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         """End every open stream cleanly, then stop serving."""
         for conn in self._conns.values():
             conn.queue.put_nowait(None)
+        self.runner_edge.stop()
         for sink in self._sinks.values():
             sink.put_nowait(None)
         await self.watchdog.stop()
@@ -216,6 +222,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
                 sink.put_nowait(StepFailed(why))
             else:  # nobody waits for it: drop the rest of the step now
                 self.state.cancel_step(step, self.clock())
+        self.runner_edge.flush()  # after the step's failures: a cancelled episode's turn result is not sent
 
     # ---- worker stream -----------------------------------------------------------------------------
 
@@ -223,9 +230,16 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         self, request_iterator: AsyncIterator[pb.WorkerMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ManagerMessage]:
         try:
-            first = await anext(request_iterator)
+            async with asyncio.timeout(self.register_timeout_s):
+                first = await anext(request_iterator)
         except StopAsyncIteration:
             return
+        except TimeoutError:
+            metrics.IDENTITY_REFUSED.labels("no_register").inc()
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"register: no Register within {self.register_timeout_s:g}s of opening the stream (--register-timeout)",
+            )
         if first.WhichOneof("body") != "register":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "body: the first message must be register")
         try:

@@ -27,6 +27,8 @@ step, a tick) and hands it to the part that owns it, each an object with its own
     adoption.py         HeldResponses: responses workers held across a manager restart
     scheduling.py       Scheduler: the scheduling pass and balancing
     status.py           Tally, Gauges, manager_status: what the manager reports
+    runners.py          EnvRunners: the env-runners (agentic episodes), their free slots and outboxes
+    episodes.py         Episodes: a step's episodes on env-runners, each model turn a request
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from rlboost.policies.migration import MigrationReason
+from rlboost.wire.episode_io import EpisodeResult, RunnerRegistration, TurnRequest
 from rlboost.wire.rollout_io import (
     HeldResponse,
     ManagerStatus,
@@ -50,12 +53,15 @@ from .adoption import HeldResponses
 from .book import RequestBook
 from .carry_over import CarryOver
 from .effects import Effects, Outbox
+from .episodes import Episodes
 from .fleet import Fleet
 from .leases import Leases
 from .lifecycle import RequestLifecycle
 from .records import Request, Worker
+from .runners import EnvRunners, RunnerOutbox
 from .scheduling import Scheduler
 from .speed_placement import SpeedPlacement
+from .starved import StarvedWork
 from .status import Gauges, Tally, manager_status
 from .steps import RequestPolicy, StepError, check_step
 
@@ -93,8 +99,11 @@ class ManagerState:
             self.book, self.effects, self.leases, self.lifecycle, p.max_step_requests, orphan_ttl_s
         )
         self.scheduler = Scheduler(self.book, self.fleet, self.leases, self.speed, self.effects, balance_min_excess)
+        self.runners = EnvRunners()
+        self.episodes = Episodes(self.book, self.leases, self.effects, self.runners, p)
         self.gauges = Gauges()
         self._next_stall_check = 0.0
+        self.starved = StarvedWork()  # pending work no worker can take: said, not waited on in silence (issue 31)
 
     # ---- what the server reads ---------------------------------------------------------------------
 
@@ -142,7 +151,10 @@ class ManagerState:
 
     def status(self, now: float | None = None) -> ManagerStatus:
         """`now`: the clock the state is driven with, for the busy seconds of spells still open (None: omitted)."""
-        return manager_status(self.fleet, self.book, self.tally, now)
+        status = manager_status(self.fleet, self.book, self.tally, now)
+        status.runners = self.runners.status(self.episodes.in_tools_by_runner())
+        status.episodes = self.episodes.status()
+        return status
 
     # ---- workers -----------------------------------------------------------------------------------
 
@@ -196,6 +208,8 @@ class ManagerState:
             raise StepError(f"rollout.step: step {r.step} is already being rolled out; wait for it or cancel it")
         check_step(r, self.policy)
         received = set(r.received_request_ids)
+        if r.episodes is not None:  # agentic: episodes for the env-runners, each turn a request later
+            return self._add_episodes(r, received, now)
         ids = self._new_requests(r, received, now)
         total = len(ids) + self.carry.continue_step(r, ids, received, now)  # partial rollout: earlier steps' samples
         if ids:
@@ -203,6 +217,13 @@ class ManagerState:
         self.held.adopt_orphans(ids, now)
         self.effects.dirty = True
         return total
+
+    def _add_episodes(self, r: RolloutRequest, received: set[str], now: float) -> int:
+        ids = self.episodes.add_step(r, received, now)
+        if ids:
+            self.book.steps[r.step] = ids  # what the step's stream owes: its episodes
+        self.effects.dirty = True
+        return len(ids)
 
     def _new_requests(self, r: RolloutRequest, received: set[str], now: float) -> set[str]:
         """The step's requests, pending at the tail of its version's queue, but those already received."""
@@ -222,6 +243,7 @@ class ManagerState:
     def cancel_step(self, step: int, now: float | None = None) -> int:
         """The trainer went away: drop the step's requests, revoking the running ones. Returns how many."""
         ids = self.book.steps.pop(step, set())
+        self.episodes.cancel(ids, now)  # an episodes step's ids are episodes: they go, with their turns
         for rid in ids:
             self.leases.drop(rid, now)
         self.effects.dirty = True
@@ -245,15 +267,62 @@ class ManagerState:
                 self.lifecycle.expire(w, now)
         for req in self.leases.overdue(now):  # the worker never flushed: the epoch fences whatever it still sends
             self.lifecycle.migrate(req, req.revoke_reason, now)
+        free = self._free_slots() if self.episodes.episodes else 0  # O(workers): only with episodes
+        for runner in self.episodes.tick(now, free, self.lease_timeout_s):
+            runner.expired = True  # if it is slow rather than dead, it stops what it still drives
+            self.runners.box(runner.id).cancel.setdefault("lease_expired", []).extend(runner.episodes)
+            self.episodes.runner_left(runner, now, "lease expired")
         if now >= self._next_stall_check:
             self._next_stall_check = now + min(1.0, self.policy.stall_timeout_s / 4)
             self.leases.revoke_stalled(now, self.policy.stall_timeout_s)
             self.held.forget_old(now)
+            self.starved.check(now, self.book.pending_count, self.fleet.workers.values())
         self.gauges.update(now, self.fleet, self.book, self.tally)
 
     def schedule(self, now: float) -> int:
-        """Place pending work and move idle workers to newer weight versions. Returns assignments made."""
+        """Place pending work and move idle workers to newer weight versions; hand pending episodes to env-runners.
+        Returns the requests assigned."""
+        self.episodes.assign(now)
         return self.scheduler.schedule(now)
+
+    def _free_slots(self) -> int:
+        return sum(self.fleet.idle_slots(pool) for pool in Pool)
+
+    # ---- env-runners (agentic episodes) -------------------------------------------------------------
+
+    def register_runner(self, reg: RunnerRegistration, now: float) -> None:
+        """An env-runner joined (or re-joined under the same id: its old incarnation's episodes start again)."""
+        if reg.runner_id in self.runners.runners:
+            self.remove_runner(reg.runner_id, now, "re-registered")
+        self.runners.add(reg, now)
+        self.effects.dirty = True
+
+    def remove_runner(self, runner_id: str, now: float, why: str = "stream ended") -> int:
+        """The runner's stream ended: its episodes start again on others. Returns how many it held."""
+        runner = self.runners.remove(runner_id)
+        return 0 if runner is None else self.episodes.runner_left(runner, now, why)
+
+    def on_runner_heartbeat(self, runner_id: str, now: float) -> None:
+        if (runner := self.runners.alive(runner_id, now)) is not None and runner.free:
+            self.effects.dirty = True
+
+    def on_runner_drain(self, runner_id: str, now: float) -> None:
+        """The runner is going away: no new episodes (those it drives finish, or start again if it dies first)."""
+        if (runner := self.runners.alive(runner_id, now)) is not None:
+            runner.draining = True
+
+    def on_turn(self, runner_id: str, turn: TurnRequest, now: float) -> None:
+        if self.runners.alive(runner_id, now) is not None:
+            self.episodes.on_turn(runner_id, turn, now)
+
+    def on_episode_result(self, runner_id: str, result: EpisodeResult, now: float) -> None:
+        if self.runners.alive(runner_id, now) is not None:
+            self.episodes.on_result(runner_id, result, now)
+
+    def take_runner_outboxes(self, now: float) -> dict[str, RunnerOutbox]:
+        """The commands for each env-runner: finished turns first handed to their episodes."""
+        self.episodes.turns_done(self.effects.take_turns(), now)
+        return self.runners.take_outboxes()
 
     def balance(self, now: float) -> int:
         """Revoke excess requests from overloaded workers when others sit idle. Returns how many."""

@@ -9,7 +9,10 @@ from dataclasses import dataclass
 
 from rlboost.policies.speed_rebalance import MAX_MOVES, MIGRATION_COST_S
 from rlboost.spec import MAX_GROUP_SIZE, MAX_NEW_TOKENS, RolloutSpec
+from rlboost.wire.episode_io import MAX_TURNS
 from rlboost.wire.rollout_io import RolloutRequest
+
+MAX_TASK_BYTES = 1 << 20  # an episode's task (Prompt.task_json): a dataset row, not a dataset
 
 
 class StepError(ValueError):
@@ -66,5 +69,24 @@ def check_step(r: RolloutRequest, p: RequestPolicy) -> None:
                 f"rollout.prompts[{q.prompt_index}]: {len(q.token_ids)} tokens is over the limit of "
                 f"{p.max_prompt_tokens} (rollout.maxPromptTokens)"
             )
-        if min(q.token_ids) < 0 or (r.vocab_size and max(q.token_ids) >= r.vocab_size):
+        if q.token_ids and (min(q.token_ids) < 0 or (r.vocab_size and max(q.token_ids) >= r.vocab_size)):
             raise StepError(f"rollout.prompts[{q.prompt_index}]: token ids must lie in [0, vocab_size={r.vocab_size})")
+        if len(q.task_json) > MAX_TASK_BYTES:
+            raise StepError(f"rollout.prompts[{q.prompt_index}].task_json: over the limit of {MAX_TASK_BYTES} bytes")
+    if r.episodes is not None:
+        _check_episodes(r, p)
+
+
+def _check_episodes(r: RolloutRequest, p: RequestPolicy) -> None:
+    """An episodes step: a turn's budget and the episode's fit what the manager accepts (algorithm.maxTurns, ...)."""
+    e = r.episodes
+    assert e is not None
+    if e.max_turns > MAX_TURNS:
+        raise StepError(f"rollout.episodes.max_turns: {e.max_turns} is over the limit of {MAX_TURNS}")
+    if e.max_episode_tokens > p.max_prompt_tokens + r.sampling.max_new_tokens:
+        raise StepError(
+            f"rollout.episodes.max_episode_tokens: {e.max_episode_tokens} is over rollout.maxPromptTokens "
+            f"({p.max_prompt_tokens}) + a turn's max_new_tokens: a late turn's prompt would be refused"
+        )
+    if r.target_groups or r.carried:
+        raise StepError("rollout.target_groups: partial rollout does not carry episodes across steps")

@@ -234,7 +234,16 @@ async def _start_fanout(client, args: WorkerOptions, token: str | None):
 
     client.on_peer_rejected = lambda url: _peer_rejected(url, metrics)
     cache = tempfile.mkdtemp(prefix="rlboost-peer-")
-    fanout = PeerFanout(client, args.worker_id, cache, args.zone, args.region, token, on_served=_served_counter())
+    fanout = PeerFanout(
+        client,
+        args.worker_id,
+        cache,
+        args.zone,
+        args.region,
+        token,
+        on_served=_served_counter(),
+        identity=lambda: _identity_proof(args.identity_token_file),  # the directory binds our entry to it
+    )
     try:
         url = await fanout.start(args.host, args.peer_port, args.peer_advertise)
     except OSError as err:
@@ -242,6 +251,18 @@ async def _start_fanout(client, args: WorkerOptions, token: str | None):
         raise StartupError(f"--peer-port {args.peer_port}: cannot listen on {args.host}: {err}") from None
     log.info("serving weights to peers", extra={"url": url, "zone": args.zone, "region": args.region})
     return fanout
+
+
+def _identity_proof(path: str) -> str:
+    """The proof the peer directory wants ('' when unreadable: the directory refuses it, pulls use the server)."""
+    from rollout_worker.errors import IdentityProofUnreadableError
+    from rollout_worker.registration import read_identity_proof
+
+    try:
+        return read_identity_proof(path)
+    except IdentityProofUnreadableError as err:
+        log.warning("identity proof unreadable for the peer directory", extra={"error": str(err)})
+        return ""
 
 
 def _served_counter():

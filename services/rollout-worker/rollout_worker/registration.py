@@ -77,13 +77,17 @@ class Registration:
 
     def identity_proof(self) -> str:
         """The proof of who this worker is (rlboost.auth.worker_identity), read afresh: a rotated token counts."""
-        path = self.options.identity_token_file
-        if not path:
-            return ""
-        try:
-            return Path(path).read_text().strip()
-        except OSError as err:
-            raise IdentityProofUnreadableError(
-                f"--identity-token-file {path}: cannot read it ({err.strerror}); on Kubernetes it is the pod's "
-                "projected service-account token, locally `rlboost local` writes it"
-            ) from None
+        return read_identity_proof(self.options.identity_token_file)
+
+
+def read_identity_proof(path: str) -> str:
+    """--identity-token-file's proof ('' without one); IdentityProofUnreadableError naming the flag."""
+    if not path:
+        return ""
+    try:
+        return Path(path).read_text().strip()
+    except OSError as err:
+        raise IdentityProofUnreadableError(
+            f"--identity-token-file {path}: cannot read it ({err.strerror}); on Kubernetes it is the pod's "
+            "projected service-account token, locally `rlboost local` writes it"
+        ) from None

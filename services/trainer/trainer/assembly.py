@@ -12,13 +12,14 @@ Rank 0 only. The counts of what arrives go into the step's StepCounts (trainer.t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from rlboost.policies.partial_rollout import lag, trainable
 from rlboost.spec import AlgorithmSpec, JobSpec, effective_micro_batch
 from rlboost.tasks.sandbox import RewardResult
-from rlboost.wire.rollout_io import PromptItem, RolloutRequest, SamplingParams, Trajectory
+from rlboost.wire.rollout_io import EpisodeSettings, PromptItem, RolloutRequest, SamplingParams, Trajectory
 from trainer import advantages, metrics
 from trainer.batching import StepAssembler
 from trainer.grpo import Sample
@@ -94,9 +95,9 @@ class WholeGroups:
         batch = self.prompts.take_step(step)
         if batch is None:
             return None
-        prompts = [PromptItem(i, ids) for i, ids in enumerate(batch.prompt_ids)]
         sampling = training_sampling(alg, self.vocab.stop_ids)
-        self.request = RolloutRequest(step, version, prompts, alg.group_size, sampling, self.vocab.size)
+        self.request = RolloutRequest(step, version, [], alg.group_size, sampling, self.vocab.size)
+        with_prompts(self.request, self.spec, batch.examples, batch.prompt_ids)
         self.examples = batch.examples
         mb, normalization = effective_micro_batch(self.spec), alg.advantage_normalization
         self.assembler = StepAssembler(step, len(batch.examples), alg.group_size, mb, normalization)
@@ -125,7 +126,7 @@ class WholeGroups:
             excluded = advantages.exclusion(traj.finish_reason, reward.failure, weight)
             counts.baseline_excluded += bool(excluded)
             arrived(traj, counts, self.dump)
-            ready += self.assembler.add(traj, reward.value, stale=is_stale, weight=weight, excluded=excluded)
+            ready += self.assembler.add(traj, reward.value, is_stale, weight, reward.failure, excluded)
         return ready
 
     def finish(self, counts: StepCounts) -> tuple[list[Sample], list[list[Sample]]]:
@@ -145,6 +146,16 @@ class WholeGroups:
 
     def resume(self, saved: list[dict[str, Any]] | None) -> None:
         pass  # nothing is in flight between steps
+
+
+def with_prompts(request: RolloutRequest, spec: JobSpec, examples: list[Any], prompt_ids: list[list[int]]) -> None:
+    """The request's prompts: their token ids, or (agentic episodes, task.environment) each example as the
+    environment's task with the episodes' bounds (the environment makes each episode's prompt)."""
+    if not spec.task.episodes:
+        request.prompts = [PromptItem(i, ids) for i, ids in enumerate(prompt_ids)]
+        return
+    request.prompts = [PromptItem(i, [], json.dumps(asdict(ex))) for i, ex in enumerate(examples)]
+    request.episodes = EpisodeSettings(spec.algorithm.max_turns, spec.algorithm.max_episode_tokens)
 
 
 def training_sampling(alg: AlgorithmSpec, stop_ids: tuple[int, ...]) -> SamplingParams:

@@ -55,17 +55,25 @@ class StepAssembler:
         return self._next_chunk == len(self._chunks)
 
     def add(
-        self, traj: Trajectory, reward: float, stale: bool = False, weight: float = 1.0, excluded: str = ""
+        self,
+        traj: Trajectory,
+        reward: float,
+        stale: bool = False,
+        weight: float = 1.0,
+        reward_failure: str | None = None,
+        excluded: str = "",
     ) -> list[list[Sample]]:
         """Take one trajectory and its reward; return the micro-batches that became ready (possibly none), in order.
 
-        `stale`/`weight`/`excluded`: see `Sample` (bounded staleness; weight 0 skips a too-stale sample's loss;
-        out of its group's baseline)."""
+        `stale`/`weight`/`reward_failure`/`excluded`: see `Sample` (bounded staleness; weight 0 skips a too-stale
+        sample's loss; a failed reward call's kind; out of its group's baseline)."""
         key = self.validate(traj)
         if key in self._samples:
             self.duplicates += 1  # a re-sent trajectory must not count twice
             return []
-        self._samples[key] = Sample(traj, float(reward), stale=stale, weight=weight, excluded=excluded)
+        self._samples[key] = Sample(
+            traj, float(reward), stale=stale, weight=weight, reward_failure=reward_failure, excluded=excluded
+        )
         self._maybe_finish_group(traj.prompt_index)
         return self._release()
 

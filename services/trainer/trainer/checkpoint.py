@@ -20,6 +20,7 @@ weights the checkpoint holds, and the world size and ZeRO stage (a different wor
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -33,13 +34,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlboost.fsio import fsync_dir
+from rlboost.fsio import fsync_dir, writing
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 INCOMING = ".incoming"
 FORMAT = 1
+# What a checkpoint that could not be written names (rlboost.fsio.WriteFailed): where it goes and what frees space.
+WHERE = "the trainer's --checkpoint-dir (on Kubernetes its volume) or trainer.keepCheckpoints"
 
 
 class CheckpointError(RuntimeError):
@@ -193,12 +196,14 @@ def save(engine: Any, root: Path, state: TrainerState, keep: int) -> Path:
         incoming.mkdir(parents=True, exist_ok=True)
     _barrier()
     engine = getattr(engine, "engine", engine)  # a PolicyEngine or the DeepSpeed engine itself
-    engine.save_checkpoint(str(incoming), tag=tag, client_state={"trainer": asdict(state)}, save_latest=False)
-    torch.save(rng_state(), incoming / tag / f"rng-rank{rank}.pt")
+    with _writing(incoming / tag):
+        engine.save_checkpoint(str(incoming), tag=tag, client_state={"trainer": asdict(state)}, save_latest=False)
+        torch.save(rng_state(), incoming / tag / f"rng-rank{rank}.pt")
     _barrier()
     final = root / tag
     if rank == 0:
-        write_manifest(incoming / tag, state)
+        with _writing(incoming / tag):
+            write_manifest(incoming / tag, state)
         if final.exists():
             shutil.rmtree(final)  # an older copy of the same step (a re-run after resume)
         remove_sidecars(final)  # this copy's report is not out yet, nor its evaluation done
@@ -208,6 +213,13 @@ def save(engine: Any, root: Path, state: TrainerState, keep: int) -> Path:
         log.info("checkpoint written", extra={"checkpoint": str(final), "steps_done": state.steps_done})
     _barrier()
     return final
+
+
+def _writing(partial: Path) -> contextlib.AbstractContextManager[None]:
+    """A rank's part of a checkpoint: on a failed write (a full disk) nothing of it stays in .incoming/, and the
+    error is one line naming the directory and the fields (rlboost.fsio.WriteFailed); the previous checkpoints
+    are untouched, so a resumed run continues from the newest of them."""
+    return writing(f"checkpoint {partial.name}", partial.parent.parent, WHERE, undo=lambda: shutil.rmtree(partial))
 
 
 def load(engine: Any, ckpt: Path) -> None:

@@ -127,7 +127,7 @@ class PolicyEngine:
         self.spec = spec
         alg = spec.algorithm
         self.temperature = alg.temperature
-        self.objective = Objective(alg)
+        self.objective = Objective(alg, spec.max_trained_tokens())
         self.passes = StepPasses()
         self.device_is_gpu = torch.cuda.is_available()
         backend = resolve_backend(spec.trainer.backend)
@@ -267,7 +267,7 @@ class PolicyEngine:
             count = torch.tensor([tokens], dtype=torch.float64)
             dist.all_reduce(count)
             tokens = int(count.item())
-        return token_mean_scale(self.passes.num_sequences, alg.max_new_tokens, tokens)
+        return token_mean_scale(self.passes.num_sequences, self.objective.max_tokens, tokens)
 
     def full_state(self) -> dict[str, torch.Tensor]:
         """The whole model state (HF names, CPU) on rank 0; other ranks return {} (they only take part).

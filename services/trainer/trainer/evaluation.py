@@ -20,6 +20,7 @@ from rlboost.tasks.base import Cursor
 from rlboost.tasks.validation import validation_source
 from rlboost.wire.events import ValidationReport
 from rlboost.wire.rollout_io import PromptItem, RolloutRequest, SamplingParams
+from trainer.assembly import with_prompts
 from trainer.judge import Judge
 from trainer.prompt_cursor import PromptCursor
 from trainer.rollout_client import RolloutClient
@@ -56,7 +57,7 @@ class Evaluator:
         ev, start = self.spec.evaluation, time.monotonic()
         request, examples = self.request(step, version)
         trajs = [t async for t in rc.rollout(request)]
-        results = await self.judge.judge(step, examples, trajs)
+        results = await self.judge.judge(step, examples, trajs, budget=("validation", step))
         groups: list[list[ScoredResponse]] = [[] for _ in examples]
         for traj, result in zip(trajs, results, strict=True):
             groups[traj.prompt_index].append(
@@ -92,6 +93,7 @@ class Evaluator:
             stop_token_ids=self.vocab.stop_ids,
         )
         request = RolloutRequest(-(step + 1), version, prompts, ev.samples, sampling, vocab_size=self.vocab.size)
+        with_prompts(request, self.spec, examples, [p.token_ids for p in prompts])  # episodes: the tasks
         return request, examples
 
     def _validation_set(self, limit: int) -> tuple[list[Any], list[list[int]]]:

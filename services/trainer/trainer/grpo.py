@@ -1,7 +1,9 @@
 """GRPO math, free of DeepSpeed and the network: advantages, collation, log-probs and the clipped loss.
 
 - `group_advantages`: (r - mean_g) / (std_g + eps) within one prompt's group (std unbiased, as TRL).
-- `collate`: samples -> a right-padded `MicroBatch` with a response-token mask aligned to the targets.
+- `collate`: samples -> a right-padded `MicroBatch` with a response-token mask aligned to the targets (an agentic
+  episode's environment tokens masked out: `Trajectory.loss_mask`, so loss, KL, entropy and their statistics
+  only ever see the model's own tokens).
 - `token_logprobs`: log_softmax(logits / T) at the target tokens, in float32, over the full vocabulary
   (the quantity the rollout workers report, see `rlboost.sampling.sample_next`).
 - `clipped_policy_loss`: PPO-clipped token-level loss with behaviour log-probs (asymmetric clip range), the ratio
@@ -54,6 +56,8 @@ class Sample:
 
     `stale`: generated with an older weight version within the staleness bound (importance-corrected);
     `weight` 0 skips a sample that is too stale (it keeps its slot so micro-batches stay fixed);
+    `reward_failure`: why its reward call failed ('timeout', 'budget', ...: rlboost.tasks.sandbox.FAILURE_REASONS),
+    None for a real reward; its 0.0 is no real zero and does not belong in its group's baseline;
     `excluded`: why it stays out of its group's baseline ('' = it counts; trainer.advantages);
     `kl_penalty`: algorithm.klInReward's klCoef x its KL, taken off its reward for the advantage.
     """
@@ -63,6 +67,7 @@ class Sample:
     advantage: float = 0.0
     stale: bool = False
     weight: float = 1.0
+    reward_failure: str | None = None
     excluded: str = ""
     kl_penalty: float = 0.0
 
@@ -132,7 +137,7 @@ def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
             raise ValueError(f"trajectory {t.request_id}: empty prompt_ids")
         input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
         attention[i, : len(row)] = 1
-        resp_mask[i, p - 1 : p - 1 + n] = 1.0
+        resp_mask[i, p - 1 : p - 1 + n] = 1.0 if not t.loss_mask else _loss_mask(t.loss_mask)
         if n and len(t.logprobs) == n:
             old[i, p - 1 : p - 1 + n] = torch.tensor(t.logprobs, dtype=torch.float32)
             has_old[i] = True
@@ -140,6 +145,11 @@ def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
     stale = torch.tensor([s.stale for s in samples], dtype=torch.bool)
     weight = torch.tensor([s.weight for s in samples], dtype=torch.float32)
     return MicroBatch(input_ids, attention, resp_mask, old, has_old, adv, stale, weight)
+
+
+def _loss_mask(mask: bytes) -> torch.Tensor:
+    """An agentic episode's loss mask (1 the model's token, 0 the environment's) as response-mask values."""
+    return torch.frombuffer(bytearray(mask), dtype=torch.uint8).to(torch.float32)
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:

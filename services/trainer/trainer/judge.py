@@ -1,13 +1,22 @@
 """The judge: rewards of trajectories from the reward sandbox (rlboost.tasks.sandbox), rank 0 only.
 
 A failed reward call scores 0, is counted by reason (rlboost_trainer_reward_failures_total) and logged once per
-batch; a sample the rollout-manager dropped (finish_reason 'failed') is not judged and scores 0.
+batch; a sample the rollout-manager dropped (finish_reason 'failed') is not judged and scores 0. An agentic
+episode whose environment scored it (Trajectory.reward) keeps that reward; otherwise task.reward judges the
+episode's whole text after its first prompt.
+
+A step's reward time is bounded (issue 31 item 4): the sandbox is given what is left of the step's budget
+(task.rewardStepBudgetSeconds, the time its earlier batches took deducted); a sample it cuts or never starts fails
+with the kind 'budget', a sample past its own limit with 'timeout'. Each result carries its kind
+(RewardResult.failure): the step's samples keep it (grpo.Sample.reward_failure), the report counts it per kind
+(StepReport.reward_failures) and the advantage code keeps such samples out of their group's baseline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,6 +29,17 @@ from trainer import metrics
 log = logging.getLogger(__name__)
 
 FAILED = "failed"  # finish_reason of a sample the rollout-manager dropped (rollout.onFailedRequest: drop)
+_BUDGETS_KEPT = 8  # steps whose reward time spent is remembered (partial rollout judges a group's older step)
+
+
+def _needs_reward(t: Trajectory) -> bool:
+    """task.reward judges it: not dropped, and (an agentic episode) its environment gave no reward."""
+    return t.finish_reason != FAILED and t.reward is None
+
+
+def _given(t: Trajectory) -> RewardResult:
+    """A dropped sample's 0, or the reward its environment gave (an agentic episode)."""
+    return RewardResult(0.0 if t.finish_reason == FAILED or t.reward is None else float(t.reward))
 
 
 class Judge:
@@ -28,6 +48,7 @@ class Judge:
     def __init__(self, task: TaskSpec, decode: Callable[[list[int]], str]) -> None:
         self.task, self.decode = task, decode
         self.sandbox: RewardSandbox | None = None  # set by start() (or given, by a test)
+        self._spent: dict[object, float] = {}  # reward seconds spent per step (per budget key), the newest last
 
     def start(self) -> None:
         """Start the sandbox's processes (blocking: call it in a thread); a reward that cannot start fails here."""
@@ -45,17 +66,35 @@ class Judge:
         return [r.value for r in await self.judge(step, examples, trajs)]
 
     async def judge(
-        self, step: int, examples: Sequence[Any] | Mapping[int, Any], trajs: list[Trajectory]
+        self,
+        step: int,
+        examples: Sequence[Any] | Mapping[int, Any],
+        trajs: list[Trajectory],
+        budget: object = None,
     ) -> list[RewardResult]:
         """The rewards of trajectories of `examples` (indexed by prompt_index) from the reward sandbox. The
-        trajectories were validated (their prompt_index is one of `examples`)."""
+        trajectories were validated (their prompt_index is one of `examples`). `budget`: whose reward budget the
+        time counts against (default: the step's; an evaluation has its own)."""
         assert self.sandbox is not None
-        judged = [t for t in trajs if t.finish_reason != FAILED]  # dropped by the manager: nothing to judge, 0
+        judged = [t for t in trajs if _needs_reward(t)]  # dropped (0) or scored by its environment: not judged
         items = [(self.decode(t.response_ids), examples[t.prompt_index]) for t in judged]
-        results = await asyncio.to_thread(self.sandbox.score, items) if items else []
+        key = step if budget is None else budget
+        started = time.monotonic()
+        results = await asyncio.to_thread(self.sandbox.score, items, self._deadline(key, started)) if items else []
+        self._spend(key, time.monotonic() - started)
         self._count_failures(step, results)
         scored = iter(results)
-        return [RewardResult(0.0) if t.finish_reason == FAILED else next(scored) for t in trajs]
+        return [next(scored) if _needs_reward(t) else _given(t) for t in trajs]
+
+    def _deadline(self, key: object, now: float) -> float | None:
+        """When the budget of `key` runs out, given what its earlier batches spent (None: no budget)."""
+        budget = self.task.reward_step_budget_seconds
+        return None if budget <= 0 else now + max(0.0, budget - self._spent.get(key, 0.0))
+
+    def _spend(self, key: object, seconds: float) -> None:
+        self._spent[key] = self._spent.pop(key, 0.0) + seconds
+        while len(self._spent) > _BUDGETS_KEPT:
+            del self._spent[next(iter(self._spent))]
 
     def _count_failures(self, step: int, results: list[RewardResult]) -> None:
         failed: dict[str, int] = {}

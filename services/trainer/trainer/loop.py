@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlboost.auth.grpc_auth import ClientAuth
+from rlboost.environment_registry import check_environment
 from rlboost.observability import LoopWatchdog
 from rlboost.options.trainer import TrainerOptions
 from rlboost.spec import JobSpec
@@ -80,9 +81,9 @@ class Trainer:
         self.vocab = Vocabulary.load(model_dir)
         self.prompts = PromptCursor(spec, self.vocab, run_dir)
         self.judge = Judge(spec.task, self.vocab.decode)
-        dump = RolloutDump(optional_path(opts.dump_rollouts))
+        self.dump = RolloutDump(optional_path(opts.dump_rollouts))
         kind = PartialGroups if spec.algorithm.partial_rollout else WholeGroups
-        self.assembly: StepAssembly = kind(spec, self.prompts, self.judge, self.vocab, dump)
+        self.assembly: StepAssembly = kind(spec, self.prompts, self.judge, self.vocab, self.dump)
         self.stream = RolloutStream(spec.rollout, reattach_s=opts.connect_timeout)
         self.training = StepTrainer(model_dir, spec, self.vocab.pad_id)
         self.weights = WeightVersions()
@@ -114,6 +115,8 @@ class Trainer:
             return JobDone(ok=True, steps=steps)
         try:
             await self.events.connect()  # first: a reward that cannot start is reported in JobDone
+            env = self.spec.task.environment  # an unknown environment is refused before the first step
+            check_environment(env.name, env.verifiers)
             await asyncio.to_thread(self.prompts.open)  # bad dataset: a clear error, no step
             await asyncio.to_thread(self.judge.start)
             await asyncio.to_thread(self.training.start)
@@ -148,6 +151,8 @@ class Trainer:
         from rlboost.weights.client import WeightClient
 
         ckpt = self._resume_point()
+        if self.checkpoints.resume:  # the steps it redoes are dumped again: each sample once (issue 31)
+            await asyncio.to_thread(self.dump.keep_before, self.steps_done)
         if self.spec.weight_sync.mode == "delta":  # the codec's JIT beside the first step, not in the first publish
             import rlboost.delta
 

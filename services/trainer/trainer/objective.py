@@ -32,9 +32,11 @@ from trainer.grpo import (
 
 @dataclass(frozen=True)
 class Objective:
-    """The loss's settings, read once from the spec."""
+    """The loss's settings, read once from the spec. `max_tokens`: the most tokens one sample trains on
+    (JobSpec.max_trained_tokens: maxNewTokens, or an agentic episode's model turns), the 'token' normaliser."""
 
     algorithm: AlgorithmSpec
+    max_tokens: int
 
     @property
     def clip_low(self) -> float:
@@ -53,7 +55,7 @@ class Objective:
         return self.algorithm.kl_coef > 0 and not self.algorithm.kl_in_reward
 
     def aggregation(self) -> dict[str, object]:
-        return {"aggregation": self.algorithm.loss_aggregation, "max_tokens": self.algorithm.max_new_tokens}
+        return {"aggregation": self.algorithm.loss_aggregation, "max_tokens": self.max_tokens}
 
     def loss(
         self,

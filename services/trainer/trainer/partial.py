@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlboost.tasks.base import Cursor
+from rlboost.tasks.sandbox import RewardResult
 from rlboost.wire.rollout_io import CarriedGroup, Trajectory
 
 
@@ -35,7 +36,7 @@ class OpenGroup:
     example: Any
     prompt_ids: list[int]
     source: tuple[dict[str, int], int]  # (data cursor of the step's batch, offset in it): to take it again on resume
-    samples: dict[int, tuple[Trajectory, float]] = field(default_factory=dict)  # sample index -> (trajectory, reward)
+    samples: dict[int, tuple[Trajectory, RewardResult]] = field(default_factory=dict)  # sample index -> (it, reward)
 
 
 class GroupCarry:
@@ -90,7 +91,7 @@ class GroupCarry:
         """prompt index -> example of the step's groups still in flight (for the reward)."""
         return {g.prompt_index: g.example for g in self.groups.values() if g.step == step}
 
-    def add(self, traj: Trajectory, reward: float) -> None:
+    def add(self, traj: Trajectory, reward: RewardResult) -> None:
         self.groups[(traj.step, traj.prompt_index)].samples[traj.sample_index] = (traj, reward)
         self.received += 1
 

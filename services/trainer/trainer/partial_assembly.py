@@ -40,7 +40,6 @@ class PartialGroups:
     ) -> None:
         self.spec, self.prompts, self.judge, self.vocab, self.dump = spec, prompts, judge, vocab, dump
         self.carry = GroupCarry(spec.algorithm.group_size)  # every group in flight, across steps
-        self.reward_failures: dict[str, str] = {}  # request id -> why its reward call failed (trainer.advantages)
         self.request: RolloutRequest | None = None  # the current step's
 
     @property
@@ -90,9 +89,7 @@ class PartialGroups:
         """Take judged trajectories into their groups; none is trained before the stream ends."""
         for traj, reward in zip(batch, rewards, strict=True):
             arrived(traj, counts, self.dump)
-            self.carry.add(traj, reward.value)
-            if reward.failure:
-                self.reward_failures[traj.request_id] = reward.failure
+            self.carry.add(traj, reward)
         return []
 
     def finish(self, counts: StepCounts) -> tuple[list[Sample], list[list[Sample]]]:
@@ -117,14 +114,16 @@ class PartialGroups:
         advantages.assign(ordered, alg.advantage_normalization)
         return [s for group in ordered for s in group]
 
-    def _sample(self, request: RolloutRequest, traj: Trajectory, reward: float, counts: StepCounts) -> Sample:
+    def _sample(self, request: RolloutRequest, traj: Trajectory, reward: RewardResult, counts: StepCounts) -> Sample:
         is_stale, weight = classify(request, traj, self.spec.algorithm.max_staleness)
         counts.stale += is_stale
         counts.off_policy += weight == 0.0 and traj.finish_reason != FAILED
         counts.stale_tokens += older_tokens(traj, request.weight_version) if weight else 0
-        excluded = advantages.exclusion(traj.finish_reason, self.reward_failures.pop(traj.request_id, None), weight)
+        excluded = advantages.exclusion(traj.finish_reason, reward.failure, weight)
         counts.baseline_excluded += bool(excluded)
-        return Sample(traj, float(reward), stale=is_stale, weight=weight, excluded=excluded)
+        return Sample(
+            traj, reward.value, stale=is_stale, weight=weight, reward_failure=reward.failure, excluded=excluded
+        )
 
     def carried_groups(self) -> list[dict[str, Any]] | None:
         """Where each group still in flight took its prompt (the checkpoint's TrainerState.carried_groups)."""

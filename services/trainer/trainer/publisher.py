@@ -61,9 +61,13 @@ T = TypeVar("T")
 
 
 def _unreachable(err: BaseException) -> bool:
-    """A weight-server error worth retrying: no answer (status 0) or a 5xx."""
+    """A weight-server error worth retrying: no answer (status 0) or a 5xx, but a full disk (507: it said what to
+    free, and retrying would only hide that)."""
     status = getattr(err, "status", None)
-    return isinstance(status, int) and (status == 0 or status >= 500)
+    return isinstance(status, int) and (status == 0 or (status >= 500 and status != INSUFFICIENT_STORAGE))
+
+
+INSUFFICIENT_STORAGE = 507  # the weight-server's data directory is full
 
 
 async def with_retries(what: str, call: Callable[[], Awaitable[T]]) -> T:

@@ -13,13 +13,16 @@ import asyncio
 import logging
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from rlboost.fsio import append_line
 from rlboost.spec import JobSpec
 from rlboost.wire.events import STEPS, StepReport
 from rlboost.wire.rollout_io import ManagerStatus
 from trainer import metrics, ranks
+from trainer.episode_report import RunnerMeter, episode_fields
 from trainer.grpo import LossStats, Sample
 from trainer.job_events import JobEvents
 from trainer.pool_metrics import PoolMeter, PoolStep, length_percentiles
@@ -36,6 +39,8 @@ class StepReporter:
     def __init__(self, spec: JobSpec, run_dir: Path, events: JobEvents) -> None:
         self.run_dir, self.events = run_dir, events
         self.pool_meter = PoolMeter(spec, time.monotonic())
+        self.runner_meter = RunnerMeter()  # agentic episodes: env-runners' utilisation, idle slot-seconds
+        self._runner_fields: dict[str, Any] = {}
         self.trackers: Any = None  # rlboost.tracking.Trackers of spec.logging, once opened
 
     def open_trackers(self, spec: JobSpec, job: str) -> None:
@@ -50,6 +55,7 @@ class StepReporter:
 
     def pools(self, status: ManagerStatus | None) -> PoolStep:
         """The manager's status after the step, as rates since the previous step's."""
+        self._runner_fields = self.runner_meter.update(status)
         return self.pool_meter.update(status, time.monotonic())
 
     def record(
@@ -69,7 +75,7 @@ class StepReporter:
         metrics.STALE.inc(counts.stale)
         metrics.BASELINE_EXCLUDED.inc(counts.baseline_excluded)
         metrics.PUBLISHED_BYTES.inc(published.nbytes)
-        rewards = [s.reward for s in samples]
+        rewards = [s.reward for s in samples if s.reward_failure is None] or [0.0]  # a failed call is no zero
         n_tok = stats.tokens
         return StepReport(
             step=step,
@@ -108,13 +114,15 @@ class StepReporter:
             data_epoch=data_epoch,
             carried_over=counts.carried_over,
             stale_tokens=counts.stale_tokens,
+            **episode_fields(samples),
+            **self._runner_fields,
+            reward_failures=dict(Counter(s.reward_failure for s in samples if s.reward_failure)),
             **gap_fields(stats, counts.baseline_excluded),
         )
 
     async def report(self, r: StepReport) -> None:
         """The step's one record: a line of steps.jsonl, the step gauges, the trackers, the log, the `steps` event."""
-        with (self.run_dir / "steps.jsonl").open("a") as f:
-            f.write(r.model_dump_json() + "\n")
+        append_line(self.run_dir / "steps.jsonl", r.model_dump_json(), "step report", "the trainer's --run-dir")
         metrics.export_step(r)
         if self.trackers is not None:
             from rlboost.tracking import step_metrics

@@ -120,12 +120,12 @@ class Checkpoints:
     def keep_validation(self, step: int, validation: ValidationReport | None) -> None:
         """Beside the step's checkpoint (if it wrote one): a report sent again on resume carries its evaluation."""
         from rlboost.fsio import write_text_atomic
-        from trainer.checkpoint import tag_of, validation_file
+        from trainer.checkpoint import WHERE, tag_of, validation_file
 
         if validation is None or self.directory is None:
             return
         if (ckpt := self.directory / tag_of(step + 1)).is_dir():
-            write_text_atomic(validation_file(ckpt), validation.model_dump_json())
+            write_text_atomic(validation_file(ckpt), validation.model_dump_json(), "step evaluation", WHERE)
 
     async def resend_last_report(self, events: JobEvents) -> None:
         """The report of the step the checkpoint ended, published again when no mark says it went out: the trainer

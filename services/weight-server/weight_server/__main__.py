@@ -65,6 +65,20 @@ def _access(args: WeightServerOptions):
     return Access.tokens(upload_token(args), reader)
 
 
+def _identities(args: WeightServerOptions):
+    """The check of a worker's identity proof on the peer routes (the job's worker-identity items), or None
+    without credentials (the directory is then open to the read token)."""
+    if not args.credentials_dir:
+        return None
+    from rlboost.auth.credentials import CredentialsError
+    from rlboost.auth.worker_identity import WorkerIdentityVerifier
+
+    try:
+        return WorkerIdentityVerifier.from_credentials(args.credentials_dir, args.job)
+    except CredentialsError as err:
+        raise StartupError(f"--credentials-dir: {err}") from None
+
+
 def tls_files(credentials_dir: str) -> dict[str, str]:
     """uvicorn's TLS options when the credentials hold the weight-server's certificate (Kubernetes), else none."""
     directory = Path(credentials_dir) if credentials_dir else None
@@ -109,8 +123,11 @@ async def serve(args: WeightServerOptions) -> None:
 
     from .announce import AnnounceError, Announcer
     from .app import create_app
+    from .deadlines import header_deadline_protocol
+    from .memory import bound_arenas
     from .store import VersionStore
 
+    bound_arenas()  # before uvicorn's threads: their arenas bound the memory reads can hold (issue 31)
     access = _access(args)
     chunk = args.chunk_bytes or args.spec.weight_sync.chunk_bytes
     root = check_data_dir(args.data_dir)
@@ -127,9 +144,14 @@ async def serve(args: WeightServerOptions) -> None:
     store = VersionStore(root, int(chunk), args.spec.weight_sync.retain_versions, args.compacted_cache_bytes)
     watchdog = LoopWatchdog(max_lag_s=5.0)  # compaction and file reads run in threads: the loop only awaits
     watchdog.start()
-    app = create_app(store, access, announcer=announcer, watchdog=watchdog)
+    identities = _identities(args)
+    app = create_app(
+        store, access, announcer=announcer, watchdog=watchdog, identities=identities, body_timeout_s=args.body_timeout
+    )
+    slow = app.state.metrics.slow_closed.labels("header").inc
     config = uvicorn.Config(
         app,
+        http=header_deadline_protocol(args.header_timeout, slow),  # half-sent requests cannot hold connections
         log_config=None,
         access_log=False,
         lifespan="off",

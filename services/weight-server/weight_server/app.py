@@ -25,8 +25,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
+from rlboost.auth.worker_identity import WorkerIdentityVerifier
 from rlboost.observability import LoopWatchdog
-from rlboost.weights.peers import PeerDirectory
+from rlboost.weights.peers import DirectoryFull, PeerDirectory
 from rlboost.wire import weight_routes as routes
 from rlboost.wire.events import WeightsAnnounced
 from rlboost.wire.peers_io import WORKER_ID_PATTERN, PeerRegistration, SourceList, SourcesRequest
@@ -47,13 +48,16 @@ from rlboost.wire.weights_io import (
 from .access import Access
 from .announce import Announcer
 from .assets import AssetStore
+from .deadlines import BODY_TIMEOUT_S, BodyDeadline
 from .errors import ErrorKind, StoreError
 from .metrics import WeightServerMetrics
+from .peer_access import PeerAccess
 from .store import Upload, VersionStore
 
 log = logging.getLogger(__name__)
 
 WRITE_BUFFER = 4 << 20  # upload bytes gathered before one (threaded) disk write
+MAX_PEER_BODY = 64 << 10  # a peer registration or sources request: a URL, a zone and at most 64 payload paths
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 # The one place a refusal's domain kind becomes an HTTP status.
@@ -65,6 +69,7 @@ HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.FORBIDDEN: 403,
     ErrorKind.RANGE_NOT_SATISFIABLE: 416,
     ErrorKind.TOO_LARGE: 413,
+    ErrorKind.INSUFFICIENT_STORAGE: 507,
 }
 
 
@@ -116,6 +121,8 @@ def create_app(
     assets: AssetStore | None = None,
     watchdog: LoopWatchdog | None = None,
     peers: PeerDirectory | None = None,
+    identities: WorkerIdentityVerifier | None = None,
+    body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> FastAPI:
     """The app over a store; `token` guards uploads, `read_token` (if set) guards reads, or `token` is the whole
     Access (the job's role tokens: access.py); `assets`: the model's assets (default: `<data-dir>/assets`)."""
@@ -124,7 +131,9 @@ def create_app(
     assets = assets if assets is not None else AssetStore(store.root / "assets")
     app = FastAPI(title="rlboost weight-server", docs_url=None, redoc_url=None, openapi_url=None)
     peers = peers if peers is not None else PeerDirectory()
+    peer_access = PeerAccess(identities, metrics)
     app.state.store, app.state.metrics, app.state.peers = store, metrics, peers
+    app.add_middleware(BodyDeadline, timeout_s=body_timeout_s, on_close=metrics.slow_closed.labels("body").inc)
 
     def refresh_gauges() -> None:
         metrics.versions_held.set(len(store.versions()))
@@ -170,13 +179,21 @@ def create_app(
     async def register_peer(worker: str, request: Request) -> Response:
         check_read(request)  # a worker's token: what it would need to pull the payloads it serves
         _check_worker_id(worker)
-        peers.register(worker, _parse(PeerRegistration, await request.body()), time.monotonic())
+        peer_access.check(request, worker)  # ...and the proof that it is this worker (issue 31)
+        registration = _parse(PeerRegistration, await _read_bounded(request, MAX_PEER_BODY, "peer registration"))
+        try:
+            peers.register(worker, registration, time.monotonic())
+        except DirectoryFull as err:
+            metrics.peer_refused.labels("full").inc()
+            raise StoreError(ErrorKind.TOO_LARGE, f"{err}; try again once workers left or expired", "worker") from None
         metrics.peers.set(len(peers.peers))
         return Response(status_code=204)
 
     @app.delete(routes.api(routes.PEER))
     async def leave_peer(worker: str, request: Request) -> Response:
         check_read(request)
+        _check_worker_id(worker)
+        peer_access.check(request, worker)
         peers.leave(worker)
         metrics.peers.set(len(peers.peers))
         return Response(status_code=204)
@@ -184,7 +201,8 @@ def create_app(
     @app.post(routes.api(routes.SOURCES))
     async def sources(request: Request) -> SourceList:
         check_read(request)
-        ask = _parse(SourcesRequest, await request.body())
+        ask = _parse(SourcesRequest, await _read_bounded(request, MAX_PEER_BODY, "sources request"))
+        peer_access.check(request, ask.worker)  # a puller asks as itself: its place in the chain is its own
         found = peers.sources(ask.worker, ask.path, time.monotonic())
         metrics.peers.set(len(peers.peers))
         metrics.source_answers.labels("relay" if found.relay else "peers").inc()
@@ -268,7 +286,7 @@ def create_app(
         check_upload(request)
         declared = _int_param(request.headers.get("content-length"), "Content-Length")
         assets.admit(name, declared or 0)  # refused before a byte is read
-        data = await _read_bounded(request, MAX_ASSET_BYTES, name)
+        data = await _read_bounded(request, MAX_ASSET_BYTES, f"asset {name!r}")
         info = await anyio.to_thread.run_sync(assets.put, name, data)
         log.info("asset uploaded", extra={"asset": name, "bytes": info.size})
         return info
@@ -338,7 +356,7 @@ async def _read_bounded(request: Request, limit: int, name: str) -> bytes:
     async for piece in request.stream():
         body += piece
         if len(body) > limit:
-            raise StoreError(ErrorKind.TOO_LARGE, f"asset {name!r} is over {limit} bytes", "Content-Length")
+            raise StoreError(ErrorKind.TOO_LARGE, f"{name} is over {limit} bytes", "Content-Length")
     return bytes(body)
 
 

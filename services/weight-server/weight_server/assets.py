@@ -31,7 +31,7 @@ from rlboost.wire.weights_io import (
     AssetList,
 )
 
-from .errors import ErrorKind, StoreError
+from .errors import ErrorKind, StoreError, storing
 
 INCOMING_PREFIX = ".incoming-"
 _NAME = re.compile(ASSET_NAME_PATTERN)
@@ -120,7 +120,7 @@ class AssetStore:
                 return new
         tmp = self.root / f"{INCOMING_PREFIX}{uuid.uuid4().hex}"
         try:
-            with open(tmp, "wb") as f:
+            with storing(f"asset {name!r}", self.root), open(tmp, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())

@@ -7,7 +7,12 @@ planner and the store know nothing of HTTP.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from enum import StrEnum
+from pathlib import Path
+
+from rlboost.fsio import NO_SPACE
 
 
 class ErrorKind(StrEnum):
@@ -18,6 +23,7 @@ class ErrorKind(StrEnum):
     FORBIDDEN = "forbidden"  # a valid token of a role that may not do this (a worker's upload)
     RANGE_NOT_SATISFIABLE = "range_not_satisfiable"  # a Range header that selects no bytes of the payload
     TOO_LARGE = "too_large"  # over a bound of what is held (a model asset, or all of them together)
+    INSUFFICIENT_STORAGE = "insufficient_storage"  # the data directory's file system is full: nothing was stored
 
 
 class StoreError(Exception):
@@ -26,3 +32,26 @@ class StoreError(Exception):
     def __init__(self, kind: ErrorKind, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.kind, self.message, self.field = kind, message, field
+
+
+def no_space(what: str, where: object) -> StoreError:
+    """A write the full data directory refused (issue 31): one line naming the path and the field to change; what
+    the server held before is kept, and nothing of the refused write remains."""
+    return StoreError(
+        ErrorKind.INSUFFICIENT_STORAGE,
+        f"{what} could not be stored in {where}: no space left on device; free space there (the weight-server's "
+        "--data-dir; on Kubernetes its volume, the operator's weightsStorage) or keep fewer versions with "
+        "weightSync.retainVersions; every version held is kept",
+        "weightSync.retainVersions",
+    )
+
+
+@contextlib.contextmanager
+def storing(what: str, where: Path) -> Iterator[None]:
+    """A write into the data directory; a full file system becomes a StoreError (507) naming it and the fix."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno in NO_SPACE:
+            raise no_space(what, where) from err
+        raise

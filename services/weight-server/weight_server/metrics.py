@@ -55,3 +55,18 @@ class WeightServerMetrics:
             registry=self.registry,
         )
         self.bytes_on_disk = Gauge("rlboost_weights_bytes_on_disk", "Payload bytes on disk.", registry=self.registry)
+        self.slow_closed = Counter(
+            "rlboost_weights_slow_requests_closed_total",
+            "Connections closed for a slow client (weight_server.deadlines): 'header' (no whole request header "
+            "within --header-timeout), 'body' (no body byte for --body-timeout while the server waited).",
+            ["phase"],
+            registry=self.registry,
+        )
+        # issue 31: the peer directory's entries are bound to the worker that proves its id; the refusals
+        self.peer_refused = Counter(
+            "rlboost_weights_peer_refused_total",
+            "Peer directory calls refused: 'unauthenticated' (no or an invalid identity proof), 'denied' (another "
+            "worker's proof), 'full' (the directory holds its bound of workers).",
+            ["reason"],
+            registry=self.registry,
+        )

@@ -19,6 +19,7 @@ this module holds the files, the lock and the manifests in memory, and carries t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -35,8 +36,8 @@ from pathlib import Path
 from rlboost.fsio import fsync_dir
 from rlboost.wire.weights_io import ChunkInfo, Manifest
 
-from . import planning
-from .errors import ErrorKind, StoreError
+from . import memory, planning
+from .errors import ErrorKind, StoreError, storing
 from .planning import Holdings
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,13 @@ class Upload:
     chunks: list[ChunkInfo] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.tmp_dir.mkdir(parents=True)
-        self._file = open(self.tmp_dir / PAYLOAD, "wb")  # noqa: SIM115 (closed in commit/abort)
+        with storing(self.what, self.store.root):
+            self.tmp_dir.mkdir(parents=True)
+            self._file = open(self.tmp_dir / PAYLOAD, "wb")  # noqa: SIM115 (closed in commit/abort)
+
+    @property
+    def what(self) -> str:
+        return f"{'compacted delta' if self.tmp_dir.name.startswith('compacted-') else 'version'} {self.version}"
 
     def write(self, data: bytes | memoryview) -> None:
         """Append bytes; blocking (call from a worker thread). The whole-payload sha256 runs on another thread
@@ -83,7 +89,8 @@ class Upload:
         view = memoryview(data)
         whole = _HASHERS.submit(self._whole.update, view)
         try:
-            self._write_chunks(view)
+            with storing(self.what, self.store.root):
+                self._write_chunks(view)
         finally:
             whole.result()
         self.total += len(data)
@@ -119,9 +126,10 @@ class Upload:
         """fsync the payload and write its manifest in the temporary directory; blocking."""
         if self._chunk_fill:
             self._close_chunk()
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        with storing(self.what, self.store.root):
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
         manifest = Manifest(
             version=self.version,
             kind=self.kind,  # type: ignore[arg-type]
@@ -137,7 +145,7 @@ class Upload:
             companion=self.companion,
             signature=self.signature,
         )
-        with open(self.tmp_dir / MANIFEST, "w") as f:
+        with storing(self.what, self.store.root), open(self.tmp_dir / MANIFEST, "w") as f:
             f.write(manifest.model_dump_json(indent=1))
             f.flush()
             os.fsync(f.fileno())
@@ -145,8 +153,9 @@ class Upload:
         return manifest
 
     def abort(self) -> None:
-        if not self._file.closed:
-            self._file.close()
+        if hasattr(self, "_file") and not self._file.closed:
+            with contextlib.suppress(OSError):  # a full disk fails the close's flush too: the file goes anyway
+                self._file.close()
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
 
@@ -179,6 +188,7 @@ class VersionStore:
         self.compacted_evictions = 0
         self.on_compacted_evicted: Callable[[int], None] = lambda n: None  # metrics hook: n deltas evicted
         self._compact_locks: dict[tuple[int, int], threading.Lock] = {}  # one build per (a, b) at a time
+        self._building = threading.Lock()  # one build at a time at all: its chain and result bound the memory
         self._load()
 
     # ---- startup -----------------------------------------------------------------------------
@@ -403,7 +413,13 @@ class VersionStore:
         with gate:  # concurrent requests for the same pair build it once
             with self._lock:
                 found = self._compacted.get(key)
-            return found if found is not None else self._build_compacted(base, version)
+            if found is not None:
+                return found
+            with self._building:
+                try:
+                    return self._build_compacted(base, version)
+                finally:
+                    memory.trim()  # the chain and the composed delta are freed: give the memory back
 
     def _build_compacted(self, base: int, version: int) -> Manifest:
         from rlboost.delta.compact import compose_chain
