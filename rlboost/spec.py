@@ -489,6 +489,27 @@ class EvaluationSpec(SpecModel):
         return self
 
 
+class RolloutCorrectionSpec(SpecModel):
+    """The correction of the gap between the policy the workers sampled from and the trainer's (algorithm
+    .rolloutCorrection; TRL's vllm_importance_sampling_*, veRL's algorithm.rollout_correction). On: decoupled PPO,
+    the ratio is taken against the trainer's own log-probs at the step's weights (the proximal policy) and each
+    row that carries the workers' log-probs is weighted by w = pi_trainer / pi_worker (detached)."""
+
+    mode: Literal["none", "tis", "mask"] = Field(
+        "none",
+        description="'none': no weight (stale rows take the workers' log-probs as the ratio's old policy); 'tis': "
+        "truncated importance sampling, min(w, cap); 'mask': masked importance sampling, w where w <= cap, else 0.",
+    )
+    level: Literal["token", "sequence"] = Field(
+        "token",
+        description="'token': one w per token; 'sequence': one w per row, the product of its tokens' "
+        "(exp of the summed log-ratio), applied to all of its tokens.",
+    )
+    cap: float = Field(
+        2.0, ge=1.0, le=1e6, description="The bound on w: truncated at it ('tis') or masked above it ('mask')."
+    )
+
+
 class AlgorithmSpec(SpecModel):
     """GRPO-family policy optimisation."""
 
@@ -515,14 +536,16 @@ class AlgorithmSpec(SpecModel):
         0.0,
         ge=0,
         le=100,
-        description="Weight of the KL penalty to a frozen copy of the initial policy (k3 estimator); 0 = no reference model.",
+        description="Weight of the KL penalty to a frozen copy of the initial policy (algorithm.klEstimator; in the loss, or the reward with klInReward); 0 = no reference model.",
     )
     entropy_coef: float = Field(
         0.0, ge=0, le=100, description="Weight of the entropy bonus (subtracted from the loss); 0 = off."
     )
-    loss_aggregation: Literal["sequence", "token"] = Field(
+    loss_aggregation: Literal["sequence", "token", "token-mean"] = Field(
         "sequence",
-        description="'sequence': token mean per sequence, then mean over sequences; 'token': every token weighs the same (sum / (sequences x maxNewTokens), Dr. GRPO), so the normaliser is known while samples stream in.",
+        description="'sequence': token mean per sequence, then mean over sequences (GRPO); 'token': every token "
+        "weighs the same, sum / (sequences x maxNewTokens) (Dr. GRPO); 'token-mean': sum / the step's response "
+        "tokens (DAPO, TRL's default dapo, veRL's token-mean), normalised once per optimizer step.",
     )
     max_staleness: int = Field(
         0,
@@ -561,6 +584,61 @@ class AlgorithmSpec(SpecModel):
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clipping.")
     micro_batch_size: int = Field(32, ge=1, le=65536, description="Trajectories per forward/backward micro-batch.")
     seed: int = Field(0, ge=0, description="Seed of the trainer and of every sample's sampling seed.")
+    # The GRPO-family variants users bring from TRL and veRL (docs/algorithms.md maps each to their names).
+    advantage_normalization: Literal["group", "batch", "none"] = Field(
+        "group",
+        description="'group': (r - group mean) / (group std + eps) (GRPO); 'batch': (r - group mean) / (the step's "
+        "std + eps) (TRL scale_rewards=batch), the step trains once its whole batch is in; 'none': r - group mean "
+        "(Dr. GRPO). Dropped, reward-failed and too-stale samples stay out of the means and stds (advantage 0).",
+    )
+    importance_ratio: Literal["token", "sequence"] = Field(
+        "token",
+        description="'token': one ratio per token (PPO, GRPO); 'sequence': one per row, exp of its mean token "
+        "log-ratio (GSPO), clipped as a whole.",
+    )
+    dual_clip: float = Field(
+        0.0,
+        ge=0,
+        le=1000,
+        description="Dual-clip PPO bound c (veRL clip_ratio_c): for a negative advantage the token loss is at most "
+        "-A x c, so a stale token with a large ratio cannot blow the loss up; 0 = off, else > 1.",
+    )
+    rollout_correction: RolloutCorrectionSpec = Field(
+        default_factory=RolloutCorrectionSpec,
+        description="Correct the trainer/sampler gap (and staleness) by importance weights: decoupled PPO.",
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3",
+        description="Estimator of the KL to the reference per token, with d = log pi - log pi_ref: 'k1' d, 'k2' "
+        "d^2 / 2, 'k3' exp(-d) + d - 1 (Schulman).",
+    )
+    kl_in_reward: bool = Field(
+        False,
+        description="Put klCoef x the sample's summed KL into its reward before the advantages (veRL "
+        "use_kl_in_reward) instead of into the loss; the step trains once its whole batch is in and scored.",
+    )
+    updates_per_step: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Optimizer updates on each step's batch (TRL num_iterations, veRL ppo_epochs); the old "
+        "log-probs of the ratio are those of the first pass, computed once. The step publishes once.",
+    )
+
+    @model_validator(mode="after")
+    def _variants(self) -> AlgorithmSpec:
+        if 0 < self.dual_clip <= 1:
+            raise SpecFieldError(
+                "dualClip",
+                f"algorithm.dualClip ({self.dual_clip}) bounds the loss of a negative advantage at ratio c: it must "
+                "be > 1 (veRL's default is 3), or 0 for off",
+            )
+        if self.kl_in_reward and self.kl_coef == 0:
+            raise SpecFieldError(
+                "klInReward",
+                "algorithm.klInReward puts klCoef x KL into the reward: set algorithm.klCoef > 0 (or klInReward false)",
+            )
+        return self
 
 
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$"  # a Kubernetes resource quantity, as requests take it

@@ -188,6 +188,7 @@ def cross_field_rules() -> list[Rule]:
             "rollout worker; set one of them >= 1",
             "rollout.reserved.replicas",
         ),
+        *_algorithm_variant_rules(),
     ]
 
 
@@ -212,6 +213,24 @@ def _episode_rules(v) -> list[Rule]:
             "spec.algorithm.partialRollout does not carry episodes across steps yet: turn it off with "
             "spec.task.environment",
             "algorithm.partialRollout",
+        ),
+    ]
+
+
+def _algorithm_variant_rules() -> list[Rule]:
+    """AlgorithmSpec's own validator (the GRPO-family variants): dualClip and klInReward."""
+    # double(): a `number` field written as an integer (dualClip: 3) is an int to some CEL evaluators
+    dual, kl_coef = (f"double({value('self', f'algorithm.{name}')})" for name in ("dualClip", "klCoef"))
+    return [
+        Rule(
+            f"{dual} == 0.0 || {dual} > 1.0",
+            "spec.algorithm.dualClip must be > 1 (veRL's default is 3), or 0 for off",
+            "algorithm.dualClip",
+        ),
+        Rule(
+            f"!{value('self', 'algorithm.klInReward')} || {kl_coef} > 0.0",
+            "spec.algorithm.klInReward puts klCoef x KL into the reward: set spec.algorithm.klCoef > 0",
+            "algorithm.klInReward",
         ),
     ]
 

@@ -82,10 +82,11 @@ def _steps_table(state: ProgressState) -> Table:
     t.add_column("train s", justify="right")
     t.add_column("sync s", justify="right")
     t.add_column("version", justify="right")
+    t.add_column("logp gap", justify="right")
     last = state.steps[-1] if state.steps else None
     trend = sparkline([s.reward_mean for s in state.steps])
     if last is None:
-        t.add_row(f"0/{state.total_steps}", "-", "", "-", "-", "-", "-", "-")
+        t.add_row(f"0/{state.total_steps}", "-", "", "-", "-", "-", "-", "-", "-")
     else:
         t.add_row(
             f"{last.step}/{state.total_steps}",
@@ -96,8 +97,14 @@ def _steps_table(state: ProgressState) -> Table:
             f"{last.train_seconds:.2f}",
             f"{last.sync_seconds:.2f}",
             str(last.weight_version),
+            logprob_gap(last),
         )
     return t
+
+
+def logprob_gap(rec: StepReport) -> str:
+    """The trainer/worker log-prob gap of a step: mean/max |delta log-prob| (StepReport.logprob_mismatch_*)."""
+    return f"{rec.logprob_mismatch_mean:.1e}/{rec.logprob_mismatch_max:.1e}"
 
 
 def _workers_table(state: ProgressState) -> Table:
@@ -136,7 +143,7 @@ def step_line(rec: StepReport, total: int) -> str:
     line = (
         f"step {rec.step}/{total}  reward {rec.reward_mean:.3f}  tokens {rec.tokens}  "
         f"rollout {rec.rollout_seconds:.2f}s  train {rec.train_seconds:.2f}s  sync {rec.sync_seconds:.2f}s  "
-        f"version {rec.weight_version}"
+        f"version {rec.weight_version}  logp gap {logprob_gap(rec)}"
     )
     if rec.reward_failures:  # failed reward calls by kind: no real zeros (issue 31)
         line += "  reward failures " + ", ".join(f"{k} {n}" for k, n in sorted(rec.reward_failures.items()))
@@ -154,7 +161,7 @@ def validation_line(v: ValidationReport) -> str:
 
 def summary_table(steps: list[StepReport]) -> Table:
     t = Table(title="rlboost local: summary")
-    for col in ("step", "reward", "tokens", "rollout s", "train s", "sync s", "tok/s", "version"):
+    for col in ("step", "reward", "tokens", "rollout s", "train s", "sync s", "tok/s", "version", "logp gap"):
         t.add_column(col, justify="right")
     for r in steps:
         tps = r.tokens / r.rollout_seconds if r.rollout_seconds > 0 else 0.0
@@ -167,5 +174,6 @@ def summary_table(steps: list[StepReport]) -> Table:
             f"{r.sync_seconds:.2f}",
             f"{tps:.0f}",
             str(r.weight_version),
+            logprob_gap(r),
         )
     return t

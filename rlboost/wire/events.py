@@ -128,7 +128,11 @@ class StepReport(BaseModel):
     )
     first_trajectory_seconds: float = Field(0.0, ge=0, description="Rollout request to the first trajectory.")
     clip_fraction: float = gauge(0.0, "Fraction of response tokens whose importance ratio was clipped.", ge=0, le=1)
-    logprob_abs_diff: float = gauge(0.0, "Mean |trainer log-prob - worker log-prob| per response token.")
+    logprob_abs_diff: float = gauge(
+        0.0,
+        "Mean |log-prob - old log-prob| per response token: the ratio's log, 0 on on-policy rows at a step's first "
+        "update; the trainer/worker gap is logprob_mismatch_mean.",
+    )
     kl: float = gauge(0.0, "Mean k3 KL to the reference policy per response token (0 without klCoef).")
     entropy: float = gauge(0.0, "Mean policy entropy per response token.")
     off_policy: int = Field(0, ge=0, description="Samples skipped for being older than algorithm.maxStaleness.")
@@ -178,6 +182,23 @@ class StepReport(BaseModel):
     )
     data_epoch: int = Field(
         0, ge=0, description="Epoch of the data cursor after the step's prompts (the epoch the next step reads)."
+    )
+    # The trainer/sampler gap and the GRPO-family variants (algorithm.rolloutCorrection, ...: docs/algorithms.md)
+    logprob_mismatch_mean: float = gauge(
+        0.0,
+        "Mean |trainer log-prob - worker log-prob| per response token of the rows that carry the workers' "
+        "log-probs, the trainer's at the step's weights before its update.",
+    )
+    logprob_mismatch_max: float = gauge(0.0, "Largest |trainer log-prob - worker log-prob| of those tokens.")
+    rollout_correction_fraction: float = gauge(
+        0.0,
+        "Fraction of response tokens whose rollout-correction weight went past algorithm.rolloutCorrection.cap "
+        "(truncated, or masked).",
+        ge=0,
+        le=1,
+    )
+    baseline_excluded: int = Field(
+        0, ge=0, description="Samples kept out of their group's baseline: dropped, reward failed or too stale."
     )
     validation: ValidationReport | None = Field(
         None, description="The evaluation after this step (every evaluation.everySteps and the last), else null."

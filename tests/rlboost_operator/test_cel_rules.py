@@ -161,6 +161,9 @@ BAD_SPECS = [
     },
     {"rollout": {"spot": {"gpusPerWorker": 2, "tensorParallel": 2}}},  # engine torch (the default)
     {"rollout": {"reserved": {"engine": "sglang", "gpusPerWorker": 1, "tensorParallel": 2}}},
+    {"algorithm": {"dualClip": 0.5}},
+    {"algorithm": {"dualClip": 1}},
+    {"algorithm": {"klInReward": True}},  # klCoef 0
     {"rollout": {"reserved": {"replicas": 0}, "spot": {"replicas": 0, "maxReplicas": 0}}},  # no worker (issue 31)
 ]
 

@@ -82,3 +82,24 @@ def test_duplicates_are_ignored_and_foreign_trajectories_rejected():
         add(asm, traj(0, 1, step=4))
     with pytest.raises(StreamError, match="outside 1 prompts x 2 samples"):
         add(asm, traj(1, 0, step=5))
+
+
+def test_batch_normalisation_releases_once_every_group_is_in_with_the_steps_std():
+    """algorithm.advantageNormalization 'batch': the step's std needs every group, so nothing is released before
+    the last one completes; then the advantages are (r - group mean) / the step's std."""
+    asm = StepAssembler(0, num_prompts=2, group_size=2, micro_batch_size=2, normalization="batch")
+    assert add(asm, traj(0, 0)) == [] and add(asm, traj(0, 1)) == []  # group 0 complete: still held
+    assert asm.add(traj(1, 0), 1.0) == []
+    ready = asm.add(traj(1, 1), 1.0)
+    # Rewards [0, 1 | 1, 1]: the step's mean 0.75, unbiased std 0.5; group 0 centred +-0.5 -> +-1; group 1 -> 0.
+    assert [[s.advantage for s in mb] for mb in ready] == [pytest.approx([-1.0, 1.0], rel=1e-5), [0.0, 0.0]]
+    assert asm.complete
+
+
+def test_an_excluded_sample_stays_out_of_its_groups_baseline():
+    asm = StepAssembler(0, num_prompts=1, group_size=3, micro_batch_size=3)
+    asm.add(traj(0, 0), 1.0)
+    asm.add(traj(0, 1), 0.0, excluded="reward_failed")  # scored 0 because its reward call failed
+    (ready,) = asm.add(traj(0, 2), 0.0)
+    assert [s.excluded for s in ready] == ["", "reward_failed", ""]
+    assert [s.advantage for s in ready] == pytest.approx([0.7071, 0.0, -0.7071], rel=1e-3)  # the group [1, 0]

@@ -54,6 +54,7 @@ async def test_dropped_sample_trains_with_zero_weight_and_is_counted(tmp_path, t
     assert code == 0, err[-3000:]
     (report,) = events["steps"]
     assert report.finish_reasons == {"stop": 3, "failed": 1} and report.off_policy == 0
+    assert report.baseline_excluded == 1  # and out of its group's baseline (trainer.advantages)
     assert report.trajectories == 4 and events["done"][0].ok
 
 

@@ -49,7 +49,9 @@ def test_two_ranks_are_two_processes_on_one_rendezvous(tmp_path: Path):
 def test_one_rank_keeps_the_plain_trainer(tmp_path: Path):
     plan = build_plan(JobSpec(), LocalOptions(run_dir=tmp_path, python="/py"), lambda: 1, nats_binary="/n")
     (trainer,) = [c for c in plan.children if c.role == "trainer"]
-    assert "--checkpoint-dir" not in trainer.argv and "--resume" not in trainer.argv
+    # a local run checkpoints into its run directory by default (the runner restarts a killed trainer from there)
+    assert trainer.argv[trainer.argv.index("--checkpoint-dir") + 1] == str(tmp_path / "checkpoints")
+    assert "--resume" not in trainer.argv
     # a rendezvous of its own, never one inherited from the runner's environment (it may be in use)
     # (and the pinned CPU arithmetic: rlboost.cpu_numerics)
     assert trainer.env == {

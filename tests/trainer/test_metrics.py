@@ -13,8 +13,9 @@ from trainer import metrics
 # Numeric fields that are not a gauge of their own, and where they go instead. A new numeric field fails
 # test_every_numeric_field_is_a_gauge_or_said_otherwise until it is declared with `gauge(...)` or listed here.
 DERIVED = {"step", "tokens", "rollout_seconds", "train_seconds", "sync_seconds"}  # step count, tokens, tokens/s, phases
-# *_total counters, per trajectory (sync_bytes: rlboost_trainer_published_bytes_total)
-COUNTED_DURING_THE_STEP = {"trajectories", "off_policy", "stale", "sync_bytes"}
+# *_total counters, per trajectory (sync_bytes: rlboost_trainer_published_bytes_total; baseline_excluded:
+# rlboost_trainer_baseline_excluded_total)
+COUNTED_DURING_THE_STEP = {"trajectories", "off_policy", "stale", "sync_bytes", "baseline_excluded"}
 # workers_lost, migrations, cost_so_far, spot_busy_fraction: the manager's and the operator's own metrics say these
 RECORD_ONLY = {
     "first_trajectory_seconds",

@@ -101,16 +101,17 @@ def _objective(model_dir, state: dict[str, torch.Tensor], trajs) -> float:
     return total
 
 
-async def _train(tmp_path, spec, tiny_model_dir, nats_url: str, job: str, world: int, steps: int):
+async def _train(tmp_path, spec, tiny_model_dir, nats_url: str, job: str, world: int, steps: int, dropped=frozenset()):
     """`world` real `python -m trainer` rank processes for `steps` against the stand-in manager, a real
-    weight-server and NATS: (the job's NATS events, published states by version, the stand-in)."""
+    weight-server and NATS: (the job's NATS events, published states by version, the stand-in). `dropped`: the
+    (prompt, sample)s the stand-in sends as dropped."""
     job_dir = tmp_path / job
     job_dir.mkdir()
     (job_dir / "model").symlink_to(tiny_model_dir)
     config = job_dir / "job.yaml"
     config.write_text(dump_job_spec(spec))
     tok = load_tokenizer(tiny_model_dir)
-    stand_in = StandInManager(tok, stop_token_ids(tok)[0])
+    stand_in = StandInManager(tok, stop_token_ids(tok)[0], dropped=set(dropped))
     server, target = await start_manager(stand_in)
     import nats
 

@@ -43,3 +43,57 @@ def test_partial_rollout_takes_any_ranks_but_keeps_the_even_batch_and_the_stalen
     uneven = {"algorithm": {**two["algorithm"], "promptsPerStep": 3, "groupSize": 3}, "trainer": {"ranks": 2}}
     assert "trainer.ranks (2)" in _err(uneven)
     assert "set algorithm.maxStaleness >= 1" in _err({**two, "algorithm": {"partialRollout": True}})
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "field"),
+    [
+        ({"advantageNormalization": "whiten"}, "algorithm.advantageNormalization"),
+        ({"lossAggregation": "dapo"}, "algorithm.lossAggregation"),
+        ({"importanceRatio": "geometric"}, "algorithm.importanceRatio"),
+        ({"dualClip": 0.9}, "algorithm.dualClip"),
+        ({"dualClip": -1}, "algorithm.dualClip"),
+        ({"rolloutCorrection": {"mode": "is"}}, "algorithm.rolloutCorrection.mode"),
+        ({"rolloutCorrection": {"level": "batch"}}, "algorithm.rolloutCorrection.level"),
+        ({"rolloutCorrection": {"cap": 0.5}}, "algorithm.rolloutCorrection.cap"),
+        ({"rolloutCorrection": {"threshold": 2}}, "algorithm.rolloutCorrection.threshold"),
+        ({"klEstimator": "k4"}, "algorithm.klEstimator"),
+        ({"klInReward": True}, "algorithm.klInReward"),  # klCoef 0
+        ({"updatesPerStep": 0}, "algorithm.updatesPerStep"),
+        ({"updatesPerStep": 65}, "algorithm.updatesPerStep"),
+    ],
+)
+def test_each_algorithm_variant_is_validated_naming_its_field(algorithm, field):
+    with pytest.raises(JobSpecError) as info:
+        parse_job_spec({"algorithm": algorithm})
+    assert [p.path for p in info.value.problems] == [field]
+    assert f"  {field}: " in str(info.value)
+
+
+def test_the_algorithm_variants_default_to_todays_grpo_and_take_the_recipes_values():
+    alg = parse_job_spec({}).algorithm
+    assert (alg.advantage_normalization, alg.loss_aggregation, alg.importance_ratio, alg.dual_clip) == (
+        "group",
+        "sequence",
+        "token",
+        0.0,
+    )
+    assert (alg.rollout_correction.mode, alg.kl_estimator, alg.kl_in_reward, alg.updates_per_step) == (
+        "none",
+        "k3",
+        False,
+        1,
+    )
+    alg = parse_job_spec(
+        {
+            "algorithm": {
+                "lossAggregation": "token-mean",
+                "dualClip": 3,
+                "rolloutCorrection": {"mode": "mask", "level": "sequence", "cap": 3.0},
+                "klCoef": 0.01,
+                "klInReward": True,
+                "klEstimator": "k1",
+            }
+        }
+    ).algorithm
+    assert alg.dual_clip == 3.0 and alg.rollout_correction.level == "sequence" and alg.kl_in_reward

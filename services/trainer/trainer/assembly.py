@@ -20,7 +20,7 @@ from rlboost.policies.partial_rollout import lag, trainable
 from rlboost.spec import AlgorithmSpec, JobSpec, effective_micro_batch
 from rlboost.tasks.sandbox import RewardResult
 from rlboost.wire.rollout_io import EpisodeSettings, PromptItem, RolloutRequest, SamplingParams, Trajectory
-from trainer import metrics
+from trainer import advantages, metrics
 from trainer.batching import StepAssembler
 from trainer.grpo import Sample
 from trainer.judge import FAILED, Judge
@@ -72,8 +72,14 @@ class WholeGroups:
         self, spec: JobSpec, prompts: PromptCursor, judge: Judge, vocab: Vocabulary, dump: RolloutDump
     ) -> None:
         self.spec, self.prompts, self.judge, self.vocab, self.dump = spec, prompts, judge, vocab, dump
-        # streamed training, unless colocated: reserved workers must finish generating before training starts
-        self.streams = spec.trainer.stream_training and not spec.trainer.colocate_reserved
+        # streamed training, unless colocated (reserved workers must finish generating before training starts) or
+        # the advantages need the whole step (trainer.advantages)
+        alg = spec.algorithm
+        self.streams = (
+            spec.trainer.stream_training
+            and not spec.trainer.colocate_reserved
+            and not advantages.needs_whole_batch(alg)
+        )
         self.request: RolloutRequest | None = None  # the current step's
         self.examples: list[Any] = []  # the current step's, by prompt index
         self.assembler: StepAssembler | None = None  # the current step's
@@ -93,7 +99,8 @@ class WholeGroups:
         self.request = RolloutRequest(step, version, [], alg.group_size, sampling, self.vocab.size)
         with_prompts(self.request, self.spec, batch.examples, batch.prompt_ids)
         self.examples = batch.examples
-        self.assembler = StepAssembler(step, len(batch.examples), alg.group_size, effective_micro_batch(self.spec))
+        mb, normalization = effective_micro_batch(self.spec), alg.advantage_normalization
+        self.assembler = StepAssembler(step, len(batch.examples), alg.group_size, mb, normalization)
         return OpenedStep(self.request, batch.skipped, self.assembler.total)
 
     def fresh(self, batch: list[Trajectory]) -> list[Trajectory]:
@@ -116,8 +123,10 @@ class WholeGroups:
             is_stale, weight = classify(self.request, traj, self.spec.algorithm.max_staleness)
             counts.stale += is_stale
             counts.off_policy += weight == 0.0 and traj.finish_reason != FAILED
+            excluded = advantages.exclusion(traj.finish_reason, reward.failure, weight)
+            counts.baseline_excluded += bool(excluded)
             arrived(traj, counts, self.dump)
-            ready += self.assembler.add(traj, reward.value, is_stale, weight, reward_failure=reward.failure)
+            ready += self.assembler.add(traj, reward.value, is_stale, weight, reward.failure, excluded)
         return ready
 
     def finish(self, counts: StepCounts) -> tuple[list[Sample], list[list[Sample]]]:

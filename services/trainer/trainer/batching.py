@@ -2,7 +2,8 @@
 
 Micro-batch membership is fixed up front: the step's (prompt_index, sample_index) pairs in sorted order,
 cut into runs of `micro_batch_size`. Micro-batch k is released when every sample in it has arrived and
-every group it touches is complete (advantages need the whole group), and only after micro-batch k-1.
+every group it touches is complete (advantages need the whole group; with algorithm.advantageNormalization
+'batch' every group of the step: trainer.advantages), and only after micro-batch k-1.
 Fixed membership and order make the gradient a pure function of the rollouts, whatever order they
 arrive in: the run is reproducible (and resumable bit-exactly) given the same rollouts. Torch-free.
 """
@@ -10,7 +11,8 @@ arrive in: the run is reproducible (and resumable bit-exactly) given the same ro
 from __future__ import annotations
 
 from rlboost.wire.rollout_io import Trajectory
-from trainer.grpo import Sample, group_advantages
+from trainer import advantages
+from trainer.grpo import Sample
 
 
 class StreamError(ValueError):
@@ -26,14 +28,17 @@ class StepAssembler:
         num_prompts: int,
         group_size: int,
         micro_batch_size: int,
+        normalization: str = "group",
     ) -> None:
         if num_prompts < 1 or group_size < 1 or micro_batch_size < 1:
             raise ValueError("num_prompts, group_size and micro_batch_size must all be >= 1")
         self.step, self.num_prompts, self.group_size = step, num_prompts, group_size
+        self.normalization = normalization  # algorithm.advantageNormalization
         order = [(p, g) for p in range(num_prompts) for g in range(group_size)]
         self._chunks = [order[i : i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
         self._samples: dict[tuple[int, int], Sample] = {}
-        self._groups_done: set[int] = set()
+        self._groups_in: set[int] = set()  # groups with every sample in
+        self._groups_done: set[int] = set()  # ... and their advantages set
         self._next_chunk = 0
         self.duplicates = 0
 
@@ -56,16 +61,19 @@ class StepAssembler:
         stale: bool = False,
         weight: float = 1.0,
         reward_failure: str | None = None,
+        excluded: str = "",
     ) -> list[list[Sample]]:
         """Take one trajectory and its reward; return the micro-batches that became ready (possibly none), in order.
 
-        `stale`/`weight`/`reward_failure`: see `Sample` (bounded staleness; weight 0 skips a too-stale sample's
-        loss; a failed reward call's kind)."""
+        `stale`/`weight`/`reward_failure`/`excluded`: see `Sample` (bounded staleness; weight 0 skips a too-stale
+        sample's loss; a failed reward call's kind; out of its group's baseline)."""
         key = self.validate(traj)
         if key in self._samples:
             self.duplicates += 1  # a re-sent trajectory must not count twice
             return []
-        self._samples[key] = Sample(traj, float(reward), stale=stale, weight=weight, reward_failure=reward_failure)
+        self._samples[key] = Sample(
+            traj, float(reward), stale=stale, weight=weight, reward_failure=reward_failure, excluded=excluded
+        )
         self._maybe_finish_group(traj.prompt_index)
         return self._release()
 
@@ -92,12 +100,18 @@ class StepAssembler:
         return traj.prompt_index, traj.sample_index
 
     def _maybe_finish_group(self, p: int) -> None:
-        group = [self._samples.get((p, g)) for g in range(self.group_size)]
-        if any(s is None for s in group):
+        if any((p, g) not in self._samples for g in range(self.group_size)):
             return
-        for s, a in zip(group, group_advantages([s.reward for s in group]), strict=True):
-            s.advantage = a
-        self._groups_done.add(p)
+        self._groups_in.add(p)
+        if self.normalization != "batch":
+            advantages.assign([self._group(p)], self.normalization)
+            self._groups_done.add(p)
+        elif len(self._groups_in) == self.num_prompts:  # the step's std needs every group
+            advantages.assign([self._group(q) for q in range(self.num_prompts)], self.normalization)
+            self._groups_done = set(self._groups_in)
+
+    def _group(self, p: int) -> list[Sample]:
+        return [self._samples[(p, g)] for g in range(self.group_size)]
 
     def _release(self) -> list[list[Sample]]:
         out = []

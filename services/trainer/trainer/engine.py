@@ -30,16 +30,9 @@ import torch
 
 from rlboost.nats_server import free_port
 from rlboost.spec import JobSpec, effective_micro_batch
-from trainer.grpo import (
-    LossStats,
-    MicroBatch,
-    aggregate,
-    behaviour_logprobs,
-    clipped_policy_loss,
-    kl_k3,
-    token_entropy,
-    token_logprobs,
-)
+from trainer import grad_scale
+from trainer.grpo import LossStats, MicroBatch, token_logprobs, token_mean_scale
+from trainer.objective import Objective
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +93,20 @@ def deepspeed_config(spec: JobSpec, world_size: int, bf16: bool) -> dict[str, An
 class StepResult:
     grad_norm: float
     learning_rate: float
+    loss_scale: float = (
+        1.0  # 'token-mean': what the step's micro-batch losses are multiplied by (grpo.token_mean_scale)
+    )
+
+
+@dataclass
+class StepPasses:
+    """One rank's record of the step so far: its loss tokens (the 'token-mean' normaliser, summed over ranks at the
+    optimizer step) and, with algorithm.updatesPerStep > 1, each micro-batch it trained with the old log-probs of its
+    first pass, for the further updates."""
+
+    num_sequences: int = 0
+    tokens: int = 0
+    replay: list[tuple[MicroBatch, torch.Tensor]] = dataclasses.field(default_factory=list)
 
 
 class PolicyEngine:
@@ -107,7 +114,8 @@ class PolicyEngine:
 
     With `algorithm.klCoef > 0` a frozen fp32 copy of the initial model is kept on every rank as the KL
     reference (not partitioned: fine for the models this runs on CPU; on GPUs a ZeRO-3 reference would be
-    the next step).
+    the next step). The loss itself: trainer.objective; a step's further updates (algorithm.updatesPerStep) replay
+    its micro-batches against their first pass's old log-probs (`replay`).
     """
 
     def __init__(self, model_dir: str | Path, spec: JobSpec) -> None:
@@ -119,8 +127,8 @@ class PolicyEngine:
         self.spec = spec
         alg = spec.algorithm
         self.temperature = alg.temperature
-        self.clip_low = alg.clip_ratio_low or alg.clip_ratio
-        self.clip_high = alg.clip_ratio_high or alg.clip_ratio
+        self.objective = Objective(alg, spec.max_trained_tokens())
+        self.passes = StepPasses()
         self.device_is_gpu = torch.cuda.is_available()
         backend = resolve_backend(spec.trainer.backend)
         skip_inference_allreduce_build()
@@ -139,6 +147,8 @@ class PolicyEngine:
         config = deepspeed_config(spec, self.world, bf16=self.device_is_gpu)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         self.engine.train()
+        if alg.loss_aggregation == "token-mean":
+            grad_scale.check(self.engine)  # an optimizer whose gradient cannot be rescaled fails the start
         if self.reference is not None:
             self.reference.to(self.engine.device)
         self.extraction, why = self._choose_extraction()
@@ -177,55 +187,87 @@ class PolicyEngine:
         out = self.engine(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
         return token_logprobs(out.logits, batch.input_ids, self.temperature)
 
-    def _loss(self, batch: MicroBatch, num_sequences: int) -> tuple[torch.Tensor, LossStats]:
-        alg = self.spec.algorithm
+    def reference_logprobs(self, batch: MicroBatch) -> torch.Tensor:
+        """[B, L-1] log-probs of the batch's targets under the frozen reference (batch already on device)."""
+        with torch.no_grad():
+            out = self.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+            return token_logprobs(out.logits, batch.input_ids, self.temperature)
+
+    def _loss(
+        self, batch: MicroBatch, num_sequences: int, old: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, LossStats, torch.Tensor]:
         out = self.engine(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
         logp = token_logprobs(out.logits, batch.input_ids, self.temperature)
-        old = behaviour_logprobs(batch, logp)
-        mask = batch.response_mask
-        if batch.loss_weight is not None:
-            mask = mask * batch.loss_weight[:, None]  # a skipped (too stale) row contributes nothing
-        agg = {"aggregation": alg.loss_aggregation, "max_tokens": self.spec.max_trained_tokens()}
-        loss, stats = clipped_policy_loss(
-            logp, old, batch.advantages, mask, self.clip_low, num_sequences, clip_high=self.clip_high, **agg
-        )
-        on = mask > 0
-        if self.reference is not None:
-            with torch.no_grad():
-                ref_out = self.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-                ref_logp = token_logprobs(ref_out.logits, batch.input_ids, self.temperature)
-            kl = kl_k3(logp, ref_logp)
-            loss = loss + alg.kl_coef * aggregate(kl, mask, num_sequences, **agg)
-            stats.kl_sum = float(kl.detach()[on].sum().item())
-        if alg.entropy_coef > 0:
-            ent = token_entropy(out.logits, self.temperature)
-            loss = loss - alg.entropy_coef * aggregate(ent, mask, num_sequences, **agg)
-            stats.entropy_sum = float(ent.detach()[on].sum().item())
-        else:
-            with torch.no_grad():  # a diagnostic only: no graph through the full-vocabulary entropy
-                stats.entropy_sum = float(token_entropy(out.logits.detach(), self.temperature)[on].sum().item())
-        return loss, stats
+        ref_logp = self.reference_logprobs(batch) if self.objective.kl_in_loss else None
+        return self.objective.loss(out.logits, logp, batch, num_sequences, old=old, ref_logp=ref_logp)
 
     def forward_backward(self, batch: MicroBatch, num_sequences: int) -> tuple[float, LossStats]:
         """Accumulate one micro-batch's gradient; returns its share of the step loss and diagnostics."""
-        loss, stats = self._loss(batch.to(self.device), num_sequences)
+        batch = batch.to(self.device)
+        loss, stats, old = self._loss(batch, num_sequences)
+        self._backward(loss)
+        self.passes.num_sequences, self.passes.tokens = num_sequences, self.passes.tokens + stats.tokens
+        if self.spec.algorithm.updates_per_step > 1:
+            self.passes.replay.append((batch, old.detach()))
+        return float(loss.detach().item()), stats
+
+    def _backward(self, loss: torch.Tensor) -> None:
         # DeepSpeed averages gradients over ranks; x world makes the step's gradient the sum over its micro-batches
         # (num_sequences normalises it), as with one rank. Exact for a power-of-two world.
         self.engine.backward(loss * self.world if self.world > 1 else loss, scale_wrt_gas=False)
-        return float(loss.detach().item()), stats
+
+    def replay(self) -> tuple[float, LossStats]:
+        """A further update's passes (algorithm.updatesPerStep): every micro-batch this rank trained in the step,
+        in order, against its first pass's old log-probs; the summed loss shares and statistics."""
+        total, stats = 0.0, LossStats(0, 0, 0.0, 0.0)
+        for batch, old in self.passes.replay:
+            loss, more, _ = self._loss(batch, self.passes.num_sequences, old=old)
+            self._backward(loss)
+            total, stats = total + float(loss.detach().item()), stats + more
+        return total, stats
+
+    @torch.no_grad()
+    def sequence_kl(self, batch: MicroBatch) -> list[float]:
+        """algorithm.klInReward: each row's KL to the reference summed over its loss tokens, at the current weights."""
+        batch = batch.to(self.device)
+        logp = self.logprobs(batch)
+        return self.objective.sequence_kl(logp, self.reference_logprobs(batch), batch.loss_mask())
 
     @torch.no_grad()
     def evaluate_loss(self, batch: MicroBatch, num_sequences: int) -> float:
-        """The loss of a batch without touching gradients (tests, diagnostics)."""
-        loss, _ = self._loss(batch.to(self.device), num_sequences)
+        """The loss of a batch without touching gradients (tests, diagnostics); 'token-mean': the provisional
+        share (grpo.token_mean_scale)."""
+        loss, _, _ = self._loss(batch.to(self.device), num_sequences)
         return float(loss.item())
 
     def step(self) -> StepResult:
-        """Apply the accumulated gradient (clipped): one optimizer step per RL step."""
-        self.engine.step()
+        """Apply the accumulated gradient (clipped): one optimizer update. 'token-mean' first rescales it to the
+        step's token mean (trainer.grad_scale)."""
+        scale = self._token_mean_scale()
+        with grad_scale.scaled_gradients(self.engine, scale):
+            self.engine.step()
         norm = self.engine.get_global_grad_norm()
         lr = self.engine.get_lr()[0]
-        return StepResult(grad_norm=float(norm) if norm is not None else float("nan"), learning_rate=float(lr))
+        grad_norm = float(norm) if norm is not None else float("nan")
+        return StepResult(grad_norm=grad_norm, learning_rate=float(lr), loss_scale=scale)
+
+    def end_step(self) -> None:
+        """The step's updates are done: forget its record (every rank, after its last `step`)."""
+        self.passes = StepPasses()
+
+    def _token_mean_scale(self) -> float:
+        """'token-mean': N0 / T, T the step's loss tokens summed over ranks (grpo.token_mean_scale); else 1."""
+        alg = self.spec.algorithm
+        if alg.loss_aggregation != "token-mean":
+            return 1.0
+        tokens = self.passes.tokens
+        if self.world > 1:
+            import torch.distributed as dist
+
+            count = torch.tensor([tokens], dtype=torch.float64)
+            dist.all_reduce(count)
+            tokens = int(count.item())
+        return token_mean_scale(self.passes.num_sequences, self.objective.max_tokens, tokens)
 
     def full_state(self) -> dict[str, torch.Tensor]:
         """The whole model state (HF names, CPU) on rank 0; other ranks return {} (they only take part).

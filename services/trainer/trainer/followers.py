@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainer import ranks
-from trainer.rank_messages import OptimizerStep, RankMessage, ResumeFrom, Stop, TrainRound
+from trainer.rank_messages import OptimizerStep, RankMessage, ResumeFrom, ScoreRound, Stop, TrainRound
 from trainer.resume import Checkpoints
 from trainer.tally import TrainSums
 from trainer.training import StepTrainer
@@ -26,6 +26,8 @@ def follow(training: StepTrainer, checkpoints: Checkpoints) -> int:
         if isinstance(msg, TrainRound):
             loss, stats = training.train_share(msg)
             sums.add(loss, stats, 0.0)
+        elif isinstance(msg, ScoreRound):
+            training.score_share(msg)
         elif isinstance(msg, OptimizerStep):
             training.finish_step(sums.loss, sums.stats)
             if msg.save is not None:  # rank 0 writes its part after publishing; the save is collective

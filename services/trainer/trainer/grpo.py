@@ -6,12 +6,15 @@
   only ever see the model's own tokens).
 - `token_logprobs`: log_softmax(logits / T) at the target tokens, in float32, over the full vocabulary
   (the quantity the rollout workers report, see `rlboost.sampling.sample_next`).
-- `clipped_policy_loss`: PPO-clipped token-level loss with behaviour log-probs (asymmetric clip range),
-  aggregated per sequence (token mean, divided by the step's number of sequences) or per token (sum
-  divided by sequences x max response length, Dr. GRPO): both normalisers are known before the step's
-  samples arrive, so a step's loss is the sum of its micro-batches' losses and micro-batches can be formed
-  as trajectories stream in.
-- `kl_k3` / `token_entropy`: the optional KL-to-reference penalty and entropy bonus, aggregated the same way.
+- `clipped_policy_loss`: PPO-clipped token-level loss with behaviour log-probs (asymmetric clip range), the ratio
+  per token or per sequence (GSPO), an optional dual clip and importance weights, aggregated per sequence (token
+  mean, divided by the step's number of sequences) or per token (sum divided by sequences x max response length,
+  Dr. GRPO): both normalisers are known before the step's samples arrive, so a step's loss is the sum of its
+  micro-batches' losses and micro-batches can be formed as trajectories stream in. 'token-mean' (DAPO: sum / the
+  step's tokens T) takes the 'token' share and the engine rescales the step's gradient by that normaliser / T at
+  the optimizer step, once T is known (`token_mean_scale`, trainer.engine).
+- `kl_estimate` / `token_entropy`: the optional KL-to-reference penalty (k1, k2, k3) and entropy bonus, aggregated
+  the same way.
 - Behaviour log-probs: an on-policy sample's ratio is taken against the trainer's own (detached) log-probs,
   so it is exactly 1 (one optimizer step per batch, as verl's recomputed old log-probs); only stale samples
   (bounded staleness) use the workers' log-probs for importance correction. The gradient then does not
@@ -52,9 +55,11 @@ class Sample:
     """One finished trajectory with its reward and (once its group is complete) its advantage.
 
     `stale`: generated with an older weight version within the staleness bound (importance-corrected);
-    `weight` 0 skips a sample that is too stale (it keeps its slot so micro-batches stay fixed).
+    `weight` 0 skips a sample that is too stale (it keeps its slot so micro-batches stay fixed);
     `reward_failure`: why its reward call failed ('timeout', 'budget', ...: rlboost.tasks.sandbox.FAILURE_REASONS),
-    None for a real reward; its 0.0 is no real zero and does not belong in its group's baseline.
+    None for a real reward; its 0.0 is no real zero and does not belong in its group's baseline;
+    `excluded`: why it stays out of its group's baseline ('' = it counts; trainer.advantages);
+    `kl_penalty`: algorithm.klInReward's klCoef x its KL, taken off its reward for the advantage.
     """
 
     trajectory: Trajectory
@@ -63,6 +68,8 @@ class Sample:
     stale: bool = False
     weight: float = 1.0
     reward_failure: str | None = None
+    excluded: str = ""
+    kl_penalty: float = 0.0
 
 
 @dataclass
@@ -81,6 +88,13 @@ class MicroBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.response_mask.sum().item())
+
+    def loss_mask(self) -> torch.Tensor:
+        """[B, L-1] the tokens the loss counts: response targets of rows that weigh (a skipped row counts none).
+        The one place a per-token mask (environment tokens of a multi-turn episode) multiplies in."""
+        if self.loss_weight is None:
+            return self.response_mask
+        return self.response_mask * self.loss_weight[:, None]
 
     def to(self, device: torch.device | str) -> MicroBatch:
         return MicroBatch(
@@ -147,25 +161,30 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
+MAX_STATS = ("mismatch_max",)  # LossStats fields that combine by max (micro-batches, ranks); the rest add
+
+
 @dataclass
 class LossStats:
-    """Diagnostics of one micro-batch (sums, so micro-batches add up)."""
+    """Diagnostics of one micro-batch (sums, so micro-batches add up; `MAX_STATS` combine by max)."""
 
     tokens: int
     clipped_tokens: int
     ratio_sum: float
-    abs_logp_diff_sum: float  # |logp_new - logp_old|: a trainer/worker mismatch shows here first
-    kl_sum: float = 0.0  # k3 KL to the reference, summed over response tokens
+    abs_logp_diff_sum: float  # |logp_new - logp_old|: the ratio's log (0 on on-policy rows at the first update)
+    kl_sum: float = 0.0  # KL to the reference (algorithm.klEstimator), summed over response tokens
     entropy_sum: float = 0.0  # policy entropy, summed over response tokens
+    mismatch_tokens: int = 0  # tokens of rows with the workers' log-probs, at the first update
+    mismatch_sum: float = 0.0  # |trainer log-prob - worker log-prob| summed over those tokens
+    mismatch_max: float = 0.0  # ... and its largest
+    corrected_tokens: int = 0  # tokens whose rollout-correction weight was truncated or masked
 
     def __add__(self, o: LossStats) -> LossStats:
         return LossStats(
-            self.tokens + o.tokens,
-            self.clipped_tokens + o.clipped_tokens,
-            self.ratio_sum + o.ratio_sum,
-            self.abs_logp_diff_sum + o.abs_logp_diff_sum,
-            self.kl_sum + o.kl_sum,
-            self.entropy_sum + o.entropy_sum,
+            **{
+                f: max(getattr(self, f), getattr(o, f)) if f in MAX_STATS else getattr(self, f) + getattr(o, f)
+                for f in self.__dataclass_fields__
+            }
         )
 
 
@@ -180,17 +199,26 @@ def aggregate(
 
     'sequence': sum over rows of the row's token mean, / num_sequences.
     'token': sum of all tokens / (num_sequences x max_tokens): every token weighs the same.
+    'token-mean': the same share as 'token'; the step's sum is rescaled to / T at its end (`token_mean_scale`).
     """
     if num_sequences <= 0:
         raise ValueError(f"num_sequences must be > 0, got {num_sequences}")
     if aggregation == "sequence":
         per_seq = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
         return per_seq.sum() / num_sequences
-    if aggregation == "token":
+    if aggregation in ("token", "token-mean"):
         if max_tokens <= 0:
             raise ValueError(f"token aggregation needs max_tokens > 0, got {max_tokens}")
         return (per_token * mask).sum() / (num_sequences * max_tokens)
-    raise ValueError(f"loss aggregation must be 'sequence' or 'token', got {aggregation!r}")
+    raise ValueError(f"loss aggregation must be 'sequence', 'token' or 'token-mean', got {aggregation!r}")
+
+
+def token_mean_scale(num_sequences: int, max_tokens: int, tokens: int) -> float:
+    """'token-mean': the factor that turns a step's summed 'token' shares (normaliser num_sequences x max_tokens,
+    known up front) into its token mean (normaliser T = `tokens`, the step's loss tokens on every rank, known only
+    once its last micro-batch is in). Gradients are linear in the loss, so the accumulated gradient times this
+    factor is the gradient of sum / T. 1.0 for a step with no token (nothing to scale)."""
+    return num_sequences * max_tokens / tokens if tokens > 0 else 1.0
 
 
 def clipped_policy_loss(
@@ -203,20 +231,30 @@ def clipped_policy_loss(
     clip_high: float | None = None,
     aggregation: str = "sequence",
     max_tokens: int = 0,
+    importance_ratio: str = "token",
+    dual_clip: float = 0.0,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """PPO-clipped loss: max(-A r, -A clip(r, 1 - clip_ratio, 1 + clip_high)) per token, aggregated.
 
     `num_sequences` is the whole step's count (not the micro-batch's), so the micro-batches' losses add up
-    to the step's loss and their gradients accumulate to the step's gradient.
+    to the step's loss and their gradients accumulate to the step's gradient. `importance_ratio` 'sequence':
+    r is the row's exp(mean token log-ratio) (GSPO), the same for its tokens. `dual_clip` c > 1: for A < 0
+    the token loss is min(that, -A c) (dual-clip PPO). `weights` [B, T] (detached): the token losses are
+    multiplied by them (rollout correction, trainer.corrections).
     """
     if num_sequences <= 0:
         raise ValueError(f"num_sequences must be > 0, got {num_sequences}")
     high = clip_ratio if clip_high is None else clip_high
-    ratio = torch.exp(logp - old_logp)
+    ratio = torch.exp(_log_ratio(logp, old_logp, mask, importance_ratio))
     adv = advantages.to(logp.dtype)[:, None]
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + high)
     per_token = torch.maximum(unclipped, clipped)
+    if dual_clip > 0:
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
+    if weights is not None:
+        per_token = per_token * weights
     loss = aggregate(per_token, mask, num_sequences, aggregation, max_tokens)
     with torch.no_grad():
         on = mask > 0
@@ -229,10 +267,36 @@ def clipped_policy_loss(
     return loss, stats
 
 
+def _log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """[B, T] log of the importance ratio: per token, or each row's masked mean broadcast to its tokens (GSPO; the
+    gradient flows through the mean, so each token gets r_seq / |y| x its own log-prob's gradient)."""
+    log_ratio = logp - old_logp
+    if level == "token":
+        return log_ratio
+    if level == "sequence":
+        per_row = (log_ratio * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+        return per_row[:, None].expand_as(log_ratio)
+    raise ValueError(f"importance ratio must be 'token' or 'sequence', got {level!r}")
+
+
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimator of KL(policy || reference): exp(ref - logp) - (ref - logp) - 1 (>= 0, unbiased)."""
     d = ref_logp - logp
     return torch.exp(d) - d - 1.0
+
+
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) at the sampled tokens (Schulman, "Approximating KL divergence"):
+    k1 = log pi - log pi_ref (unbiased, can be negative), k2 = (log pi - log pi_ref)^2 / 2 (biased, but its expected
+    gradient on samples of pi is the KL's), k3 = `kl_k3` (unbiased, >= 0)."""
+    if estimator == "k3":
+        return kl_k3(logp, ref_logp)
+    d = logp - ref_logp
+    if estimator == "k1":
+        return d
+    if estimator == "k2":
+        return 0.5 * d.square()
+    raise ValueError(f"KL estimator must be 'k1', 'k2' or 'k3', got {estimator!r}")
 
 
 def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -242,11 +306,12 @@ def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return -(logp.exp() * logp).sum(dim=-1)
 
 
-def behaviour_logprobs(batch: MicroBatch, logp: torch.Tensor) -> torch.Tensor:
+def behaviour_logprobs(batch: MicroBatch, logp: torch.Tensor, decoupled: bool = False) -> torch.Tensor:
     """Old log-probs of the ratio: the workers' for stale rows that carry them, else the current policy's
-    (detached: ratio exactly 1, see the module docstring)."""
+    (detached: ratio exactly 1, see the module docstring). `decoupled` (a rollout correction is on): the current
+    policy's for every row, the proximal policy of decoupled PPO; the workers' enter as importance weights."""
     fallback = logp.detach()
-    if batch.stale is None:
+    if batch.stale is None or decoupled:
         return fallback
     use = batch.stale & batch.has_old_logprobs
     return torch.where(use[:, None], batch.old_logprobs, fallback)

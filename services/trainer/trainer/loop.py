@@ -35,7 +35,7 @@ from rlboost.observability import LoopWatchdog
 from rlboost.options.trainer import TrainerOptions
 from rlboost.spec import JobSpec
 from rlboost.wire.events import DONE, JobDone, StepReport
-from trainer import ranks
+from trainer import advantages, ranks
 from trainer.assembly import OpenedStep, StepAssembly, WholeGroups
 from trainer.colocation import Colocated, with_colocation
 from trainer.evaluation import Evaluator
@@ -213,6 +213,9 @@ class Trainer:
         samples, rest = self.assembly.finish(tally.counts)
         released = await self.colocation.release(step, self.weights.version)
         self.training.queue(rest)
+        if self.spec.algorithm.kl_in_reward:  # the KL goes into the rewards, then the advantages (trainer.advantages)
+            await self.training.penalise_kl(tally.sums)
+            advantages.assign(advantages.regroup(samples), self.spec.algorithm.advantage_normalization)
         await self.training.train_rest(tally.sums, len(samples))
         save = self._checkpoint_state_if_due()
         trained, state = await self._optimizer_step(save, tally)

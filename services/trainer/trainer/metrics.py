@@ -32,6 +32,10 @@ PROMPTS_SKIPPED = Counter(
     "rlboost_trainer_prompts_skipped_total", "Dataset prompts skipped: longer than task.dataset.maxPromptTokens"
 )
 STALE = Counter("rlboost_trainer_stale_trajectories_total", "Trajectories accepted within algorithm.maxStaleness")
+BASELINE_EXCLUDED = Counter(
+    "rlboost_trainer_baseline_excluded_total",
+    "Samples kept out of their group's baseline (advantage 0): dropped, reward failed or too stale",
+)
 FAILED = Counter(
     "rlboost_trainer_failed_trajectories_total",
     "Samples the rollout-manager dropped after rollout.maxRequestAttempts (rollout.onFailedRequest: drop): zero weight",

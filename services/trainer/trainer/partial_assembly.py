@@ -15,8 +15,9 @@ from rlboost.policies.partial_rollout import new_groups
 from rlboost.spec import JobSpec, effective_micro_batch
 from rlboost.tasks.sandbox import RewardResult
 from rlboost.wire.rollout_io import PromptItem, RolloutRequest, Trajectory
+from trainer import advantages
 from trainer.assembly import OpenedStep, arrived, classify, training_sampling
-from trainer.grpo import Sample, group_advantages
+from trainer.grpo import Sample
 from trainer.judge import FAILED, Judge
 from trainer.partial import GroupCarry, OpenGroup
 from trainer.prompt_cursor import PromptCursor
@@ -104,18 +105,25 @@ class PartialGroups:
         return samples, [samples[i : i + mb] for i in range(0, len(samples), mb)]
 
     def _complete_groups(self, request: RolloutRequest, groups: list[OpenGroup], counts: StepCounts) -> list[Sample]:
-        """The complete groups' samples with their advantages and staleness (lag of their oldest token), in order."""
-        samples: list[Sample] = []
+        """The complete groups' samples with their advantages (trainer.advantages) and staleness (lag of their
+        oldest token), in order."""
+        alg, ordered = self.spec.algorithm, []
         for group in groups:
-            members = [group.samples[g] for g in range(self.spec.algorithm.group_size)]
-            advantages = group_advantages([reward.value for _, reward in members])
-            for (traj, reward), advantage in zip(members, advantages, strict=True):
-                is_stale, weight = classify(request, traj, self.spec.algorithm.max_staleness)
-                counts.stale += is_stale
-                counts.off_policy += weight == 0.0 and traj.finish_reason != FAILED
-                counts.stale_tokens += older_tokens(traj, request.weight_version) if weight else 0
-                samples.append(Sample(traj, reward.value, advantage, is_stale, weight, reward.failure))
-        return samples
+            members = [group.samples[g] for g in range(alg.group_size)]
+            ordered.append([self._sample(request, traj, reward, counts) for traj, reward in members])
+        advantages.assign(ordered, alg.advantage_normalization)
+        return [s for group in ordered for s in group]
+
+    def _sample(self, request: RolloutRequest, traj: Trajectory, reward: RewardResult, counts: StepCounts) -> Sample:
+        is_stale, weight = classify(request, traj, self.spec.algorithm.max_staleness)
+        counts.stale += is_stale
+        counts.off_policy += weight == 0.0 and traj.finish_reason != FAILED
+        counts.stale_tokens += older_tokens(traj, request.weight_version) if weight else 0
+        excluded = advantages.exclusion(traj.finish_reason, reward.failure, weight)
+        counts.baseline_excluded += bool(excluded)
+        return Sample(
+            traj, reward.value, stale=is_stale, weight=weight, reward_failure=reward.failure, excluded=excluded
+        )
 
     def carried_groups(self) -> list[dict[str, Any]] | None:
         """Where each group still in flight took its prompt (the checkpoint's TrainerState.carried_groups)."""

@@ -1,7 +1,8 @@
 """The messages rank 0 broadcasts to the other ranks (trainer.ranks.broadcast), one type per message.
 
 They cross processes pickled by torch.distributed's `broadcast_object_list`, so every rank runs this same module.
-A run's conversation: one ResumeFrom, then per step its TrainRounds and one OptimizerStep, then Stop.
+A run's conversation: one ResumeFrom, then per step its ScoreRounds (algorithm.klInReward), its TrainRounds and one
+OptimizerStep, then Stop.
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ class TrainRound:
 
 
 @dataclass(frozen=True)
+class ScoreRound:
+    """algorithm.klInReward, before a step trains: a micro-batch per rank, each rank sums each row's KL to the
+    reference (no gradient) and the sums are gathered to every rank (trainer.ranks.all_gather)."""
+
+    op: ClassVar[str] = "score"
+    micro_batches: list[MicroBatch]  # world_size of them: rank r scores micro_batches[r]
+
+
+@dataclass(frozen=True)
 class OptimizerStep:
     """The step's rounds are done: every rank steps the optimizer, all-reduces the statistics, gathers the state."""
 
@@ -46,4 +56,4 @@ class Stop:
     op: ClassVar[str] = "stop"
 
 
-RankMessage = ResumeFrom | TrainRound | OptimizerStep | Stop
+RankMessage = ResumeFrom | TrainRound | ScoreRound | OptimizerStep | Stop

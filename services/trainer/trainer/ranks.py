@@ -19,14 +19,15 @@ the other ranks do with them: trainer.followers.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 import torch
 
-from trainer.grpo import LossStats, MicroBatch
+from trainer.grpo import MAX_STATS, LossStats, MicroBatch
 
-_FIELDS = ("tokens", "clipped_tokens", "ratio_sum", "abs_logp_diff_sum", "kl_sum", "entropy_sum")
+_FIELDS = tuple(f.name for f in dataclasses.fields(LossStats))
 
 
 def rank() -> int:
@@ -54,6 +55,17 @@ def broadcast(obj: Any = None) -> Any:
     return box[0]
 
 
+def all_gather(obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order, on every rank ([obj] with one rank). Blocking: call it from a thread."""
+    if not _multi():
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def complete_round(mbs: list[MicroBatch], world: int) -> list[MicroBatch]:
     """`mbs` (1 to `world` real micro-batches, real ones first so micro-batch k stays on rank k mod world) padded to
     `world` with weightless rows (MicroBatch.weightless_row): one backward pass per rank."""
@@ -63,15 +75,19 @@ def complete_round(mbs: list[MicroBatch], world: int) -> list[MicroBatch]:
 
 
 def all_reduce_stats(loss: float, stats: LossStats) -> tuple[float, LossStats]:
-    """Sum a step's loss and diagnostics over ranks (float64, so the integers stay exact)."""
+    """Sum a step's loss and diagnostics over ranks (float64, so the integers stay exact); the MAX_STATS by max."""
     if not _multi():
         return loss, stats
     import torch.distributed as dist
 
-    t = torch.tensor([loss, *(float(getattr(stats, f)) for f in _FIELDS)], dtype=torch.float64)
+    summed = [f for f in _FIELDS if f not in MAX_STATS]
+    t = torch.tensor([loss, *(float(getattr(stats, f)) for f in summed)], dtype=torch.float64)
     dist.all_reduce(t)
-    v = t.tolist()
-    return v[0], LossStats(int(v[1]), int(v[2]), v[3], v[4], v[5], v[6])
+    top = torch.tensor([float(getattr(stats, f)) for f in MAX_STATS], dtype=torch.float64)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    values = dict(zip(summed, t.tolist()[1:], strict=True)) | dict(zip(MAX_STATS, top.tolist(), strict=True))
+    kinds = {f.name: f.type for f in dataclasses.fields(LossStats)}
+    return t[0].item(), LossStats(**{f: int(v) if kinds[f] in (int, "int") else v for f, v in values.items()})
 
 
 def shutdown(timeout_s: float = 30.0) -> None:

@@ -23,7 +23,7 @@ from rlboost.wire.events import STEPS, StepReport
 from rlboost.wire.rollout_io import ManagerStatus
 from trainer import metrics, ranks
 from trainer.episode_report import RunnerMeter, episode_fields
-from trainer.grpo import Sample
+from trainer.grpo import LossStats, Sample
 from trainer.job_events import JobEvents
 from trainer.pool_metrics import PoolMeter, PoolStep, length_percentiles
 from trainer.publisher import Published
@@ -73,6 +73,7 @@ class StepReporter:
         counts, clock = tally.counts, tally.clock
         metrics.OFF_POLICY.inc(counts.off_policy)
         metrics.STALE.inc(counts.stale)
+        metrics.BASELINE_EXCLUDED.inc(counts.baseline_excluded)
         metrics.PUBLISHED_BYTES.inc(published.nbytes)
         rewards = [s.reward for s in samples if s.reward_failure is None] or [0.0]  # a failed call is no zero
         n_tok = stats.tokens
@@ -116,6 +117,7 @@ class StepReporter:
             **episode_fields(samples),
             **self._runner_fields,
             reward_failures=dict(Counter(s.reward_failure for s in samples if s.reward_failure)),
+            **gap_fields(stats, counts.baseline_excluded),
         )
 
     async def report(self, r: StepReport) -> None:
@@ -140,3 +142,13 @@ class StepReporter:
             },
         )
         await self.events.publish(STEPS, r)
+
+
+def gap_fields(stats: LossStats, excluded: int) -> dict[str, Any]:
+    """The trainer/worker gap, the rollout correction and the baseline's exclusions of a step (StepReport fields)."""
+    return {
+        "logprob_mismatch_mean": stats.mismatch_sum / stats.mismatch_tokens if stats.mismatch_tokens else 0.0,
+        "logprob_mismatch_max": stats.mismatch_max,
+        "rollout_correction_fraction": stats.corrected_tokens / stats.tokens if stats.tokens else 0.0,
+        "baseline_excluded": excluded,
+    }

@@ -21,6 +21,7 @@ class StepCounts:
     stale: int = 0  # samples within algorithm.maxStaleness but older than the step's version
     stale_tokens: int = 0  # partial rollout: trained response tokens generated under an older version
     carried_over: int = 0  # partial rollout: samples still owed at the step's end, continued next step
+    baseline_excluded: int = 0  # samples kept out of their group's baseline (trainer.advantages.exclusion)
     finish_reasons: dict[str, int] = field(default_factory=dict)  # finish_reason ('?' when empty) -> samples
 
     def finished(self, reason: str | None) -> None:
