@@ -110,6 +110,22 @@ def test_silent_death_stream_broken_counts_lost_tokens_from_the_decode_rate(capl
     assert _metric("rlboost_manager_preemption_stalled_request_seconds_total") == pytest.approx(stalled + 0.5)
 
 
+@pytest.mark.parametrize(("bounds", "lost"), [((16, 0.05), 1), ((3, 10.0), 3), ((0, 0.0), 8)])
+def test_a_deaths_loss_is_capped_by_the_chunk_cadence(
+    caplog: pytest.LogCaptureFixture, bounds: tuple[int, float], lost: int
+) -> None:
+    """A worker sends a chunk every `chunk_max_tokens` tokens or `chunk_max_ms`: no more of a response is unsent
+    (20 tokens/s x 0.4 s since its last chunk = 8 uncapped; 50 ms: 1; 3 tokens: 3)."""
+    caplog.set_level(logging.INFO, logger="rollout_manager.state")
+    st = _state()
+    rid, epoch = _second(st, 1.0)
+    st.on_chunks("a", [_chunk(rid, epoch, 0, 4)], 1.2)
+    st.lifecycle.costs.flush_bounds = bounds  # what the server sets from its chunk cadence
+    st.remove_worker("a", MigrationReason.STREAM_BROKEN, 1.6)
+    (cost,) = _costs(caplog, "preemption cost")
+    assert cost.tokens_lost == lost
+
+
 def test_silent_death_lease_expiry_is_detected_after_the_lease_and_caps_the_loss(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -13,8 +13,10 @@ NATS preemption notice) or leaves without one (`silent`: its stream broke, or it
 - `tokens_kept`: of its responses, the tokens it generated that the manager keeps (the final flush included);
 - `tokens_lost`: tokens it generated and never sent, which the next worker generates again (`tokens_regenerated`
   is the same count): 0 for a request handed back by its flush; for one handed back without a flush (a death, or
-  a drain cut short) an estimate, the worker's measured decode rate x the seconds since the request's last chunk,
-  capped by what the response may still add. The manager cannot count tokens that never reached it.
+  a drain cut short) an estimate: the worker's measured decode rate x the seconds since the request's last chunk,
+  both capped by the chunk cadence the fleet flushes at (a worker sends a chunk at `chunk_max_tokens` tokens or
+  `chunk_max_ms`, so no more can be unsent) and by what the response may still add. The manager cannot count
+  tokens that never reached it.
 
 Per request it moved: `resume_s`, the seconds from its hand-back until another worker streamed its next token, and
 `stalled_s`, from its last token kept to that next token (a silent death's detection included): slot-seconds the
@@ -66,6 +68,9 @@ class PreemptionCosts:
     def __init__(self) -> None:
         self._open: dict[str, _Preempted] = {}  # worker id -> its preemption, until its last request is handed back
         self.moved: dict[str, _Moved] = {}  # request id -> its hand-back, until its next token
+        # (chunk_max_tokens, chunk_max_ms / 1000) the workers flush at: at most this much of a response is unsent
+        # (0: unknown, no cap). The server sets it from its chunk cadence.
+        self.flush_bounds: tuple[int, float] = (0, 0.0)
 
     def notice(self, w: Worker, requests: dict[str, Request], now: float, source: str) -> None:
         """A drain notice for `w` (`source`: worker = its SIGTERM, manager = a NATS notice): the clock starts."""
@@ -90,12 +95,20 @@ class PreemptionCosts:
         if p.kind == "silent":
             p.tokens_streamed += streamed
         if not flushed:
-            left = max(0, req.sampling.max_new_tokens - len(req.tokens))
-            p.lost += min(left, w.tokens_per_s * max(0.0, now - req.progress_at))
+            p.lost += self._unsent(w, req, now)
         p.tokens_kept += streamed
         p.requests.append(req.id)
         if len(self.moved) < MAX_TRACKED:
             self.moved[req.id] = _Moved(now, req.progress_at, reason.value)
+
+    def _unsent(self, w: Worker, req: Request, now: float) -> float:
+        """Tokens of `req` that `w` generated and never sent, estimated (see the module's docstring)."""
+        max_tokens, max_s = self.flush_bounds
+        since = max(0.0, now - req.progress_at)
+        cap = max(0, req.sampling.max_new_tokens - len(req.tokens))
+        if max_tokens:
+            cap, since = min(cap, max_tokens), min(since, max_s)
+        return min(cap, w.tokens_per_s * since)
 
     def worker_done(self, w: Worker, now: float, left: bool = False) -> None:
         """After hand-backs: `w` holds nothing more, or `left` (its stream ended), so its preemption is complete."""
