@@ -5,10 +5,10 @@
     python bench/preemption_bench.py --kinds silent \\
         --trace ../shared/traces/bamboo/aws-spot-instances-p2-xlarge-2020-11-20-to-2020-11-23.csv
 
-Each kind is one run of examples/local-preemption.yaml (1 reserved + 2 spot workers, responses of
-`--max-new-tokens`), with chaos on the spot pool, paced by the job's progress (`--chaos-kill-every 1
---chaos-step-seconds 1`): a spot worker is preempted while it streams an unfinished response, and the runner starts
-a new one in its place.
+Each kind is one run of `--config` (default examples/local-preemption.yaml: its tiny model, 1 reserved + 2 spot
+workers of capacity 8; responses of `--max-new-tokens`), with chaos on the spot pool, paced by the job's progress
+(`--chaos-kill-every 1 --chaos-step-seconds 1`): a spot worker is preempted while it streams an unfinished
+response, and the runner starts a new one in its place.
 
 * `notice`: SIGTERM. The worker sends the manager a DrainNotice, flushes every token and exits (the path of a
   cloud preemption notice; a NATS notice from the operator drains the same way, with a DrainCommand).
@@ -51,18 +51,26 @@ RUN_TIMEOUT_S = 600  # a few minutes on 2 loaded cores; a hung run must not hold
 POLL_S = 0.5  # progress display and /metrics scrapes (display only: figures come from the logs)
 
 
-def job_config(out: Path, max_new_tokens: int) -> Path:
-    """The preemption example with `max_new_tokens`-token responses (long enough to be preempted mid-response)."""
-    text = CONFIG.read_text().replace("  maxNewTokens: 48\n", f"  maxNewTokens: {max_new_tokens}\n", 1)
-    if f"maxNewTokens: {max_new_tokens}" not in text:
-        raise SystemExit(f"{CONFIG} changed (no 'maxNewTokens: 48'): update bench/preemption_bench.py")
+def job_config(out: Path, config: Path, max_new_tokens: int) -> Path:
+    """`config` (a job spec) with `max_new_tokens`-token responses (long enough to be preempted mid-response)."""
+    import yaml
+
+    spec = yaml.safe_load(config.read_text())
+    spec.setdefault("algorithm", {})["maxNewTokens"] = max_new_tokens
     out.mkdir(parents=True, exist_ok=True)
-    (out / "job.yaml").write_text(text)
+    (out / "job.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     return out / "job.yaml"
 
 
 def local_command(kind: str, out: Path, args: argparse.Namespace) -> list[str]:
-    cmd = [sys.executable, "-m", "rlboost.cli.main", "local", "--config", str(job_config(out, args.max_new_tokens))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlboost.cli.main",
+        "local",
+        "--config",
+        str(job_config(out, args.config, args.max_new_tokens)),
+    ]
     cmd += ["--steps", str(args.steps), "--temperature", "0", "--run-dir", str(out / "run")]
     cmd += ["--json-report", str(out / "report.json"), "--seed", str(args.seed)]
     cmd += ["--chaos-kill-every", "1", "--chaos-step-seconds", "1", "--chaos-signal", SIGNALS[kind]]
@@ -225,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kinds", default="notice,silent", help="comma list of notice (SIGTERM), silent (SIGKILL)")
     p.add_argument("--steps", type=int, default=10, help="training steps per run (replaced workers start meanwhile)")
+    p.add_argument("--config", type=Path, default=CONFIG, help="the job spec (default: the preemption example)")
     p.add_argument("--max-new-tokens", type=int, default=160, help="response length (long: preempted mid-response)")
     p.add_argument("--trace", type=Path, help="a Bamboo spot trace to replay as well (by the job's progress)")
     p.add_argument("--trace-step-seconds", type=float, default=100.0, help="trace seconds per step of progress")
@@ -236,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     if not kinds or any(k not in SIGNALS for k in kinds):
         p.error(f"--kinds {args.kinds!r}: give a comma list of {', '.join(SIGNALS)}")
+    if not args.config.is_file():
+        p.error(f"--config {args.config}: no such file")
     if args.trace is not None and not args.trace.is_file():
         p.error(f"--trace {args.trace}: no such file (Bamboo traces: /work/shared/traces/bamboo/)")
     from rich.console import Console

@@ -126,6 +126,20 @@ def test_a_deaths_loss_is_capped_by_the_chunk_cadence(
     assert cost.tokens_lost == lost
 
 
+def test_a_workers_first_request_estimates_the_loss_at_its_own_rate(caplog: pytest.LogCaptureFixture) -> None:
+    """No request has left the worker yet, so it has no measured rate: the request's own (6 tokens in 0.3 s)."""
+    caplog.set_level(logging.INFO, logger="rollout_manager.state")
+    st = ManagerState(lease_timeout_s=1.0)
+    st.register(WorkerRegistration("a", Pool.SPOT, node="node-a", capacity=1, weight_version=0), now=0.0)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=BUDGET, seed=1, stop_token_ids=(0,))
+    st.add_step(RolloutRequest(0, 0, [PromptItem(0, [9, 9])], 1, sampling), 0.0)
+    rid, epoch = _second(st, 0.1)
+    st.on_chunks("a", [_chunk(rid, epoch, 0, 6)], 0.4)
+    st.remove_worker("a", MigrationReason.STREAM_BROKEN, 0.6)
+    (cost,) = _costs(caplog, "preemption cost")
+    assert st.workers == {} and cost.tokens_lost == 4  # 20 tokens/s x 0.2 s
+
+
 def test_silent_death_lease_expiry_is_detected_after_the_lease_and_caps_the_loss(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

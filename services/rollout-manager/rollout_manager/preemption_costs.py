@@ -13,7 +13,8 @@ NATS preemption notice) or leaves without one (`silent`: its stream broke, or it
 - `tokens_kept`: of its responses, the tokens it generated that the manager keeps (the final flush included);
 - `tokens_lost`: tokens it generated and never sent, which the next worker generates again (`tokens_regenerated`
   is the same count): 0 for a request handed back by its flush; for one handed back without a flush (a death, or
-  a drain cut short) an estimate: the worker's measured decode rate x the seconds since the request's last chunk,
+  a drain cut short) an estimate: the worker's measured decode rate (before it has one: the request's own rate so
+  far) x the seconds since the request's last chunk,
   both capped by the chunk cadence the fleet flushes at (a worker sends a chunk at `chunk_max_tokens` tokens or
   `chunk_max_ms`, so no more can be unsent) and by what the response may still add. The manager cannot count
   tokens that never reached it.
@@ -108,7 +109,7 @@ class PreemptionCosts:
         cap = max(0, req.sampling.max_new_tokens - len(req.tokens))
         if max_tokens:
             cap, since = min(cap, max_tokens), min(since, max_s)
-        return min(cap, w.tokens_per_s * since)
+        return min(cap, _rate(w, req) * since)
 
     def worker_done(self, w: Worker, now: float, left: bool = False) -> None:
         """After hand-backs: `w` holds nothing more, or `left` (its stream ended), so its preemption is complete."""
@@ -162,6 +163,15 @@ class PreemptionCosts:
                 "request_ids": p.requests,
             },
         )
+
+
+def _rate(w: Worker, req: Request) -> float:
+    """Tokens/s the worker decodes a request at: its measured rate, or (none yet: no request has left it) this
+    request's own so far."""
+    if w.tokens_per_s > 0:
+        return w.tokens_per_s
+    took = req.progress_at - req.assigned_at
+    return _streamed(req) / took if took > 0 else 0.0
 
 
 def _streamed(req: Request) -> int:
