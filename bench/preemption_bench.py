@@ -129,11 +129,15 @@ def slots_of(run_dir: Path) -> int:
 def collect(kind: str, run_dir: Path, report_path: Path, metrics: dict[str, float]) -> dict:
     manager_log = run_dir / "logs" / "rollout-manager.log"
     report = json.loads(report_path.read_text())
-    spot_replicas = _rollout(run_dir)["spot"]["replicas"]  # spot-N with N past these replaced a preempted one
+    # a worker whose process started after the first step began joined a running job (replacing a preempted one,
+    # or brought by the trace): the cost a preemption's replacement pays; those at the start wait for the trainer
+    first_step = min((t0 for _, t0, _ in figures.step_windows(manager_log)), default=float("inf"))
     return {
         "kind": kind,
         "preemptions": figures.preemptions(manager_log),
-        "new_workers": [{**w, "replacement": w["index"] >= spot_replicas} for w in figures.startups(run_dir / "logs")],
+        "new_workers": [
+            {**w, "replacement": w.get("started_at", 0.0) > first_step} for w in figures.startups(run_dir / "logs")
+        ],
         "steps": figures.steps_lost(manager_log, slots_of(run_dir)),
         "metrics": metrics,
         "run_tokens_lost": report.get("tokens_lost"),  # fencing: tokens the trainer would have lost (must be 0)

@@ -73,6 +73,7 @@ def startups(log_dir: Path) -> list[dict]:
         for d in log_lines(path):
             if d.get("msg") == "start-up":
                 split.update({k: d[k] for k in STARTUP_KEYS[1:-1] if k in d})
+                split["started_at"] = d["ts"] - d.get("ready_s", 0.0)  # the process's start, wall clock
             elif d.get("msg") == "first assignment":
                 split["first_token_s"] = d["first_assignment_s"]
         if len(split) > 2:

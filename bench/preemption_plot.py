@@ -16,27 +16,37 @@ def plot(runs: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    preempted = [p for r in runs for p in r["preemptions"] if p["requests"]]  # by the preemption's kind
+    by_kind = {k: [p for p in preempted if p["kind"] == k] for k in COLORS}
     panels = [
-        ("resume_s: hand-back → next token (s)", lambda r: [s for p in r["preemptions"] for s in p["resume_s"]]),
+        (
+            "resume_s: hand-back → next token (s)",
+            {k: [s for p in ps for s in p["resume_s"]] for k, ps in by_kind.items()},
+        ),
         (
             "stalled_s: last token kept → next token (s)",
-            lambda r: [s for p in r["preemptions"] for s in p["stalled_s"]],
+            {k: [s for p in ps for s in p["stalled_s"]] for k, ps in by_kind.items()},
         ),
-        ("tokens lost (= regenerated) per preemption", lambda r: [p["tokens_lost"] for p in r["preemptions"]]),
-        ("tokens kept per preemption", lambda r: [p["tokens_kept"] for p in r["preemptions"]]),
         (
-            "new spot worker: process start → first request (s)",
-            lambda r: [w["first_token_s"] for w in r["new_workers"] if w["replacement"] and "first_token_s" in w],
+            "tokens lost (= regenerated) per preemption",
+            {k: [p["tokens_lost"] for p in ps] for k, ps in by_kind.items()},
+        ),
+        ("tokens kept per preemption", {k: [p["tokens_kept"] for p in ps] for k, ps in by_kind.items()}),
+        (
+            "replacement spot worker: process start → first request (s), by run",
+            {
+                r["kind"]: [w["first_token_s"] for w in r["new_workers"] if w["replacement"] and "first_token_s" in w]
+                for r in runs
+            },
         ),
     ]
-    for ax, (title, values) in zip(axes.flat, panels, strict=False):
-        series = [(run["kind"], values(run)) for run in runs]
-        bins = _bins([x for _, xs in series for x in xs])
-        for kind, xs in series:
+    for ax, (title, series) in zip(axes.flat, panels, strict=False):
+        bins = _bins([x for xs in series.values() for x in xs])
+        for kind, xs in series.items():
             if xs:
                 ax.hist(xs, bins=bins, alpha=0.6, color=COLORS.get(kind), label=f"{kind} (n={len(xs)})")
         ax.set_title(title, fontsize=10)
-        if any(xs for _, xs in series):
+        if any(series.values()):
             ax.legend(fontsize=8)
     _timeline(axes.flat[5], runs)
     fig.tight_layout()
@@ -53,23 +63,24 @@ def _bins(xs: list[float]) -> list[float]:
 
 
 def _timeline(ax, runs: list[dict]) -> None:
-    """One preemption (the first notice one, else the first), its moved requests as bars from their last token kept
-    to their next token; t = 0 at the notice (or at the hand-back of a silent one)."""
-    chosen = [p for r in runs for p in r["preemptions"] if p["resumed_at"]]
-    chosen.sort(key=lambda p: p["kind"] != "notice")
-    if not chosen:
-        ax.set_title("no moved request resumed", fontsize=10)
-        return
-    p = chosen[0]
-    t0 = p["notice_at"] or p["drained_at"]
-    for i, (end, stalled) in enumerate(zip(p["resumed_at"], p["stalled_s"], strict=True)):
-        ax.barh(i, stalled, left=end - stalled - t0, color=COLORS.get(p["kind"]), alpha=0.7)
-    if p["notice_at"]:
-        ax.axvline(0, color="black", linestyle="--", label="notice")
-    ax.axvline(p["drained_at"] - t0, color="green", linestyle=":", label="drained / handed back")
-    ax.set_xlabel("seconds")
+    """One notice and one silent preemption (the first of each whose requests resumed), each moved request a bar from
+    its last token kept to its next token on another worker. t = 0 at the notice, or at the silent worker's last
+    message (its death, as near as the manager can tell); the dotted line is the hand-back."""
+    row = 0
+    for kind in ("notice", "silent"):
+        p = next((p for r in runs for p in r["preemptions"] if p["kind"] == kind and p["resumed_at"]), None)
+        if p is None:
+            continue
+        t0 = p["notice_at"] if kind == "notice" else p["drained_at"] - (p["detected_after_s"] or 0.0)
+        for end, stalled in zip(p["resumed_at"], p["stalled_s"], strict=True):
+            ax.barh(row, stalled, left=end - stalled - t0, color=COLORS[kind], alpha=0.7)
+            row += 1
+        ax.plot([p["drained_at"] - t0] * 2, [row - len(p["resumed_at"]) - 0.5, row - 0.5], "k:")
+        ax.text(
+            0, row - 0.5, f" {kind}: {p['worker_id']}, {p['tokens_kept']} kept, {p['tokens_lost']} lost", fontsize=8
+        )
+        row += 1
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_xlabel("seconds from the notice / the worker's last message")
     ax.set_ylabel("moved request")
-    ax.set_title(
-        f"one {p['kind']} preemption of {p['worker_id']}: requests stalled until their next token", fontsize=10
-    )
-    ax.legend(fontsize=8)
+    ax.set_title("one preemption of each kind: each moved request's stall", fontsize=10)
