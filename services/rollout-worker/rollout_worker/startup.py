@@ -23,14 +23,16 @@ T = TypeVar("T")
 
 
 def process_started_at() -> float:
-    """Wall-clock time this process started (Linux /proc; elsewhere: now, so the interpreter's start is left out)."""
+    """Wall-clock time this process started (Linux /proc; elsewhere: now, so the interpreter's start is left out).
+    Its age is the system's uptime less its start in ticks after boot (both to 10 ms; /proc/stat's boot time is
+    whole seconds, too coarse)."""
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return time.time()
 
 
