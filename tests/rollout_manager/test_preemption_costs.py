@@ -81,12 +81,18 @@ def test_notice_drain_counts_drain_time_in_flight_kept_and_no_loss(caplog: pytes
     assert list(st.requests[rid].tokens) == [7] * 6
 
 
-def test_nats_notice_to_an_idle_worker_costs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+def test_idle_workers_preemptions_cost_nothing_and_are_not_counted(caplog: pytest.LogCaptureFixture) -> None:
+    """Like a silent death of an idle worker (no request to hand back), a notice to one is no preemption's cost: the
+    job's end (every worker gets SIGTERM) would otherwise count as preemptions."""
     caplog.set_level(logging.INFO, logger="rollout_manager.state")
+    notices = _metric("rlboost_manager_preemptions_total", kind="notice")
     st = _state()
     assert st.drain("node-a", [], "spot-itn", now=2.0) == ["a"]
-    (cost,) = _costs(caplog, "preemption cost")
-    assert (cost.kind, cost.notice_to_drained_s, cost.requests, cost.tokens_kept) == ("notice", 0.0, 0, 0)
+    assert _costs(caplog, "preemption notice received") and not _costs(caplog, "preemption cost")
+    st.register(WorkerRegistration("b", Pool.SPOT, node="node-b", capacity=1, weight_version=0), now=2.0)
+    st.remove_worker("b", MigrationReason.STREAM_BROKEN, 2.5)
+    assert not _costs(caplog, "preemption cost")
+    assert _metric("rlboost_manager_preemptions_total", kind="notice") == notices
 
 
 def test_silent_death_stream_broken_counts_lost_tokens_from_the_decode_rate(caplog: pytest.LogCaptureFixture) -> None:

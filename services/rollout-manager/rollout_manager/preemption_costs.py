@@ -1,7 +1,7 @@
 """What each preemption cost, measured where it happens (issue 34): one record per preempted worker, one per request
 it moved, as log lines and Prometheus metrics that bench/preemption_bench.py and dashboards read.
 
-A preemption is a worker that drains after a notice (`notice`: its SIGTERM's DrainNotice, or the DrainCommand of a
+A preemption is a worker holding running requests that drains after a notice (`notice`: its SIGTERM's DrainNotice, or the DrainCommand of a
 NATS preemption notice) or leaves without one (`silent`: its stream broke, or its lease expired). Per worker:
 
 - `notice_to_drained_s`: notice to the moment its last running request was handed back (notice only);
@@ -75,14 +75,12 @@ class PreemptionCosts:
 
     def notice(self, w: Worker, requests: dict[str, Request], now: float, source: str) -> None:
         """A drain notice for `w` (`source`: worker = its SIGTERM, manager = a NATS notice): the clock starts."""
-        if w.id in self._open:
+        log.info("preemption notice received", extra={"worker_id": w.id, "source": source, "running": len(w.running)})
+        if w.id in self._open or not w.running:  # an idle worker's preemption costs nothing, as a silent one's
             return
         p = _Preempted(w.id, w.reg.pool.value, "notice", now, w.last_seen)
         p.tokens_streamed = sum(_streamed(requests[rid]) for rid in w.running if rid in requests)
         self._open[w.id] = p
-        log.info("preemption notice received", extra={"worker_id": w.id, "source": source, "running": len(w.running)})
-        if not w.running:
-            self._close(w.id, now)
 
     def handed_back(self, w: Worker, req: Request, reason: MigrationReason, now: float, flushed: bool) -> None:
         """`req` leaves `w` for `reason` (before its lease is released), `flushed` by the worker's last chunk or
