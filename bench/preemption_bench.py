@@ -167,8 +167,22 @@ def summary(runs: list[dict]) -> dict:
             # over the steps a preemption stalled (most steps have none), and the mean over every step
             "slot_share_lost": _stats([s["share"] for s in run["steps"] if s["slot_s_lost"] > 0]),
             "slot_share_lost_mean": statistics.fmean([s["share"] for s in run["steps"]] or [0.0]),
+            "metrics_agree": _metrics_agree(run, ps),
         }
     return out
+
+
+def _metrics_agree(run: dict, ps: list[dict]) -> bool | None:
+    """The manager's /metrics (last scrape) count the same preemptions and tokens as its log lines (None: no scrape)."""
+    m, kind = run["metrics"], run["kind"]
+    if not m:
+        return None
+    tokens = lambda what: m.get(f'rlboost_manager_preempted_tokens_total{{kind="{kind}",what="{what}"}}', 0.0)  # noqa: E731
+    return (
+        m.get(f'rlboost_manager_preemptions_total{{kind="{kind}"}}', 0.0) == len(ps)
+        and tokens("kept") == sum(p["tokens_kept"] for p in ps)
+        and tokens("lost") == sum(p["tokens_lost"] for p in ps)
+    )
 
 
 def _stats(values: list) -> dict:
@@ -201,6 +215,7 @@ def print_tables(runs: list[dict], summ: dict, console) -> None:
         "resume s",
         "new worker→1st request s",
         "slot share lost, steps hit",
+        "/metrics = logs",
     ):
         t.add_column(col, justify="right")
     for kind, s in summ.items():
@@ -215,6 +230,7 @@ def print_tables(runs: list[dict], summ: dict, console) -> None:
             _fmt(s["resume_s"]),
             _fmt(s["first_token_s"]),
             _fmt(s["slot_share_lost"], pct=True),
+            str(s["metrics_agree"]),
         )
     console.print(t)
     w = Table(title="New spot workers: process start → parts → first request (s)")
