@@ -13,8 +13,9 @@ response, and the runner starts a new one in its place.
 * `notice`: SIGTERM. The worker sends the manager a DrainNotice, flushes every token and exits (the path of a
   cloud preemption notice; a NATS notice from the operator drains the same way, with a DrainCommand).
 * `silent`: SIGKILL. No notice: the manager sees the stream break and moves the requests with the tokens it holds.
-  (A worker that goes silent without its connection closing is found by lease expiry: the manager's unit tests
-  cover it, tests/rollout_manager/test_preemption_costs.py.)
+* `expired`: SIGSTOP (`--chaos-signal STOP`). The worker freezes with its connections open, as a VM that vanished
+  without a TCP reset: the manager finds it by lease expiry (`rollout.leaseTimeoutMs`) and moves its requests; a new
+  worker replaces it at once. The manager records it as a `silent` preemption.
 * `--trace`: a Bamboo trace replayed by the job's progress as well (`--trace-step-seconds`): workers the trace
   takes away are killed (SIGKILL).
 
@@ -46,7 +47,8 @@ import preemption_figures as figures  # noqa: E402  (beside this file)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "local-preemption.yaml"
-SIGNALS = {"notice": "TERM", "silent": "KILL"}
+SIGNALS = {"notice": "TERM", "silent": "KILL", "expired": "STOP"}
+PREEMPTION_KIND = {"notice": "notice", "silent": "silent", "expired": "silent"}  # the manager's kind of each run's
 RUN_TIMEOUT_S = 600  # a few minutes on 2 loaded cores; a hung run must not hold the bench
 POLL_S = 0.5  # progress display and /metrics scrapes (display only: figures come from the logs)
 
@@ -150,7 +152,7 @@ def summary(runs: list[dict]) -> dict:
     """Per kind: medians and maxima over its preemptions, new workers and steps (the keys the table shows)."""
     out = {}
     for run in runs:
-        ps = [p for p in run["preemptions"] if p["kind"] == run["kind"]]
+        ps = [p for p in run["preemptions"] if p["kind"] == PREEMPTION_KIND[run["kind"]]]
         resume = [s for p in ps for s in p["resume_s"]]
         out[run["kind"]] = {
             "kind": run["kind"],
@@ -174,7 +176,7 @@ def summary(runs: list[dict]) -> dict:
 
 def _metrics_agree(run: dict, ps: list[dict]) -> bool | None:
     """The manager's /metrics (last scrape) count the same preemptions and tokens as its log lines (None: no scrape)."""
-    m, kind = run["metrics"], run["kind"]
+    m, kind = run["metrics"], PREEMPTION_KIND[run["kind"]]
     if not m:
         return None
     tokens = lambda what: m.get(f'rlboost_manager_preempted_tokens_total{{kind="{kind}",what="{what}"}}', 0.0)  # noqa: E731
@@ -251,7 +253,9 @@ def _fmt(s: dict, pct: bool = False) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kinds", default="notice,silent", help="comma list of notice (SIGTERM), silent (SIGKILL)")
+    p.add_argument(
+        "--kinds", default="notice,silent", help="comma list of notice (SIGTERM), silent (SIGKILL), expired (SIGSTOP)"
+    )
     p.add_argument("--steps", type=int, default=10, help="training steps per run (replaced workers start meanwhile)")
     p.add_argument("--config", type=Path, default=CONFIG, help="the job spec (default: the preemption example)")
     p.add_argument("--max-new-tokens", type=int, default=160, help="response length (long: preempted mid-response)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-COLORS = {"notice": "tab:blue", "silent": "tab:red"}
+COLORS = {"notice": "tab:blue", "silent": "tab:red", "expired": "tab:orange"}  # "expired": a run's kind only
 
 
 def plot(runs: list[dict], path: Path) -> None:
@@ -17,7 +17,7 @@ def plot(runs: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     preempted = [p for r in runs for p in r["preemptions"] if p["requests"]]  # by the preemption's kind
-    by_kind = {k: [p for p in preempted if p["kind"] == k] for k in COLORS}
+    by_kind = {k: [p for p in preempted if p["kind"] == k] for k in ("notice", "silent")}
     panels = [
         (
             "resume_s: hand-back → next token (s)",

@@ -57,8 +57,10 @@ class LocalOptions(BaseModel):
         gt=0,
         description="Pace chaos by the job's progress: seconds of its period per step of finished samples.",
     )
-    chaos_signal: Literal["KILL", "TERM"] = Field(
-        "KILL", description="Signal of chaos kills: KILL (no notice) or TERM (the worker drains and flushes first)."
+    chaos_signal: Literal["KILL", "TERM", "STOP"] = Field(
+        "KILL",
+        description="Signal of chaos kills: KILL (no notice), TERM (the worker drains and flushes first) or STOP (a "
+        "spot worker freezes with its connections open, as a vanished VM: found by lease expiry; spot only).",
     )
     chaos_targets: tuple[str, ...] = Field(
         DEFAULT_TARGETS,
@@ -68,7 +70,9 @@ class LocalOptions(BaseModel):
     seed: int = Field(0, ge=0, description="Seed of chaos and trace victim choice.")
     python: str = Field(sys.executable, description="Interpreter that runs every service.")
     log_level: str = Field("INFO", description="Log level passed to every service.")
-    checkpoint_dir: Path | None = Field(None, description="Trainer checkpoints go here (<run dir>/checkpoints when unset).")
+    checkpoint_dir: Path | None = Field(
+        None, description="Trainer checkpoints go here (<run dir>/checkpoints when unset)."
+    )
     resume: bool = Field(False, description="Trainer continues from the newest valid checkpoint in checkpoint_dir.")
 
     @field_validator("chaos_targets")

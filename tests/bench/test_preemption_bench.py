@@ -20,7 +20,7 @@ KEYS = ("kind", "notice_to_drained_s", "tokens_in_flight", "tokens_kept", "token
 
 def test_bad_kind_is_one_line() -> None:
     res = subprocess.run([sys.executable, BENCH, "--kinds", "polite"], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2 and "--kinds 'polite': give a comma list of notice, silent" in res.stderr
+    assert res.returncode == 2 and "--kinds 'polite': give a comma list of notice, silent, expired" in res.stderr
     assert "Traceback" not in res.stderr
 
 
