@@ -110,6 +110,12 @@ class PeerSources(Protocol):
         ...
 
 
+# A peer that sends no byte for this long is left for the chunk's next source (the weight-server is always the last):
+# a peer frozen or gone without a TCP reset (a VM that vanished) held each of its pullers for the server's whole
+# 60 s read timeout (issue 34: a frozen spot worker stalled two workers' first pulls, and the job's step 0, 60 s).
+PEER_STALL_S = 10.0
+
+
 @dataclass
 class _PeerPull:
     """One pull's peers: its sources (best first), those that failed to connect, the cache entry it fills."""
@@ -156,9 +162,11 @@ class WeightClient:
         backoff_max: float = 2.0,
         ca: bytes | None = None,
         verifier: ManifestVerifier | None = None,
+        peer_timeout: float = PEER_STALL_S,
     ) -> None:
         """`token`: sent as `Authorization: Bearer` on every request (reads and uploads); `ca`: the job CA's PEM,
-        which an https server's certificate must chain to (None: the system's trust store)."""
+        which an https server's certificate must chain to (None: the system's trust store); `peer_timeout`: seconds
+        without a byte from a peer before its chunk is fetched elsewhere (at most `timeout`)."""
         if streams < 1:
             raise ValueError(f"streams must be >= 1, got {streams}")
         self.streams, self.retries, self.backoff_max = streams, retries, backoff_max
@@ -167,6 +175,8 @@ class WeightClient:
         self._tls = ssl.create_default_context(cadata=ca.decode()) if ca else None
         self._bulk_http: aiohttp.ClientSession | None = None  # uploads; made on first use, in the event loop
         self._range_reader: RangeReader | None = None  # payload reads, straight into the pull's buffer
+        self._peer_reader: RangeReader | None = None  # the same from peers, which may stall no longer than this
+        self._peer_timeout = min(peer_timeout, timeout)
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=headers,
@@ -190,10 +200,16 @@ class WeightClient:
         await self._http.aclose()
         if self._bulk_http is not None:
             await self._bulk_http.close()
-        if self._range_reader is not None:
-            await self._range_reader.close()
+        for reader in (self._range_reader, self._peer_reader):
+            if reader is not None:
+                await reader.close()
 
-    def _ranges(self) -> RangeReader:
+    def _ranges(self, base_url: str) -> RangeReader:
+        """The weight-server's reader, or (any other base URL) the peers' one, with the shorter stall timeout."""
+        if base_url != self._base_url:
+            if self._peer_reader is None:
+                self._peer_reader = RangeReader(self._headers, self._tls, self._peer_timeout, keep=self.streams + 2)
+            return self._peer_reader
         if self._range_reader is None:
             self._range_reader = RangeReader(self._headers, self._tls, self._timeout, keep=self.streams + 2)
         return self._range_reader
@@ -425,7 +441,7 @@ class WeightClient:
         url = base_url + routes.api(m.payload_path)  # as httpx joins base_url and path
         view = memoryview(buf)[start : end + 1]
         try:
-            reply = await self._ranges().get_into(url, start, end, view)
+            reply = await self._ranges(base_url).get_into(url, start, end, view)
         except RangeConnectionError as err:  # dropped connection, timeout, truncated or malformed answer
             held[0] += err.received
             raise _ConnectionLostError(str(err)) from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 
@@ -127,6 +128,31 @@ async def test_a_dead_peer_costs_a_retry_not_the_sync(server, tmp_path) -> None:
         assert second.last_pull.peer_bytes == 0 and second.last_pull.peer_failures >= 1
     finally:
         await close((first, first_fanout), (second, second_fanout))
+
+
+async def test_a_frozen_peer_costs_the_peer_timeout_not_the_servers(server, tmp_path) -> None:
+    """A peer frozen with its socket open (SIGSTOP: a VM gone without a TCP reset; the kernel still accepts
+    connections for it) sends no byte: its chunk goes to the weight-server after `peer_timeout`, not after the
+    server's 60 s read timeout. The peer is a real process (tests/rlboost/corrupt_peer.py, frozen before any read)."""
+    payload = await upload(server, CHUNK * 2)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "tests.rlboost.corrupt_peer", server.url, "0", "0", str(tmp_path / "frozen")]
+    frozen = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(frozen.stdout.readline), 30)
+        assert line.startswith("serving "), line
+        frozen.send_signal(signal.SIGSTOP)
+        client = WeightClient(server.url, token=TOKEN, streams=4, peer_timeout=1.0)
+        fanout = PeerFanout(client, "puller", tmp_path / "puller", zone="z", region="r", token=TOKEN)
+        await fanout.start("127.0.0.1", 0)
+        try:  # the deadline catches a pull held for the server's read timeout (60 s)
+            assert await asyncio.wait_for(client.pull(0), 30) == payload
+            assert client.last_pull.peer_bytes == 0 and client.last_pull.peer_failures >= 1
+        finally:
+            await close((client, fanout))
+    finally:
+        frozen.kill()
+        frozen.communicate(timeout=10)
 
 
 async def test_a_puller_can_serve_the_payload_before_it_learns_its_sources(server, tmp_path) -> None:
