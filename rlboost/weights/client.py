@@ -114,6 +114,9 @@ class PeerSources(Protocol):
 # a peer frozen or gone without a TCP reset (a VM that vanished) held each of its pullers for the server's whole
 # 60 s read timeout (issue 34: a frozen spot worker stalled two workers' first pulls, and the job's step 0, 60 s).
 PEER_STALL_S = 10.0
+# ...and is not asked again for this long (the directory forgets a peer 30 s after its last heartbeat: until then it
+# still lists one that vanished, and every payload's pull would wait on it again).
+PEER_DOWN_S = 30.0
 
 
 @dataclass
@@ -189,6 +192,7 @@ class WeightClient:
         self.fanout: PeerSources | None = None  # peer sources and the cache peers are served from (fanout.py)
         self.on_peer_rejected: Callable[[str], None] | None = None  # called with a peer's URL when it lied
         self.bad_peers: set[str] = set()  # peers that served bytes that are not the manifest's: never asked again
+        self.down_peers: dict[str, float] = {}  # peer URL -> until when it is not asked (it dropped or stalled)
 
     async def __aenter__(self) -> WeightClient:
         return self
@@ -325,8 +329,10 @@ class WeightClient:
         try:
             if fanning:
                 peers = [s for s in await self.fanout.sources(m) if s.url and s.url not in self.bad_peers]
-            fanned = _PeerPull(peers, set(), kept)
+            now = time.monotonic()
+            fanned = _PeerPull(peers, {url for url, until in self.down_peers.items() if until > now}, kept)
             await asyncio.gather(*(self._fetch_chunk(m, c, buf, stats, gate, fanned) for c in m.chunks))
+            self.down_peers = {url: until for url, until in self.down_peers.items() if until > now}
         except BaseException:
             if kept is not None:
                 kept.abort()
@@ -377,6 +383,7 @@ class WeightClient:
             except _ConnectionLostError:
                 stats.peer_failures += 1
                 fanned.down.add(source.url)
+                self.down_peers[source.url] = time.monotonic() + PEER_DOWN_S  # later pulls skip it too
                 continue
             except (_RetryableError, WeightServerError):  # 503: it does not hold the chunk (yet); 4xx: refused
                 stats.peer_failures += 1

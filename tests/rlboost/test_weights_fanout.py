@@ -133,7 +133,7 @@ async def test_a_dead_peer_costs_a_retry_not_the_sync(server, tmp_path) -> None:
 async def test_a_frozen_peer_costs_the_peer_timeout_not_the_servers(server, tmp_path) -> None:
     """A peer frozen with its socket open (SIGSTOP: a VM gone without a TCP reset; the kernel still accepts
     connections for it) sends no byte: its chunk goes to the weight-server after `peer_timeout`, not after the
-    server's 60 s read timeout. The peer is a real process (tests/rlboost/corrupt_peer.py, frozen before any read)."""
+    server's 60 s read timeout, and later pulls skip it. The peer is a real process (tests/rlboost/corrupt_peer.py, frozen before any read)."""
     payload = await upload(server, CHUNK * 2)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = [sys.executable, "-m", "tests.rlboost.corrupt_peer", server.url, "0", "0", str(tmp_path / "frozen")]
@@ -148,6 +148,9 @@ async def test_a_frozen_peer_costs_the_peer_timeout_not_the_servers(server, tmp_
         try:  # the deadline catches a pull held for the server's read timeout (60 s)
             assert await asyncio.wait_for(client.pull(0), 30) == payload
             assert client.last_pull.peer_bytes == 0 and client.last_pull.peer_failures >= 1
+            # the directory lists it until its heartbeat expires; this client's next pulls do not wait on it again
+            assert await asyncio.wait_for(client.pull(0), 30) == payload
+            assert client.last_pull.peer_failures == 0 and list(client.down_peers) == [line.split()[1]]
         finally:
             await close((client, fanout))
     finally:
