@@ -578,7 +578,8 @@ class Run:
             status = await _get_status(self.stub) if self.stub is not None else None
             if status is not None:
                 self.state.progress.on_status(status)
-                if final is None or all(w.weight_version == final for w in status.workers):
+                live = {c.name for c in self.sup.running()}  # not one preempted (a frozen one stays registered)
+                if final is None or all(w.weight_version == final for w in status.workers if w.worker_id in live):
                     break
             self._refresh()
             await asyncio.sleep(0.25)
