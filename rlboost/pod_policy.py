@@ -14,7 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from rlboost.spec_base import QUANTITY, SpecFieldError, SpecModel
 
@@ -70,6 +77,15 @@ def _exactly_one(model: SpecModel, names: tuple[str, ...], where: str) -> None:
         raise ValueError(f"{where} needs exactly one of {choices}")
 
 
+class KubePart(SpecModel):
+    """A part of a Kubernetes object: a field left unset (None) is left out when dumped, as Kubernetes omits it
+    (the job file and the children carry no `command: null`)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
 # --- env, envFrom, imagePullSecrets ----------------------------------------------------------------------------
 
 
@@ -87,7 +103,7 @@ class FieldSelector(SpecModel):
     field_path: str = Field(min_length=1, max_length=256, description="The pod field, e.g. 'metadata.namespace'.")
 
 
-class EnvVarSource(SpecModel):
+class EnvVarSource(KubePart):
     """Where an env variable's value comes from: exactly one of a Secret key, a ConfigMap key or a pod field."""
 
     secret_key_ref: KeySelector | None = Field(None, description="A key of a Secret in the job's namespace.")
@@ -111,7 +127,7 @@ def check_env_name(name: str) -> str:
     return name
 
 
-class EnvVar(SpecModel):
+class EnvVar(KubePart):
     """An env variable, as in a Kubernetes container: a literal `value` or a `valueFrom` reference."""
 
     name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME, description="The variable's name.")
@@ -135,7 +151,7 @@ class ObjectRef(SpecModel):
     optional: bool = Field(False, description="Start the pod even when the object is missing.")
 
 
-class EnvFromSource(SpecModel):
+class EnvFromSource(KubePart):
     """Every key of a Secret or ConfigMap as an env variable (e.g. WANDB_API_KEY, AWS_* for S3 without IRSA)."""
 
     prefix: str = Field(
@@ -194,7 +210,7 @@ class ServiceAccountSpec(SpecModel):
 # --- the pod-template overlay --------------------------------------------------------------------------------
 
 
-class PassThrough(SpecModel):
+class PassThrough(KubePart):
     """A Kubernetes object part: the fields listed are checked, any other field of the Kubernetes type passes
     through to the pod as written (x-kubernetes-preserve-unknown-fields in the CRD)."""
 

@@ -49,6 +49,9 @@ BUILTIN: dict[str, dict[str, Any]] = {
     "apps/v1/deployments": dict(kind="Deployment", namespaced=True, subresources={"status", "scale"}),
     "apps/v1/statefulsets": dict(kind="StatefulSet", namespaced=True, subresources={"status", "scale"}),
     "coordination.k8s.io/v1/leases": dict(kind="Lease", namespaced=True),
+    "policy/v1/poddisruptionbudgets": dict(kind="PodDisruptionBudget", namespaced=True),  # a job's budgets
+    # a platform team's job names a PriorityClass (the podlet admits a pod only when its class exists)
+    "scheduling.k8s.io/v1/priorityclasses": dict(kind="PriorityClass", namespaced=False),
     # stored for the operator; the podlet enforces no NetworkPolicy (every lane container shares one network)
     "networking.k8s.io/v1/networkpolicies": dict(kind="NetworkPolicy", namespaced=True),
 }

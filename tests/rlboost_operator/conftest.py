@@ -57,6 +57,7 @@ RESOURCES = {
     "apps/v1/statefulsets": dict(kind="StatefulSet", namespaced=True),
     "networking.k8s.io/v1/networkpolicies": dict(kind="NetworkPolicy", namespaced=True),
     "coordination.k8s.io/v1/leases": dict(kind="Lease", namespaced=True),
+    "policy/v1/poddisruptionbudgets": dict(kind="PodDisruptionBudget", namespaced=True),
 }
 
 

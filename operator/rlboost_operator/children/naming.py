@@ -47,6 +47,11 @@ def names(job: str) -> dict[str, str]:
         "spot": f"{job}-workers-spot",
         "reserved_account": f"{job}-reserved-worker",
         "spot_account": f"{job}-spot-worker",
+        # the services' own accounts (service_accounts.py; issue 29), each with the annotations its spec sets
+        "trainer_account": f"{job}-trainer",
+        "manager_account": f"{job}-manager",
+        "weights_account": f"{job}-weight-server",
+        "nats_account": f"{job}-nats",
     }
 
 
