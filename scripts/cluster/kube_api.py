@@ -13,6 +13,8 @@ replays every object on each watch and ignores resourceVersion):
 - the service-account issuer's OIDC discovery (`/.well-known/openid-configuration`, `/openid/v1/jwks`) for the
   key in --signing-key (made if missing), with which the podlet signs pods' projected tokens (sa_tokens.py:
   where the stand-in begins; a real API server signs them through the TokenRequest API).
+- PUT (replace) with the API server's optimistic concurrency: a stale resourceVersion is answered 409 Conflict (the
+  operator's replicas elect their leader on a Lease that way).
 What it does not do: authentication, admission (CEL rules), resourceVersion conflicts on merge patches, label
 selectors on list/watch, garbage collection of owned objects. The podlet stands in for the
 controllers and the kubelet (scripts/cluster/podlet.py).
@@ -84,6 +86,8 @@ class LaneEmulator(kmock.KubernetesEmulator):
     async def _handle(self, request):  # type: ignore[no-untyped-def]
         if request.method == kmock.method.GET and request.url.path in self.discovery:
             return web.json_response(self.discovery[request.url.path])
+        if request.method == kmock.method.PUT and request.name is not None and isinstance(request.data, dict):
+            return await self._replace(request)
         data = request.data
         if request.action == kmock.action.UPDATE and request.name is not None:
             version = str(next(self.versions))
@@ -101,6 +105,33 @@ class LaneEmulator(kmock.KubernetesEmulator):
             if data.get("kind") == "CustomResourceDefinition":
                 register(self, crd_resources(data))
         return await super()._handle(request)
+
+    async def _replace(self, request):  # type: ignore[no-untyped-def]
+        """PUT (kmock has none) as the API server answers it: 404 if absent, 409 Conflict if the object's
+        resourceVersion moved on since the one sent (optimistic concurrency: two operator replicas racing for the
+        leader Lease), else the object replaced at a new resourceVersion."""
+        key = (request.resource, request.namespace, request.name)
+        async with self._lock:
+            if key not in self.objects or self.objects[key].deleted:
+                return _status(404, "NotFound", f"{request.name} not found")
+            current = self.objects[key]["metadata"].get("resourceVersion")
+            sent = (request.data.get("metadata") or {}).get("resourceVersion")
+            if sent is not None and sent != current:
+                return _status(409, "Conflict", f"resourceVersion {sent} is stale; the object is at {current}")
+            meta = {
+                **self.objects[key]["metadata"],
+                **request.data["metadata"],
+                "resourceVersion": str(next(self.versions)),
+            }
+            new = {**request.data, "metadata": meta}
+            self.objects[key].create(new)  # a new version in the object's history, replacing the old one
+            await self._buses[request.resource].put({"type": "MODIFIED", "object": new})
+        return web.json_response(new)
+
+
+def _status(code: int, reason: str, message: str) -> web.Response:
+    body = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "reason": reason}
+    return web.json_response({**body, "message": message}, status=code)
 
 
 def register(emulator: kmock.KubernetesEmulator, resources: dict[str, dict[str, Any]]) -> None:
