@@ -109,7 +109,9 @@ def _merge_affinity(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any
 
 
 def _appended(base: list[Any], over: list[Any]) -> list[Any]:
-    return [*base, *(item for item in over if item not in base)]
+    out = list(base)
+    out += [item for i, item in enumerate(over) if item not in base and item not in over[:i]]
+    return out
 
 
 def _merge_pod_spec(pod: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
