@@ -28,6 +28,7 @@ import datetime
 import itertools
 import signal
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,26 +108,27 @@ class LaneEmulator(kmock.KubernetesEmulator):
         return await super()._handle(request)
 
     async def _replace(self, request):  # type: ignore[no-untyped-def]
-        """PUT (kmock has none) as the API server answers it: 404 if absent, 409 Conflict if the object's
-        resourceVersion moved on since the one sent (optimistic concurrency: two operator replicas racing for the
-        leader Lease), else the object replaced at a new resourceVersion."""
-        key = (request.resource, request.namespace, request.name)
-        async with self._lock:
-            if key not in self.objects or self.objects[key].deleted:
-                return _status(404, "NotFound", f"{request.name} not found")
-            current = self.objects[key]["metadata"].get("resourceVersion")
-            sent = (request.data.get("metadata") or {}).get("resourceVersion")
-            if sent is not None and sent != current:
-                return _status(409, "Conflict", f"resourceVersion {sent} is stale; the object is at {current}")
-            meta = {
-                **self.objects[key]["metadata"],
-                **request.data["metadata"],
-                "resourceVersion": str(next(self.versions)),
-            }
-            new = {**request.data, "metadata": meta}
-            self.objects[key].create(new)  # a new version in the object's history, replacing the old one
-            await self._buses[request.resource].put({"type": "MODIFIED", "object": new})
-        return web.json_response(new)
+        return await replace(self, request, lambda: str(next(self.versions)))
+
+
+async def replace(emulator: kmock.KubernetesEmulator, request: Any, version: Callable[[], str]) -> web.Response:
+    """PUT (kmock has none) as the API server answers it: 404 if absent, 409 Conflict if the object's
+    resourceVersion moved on since the one sent (optimistic concurrency: operator replicas racing for the leader
+    Lease), else the object replaced at a new resourceVersion (`version()`). tests/rlboost_operator/conftest.py's
+    emulator uses it too."""
+    key = (request.resource, request.namespace, request.name)
+    async with emulator._lock:
+        if key not in emulator.objects or emulator.objects[key].deleted:
+            return _status(404, "NotFound", f"{request.name} not found")
+        current = emulator.objects[key]["metadata"].get("resourceVersion")
+        sent = (request.data.get("metadata") or {}).get("resourceVersion")
+        if sent is not None and sent != current:
+            return _status(409, "Conflict", f"resourceVersion {sent} is stale; the object is at {current}")
+        meta = {**emulator.objects[key]["metadata"], **request.data["metadata"], "resourceVersion": version()}
+        new = {**request.data, "metadata": meta}
+        emulator.objects[key].create(new)  # a new version in the object's history, replacing the old one
+        await emulator._buses[request.resource].put({"type": "MODIFIED", "object": new})
+    return web.json_response(new)
 
 
 def _status(code: int, reason: str, message: str) -> web.Response:
