@@ -38,17 +38,24 @@ def with_defaults(schema: dict[str, Any], obj: Any) -> Any:
     return out
 
 
+def _celpy() -> Any:
+    """cel-python: the offline tools' extra, not the operator's (its image evaluates no rule)."""
+    try:
+        import celpy
+    except ImportError:
+        raise SystemExit("evaluating the CRD's CEL rules needs cel-python: pip install 'rlboost[tools]'") from None
+    return celpy
+
+
 @functools.cache
 def _program(rule: str) -> Any:
-    import celpy  # cel-python: `pip install 'rlboost[tools]'` (part of the dev extra)
-
-    env = celpy.Environment()
+    env = _celpy().Environment()
     return env.program(env.compile(rule))
 
 
 def _holds(rule: str, here: Any, before: Any) -> bool | None:
     """The rule's verdict on `here` (and `before` for oldSelf); None when it does not evaluate to a bool."""
-    import celpy
+    celpy = _celpy()
 
     activation = {"self": celpy.json_to_cel(here)}
     if before is not None:

@@ -48,7 +48,10 @@ def rljobs(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def _schema_problems(schema: dict[str, Any], spec: Any) -> list[Problem]:
-    import jsonschema
+    try:
+        import jsonschema
+    except ImportError:  # the offline tools' extra, not the operator's image
+        raise SystemExit("rlboost validate needs jsonschema: pip install 'rlboost[tools]'") from None
 
     out = []
     for err in sorted(jsonschema.Draft4Validator(schema).iter_errors(spec), key=lambda e: list(e.absolute_path)):
