@@ -83,6 +83,9 @@ class OperatorReplicas:
             f"{self.lane.network}:alias={RELEASE}-operator",
             "-v",
             f"{self.kubeconfig}:{KUBECONFIG}:ro",
+            # the kubelet's restartPolicy Always: a replica that lost the Lease exits 1 and comes back as a standby
+            "--restart",
+            "always",
         ]
         for key, value in self.env(replica).items():
             argv += ["--env", f"{key}={value}"]
@@ -134,6 +137,16 @@ class OperatorReplicas:
     def targets(self) -> list[str]:
         return [f"{r.ip}:9090" for r in self.replicas]
 
+    def restarts(self) -> dict[str, int]:
+        """Each replica's restarts by its restart policy (a replica that lost the Lease exits 1 and is restarted)."""
+        out = {}
+        for r in self.replicas:
+            name = f"{self.lane.run_id}-{r.container}"
+            out[r.pod_name] = int(
+                self.lane.run_cmd("podman", "inspect", "--format", "{{.RestartCount}}", name).strip() or 0
+            )
+        return out
+
     def summary(self, first: Replica | None) -> dict[str, Any]:
         last = self.leader()
         return {
@@ -141,6 +154,7 @@ class OperatorReplicas:
             "leader_first": first.pod_name if first else None,
             "leader_last": last.pod_name if last else None,
             "killed": self.killed,
+            "restarts": self.restarts(),
         }
 
     def problems(self, tail: Callable[[str, int], str], lines: int) -> str:
