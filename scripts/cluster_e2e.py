@@ -608,6 +608,8 @@ def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: 
             return {**status, "stoppedBecause": f"pods restarting in a loop: {crashing}"}
         lane.refresh_targets()
         lane.chaos_tick(max(progress.steps, default=-1), pods)
+        if lane.operators is not None:
+            lane.operators.note_successor()
         lane.platform_tick(max(progress.steps, default=-1), ready, lane.pods())
         time.sleep(3)
     return {**status, "timedOut": True}

@@ -65,6 +65,7 @@ class OperatorReplicas:
         count = int(deployment["spec"]["replicas"])
         self.replicas = [Replica(i, f"{RELEASE}-operator-lane{i}") for i in range(count)]
         self.killed: list[str] = []  # the pod names of the leaders killed
+        self.successor: str | None = None  # the first leader seen after the kill
 
     @property
     def pod(self) -> dict[str, Any]:
@@ -134,6 +135,13 @@ class OperatorReplicas:
         leader.ip = self.lane.run_cmd("podman", "inspect", "--format", fmt, name).strip()
         return f"SIGKILL to the leader operator replica {leader.pod_name} (restarted: it stands by)"
 
+    def note_successor(self) -> None:
+        """After a kill, the first replica seen holding the Lease: the standby, within leaseDurationSeconds (the
+        killed one, restarted, stands by)."""
+        if self.killed and self.successor is None:
+            leader = self.leader()
+            self.successor = leader.pod_name if leader is not None else None
+
     def targets(self) -> list[str]:
         return [f"{r.ip}:9090" for r in self.replicas]
 
@@ -154,6 +162,7 @@ class OperatorReplicas:
             "leader_first": first.pod_name if first else None,
             "leader_last": last.pod_name if last else None,
             "killed": self.killed,
+            "successor": self.successor,
             "restarts": self.restarts(),
         }
 
