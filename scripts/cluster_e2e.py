@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "scripts" / "cluster"
 sys.path.insert(0, str(CLUSTER))
 import platform_lane  # noqa: E402
-from operator_lane import RELEASE_NAMESPACE, OperatorReplicas, of_kind, render_chart  # noqa: E402
+from operator_lane import LANE_VALUES, RELEASE_NAMESPACE, OperatorReplicas, of_kind, render_chart  # noqa: E402
 from prometheus_lane import SCRAPE_INTERVAL_S, Prometheus, targets_from_pods  # noqa: E402
 
 REGISTRY = "ghcr.io/rlboost"
@@ -99,7 +99,7 @@ class Lane:
         self.dashboard_check: dict[str, Any] = {}  # when and how the dashboard was judged (for the summary)
         self.halfway_all_ready = False  # a poll saw the RLJob's status half-way with every pod Ready (diagnostic)
         self.nodes = ["lane-reserved-0", *(f"lane-spot-{i}={SPOT_LABEL}" for i in range(args.spot_nodes))]
-        self.chart = render_chart()  # what `helm install` makes: the CRD, the operator Deployment (issue 29)
+        self.chart = render_chart(LANE_VALUES)  # what `helm install` makes: the CRD, the operator Deployment
         self.operators: OperatorReplicas | None = None
         self.first_leader: Any = None
         self.platform_seen: dict[str, Any] = {}  # --platform: what each pod got (platform_lane.observe)
