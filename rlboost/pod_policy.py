@@ -12,6 +12,7 @@ accelerator and CPU/memory requests that other spec fields set (the CRD's CEL ru
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import (
@@ -22,6 +23,7 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+from pydantic.alias_generators import to_camel
 
 from rlboost.spec_base import QUANTITY, SpecFieldError, SpecModel
 
@@ -32,7 +34,7 @@ ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 QUALIFIED_KEY = (
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
-LABEL_VALUE = r"^$|^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+LABEL_VALUE = r"^$|^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 
 # What the operator owns in a job pod (rlboost_operator.children: naming.py, pod.py, service_accounts.py); tests
 # check that these cover every volume, mount and env variable the builders make.
@@ -58,21 +60,20 @@ GPU_RESOURCE = "nvidia.com/gpu"
 MAX_ENV = 128
 
 
-def _check_keys(where: str, mapping: dict[str, str], value_pattern: str | None = None) -> None:
-    import re
-
+def _check_keys(field: str, mapping: dict[str, str], value_pattern: str | None = None) -> None:
+    """Every key of `field` (labels, annotations) a Kubernetes key, and with `value_pattern` every value a label's."""
     for key, value in mapping.items():
         if len(key) > 316 or not re.match(QUALIFIED_KEY, key):
-            raise ValueError(f"{where}: {key!r} is not a valid key (an optional 'prefix/' and a name, e.g. team/cost)")
+            raise SpecFieldError(
+                field, f"{key!r} is not a valid key (an optional 'prefix/' and a name, e.g. team/cost)"
+            )
         if value_pattern and (len(value) > 63 or not re.match(value_pattern, value)):
-            raise ValueError(f"{where}: the value of {key!r} ({value!r}) is not a valid label value")
+            raise SpecFieldError(field, f"the value of {key!r} ({value!r}) is not a valid label value")
 
 
 def _exactly_one(model: SpecModel, names: tuple[str, ...], where: str) -> None:
     given = [n for n in names if getattr(model, n) is not None]
     if len(given) != 1:
-        from pydantic.alias_generators import to_camel
-
         choices = " or ".join(to_camel(n) for n in names)
         raise ValueError(f"{where} needs exactly one of {choices}")
 
@@ -197,7 +198,7 @@ class ServiceAccountSpec(SpecModel):
 
     @model_validator(mode="after")
     def _one_way(self) -> ServiceAccountSpec:
-        _check_keys("serviceAccount.annotations", self.annotations)
+        _check_keys("annotations", self.annotations)
         if self.name and self.annotations:
             raise SpecFieldError(
                 "annotations",
@@ -243,8 +244,6 @@ class OverlayResources(SpecModel):
 
     @model_validator(mode="after")
     def _not_owned(self) -> OverlayResources:
-        import re
-
         for kind in ("limits", "requests"):
             for key, value in getattr(self, kind).items():
                 if not re.match(QUANTITY, value):
@@ -340,8 +339,6 @@ class OverlayPodSpec(PassThrough):
     @classmethod
     def _refused(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            from pydantic.alias_generators import to_camel
-
             for field, fix in _REFUSED_POD_FIELDS.items():
                 key = to_camel(field)
                 if data.get(key, data.get(field)) is not None:
@@ -354,8 +351,6 @@ class OverlayPodSpec(PassThrough):
             seen = [item.name for item in getattr(self, kind)]
             twice = sorted({n for n in seen if seen.count(n) > 1})
             if twice:
-                from pydantic.alias_generators import to_camel
-
                 raise SpecFieldError(to_camel(kind), f"{to_camel(kind)} names {twice[0]!r} twice; name each once")
         return self
 

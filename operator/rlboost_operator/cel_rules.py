@@ -289,6 +289,21 @@ def node_rules() -> dict[str, list[Rule]]:
                 "FieldValueForbidden",
             )  # fmt: skip
             for kind in ("labels", "annotations")
+        ]
+        + [
+            Rule(
+                f"!has(self.{kind}) || self.{kind}.all(k, k.matches({json.dumps(pod_policy.QUALIFIED_KEY)}))",
+                f"{kind}: a key is an optional DNS-subdomain prefix and '/', then a name (e.g. team/cost)",
+                kind,
+            )  # fmt: skip
+            for kind in ("labels", "annotations")
+        ]
+        + [
+            Rule(
+                f"!has(self.labels) || self.labels.all(k, self.labels[k].matches({json.dumps(pod_policy.LABEL_VALUE)}))",
+                "labels: a value is at most 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric",
+                "labels",
+            ),  # fmt: skip
         ],
         "OverlayResources": [
             Rule(

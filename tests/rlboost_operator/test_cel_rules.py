@@ -172,6 +172,9 @@ BAD_POLICIES = [
     {"services": {"nats": {"podTemplate": {"spec": {"serviceAccountName": "default"}}}}},
     {"trainer": {"podTemplate": {"spec": {"priorityClassName": "high"}}}},
     {"trainer": {"podTemplate": {"metadata": {"labels": {"rlboost.io/job": "other"}}}}},
+    {"trainer": {"podTemplate": {"metadata": {"labels": {"bad key!": "x"}}}}},
+    {"rollout": {"reserved": {"podTemplate": {"metadata": {"labels": {"team": "not a value"}}}}}},
+    {"services": {"nats": {"podTemplate": {"metadata": {"annotations": {"/x": "y"}}}}}},
     {
         "rollout": {
             "spot": {
