@@ -228,7 +228,8 @@ class Lane:
         self.wait(lambda: ready.exists() and ready.read_text(), 30, "the kmock API server", proc="kube-api")
         self.api_url = ready.read_text().strip()
         say(f"Kubernetes API (kmock) at {self.api_url}")
-        self.http = httpx.Client(base_url=self.api_url, timeout=10)
+        # 30 s: on a loaded machine (another lane beside this one, load 20+) kmock took over 10 s to answer a list
+        self.http = httpx.Client(base_url=self.api_url, timeout=30)
         for namespace in dict.fromkeys((self.namespace, RELEASE_NAMESPACE)):  # the job's, the release's (its Lease)
             body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
             self.http.post("/api/v1/namespaces", json=body)
@@ -576,8 +577,12 @@ def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: 
     total = int(((job.get("spec") or {}).get("algorithm") or {}).get("steps", 0))
     last_line, status, started = "", {}, time.monotonic()
     while time.monotonic() < deadline:
-        status = lane.job_status()
-        pods = pod_table(lane.pods())
+        try:
+            status, pods = lane.job_status(), pod_table(lane.pods())
+        except httpx.TransportError as err:  # a slow answer of a loaded kmock: poll again (the deadline bounds it)
+            say(f"polling the API failed ({err!r}); trying again")
+            time.sleep(3)
+            continue
         for name, pod in pods.items():  # a pod scaled away at the end still counts its restarts
             lane.restarts_seen[name] = max(lane.restarts_seen.get(name, 0), pod["restarts"])
         ready = sum(p["ready"] for p in pods.values())

@@ -42,7 +42,7 @@ PLATFORM = ROOT / "examples" / "rljob-platform.yaml"
 SHM_BYTES = 256 << 20  # the platform example's /dev/shm (trainer, reserved workers)
 PROTECTED = ("-trainer-", "-manager-", "-weights-")  # pods with a budget and do-not-disrupt
 # Seconds per lane run (set-up, the job, tear-down); together under make test-cluster's 30 minutes.
-PLAIN_S, CHAOS_S, BAD_MODEL_S = 770, 770, 240
+PLAIN_S, CHAOS_S, BAD_MODEL_S = 750, 750, 300
 LANE_RESERVE_S = 150  # of each run's time: network, NATS, the API, the operator's image, tear-down
 BAD_URI = "s3://rlboost-lane-no-such-bucket/models/tiny"
 SUMMARIES = ROOT / "build" / "cluster"  # each run's summary, kept for a look (and docs/benchmarks.md)
