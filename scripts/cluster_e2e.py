@@ -401,11 +401,15 @@ class Lane:
             )
 
     def platform_tick(self, step: int, ready: int, pods: list[dict[str, Any]]) -> None:
-        """--platform: once steps run with every pod Ready, what each pod got (platform_lane.observe)."""
-        if self.args.platform and not self.platform_seen and step >= 1 and pods and ready == len(pods):
-            exec_in = lambda pod, argv: run("podman", "exec", f"{self.run_id}-{pod}", *argv, check=False).stdout  # noqa: E731
-            self.platform_seen = platform_lane.observe(self.http, self.namespace, pods, exec_in)
-            say(f"platform: observed {len(self.platform_seen)} pods (accounts, priority, env, /dev/shm)")
+        """--platform: once steps run with every pod Ready, what each pod got (platform_lane.observe); a pod that
+        could not be read (its container restarting) is read again at the next poll."""
+        done = {n for n, p in self.platform_seen.items() if "error" not in p}
+        todo = [p for p in pods if p["metadata"]["name"] not in done]
+        if not self.args.platform or not todo or step < 0 or not pods or ready != len(pods):
+            return
+        exec_in = lambda pod, argv: run("podman", "exec", f"{self.run_id}-{pod}", *argv, check=False).stdout  # noqa: E731
+        self.platform_seen.update(platform_lane.observe(self.http, self.namespace, todo, exec_in))
+        say(f"platform: observed {len(todo)} pods (accounts, priority, env, /dev/shm)")
 
     def chaos_event(self, text: str) -> None:
         say("chaos: " + text)

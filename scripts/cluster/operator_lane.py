@@ -75,6 +75,7 @@ class OperatorReplicas:
         self.replicas = [Replica(i, f"{RELEASE}-operator-lane{i}") for i in range(count)]
         self.killed: list[str] = []  # the pod names of the leaders killed
         self.successor: str | None = None  # the first leader seen after the kill
+        self.killed_identity = ""  # the Lease holder that was killed (the record names it until a successor writes)
 
     @property
     def pod(self) -> dict[str, Any]:
@@ -124,16 +125,20 @@ class OperatorReplicas:
         command = self.pod["containers"][0]["command"]
         return command[command.index("--lease-namespace") + 1], command[command.index("--lease-name") + 1]
 
-    def leader(self) -> Replica | None:
-        """The replica whose identity (its pod name + a suffix) holds the Lease."""
+    def holder(self) -> str:
+        """The Lease's holderIdentity ('' when none): a replica's pod name and a suffix new at each start."""
         namespace, name = self.lease_args()
         resp = self.lane.http.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}")
-        holder = ((resp.json().get("spec") or {}).get("holderIdentity") or "") if resp.status_code == 200 else ""
+        return ((resp.json().get("spec") or {}).get("holderIdentity") or "") if resp.status_code == 200 else ""
+
+    def leader(self) -> Replica | None:
+        """The replica whose identity (its pod name + a suffix) holds the Lease."""
+        holder = self.holder()
         return next((r for r in self.replicas if holder.startswith(f"{r.pod_name}_")), None)
 
     def kill_leader(self) -> str:
         """SIGKILL the leader's container, then start it again (its Deployment's new pod); what happened, in words."""
-        leader = self.leader()
+        leader, self.killed_identity = self.leader(), self.holder()
         if leader is None:
             return "no replica holds the Lease: nothing killed"
         name = f"{self.lane.run_id}-{leader.container}"
@@ -145,9 +150,9 @@ class OperatorReplicas:
         return f"SIGKILL to the leader operator replica {leader.pod_name} (restarted: it stands by)"
 
     def note_successor(self) -> None:
-        """After a kill, the first replica seen holding the Lease: the standby, within leaseDurationSeconds (the
-        killed one, restarted, stands by)."""
-        if self.killed and self.successor is None:
+        """After a kill, the first replica that writes the Lease as its own: the standby, within leaseDurationSeconds
+        (the killed one, restarted under a new identity, stands by)."""
+        if self.killed and self.successor is None and self.holder() not in ("", self.killed_identity):
             leader = self.leader()
             self.successor = leader.pod_name if leader is not None else None
 

@@ -118,6 +118,8 @@ def test_a_platform_teams_rljob_reaches_succeeded_in_real_containers(plain: dict
 def test_each_pod_got_its_components_identity_env_shm_priority_and_protection(plain: dict) -> None:
     seen = plain["platform"]
     assert seen, f"the lane observed no pod while the job ran:\n{where(plain)}"
+    unread = {n: p["error"] for n, p in seen.items() if "error" in p}
+    assert not unread, f"pods the lane could not read inside: {unread}"
     job = "addition-platform"
     by_prefix = lambda prefix: {n: p for n, p in seen.items() if n.startswith(f"{job}-{prefix}")}  # noqa: E731
     components = ("trainer", "manager", "weights", "nats", "workers-reserved", "workers-spot")
