@@ -400,16 +400,17 @@ class Lane:
                 f"step {step}: deleted Node lane-spot-0 (the VM went away); manager notices so far {notices}"
             )
 
-    def platform_tick(self, step: int, ready: int, pods: list[dict[str, Any]]) -> None:
-        """--platform: once steps run with every pod Ready, what each pod got (platform_lane.observe); a pod that
+    def platform_tick(self, pods: list[dict[str, Any]]) -> None:
+        """--platform: what each pod got (platform_lane.observe), read as soon as its container runs; a pod that
         could not be read (its container restarting) is read again at the next poll."""
         done = {n for n, p in self.platform_seen.items() if "error" not in p}
-        todo = [p for p in pods if p["metadata"]["name"] not in done]
-        if not self.args.platform or not todo or step < 0 or not pods or ready != len(pods):
+        running = lambda pod: ((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("started")  # noqa: E731
+        todo = [p for p in pods if p["metadata"]["name"] not in done and running(p)]
+        if not self.args.platform or not todo:
             return
         exec_in = lambda pod, argv: run("podman", "exec", f"{self.run_id}-{pod}", *argv, check=False).stdout  # noqa: E731
         self.platform_seen.update(platform_lane.observe(self.http, self.namespace, todo, exec_in))
-        say(f"platform: observed {len(todo)} pods (accounts, priority, env, /dev/shm)")
+        say(f"platform: observed {', '.join(p['metadata']['name'] for p in todo)}")
 
     def chaos_event(self, text: str) -> None:
         say("chaos: " + text)
@@ -561,6 +562,9 @@ def pod_table(pods: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "ready": bool(cs.get("ready")),
             "restarts": max(0, count - 1) if clean else count,
             "restart_count": count,
+            # its last run ended cleanly (a trainer that finished, started again by its StatefulSet until the
+            # operator scales it to zero: not Ready while its startup probe waits for it)
+            "finished": clean,
             "phase": pod.get("status", {}).get("phase"),
             "node": pod.get("spec", {}).get("nodeName"),
         }
@@ -619,7 +623,7 @@ def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: 
         lane.chaos_tick(max(progress.steps, default=-1), pods)
         if lane.operators is not None:
             lane.operators.note_successor()
-        lane.platform_tick(max(progress.steps, default=-1), ready, lane.pods())
+        lane.platform_tick(lane.pods())
         time.sleep(3)
     return {**status, "timedOut": True}
 
