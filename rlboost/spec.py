@@ -13,8 +13,6 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     Tag,
@@ -27,24 +25,10 @@ from pydantic.alias_generators import to_camel
 
 from rlboost.config_file import ConfigFileError, load_yaml_file
 from rlboost.environment_registry import check_environment_name
+from rlboost.pod_policy import PodPolicy, PodTemplateOverlay, no_account_name
 from rlboost.reward_registry import check_reward_name
+from rlboost.spec_base import QUANTITY, SpecFieldError, SpecModel
 from rlboost.step_sizing import fits_step_limit, in_flight
-
-
-class SpecFieldError(ValueError):
-    """A cross-field rule that one field must change to satisfy; `path` names it (camelCase, dotted, relative
-    to the model whose validator raised it), so the error's field path is data, not prose."""
-
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(message)
-        self.path = path
-
-
-class SpecModel(BaseModel):
-    """Base: camelCase aliases, unknown fields rejected, assignment validated."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_assignment=True)
-
 
 MODEL_SOURCES = ("tiny", "path", "huggingface", "uri", "pvc")
 URI_SCHEMES = ("s3://", "gs://")
@@ -641,9 +625,6 @@ class AlgorithmSpec(SpecModel):
         return self
 
 
-QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$"  # a Kubernetes resource quantity, as requests take it
-
-
 class ResourcesSpec(SpecModel):
     """CPU and memory a pod's container asks the scheduler for (Kubernetes requests; unused locally)."""
 
@@ -651,25 +632,40 @@ class ResourcesSpec(SpecModel):
     memory: str = Field("1Gi", pattern=QUANTITY, description="Memory request, a Kubernetes quantity ('1Gi', '512Mi').")
 
 
+class ServicePodSpec(ResourcesSpec, PodPolicy):
+    """A service pod's requests and its pod policy (ServiceAccount, env, priority class, pod-template overlay)."""
+
+
 class ServicesSpec(SpecModel):
     """Requests of the job's service pods on Kubernetes (the trainer's and workers' are with them)."""
 
-    manager: ResourcesSpec = Field(default_factory=ResourcesSpec, description="The rollout-manager's requests.")
-    weight_server: ResourcesSpec = Field(default_factory=ResourcesSpec, description="The weight-server's requests.")
-    nats: ResourcesSpec = Field(
-        default_factory=lambda: ResourcesSpec(cpu="100m", memory="128Mi"), description="The job's NATS's requests."
+    manager: ServicePodSpec = Field(
+        default_factory=ServicePodSpec, description="The rollout-manager's requests and pod policy."
+    )
+    weight_server: ServicePodSpec = Field(
+        default_factory=ServicePodSpec, description="The weight-server's requests and pod policy."
+    )
+    nats: ServicePodSpec = Field(
+        default_factory=lambda: ServicePodSpec(cpu="100m", memory="128Mi"),
+        description="The job's NATS's requests and pod policy.",
     )
 
 
-class TrainerSpec(SpecModel):
-    """The DeepSpeed trainer."""
+class TrainerSpec(PodPolicy):
+    """The DeepSpeed trainer (its pod policy: rlboost.pod_policy.PodPolicy)."""
 
     ranks: int = Field(1, ge=1, le=4096, description="Data-parallel ranks (a StatefulSet's replicas on Kubernetes).")
     zero_stage: int = Field(1, ge=0, le=3, description="DeepSpeed ZeRO stage.")
     backend: Literal["auto", "gloo", "nccl"] = Field(
         "auto", description="torch.distributed backend; auto = nccl on GPU, gloo on CPU."
     )
-    gpus_per_rank: int = Field(0, ge=0, le=16, description="Accelerators per rank (0 on CPU).")
+    gpus_per_rank: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="Accelerators per rank (0 on CPU, else 1): a rank is one process on one accelerator, so a "
+        "trainer on N GPUs is trainer.ranks N (one pod each); more than 1 is refused.",
+    )
     checkpoint_every: int = Field(
         10,
         ge=1,
@@ -695,12 +691,24 @@ class TrainerSpec(SpecModel):
     )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Each rank's requests (Kubernetes).")
 
+    @model_validator(mode="after")
+    def _one_accelerator_per_rank(self) -> TrainerSpec:
+        # A pod runs one trainer process (its rank is the pod's ordinal): N GPUs per pod would bill N and use one.
+        if self.gpus_per_rank > 1:
+            raise SpecFieldError(
+                "gpusPerRank",
+                f"trainer.gpusPerRank {self.gpus_per_rank}: a rank is one process on one accelerator (a pod runs one "
+                f"rank), so the other {self.gpus_per_rank - 1} would be billed and idle; set gpusPerRank 1 and "
+                f"multiply trainer.ranks by {self.gpus_per_rank} instead",
+            )
+        return self
+
 
 MAX_TENSOR_PARALLEL = 8  # tensorParallel's bound: one node's accelerators
 
 
-class PoolSpec(SpecModel):
-    """One pool of rollout workers."""
+class PoolSpec(PodPolicy):
+    """One pool of rollout workers (its pod policy: rlboost.pod_policy.PodPolicy)."""
 
     replicas: int = Field(
         1, ge=0, le=10000, description="Workers started (for spot: the initial count, bounded by min/max)."
@@ -731,6 +739,7 @@ class PoolSpec(SpecModel):
                 "minReplicas", f"minReplicas ({self.min_replicas}) must be <= maxReplicas ({self.max_replicas})"
             )
         check_tensor_parallel(self.engine, self.tensor_parallel, self.gpus_per_worker)
+        no_account_name(self)
         return self
 
 
@@ -793,6 +802,11 @@ class SpotVariantSpec(SpecModel):
         default_factory=dict,
         description="Added to rollout.spot.nodeSelector for this variant's pods, e.g. "
         "{cloud.google.com/gke-accelerator: nvidia-l4}; give each variant nodes of its own.",
+    )
+    pod_template: PodTemplateOverlay = Field(
+        default_factory=PodTemplateOverlay,
+        description="A pod-template overlay for this variant's pods, merged after rollout.spot.podTemplate (e.g. "
+        "its accelerator's tolerations or a larger /dev/shm).",
     )
 
     def price_per_slot(self) -> float:
@@ -882,6 +896,8 @@ class SpotPoolSpec(PoolSpec):
             tensor_parallel=v.tensor_parallel,
             node_selector={**self.node_selector, **v.node_selector},
             resources=self.resources,
+            **{name: getattr(self, name) for name in PodPolicy.model_fields},  # the pool's (the variant's overlay
+            # goes on after the pool's: rlboost_operator.children.policy)
         )
 
     def per_variant(self, spot_workers: SpotWorkers) -> dict[str, int]:
@@ -891,9 +907,10 @@ class SpotPoolSpec(PoolSpec):
         return {v.name: int(spot_workers.get(v.name, 0)) for v in self.variants}
 
 
-class EnvRunnersSpec(SpecModel):
+class EnvRunnersSpec(PodPolicy):
     """The env-runner pool (agentic episodes): CPU processes that run the environments and drive the episodes; on
-    Kubernetes a Deployment, spot nodes allowed (an env-runner lost restarts its episodes from their tasks)."""
+    Kubernetes a Deployment, spot nodes allowed (an env-runner lost restarts its episodes from their tasks). Its pod
+    policy: rlboost.pod_policy.PodPolicy."""
 
     replicas: int = Field(2, ge=1, le=10000, description="Env-runners (a Deployment's replicas on Kubernetes).")
     capacity: int = Field(
@@ -1354,6 +1371,11 @@ def load_job_spec(path: str | Path) -> JobSpec:
     return parse_job_spec(data, str(path))
 
 
+# libyaml's emitter where PyYAML has it (the same text, ~15x faster: the operator dumps the job file on every
+# reconcile, and each component's pod policy made it twice as long)
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
 def dump_job_spec(spec: JobSpec) -> str:
     """YAML with camelCase keys, as a user would write it."""
-    return yaml.safe_dump(spec.model_dump(by_alias=True, mode="json"), sort_keys=False)
+    return yaml.dump(spec.model_dump(by_alias=True, mode="json"), Dumper=_DUMPER, sort_keys=False)

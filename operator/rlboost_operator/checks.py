@@ -99,7 +99,19 @@ def check_job(data: object, settings: OperatorSettings) -> JobSpec:
     for name, _, _ in reward_terms(spec.task.reward):  # a name, or each of a weighted list
         check_reward(name)
     check_dataset_locations(spec)
+    check_overlays(spec, settings)
     return spec
+
+
+def check_overlays(spec: JobSpec, settings: OperatorSettings) -> None:
+    """Each component's podTemplate fits the pod the operator builds (a container it names exists, a volume it
+    mounts is there): the children are built once, as they would be, and an overlay that does not fit is named."""
+    from rlboost_operator.children import OverlayError, build_children
+
+    try:
+        build_children("job", "namespace", spec, settings, spec.rollout.spot.replicas)
+    except OverlayError as err:
+        raise SpecProblemError(err.field, str(err)) from None
 
 
 def check_dataset_locations(spec: JobSpec) -> None:

@@ -32,6 +32,16 @@ class OperatorSettings(BaseModel):
         default_factory=lambda: {"kubernetes.io/metadata.name": "monitoring"},
         description="Labels (JSON) of the namespaces whose pods may scrape job pods' metrics ports; {} = none.",
     )
+    service_account_annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="Annotations (JSON) of every ServiceAccount the operator makes for a job's pods (the chart's "
+        "jobServiceAccounts.annotations); a component's spec serviceAccount.annotations go over them.",
+    )
+    image_pull_secrets: list[str] = Field(
+        default_factory=list,
+        description="Image pull Secrets (JSON list of names; the chart's images.pullSecrets) every job pod gets; "
+        "they must exist in the job's namespace.",
+    )
     operator_namespace: str = Field(
         "", description="Namespace of the operator's pods (they reach each job's NATS); '' = any namespace."
     )
@@ -65,10 +75,10 @@ class OperatorSettings(BaseModel):
         1, ge=0, description="Autoscaler sizing: pods asked for beyond those placed while backing off."
     )
 
-    @field_validator("metrics_namespace_labels", mode="before")
+    @field_validator("metrics_namespace_labels", "service_account_annotations", "image_pull_secrets", mode="before")
     @classmethod
     def _json_labels(cls, value: object) -> object:
-        """An environment variable holds the labels as JSON."""
+        """An environment variable holds them as JSON."""
         return json.loads(value) if isinstance(value, str) else value
 
 

@@ -31,12 +31,22 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     if not isinstance(node, dict):
         return node
     if "$ref" in node:
-        target = defs[node["$ref"].rsplit("/", 1)[-1]]
-        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        name = node["$ref"].rsplit("/", 1)[-1]
+        merged = {**defs[name], **{k: v for k, v in node.items() if k != "$ref"}}
+        rules = cel_rules.node_rules().get(name)
+        if rules:  # rules of a model wherever it is used (e.g. a pod-template overlay's containers)
+            merged["x-kubernetes-validations"] = [rule.manifest() for rule in rules]
         return _resolve(merged, defs)
+    nullable = _nullable(node)
+    if nullable is not None:  # `X | None`: OpenAPI v3.0's nullable X, the outer keys (description) kept
+        inner = {k: v for k, v in node.items() if k not in ("anyOf", "default")}
+        return {**_resolve(nullable, defs), **_resolve(inner, defs), "nullable": True}
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _DROP or (key == "const" and "enum" in node):
+            continue
+        if key == "additionalProperties" and value is True:
+            out["x-kubernetes-preserve-unknown-fields"] = True  # Kubernetes fields passed through as written
             continue
         if key == "const" and "enum" not in node:
             out["enum"] = [value]  # a Literal with one value; OpenAPI v3.0 has no const
@@ -51,6 +61,14 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
             continue
         out[key] = {k: _resolve(v, defs) for k, v in value.items()} if key == "properties" else _resolve(value, defs)
     return out
+
+
+def _nullable(node: dict[str, Any]) -> dict[str, Any] | None:
+    """The X of a pydantic `X | None` (anyOf [X, null]); None for any other node."""
+    options = node.get("anyOf")
+    if not isinstance(options, list) or len(options) != 2 or {"type": "null"} not in options:
+        return None
+    return next(o for o in options if o != {"type": "null"})
 
 
 def spec_schema() -> dict[str, Any]:

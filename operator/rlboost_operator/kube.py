@@ -29,6 +29,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "RLJob": ("/apis/rlboost.io/v1alpha1", "rljobs"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
 }
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import kopf
 
 from rlboost.spec import JobSpec
-from rlboost_operator import children, cluster_keys, model_source, spot_busy, status
+from rlboost_operator import children, cluster_keys, model_source, render, spot_busy, status
 from rlboost_operator.checks import SpecProblemError, check_job
 from rlboost_operator.credentials import IDENTITY_READY, WorkerIdentity, ensure_credentials
 from rlboost_operator.job_end import end_job, patch_if_present, status_variants
@@ -168,9 +168,7 @@ async def apply_children(memo: kopf.Memo, body: kopf.Body, spec: JobSpec) -> boo
     has_identity = await identity.ensure(body, items, ended)
     replicas = decision.replicas if decision else 0
     built = children.build_children(job, namespace, spec, memo.settings, replicas, finished=ended, spot_split=split)
-    for child in built:
-        if children.adopted(child):
-            kopf.adopt(child, owner=body)
+    for child in render.owned(built, body):
         await kube.apply(child)
     await retire_spot(kube, namespace, job, spec, status_variants(saved))
     if decision is None:

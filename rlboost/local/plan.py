@@ -68,7 +68,9 @@ class LocalOptions(BaseModel):
     seed: int = Field(0, ge=0, description="Seed of chaos and trace victim choice.")
     python: str = Field(sys.executable, description="Interpreter that runs every service.")
     log_level: str = Field("INFO", description="Log level passed to every service.")
-    checkpoint_dir: Path | None = Field(None, description="Trainer checkpoints go here (<run dir>/checkpoints when unset).")
+    checkpoint_dir: Path | None = Field(
+        None, description="Trainer checkpoints go here (<run dir>/checkpoints when unset)."
+    )
     resume: bool = Field(False, description="Trainer continues from the newest valid checkpoint in checkpoint_dir.")
 
     @field_validator("chaos_targets")

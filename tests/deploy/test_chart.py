@@ -29,9 +29,9 @@ EXAMPLES = sorted((ROOT / "examples").glob("rljob*.yaml"))
 
 
 def crd_docs() -> dict[str, dict[str, Any]]:
-    """The chart's CRDs by kind."""
+    """The chart's CRDs by kind (files/crds/, which templates/crds.yaml installs)."""
     out = {}
-    for path in sorted((CHART / "crds").glob("*.yaml")):
+    for path in sorted((CHART / "files" / "crds").glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             out[doc["spec"]["names"]["kind"]] = doc
     return out
@@ -182,7 +182,8 @@ def test_rbac_is_least_privilege():
     # by name only: no list or watch of Secrets; patch adds an item (worker-identity.json follows the cluster's keys)
     assert rules["secrets"] == {"create", "get", "patch"}
     assert rules["networkpolicies"] == {"get", "create", "patch"}  # each job's own
-    assert rules["serviceaccounts"] == {"get", "create", "patch"}  # each job's worker accounts (no rights of their own)
+    assert rules["serviceaccounts"] == {"get", "create", "patch"}  # each job's accounts (no rights of their own)
+    assert rules["poddisruptionbudgets"] == {"get", "create", "patch"}  # each job's single-replica services
 
 
 def test_a_namespaced_install_reads_secrets_and_makes_workloads_only_in_its_namespaces():
@@ -201,6 +202,7 @@ def test_a_namespaced_install_reads_secrets_and_makes_workloads_only_in_its_name
             namespace
         )
         assert rules["serviceaccounts"] == {"get", "create", "patch"}, namespace
+        assert rules["poddisruptionbudgets"] == {"get", "create", "patch"}, namespace
         binding = next(d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["namespace"] == namespace)
         assert binding["roleRef"] == {
             "apiGroup": "rbac.authorization.k8s.io",
