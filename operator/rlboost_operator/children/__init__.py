@@ -4,8 +4,9 @@
   once and never rewritten, in creation order (Services first), config-hashed, an ended job's at zero replicas;
 - `trainer.py`, `manager.py`, `weight_server.py`, `worker.py` (reserved and spot pools, spot variants), `nats.py`
   (the job's own NATS and its `<job>-nats-config` Secret), `network_policy.py`, `service_accounts.py` (a worker's
-  identity), `job_config.py` (the job file ConfigMap and the config hash), `secrets.py` (the credentials Secret),
-  `model.py` (the model's volume and the `fetch-model` init container);
+  identity), `job_config.py` (the job file ConfigMap and the config hash), `job_labels.py` (the RLJob's labels on
+  every child), `secrets.py` (the credentials Secret), `model.py` (the model's volume and the `fetch-model` init
+  container);
 - `pod.py`: what every job pod shares; `naming.py`: names, labels, ports and paths.
 
 Each job has its own NATS (TLS with the job CA, one user per role with rights on that job's subjects only) and,
@@ -22,6 +23,7 @@ This package re-exports what the handlers and the tests use, so `children.<name>
 
 from rlboost_operator.children.build import WORKLOAD_KINDS, adopted, build_children, scaled_to_zero, services_first
 from rlboost_operator.children.job_config import CONFIG_HASH, OPERATOR_ONLY_FIELDS, config_hash, config_map
+from rlboost_operator.children.job_labels import job_labels, with_job_labels
 from rlboost_operator.children.manager import manager
 from rlboost_operator.children.model import (
     FETCH_CONTAINER,
@@ -117,6 +119,7 @@ __all__ = [
     "identity_volume",
     "image",
     "initial_reserved",
+    "job_labels",
     "labels",
     "manager",
     "model_dir",
@@ -141,6 +144,7 @@ __all__ = [
     "tls_hosts",
     "trainer",
     "weight_server",
+    "with_job_labels",
     "worker",
     "worker_service_accounts",
     "workloads",

@@ -85,3 +85,17 @@ CHUNK_MAX_MS = Gauge(
     "rlboost_manager_chunk_max_ms",
     "The workers' chunk flush period the manager announces (rollout.maxChunkMessagesPerS stretches it with the fleet)",
 )
+
+
+def zero_counters() -> None:
+    """Export the migration and preemption-notice counters at 0 for every reason from the start: a dashboard panel
+    of a job that saw none shows 0, not "no data" (which reads as a broken scrape)."""
+    from rlboost.policies.migration import MigrationReason
+
+    for reason in MigrationReason:
+        MIGRATIONS.labels(reason.value)
+    for result in ("matched", "no_match", "invalid"):
+        PREEMPTION_NOTICES.labels(result)
+
+
+zero_counters()
