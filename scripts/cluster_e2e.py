@@ -1,6 +1,6 @@
 """The cluster lane: run an RLJob manifest through the operator and real containers, without a cluster.
 
-    python scripts/cluster_e2e.py --rljob examples/rljob.yaml --json build/cluster/summary.json [--chaos]
+    python scripts/cluster_e2e.py --rljob examples/rljob.yaml --json build/cluster/summary.json [--chaos | --kueue]
 
 What runs (all on this machine, traffic only on loopback and the podman network the lane creates):
 - the images, built by `make images` when one is missing (ghcr.io/rlboost/<service>:<chart appVersion>);
@@ -10,7 +10,10 @@ What runs (all on this machine, traffic only on loopback and the podman network 
 - the podlet (scripts/cluster/podlet.py): the kubelet and workload controllers, running every Pod the
   operator's Deployments and StatefulSets ask for as a podman container; one reserved node and
   --spot-nodes GKE spot nodes (Node objects; all of them this machine);
-- the operator in its own image, as a container on the network, reading a kubeconfig for the API.
+- the operator in its own image, as a container on the network, reading a kubeconfig for the API;
+- with --kueue: the operator's Kueue integration on, and Kueue's part played by the lane (scripts/cluster/
+  kueue_standin.py says exactly where that begins), driving scripts/cluster/pause_scenario.py: the job waits for
+  admission, is paused with spec.suspend mid-run and resumed, is preempted by "Kueue" and admitted again.
 Then it applies the CRDs of deploy/helm/rlboost/crds/ and the manifest unchanged, waits (bounded) for the
 RLJob's phase to become Succeeded or Failed, printing progress, and writes the summary
 {"phase", "steps", "reward_first", "reward_last", "pods": {name: {"ready", "restarts"}},
@@ -44,6 +47,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "scripts" / "cluster"
 sys.path.insert(0, str(CLUSTER))
+from kueue_standin import FLAVOR_LABEL, KueueStandIn  # noqa: E402
+from pause_scenario import PauseScenario  # noqa: E402
 from prometheus_lane import SCRAPE_INTERVAL_S, Prometheus, targets_from_pods  # noqa: E402
 
 REGISTRY = "ghcr.io/rlboost"
@@ -92,7 +97,9 @@ class Lane:
         self.restarts_seen: dict[str, int] = {}  # every pod of the run: the most restarts seen
         self.dashboard_check: dict[str, Any] = {}  # when and how the dashboard was judged (for the summary)
         self.halfway_all_ready = False  # a poll saw the RLJob's status half-way with every pod Ready (diagnostic)
-        self.nodes = ["lane-reserved-0", *(f"lane-spot-{i}={SPOT_LABEL}" for i in range(args.spot_nodes))]
+        reserved = "lane-reserved-0" + ("={}={}".format(*FLAVOR_LABEL) if args.kueue else "")  # the flavor's node
+        self.nodes = [reserved, *(f"lane-spot-{i}={SPOT_LABEL}" for i in range(args.spot_nodes))]
+        self.scenario: PauseScenario | None = None  # --kueue
 
     # --- set-up
 
@@ -258,6 +265,7 @@ class Lane:
             "RLBOOST_OPERATOR_IMAGE_PULL_POLICY": "Never",
             "RLBOOST_OPERATOR_NATS_IMAGE": self.image(NATS_IMAGE),  # each job's own NATS, at its Service
             "RLBOOST_OPERATOR_RESCALE_INTERVAL_S": "10",
+            "RLBOOST_OPERATOR_KUEUE": "true" if self.args.kueue else "false",
         }
         argv = ["--network", f"{self.network}:alias=rlboost-operator", "-v", f"{kubeconfig}:/etc/lane/kubeconfig:ro"]
         for k, v in env.items():
@@ -292,9 +300,19 @@ class Lane:
         job = yaml.safe_load(Path(self.args.rljob).read_text())
         job.setdefault("metadata", {}).setdefault("namespace", self.namespace)
         self.job = job["metadata"]["name"]
+        if self.args.kueue:
+            kueue = KueueStandIn(self.http, self.namespace)
+            kueue.install()
+            self.scenario = PauseScenario(self.http, kueue, self.namespace, self.job)
+            say("Kueue's part played by the lane (scripts/cluster/kueue_standin.py): CRDs and a ResourceFlavor")
         self.http.post(f"/apis/rlboost.io/v1alpha1/namespaces/{self.namespace}/rljobs", json=job).raise_for_status()
         say(f"applied RLJob {self.job} from {self.args.rljob}")
         return job
+
+    def kueue_tick(self, step: int, status: dict[str, Any], pods: dict[str, dict[str, Any]]) -> None:
+        """--kueue: the next step of the pause scenario, once its condition holds."""
+        if self.scenario is not None and (done := self.scenario.tick(step, status, pods)):
+            say("kueue: " + done)
 
     def job_status(self) -> dict[str, Any]:
         resp = self.http.get(f"/apis/rlboost.io/v1alpha1/namespaces/{self.namespace}/rljobs/{self.job}")
@@ -336,17 +354,19 @@ class Lane:
             return None
         if progress.first_step_at is None or progress.last_step_at is None:
             self.notes.append("no step was reported: the dashboard is judged as of now")
-            return self.prometheus.panels_without_data(self.dashboard())
+            return self.prometheus.panels_without_data(self.dashboard(), variables=self.variables())
         start, end = progress.first_step_at, progress.last_step_at + 2 * SCRAPE_INTERVAL_S
         mid = (start + end) / 2
         self.dashboard_check = {
             "from": time.strftime("%H:%M:%S", time.localtime(start)),
             "seconds": round(end - start, 1),
-            "empty_at_mid_run": self.prometheus.panels_without_data(self.dashboard(), at=mid),
+            "empty_at_mid_run": self.prometheus.panels_without_data(
+                self.dashboard(), at=mid, variables=self.variables()
+            ),
             "failed_scrapes": self.prometheus.failed_scrapes(start, end),
             "a_poll_saw_half_way_all_ready": self.halfway_all_ready,
         }
-        return self.prometheus.panels_without_data(self.dashboard(), between=(start, end))
+        return self.prometheus.panels_without_data(self.dashboard(), between=(start, end), variables=self.variables())
 
     def counter_over_run(self, name: str) -> float | None:
         """A manager counter's highest value over the run, from Prometheus: at the end the manager is scaled to
@@ -355,6 +375,10 @@ class Lane:
             return None
         result = self.prometheus.query(f"max(max_over_time({name}[1h]))")
         return float(result[0]["value"][1]) if result else None
+
+    def variables(self) -> dict[str, str]:
+        """The dashboard's $namespace and $rljob as on-call would pick them: this job."""
+        return {"namespace": self.namespace, "rljob": self.job}
 
     @staticmethod
     def dashboard() -> dict[str, Any]:
@@ -486,20 +510,25 @@ class Progress:
         asyncio.run(self._follow(lane, namespace, job, stop))
 
     async def _follow(self, lane: Lane, namespace: str, job: str, stop: Any) -> None:
+        """Follow the job's NATS; when its pod is replaced (a suspended job's NATS comes back at another address),
+        follow the new one."""
+        while not stop.is_set():
+            found = lane.job_nats(job)
+            if found is None:  # the job's NATS comes with the job (and back with a resumed one)
+                await asyncio.sleep(1.0)
+                continue
+            await self._follow_one(lane, namespace, job, found, stop)
+
+    async def _follow_one(self, lane: Lane, namespace: str, job: str, found: tuple[str, Any], stop: Any) -> None:
         import nats
 
-        found = None
-        while found is None and not stop.is_set():  # the job's NATS comes with the job
-            found = lane.job_nats(job)
-            if found is None:
-                await asyncio.sleep(1.0)
-        if found is None:
-            return
         try:
             nc = await nats.connect(found[0], connect_timeout=5, max_reconnect_attempts=-1, **found[1])
         except Exception as err:  # the summary says what is missing instead of failing the run
             self.error = f"cannot follow NATS: {err}"
+            await asyncio.sleep(1.0)
             return
+        self.error = ""
 
         async def on_step(msg: Any) -> None:
             data = json.loads(msg.data)
@@ -512,7 +541,7 @@ class Progress:
 
         await nc.subscribe(f"rlboost.{namespace}.{job}.steps", cb=on_step)
         await nc.subscribe(f"rlboost.{namespace}.{job}.done", cb=on_done)
-        while not stop.is_set():
+        while not stop.is_set() and (lane.job_nats(job) or (found[0],))[0] == found[0]:
             await asyncio.sleep(0.5)
         await nc.close()
 
@@ -587,7 +616,7 @@ def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: 
             return status
         halfway = int(status.get("step") or 0) >= max(1, total // 2) and status.get("phase") == "Running"
         lane.halfway_all_ready = lane.halfway_all_ready or (halfway and ready == len(pods))
-        if not pods and time.monotonic() - started > lane.args.no_pods_after:
+        if not pods and time.monotonic() - started > lane.args.no_pods_after and not lane.args.kueue:
             say(
                 f"stopping: no pod {lane.args.no_pods_after:.0f}s after the RLJob was applied (the operator's log says why)"
             )
@@ -598,6 +627,7 @@ def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: 
             return {**status, "stoppedBecause": f"pods restarting in a loop: {crashing}"}
         lane.refresh_targets()
         lane.chaos_tick(max(progress.steps, default=-1), pods)
+        lane.kueue_tick(max(progress.steps, default=-1), status, pods)
         time.sleep(3)
     return {**status, "timedOut": True}
 
@@ -627,6 +657,7 @@ def summary(lane: Lane, progress: Progress, job: dict[str, Any], status: dict[st
         "final_weights_checksum": (progress.done or {}).get("final_weights_checksum"),
         "conditions": status.get("conditions"),
         "chaos": lane.chaos_log,
+        "kueue": lane.scenario.summary() if lane.scenario is not None else None,
         "notes": [n for n in (progress.error, *lane.notes) if n],
     }
 
@@ -636,6 +667,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rljob", required=True, help="the RLJob manifest (applied unchanged)")
     p.add_argument("--json", required=True, help="where to write the summary")
     p.add_argument("--chaos", action="store_true", help="delete a spot pod, kill the trainer, taint a spot node")
+    p.add_argument(
+        "--kueue",
+        action="store_true",
+        help="Kueue on (its part played by the lane): wait for admission, pause mid-run, preempt, resume",
+    )
     p.add_argument("--namespace", default="default", help="namespace of the job")
     p.add_argument("--spot-nodes", type=int, default=1, help="GKE spot nodes the podlet registers")
     p.add_argument("--timeout", type=float, default=1500, help="seconds for the job to finish")

@@ -1,0 +1,114 @@
+"""The lane's `--kueue` scenario: a job that carries a queue label waits for Kueue, runs, is paused by its owner
+(spec.suspend) and later preempted by Kueue, and each time resumes where it stopped.
+
+Driven one tick at a time by scripts/cluster_e2e.py's wait loop (no thread): each tick looks at the RLJob, its
+Workload, the pods and the trainer's newest step report, and takes the next action once its condition holds:
+
+1. queued: the RLJob names its Workload, its phase is Suspended (WaitingForAdmission) and no pod of it exists:
+   the stand-in admits the Workload (kueue_standin.py: where Kueue's part begins);
+2. running: the trainer reported step PAUSE_AT: the lane sets spec.suspend true, as a user would;
+3. paused: phase Suspended and every pod gone: the suspension is recorded (reason, the steps the checkpoint holds,
+   every workload's replicas) and spec.suspend goes back to false;
+4. resumed: the trainer reported AFTER_RESUME steps past the checkpoint: the stand-in preempts the Workload;
+5. preempted: phase Suspended, every pod gone and the quota given back by the operator: recorded, and the stand-in
+   admits the Workload again; the job then runs to its end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from kueue_standin import KueueStandIn, admitted, quota_released
+
+PAUSE_AT = 3  # the trainer's 0-based step after which the owner pauses the job
+AFTER_RESUME = 3  # steps reported after a resume before Kueue preempts it
+MERGE = {"Content-Type": "application/merge-patch+json"}
+
+
+class PauseScenario:
+    """The scenario's state: which stage it is at, and what it saw."""
+
+    def __init__(self, http: httpx.Client, kueue: KueueStandIn, namespace: str, job: str) -> None:
+        self.http, self.kueue, self.namespace, self.job = http, kueue, namespace, job
+        self.stage = "queued"
+        self.log: list[str] = []
+        self.suspensions: list[dict[str, Any]] = []
+        self.held_without_pods = False  # a poll saw it waiting for admission with no pod at all
+        self.quota_released = False
+
+    def _rljob_path(self) -> str:
+        return f"/apis/rlboost.io/v1alpha1/namespaces/{self.namespace}/rljobs/{self.job}"
+
+    def _suspend(self, value: bool) -> None:
+        self.http.patch(self._rljob_path(), json={"spec": {"suspend": value}}, headers=MERGE).raise_for_status()
+
+    def _replicas(self) -> dict[str, int]:
+        out = {}
+        for path in ("apps/v1/namespaces/{ns}/deployments", "apps/v1/namespaces/{ns}/statefulsets"):
+            for obj in self.http.get("/apis/" + path.format(ns=self.namespace)).json()["items"]:
+                if obj["metadata"].get("labels", {}).get("rlboost.io/job") == self.job:
+                    out[obj["metadata"]["name"]] = int(obj["spec"].get("replicas", 1))
+        return out
+
+    def tick(self, step: int, status: dict[str, Any], pods: dict[str, Any]) -> str | None:
+        """One look; returns what it did (for the lane's log), or None."""
+        name = (status.get("kueue") or {}).get("workload")
+        wl = self.kueue.workload(name) if name else None
+        reason = (status.get("suspension") or {}).get("reason")
+        held = status.get("phase") == "Suspended" and not pods
+        if self.stage == "queued" and wl is not None and held and reason == "WaitingForAdmission":
+            self.held_without_pods = True
+            self.kueue.admit(wl)
+            return self._next("running", f"Kueue (stand-in) admitted {name}; no pod existed while it waited")
+        if self.stage == "running" and admitted(wl) and step >= PAUSE_AT:
+            self._suspend(True)
+            return self._next("paused", f"step {step}: spec.suspend set to true (the job's owner pauses it)")
+        if self.stage == "paused" and held:
+            self._record(status)
+            self._suspend(False)
+            return self._next("resumed", f"suspended ({reason}), every pod gone: spec.suspend back to false")
+        if self.stage == "resumed" and self.suspensions and admitted(wl) and step >= self._resumed_at() + AFTER_RESUME:
+            self.kueue.preempt(wl)
+            return self._next("preempted", f"step {step}: Kueue (stand-in) preempted {name}")
+        if self.stage == "preempted" and held and quota_released(wl):
+            self.quota_released = True
+            self._record(status)
+            self.kueue.admit(wl)
+            return self._next("done", f"suspended ({reason}), quota given back: Kueue (stand-in) admitted {name} again")
+        return None
+
+    def _next(self, stage: str, what: str) -> str:
+        self.stage = stage
+        self.log.append(what)
+        return what
+
+    def _resumed_at(self) -> int:
+        return int(self.suspensions[-1].get("checkpointedSteps") or 0)
+
+    def _record(self, status: dict[str, Any]) -> None:
+        """The suspension as the RLJob and its Event tell it (the status's reason may have moved on: a preempted
+        job whose quota went back waits for admission again, so the operator's Event is the record of why)."""
+        suspension = status.get("suspension") or {}
+        events = self.http.get(f"/api/v1/namespaces/{self.namespace}/events").json()["items"]
+        said = [
+            e["message"] for e in events if e.get("reason") == "Suspended" and e["involvedObject"]["name"] == self.job
+        ]
+        self.suspensions.append(
+            {
+                "reason": suspension.get("reason"),
+                "event": said[len(self.suspensions)] if len(said) > len(self.suspensions) else None,
+                "checkpointedSteps": suspension.get("checkpointedSteps"),
+                "replicas": self._replicas(),
+                "progress": status.get("progress"),
+            }
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "log": self.log,
+            "suspensions": self.suspensions,
+            "held_without_pods": self.held_without_pods,
+            "quota_released": self.quota_released,
+        }
