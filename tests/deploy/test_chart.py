@@ -165,6 +165,10 @@ def test_kueue_rbac_only_with_kueue_enabled():
         }
         settings = load_settings({k: v for k, v in env.items() if v is not None})
         assert settings.kueue is True and settings.suspend_timeout_s == 1800.0
+        reader = next(d for d in docs if d["kind"] == "ClusterRoleBinding" and "kueue" in d["metadata"]["name"])
+        assert reader["subjects"] == [
+            {"kind": "ServiceAccount", "name": "kueue-controller-manager", "namespace": "kueue-system"}
+        ]
 
 
 def operator_deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
