@@ -232,6 +232,9 @@ class Lane:
                         "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=doc
                     ).raise_for_status()
                     say(f"applied CRD {doc['metadata']['name']}")
+        if self.args.kueue:  # before the operator starts: it watches Workloads from its start
+            KueueStandIn(self.http, self.namespace).install()
+            say("Kueue's part played by the lane (scripts/cluster/kueue_standin.py): its CRDs and a ResourceFlavor")
 
     def start_podlet(self) -> None:
         argv = [sys.executable, str(CLUSTER / "podlet.py"), "--api", self.api_url, "--namespace", self.namespace]
@@ -301,10 +304,7 @@ class Lane:
         job.setdefault("metadata", {}).setdefault("namespace", self.namespace)
         self.job = job["metadata"]["name"]
         if self.args.kueue:
-            kueue = KueueStandIn(self.http, self.namespace)
-            kueue.install()
-            self.scenario = PauseScenario(self.http, kueue, self.namespace, self.job)
-            say("Kueue's part played by the lane (scripts/cluster/kueue_standin.py): CRDs and a ResourceFlavor")
+            self.scenario = PauseScenario(self.http, KueueStandIn(self.http, self.namespace), self.namespace, self.job)
         self.http.post(f"/apis/rlboost.io/v1alpha1/namespaces/{self.namespace}/rljobs", json=job).raise_for_status()
         say(f"applied RLJob {self.job} from {self.args.rljob}")
         return job

@@ -145,11 +145,13 @@ def step_status(
     now = now or datetime.now(UTC)
     seconds = report.rollout_seconds + report.train_seconds + report.sync_seconds
     tps = report.tokens / seconds if seconds > 0 else 0.0
-    reserved, spot = int(workers.get("reserved", 0)), int(workers.get("spot", 0))
-    rate = cost_per_hour(spec, reserved, spot_variants if spot_variants is not None else spot)
+    held = previous.get("phase") == HELD  # a report that arrives once the job is suspended: nothing runs or costs
+    reserved, spot = (0, 0) if held else (int(workers.get("reserved", 0)), int(workers.get("spot", 0)))
+    spot_variants = None if held else spot_variants
+    rate = 0.0 if held else cost_per_hour(spec, reserved, spot_variants if spot_variants is not None else spot)
     variants = {"spotVariants": variant_list(spot_variants, "ready")} if spot_variants is not None else {}
     # Integrate at the previous rate: it was the one in force since the previous update.
-    prev_rate = float(previous.get("costPerHour") or rate)
+    prev_rate = 0.0 if held else float(previous.get("costPerHour") or rate)
     so_far = accumulate_cost(
         float(previous.get("costSoFar") or 0.0), prev_rate, parse_iso(previous.get("updatedAt")), now
     )
@@ -157,7 +159,7 @@ def step_status(
     validation = {"validation": validation_status(report.validation)} if report.validation is not None else {}
     return {
         **validation,
-        **progress(report.step + 1, spec.algorithm.steps, seconds),
+        **progress(report.step + 1, spec.algorithm.steps, None if held else seconds),
         "phase": phase,
         "step": report.step,
         "weightVersion": report.weight_version,

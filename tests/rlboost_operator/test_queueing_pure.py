@@ -202,7 +202,9 @@ def test_holding_suspending_and_resuming_status():
         _valid(patch)
     # A step report that arrives once the job is held does not make it Running again.
     report = step_report(5, seconds=(1, 1, 0))
-    assert status.step_status(report, JobSpec(), {}, stopped, T0)["phase"] == "Suspended"
+    late = status.step_status(report, JobSpec(trainer={"gpusPerRank": 1}), {"reserved": 1}, stopped, T0)
+    assert late["phase"] == "Suspended" and late["costPerHour"] == 0.0 and late["workers"]["reserved"] == 0
+    assert late["progress"] == "6/60" and "estimatedRemainingSeconds" not in late  # its progress still counts
 
 
 def test_progress_reads_steps_completed_against_the_total():
