@@ -185,6 +185,14 @@ class Lane:
         argv = ["--network", self.network, "--entrypoint", "sleep", self.image("rollout-manager"), "infinity"]
         self.container("network-holder", argv)
 
+    def job_nats_url(self, job: str) -> str | None:
+        """Where the job's own NATS pod listens (the podlet's endpoints file: no API call), or None."""
+        endpoints = self.state / "podlet" / "endpoints.json"
+        with contextlib.suppress(OSError, ValueError):
+            pods = (json.loads(endpoints.read_text()).get(f"{job}-nats") or {}).get("pods")
+            return f"nats://{pods[0]['ip']}:4222" if pods else None
+        return None
+
     def job_nats(self, job: str) -> tuple[str, dict[str, Any]] | None:
         """(URL, nats.connect options as user observer) of the job's own NATS, once its pod runs; else None."""
         from rlboost.auth.nats import client_options
@@ -513,7 +521,7 @@ class Progress:
         """Follow the job's NATS; when its pod is replaced (a suspended job's NATS comes back at another address),
         follow the new one."""
         while not stop.is_set():
-            found = lane.job_nats(job)
+            found = lane.job_nats(job) if lane.job_nats_url(job) else None
             if found is None:  # the job's NATS comes with the job (and back with a resumed one)
                 await asyncio.sleep(1.0)
                 continue
@@ -541,8 +549,8 @@ class Progress:
 
         await nc.subscribe(f"rlboost.{namespace}.{job}.steps", cb=on_step)
         await nc.subscribe(f"rlboost.{namespace}.{job}.done", cb=on_done)
-        while not stop.is_set() and (lane.job_nats(job) or (found[0],))[0] == found[0]:
-            await asyncio.sleep(0.5)
+        while not stop.is_set() and lane.job_nats_url(job) in (None, found[0]):  # its pod replaced: follow the new
+            await asyncio.sleep(1.0)
         await nc.close()
 
 
@@ -592,10 +600,25 @@ def manager_metrics(lane: Lane) -> dict[str, float]:
 
 
 def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: float) -> dict[str, Any]:
-    total = int(((job.get("spec") or {}).get("algorithm") or {}).get("steps", 0))
-    last_line, status, started = "", {}, time.monotonic()
+    """Poll the job until it ends (or the deadline); an API call that times out (kmock on a loaded machine) is
+    tried again at the next poll."""
+    last: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        status = lane.job_status()
+        try:
+            return _wait_for_job(lane, progress, job, deadline, last)
+        except httpx.TimeoutException as err:
+            say(f"the API did not answer in time ({err or type(err).__name__}); polling on")
+            time.sleep(3)
+    return {**last.get("status", {}), "timedOut": True}
+
+
+def _wait_for_job(
+    lane: Lane, progress: Progress, job: dict[str, Any], deadline: float, last: dict[str, Any]
+) -> dict[str, Any]:
+    total = int(((job.get("spec") or {}).get("algorithm") or {}).get("steps", 0))
+    last_line, status, started = "", {}, last.setdefault("started", time.monotonic())
+    while time.monotonic() < deadline:
+        status = last["status"] = lane.job_status()
         pods = pod_table(lane.pods())
         for name, pod in pods.items():  # a pod scaled away at the end still counts its restarts
             lane.restarts_seen[name] = max(lane.restarts_seen.get(name, 0), pod["restarts"])

@@ -5,6 +5,8 @@ a suspension under way, and a job stopped for a Kueue eviction gives its quota b
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -12,11 +14,14 @@ from typing import Any
 import kopf
 
 from rlboost.spec import JobSpec
-from rlboost_operator import children, holds, kueue
+from rlboost_operator import children, holds, kueue, status
+from rlboost_operator.checks import SpecProblemError
 from rlboost_operator.queueing import Queueing, kueue_status
 from rlboost_operator.shared import JobLinks
 from rlboost_operator.status_stream import StatusStream
 from rlboost_operator.suspension import Suspender
+
+FORGET_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,8 @@ class Gate:
             out.update(holds.suspending_status(merged, self.hold, generation=generation))
         elif self.hold is None and holds.suspended(previous):
             out.update(holds.resumed_status(merged, generation=generation))
+        elif self.hold is None and (previous.get("suspension") or {}).get("state") == "Suspending":
+            out.update(holds.cancelled_status(merged, generation=generation))
         return out
 
     async def follow_up(self, memo: kopf.Memo, namespace: str, job: str, stopped: bool) -> None:
@@ -68,10 +75,29 @@ async def judge_hold(memo: kopf.Memo, body: kopf.Body, spec: JobSpec, previous: 
     return Gate(state, queue, holds.hold_for(spec, queue, state))
 
 
+async def suspend_early(memo: kopf.Memo, body: kopf.Body, spec: JobSpec) -> None:
+    """Ask a held job's trainer to checkpoint now, before the reconcile waits for the job's status lock: step
+    reports waiting for that lock (an operator that fell behind on a loaded cluster) must not hold back the request,
+    while the trainer keeps taking steps. The reconcile judges again under the lock; the suspension's own end (scaling
+    to zero) takes the lock."""
+    namespace, job = body.metadata.namespace or "default", body.metadata.name or ""
+    previous = ((await memo.api.client().get("RLJob", namespace, job)) or {}).get("status") or {}
+    if status.finished(previous) or holds.never_ran(previous):
+        return
+    try:
+        gate = await judge_hold(memo, body, spec, previous, ended=False)
+    except SpecProblemError:
+        return  # the reconcile under the lock reports it
+    if gate.hold is not None:
+        suspender: Suspender = memo.suspender
+        suspender.ensure(namespace, job, gate.hold)
+
+
 async def forget_job_nats(memo: kopf.Memo, namespace: str, job: str) -> None:
     """A suspended job resumes with a fresh NATS (its pod went to zero, JetStream on an emptyDir): drop the link and
     the status subscriptions, so the reconcile links anew and the status stream is made again on the new server."""
     stream: StatusStream = memo.stream
     await stream.stop(namespace, job)
     links: JobLinks = memo.links
-    await links.close(namespace, job)
+    with contextlib.suppress(TimeoutError):  # draining a link to a server that went away can take its 30 s timeout
+        await asyncio.wait_for(links.close(namespace, job), FORGET_TIMEOUT_S)

@@ -101,3 +101,13 @@ def resumed_status(
     record = {**dict(previous.get("suspension") or {}), "state": "Resumed", "resumedAt": now_iso(now)}
     cond = condition(SUSPENDED, False, "Resumed", f"resumed {where}", now, generation)
     return {"phase": PENDING, "suspension": record, "conditions": set_condition(previous.get("conditions"), cond)}
+
+
+def cancelled_status(
+    previous: Mapping[str, Any], now: datetime | None = None, generation: int | None = None
+) -> dict[str, Any]:
+    """The .status patch of a suspension lifted before the job stopped (suspend set back to false, or Kueue admitting
+    it again): it keeps running, and the status stops saying it is being suspended."""
+    record = {**dict(previous.get("suspension") or {}), "state": "Cancelled"}
+    cond = condition(SUSPENDED, False, "Cancelled", "the suspension was lifted before the job stopped", now, generation)
+    return {"suspension": record, "conditions": set_condition(previous.get("conditions"), cond)}

@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from rlboost.spec import JobSpec, JobSpecError, parse_job_spec
+from rlboost.spec import AlgorithmSpec, TrainerSpec
 from rlboost_operator.metrics import (
     JOB_BUDGET,
     JOB_COST,
@@ -33,17 +33,19 @@ def _number(value: Any) -> float | None:
     return out if math.isfinite(out) else None
 
 
-def _spec(data: Any) -> JobSpec | None:
-    """The spec with its defaults (None for one that does not validate: its limits are then not exported)."""
-    try:
-        return parse_job_spec(data or {}, "RLJob.spec")
-    except JobSpecError:
-        return None
+def _field(spec: Mapping[str, Any], section: str, key: str, model: type[AlgorithmSpec] | type[TrainerSpec]) -> Any:
+    """spec.<section>.<key> as written, else its default. Read from the raw object, not validated: this runs on
+    every watch event, and validating a spec (its reward lookup) costs tens of milliseconds."""
+    written = (spec.get(section) or {}) if isinstance(spec.get(section), Mapping) else {}
+    if key in written:
+        return written[key]
+    name = next(n for n, f in model.model_fields.items() if (f.alias or n) == key)
+    return model.model_fields[name].default
 
 
 def observe(namespace: str, name: str, rljob: Mapping[str, Any]) -> None:
     """Set the job's gauges from the RLJob as the watch delivered it."""
-    status, spec = rljob.get("status") or {}, _spec(rljob.get("spec"))
+    status, spec = rljob.get("status") or {}, rljob.get("spec") or {}
     phase = status.get("phase") or "Pending"
     for each in PHASES:
         JOB_PHASE.labels(namespace, name, each).set(1.0 if each == phase else 0.0)
@@ -51,17 +53,17 @@ def observe(namespace: str, name: str, rljob: Mapping[str, Any]) -> None:
         JOB_COST: status.get("costSoFar") or 0.0,
         JOB_COST_RATE: status.get("costPerHour") or 0.0,
         JOB_STEPS: status.get("stepsCompleted") or 0,
-        JOB_STEPS_TOTAL: status.get("stepsTotal") or (spec.algorithm.steps if spec else None),
+        JOB_STEPS_TOTAL: status.get("stepsTotal") or _field(spec, "algorithm", "steps", AlgorithmSpec),
         TRAINER_RESTARTS: status.get("trainerRestarts") or 0,
-        TRAINER_BACKOFF_LIMIT: spec.trainer.backoff_limit if spec else None,
-        JOB_BUDGET: spec.budget if spec else None,
+        TRAINER_BACKOFF_LIMIT: _field(spec, "trainer", "backoffLimit", TrainerSpec),
+        JOB_BUDGET: spec.get("budget"),
     }
     for gauge, value in values.items():
         number = _number(value)
         if number is not None:
             gauge.labels(namespace, name).set(number)
         else:
-            with contextlib.suppress(KeyError):  # unset: no budget, or a spec that does not validate
+            with contextlib.suppress(KeyError):  # unset (no budget) or not a number
                 gauge.remove(namespace, name)
 
 

@@ -27,7 +27,7 @@ from rlboost.spec import JobSpec
 from rlboost_operator import children, cluster_keys, holds, job_metrics, kueue, model_source, spot_busy, status
 from rlboost_operator.checks import SpecProblemError, check_job, check_labels
 from rlboost_operator.credentials import IDENTITY_READY, WorkerIdentity, ensure_credentials
-from rlboost_operator.gate import forget_job_nats, judge_hold
+from rlboost_operator.gate import forget_job_nats, judge_hold, suspend_early
 from rlboost_operator.job_end import end_job, patch_if_present, status_variants
 from rlboost_operator.kube import Kube
 from rlboost_operator.metrics import ERRORS, RECONCILIATIONS
@@ -122,6 +122,7 @@ async def reconcile(memo: kopf.Memo, body: kopf.Body, spec_data: Any) -> None:
     if missing is not None:
         await model_unavailable(memo, body, missing)
     jobs: Jobs = memo.jobs
+    await suspend_early(memo, body, spec)
     async with jobs.status_lock(namespace, job):  # judged on the status as it is now, not as the event saw it
         try:
             stopped = await apply_children(memo, body, spec)

@@ -21,8 +21,10 @@ from typing import Any
 import httpx
 from kueue_standin import KueueStandIn, admitted, quota_released
 
-PAUSE_AT = 3  # the trainer's 0-based step after which the owner pauses the job
-AFTER_RESUME = 3  # steps reported after a resume before Kueue preempts it
+# Early: the example's steps take well under a second each, and the request to checkpoint takes the lane's poll
+# (3 s) and the operator's reaction to arrive; the trainer takes steps meanwhile.
+PAUSE_AT = 1  # the trainer's 0-based step after which the owner pauses the job
+AFTER_RESUME = 1  # steps reported after a resume before Kueue preempts it
 MERGE = {"Content-Type": "application/merge-patch+json"}
 
 

@@ -198,7 +198,10 @@ def test_holding_suspending_and_resuming_status():
     )
     assert holds.suspended(stopped) and holds.never_ran(stopped) and holds.never_ran({})
     assert not holds.never_ran(running)
-    for patch in (suspending, stopped, again, resumed):
+    cancelled = holds.cancelled_status({**running, **suspending}, T0)
+    assert cancelled["suspension"]["state"] == "Cancelled" and "phase" not in cancelled
+    assert {c["type"]: c for c in cancelled["conditions"]}["Suspended"]["reason"] == "Cancelled"
+    for patch in (suspending, stopped, again, resumed, cancelled):
         _valid(patch)
     # A step report that arrives once the job is held does not make it Running again.
     report = step_report(5, seconds=(1, 1, 0))

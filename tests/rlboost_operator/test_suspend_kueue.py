@@ -94,18 +94,21 @@ def condition(st: dict[str, Any], kind: str) -> dict[str, Any]:
 def test_spec_suspend_waits_for_the_trainers_checkpoint_then_scales_every_child_to_zero(operator, job_nats):
     api = operator
     api.create("RLJob", rljob("pause", {"rollout": {"spot": {"minReplicas": 1, "maxReplicas": 2}}}))
-    wait_until(lambda: status_of(api, "pause").get("phase") == "Pending", timeout=20, what="phase Pending")
+    wait_until(lambda: status_of(api, "pause").get("phase") == "Pending", timeout=60, what="phase Pending")
     running = replicas(api, "pause")
     assert running["pause-trainer"] == 1 and running["pause-workers-spot"] == 1
     job_nats.start(api, NS, "pause")
     with StandInTrainer(job_nats, "pause", steps=7) as trainer:
         api.patch("RLJob", NS, "pause", {"spec": {"suspend": True}})
-        wait_until(lambda: trainer.asked >= 3, timeout=30, what="the operator asking the trainer three times")
-        assert replicas(api, "pause") == running, "scaled before the trainer checkpointed"
-        assert status_of(api, "pause")["suspension"]["state"] == "Suspending"
+        wait_until(lambda: trainer.asked >= 3, timeout=60, what="the operator asking the trainer three times")
+        suspending = lambda: (status_of(api, "pause").get("suspension") or {}).get("state") == "Suspending"  # noqa: E731
+        wait_until(suspending, timeout=60, what="status.suspension.state Suspending")
         assert condition(status_of(api, "pause"), "Suspended")["reason"] == "Suspending"
+        asked = trainer.asked
+        wait_until(lambda: trainer.asked >= asked + 2, timeout=60, what="two more requests")
+        assert replicas(api, "pause") == running, "scaled before the trainer checkpointed"
         trainer.checkpoint()
-        wait_until(lambda: status_of(api, "pause").get("phase") == "Suspended", timeout=20, what="Suspended")
+        wait_until(lambda: status_of(api, "pause").get("phase") == "Suspended", timeout=60, what="Suspended")
     assert set(replicas(api, "pause").values()) == {0}
     st = status_of(api, "pause")
     assert st["suspension"]["checkpointedSteps"] == 7 and st["suspension"]["reason"] == "Suspended"
@@ -113,8 +116,8 @@ def test_spec_suspend_waits_for_the_trainers_checkpoint_then_scales_every_child_
     events = [e for e in api.list("Event", NS) if e.get("reason") == "Suspended"]
     assert events and "after step 7 (checkpointed)" in events[0]["message"]
     api.patch("RLJob", NS, "pause", {"spec": {"suspend": False}})
-    wait_until(lambda: status_of(api, "pause").get("phase") == "Pending", timeout=20, what="resumed")
-    wait_until(lambda: replicas(api, "pause") == running, timeout=20, what="every child back")
+    wait_until(lambda: status_of(api, "pause").get("phase") == "Pending", timeout=60, what="resumed")
+    wait_until(lambda: replicas(api, "pause") == running, timeout=60, what="every child back")
     resumed = condition(status_of(api, "pause"), "Suspended")
     assert resumed["status"] == "False" and "after step 7" in resumed["message"]
 
@@ -127,14 +130,14 @@ def test_a_suspension_with_no_trainer_answering_stops_after_the_grace(operator, 
     monkeypatch.setattr(suspension, "NO_TRAINER_GRACE_S", 1.0)
     api = operator
     api.create("RLJob", rljob("idle", {"suspend": True}))  # suspended from the start: no pod ever runs
-    wait_until(lambda: status_of(api, "idle").get("phase") == "Suspended", timeout=20, what="Suspended at once")
+    wait_until(lambda: status_of(api, "idle").get("phase") == "Suspended", timeout=60, what="Suspended at once")
     assert set(replicas(api, "idle").values()) == {0}
     assert status_of(api, "idle")["suspension"].get("checkpointedSteps") is None  # none ran: none to wait for
     api.create("RLJob", rljob("gone"))
-    wait_until(lambda: status_of(api, "gone").get("phase") == "Pending", timeout=20, what="phase Pending")
+    wait_until(lambda: status_of(api, "gone").get("phase") == "Pending", timeout=60, what="phase Pending")
     job_nats.start(api, NS, "gone")
     api.patch("RLJob", NS, "gone", {"spec": {"suspend": True}})
-    wait_until(lambda: status_of(api, "gone").get("phase") == "Suspended", timeout=30, what="Suspended")
+    wait_until(lambda: status_of(api, "gone").get("phase") == "Suspended", timeout=60, what="Suspended")
     assert set(replicas(api, "gone").values()) == {0}
     assert (
         "without a confirmed checkpoint"
@@ -165,7 +168,7 @@ def kueue_operator(kube_api: KubeApi, job_nats, monkeypatch: pytest.MonkeyPatch)
     args = ["run", "-A", "--standalone", "-m", "rlboost_operator.handlers"]
     with KopfRunner(args, timeout=30) as runner:
         for plural in ("rljobs", "workloads"):
-            wait_until(lambda p=plural: kube_api.watched(p), timeout=20, what=f"the operator's watch on {plural}")
+            wait_until(lambda p=plural: kube_api.watched(p), timeout=60, what=f"the operator's watch on {plural}")
         yield kube_api
     assert runner.exception is None, runner.output
 
@@ -232,8 +235,8 @@ def test_a_queued_job_waits_runs_once_admitted_and_a_preemption_suspends_it_unti
     job["metadata"]["labels"] = QUEUED
     api.create("RLJob", job)
     # Waiting in its queue: every child exists at zero replicas, so it holds no accelerator.
-    wait_until(lambda: status_of(api, "queued").get("phase") == "Suspended", timeout=20, what="held")
-    wait_until(lambda: workload(api, "queued") is not None, timeout=20, what="the Workload")
+    wait_until(lambda: status_of(api, "queued").get("phase") == "Suspended", timeout=60, what="held")
+    wait_until(lambda: workload(api, "queued") is not None, timeout=60, what="the Workload")
     assert set(replicas(api, "queued").values()) == {0}
     st = status_of(api, "queued")
     assert st["suspension"]["reason"] == "WaitingForAdmission" and "LocalQueue team-a" in st["suspension"]["message"]
@@ -245,25 +248,25 @@ def test_a_queued_job_waits_runs_once_admitted_and_a_preemption_suspends_it_unti
     # Kueue admits it: everything runs, the gang on the flavor's nodes.
     kueue_admits(api, wl)
     expected = {"queued-trainer": 2, "queued-manager": 1, "queued-workers-spot": 1}
-    wait_until(lambda: expected.items() <= replicas(api, "queued").items(), timeout=20, what="every child running")
+    wait_until(lambda: expected.items() <= replicas(api, "queued").items(), timeout=60, what="every child running")
     running = replicas(api, "queued")
     trainer = api.get("StatefulSet", NS, "queued-trainer")["spec"]["template"]
     assert trainer["spec"]["nodeSelector"] == {"cloud.google.com/gke-nodepool": "h100"}
     assert trainer["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     spot = api.get("Deployment", NS, "queued-workers-spot")
     assert spot["metadata"]["ownerReferences"][0]["controller"] is False  # Kueue admits each spot pod itself
-    wait_until(lambda: status_of(api, "queued").get("phase") == "Pending", timeout=20, what="resumed")
+    wait_until(lambda: status_of(api, "queued").get("phase") == "Pending", timeout=60, what="resumed")
     assert status_of(api, "queued")["kueue"]["admitted"] is True
     # Kueue preempts it: no trainer answers here, so it stops after the grace; then the quota goes back.
     kueue_preempts(api, workload(api, "queued"))
-    wait_until(lambda: status_of(api, "queued").get("phase") == "Suspended", timeout=40, what="suspended")
+    wait_until(lambda: status_of(api, "queued").get("phase") == "Suspended", timeout=60, what="suspended")
     assert set(replicas(api, "queued").values()) == {0}
-    wait_until(lambda: workload(api, "queued").get("status", {}).get("admission") is None, timeout=20, what="released")
+    wait_until(lambda: workload(api, "queued").get("status", {}).get("admission") is None, timeout=60, what="released")
     released = condition(workload(api, "queued")["status"], "QuotaReserved")
     assert (
         released["status"] == "False" and condition(workload(api, "queued")["status"], "Requeued")["status"] == "True"
     )
     # Kueue admits it again later: it resumes.
     kueue_admits(api, workload(api, "queued"))
-    wait_until(lambda: replicas(api, "queued") == running, timeout=20, what="running again")
-    wait_until(lambda: status_of(api, "queued").get("phase") == "Pending", timeout=20, what="resumed again")
+    wait_until(lambda: replicas(api, "queued") == running, timeout=60, what="running again")
+    wait_until(lambda: status_of(api, "queued").get("phase") == "Pending", timeout=60, what="resumed again")
