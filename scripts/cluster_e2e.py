@@ -312,10 +312,17 @@ class Lane:
         job.setdefault("metadata", {}).setdefault("namespace", self.namespace)
         self.job = job["metadata"]["name"]
         if self.args.kueue:
-            self.scenario = PauseScenario(self.http, KueueStandIn(self.http, self.namespace), self.namespace, self.job)
+            standin = KueueStandIn(self.http, self.namespace)
+            self.scenario = PauseScenario(self.http, standin, self.namespace, self.job, self.freeze)
         self.http.post(f"/apis/rlboost.io/v1alpha1/namespaces/{self.namespace}/rljobs", json=job).raise_for_status()
         say(f"applied RLJob {self.job} from {self.args.rljob}")
         return job
+
+    def freeze(self, pod: str, frozen: bool) -> None:
+        """Pause (or unpause) a pod's container: its processes take no step meanwhile (the cgroup freezer)."""
+        done = run("podman", "pause" if frozen else "unpause", f"{self.run_id}-{pod}", check=False)
+        if done.returncode:
+            say(f"podman {'pause' if frozen else 'unpause'} {pod} failed: {done.stderr.strip()[-300:]}")
 
     def kueue_tick(self, step: int, status: dict[str, Any], pods: dict[str, dict[str, Any]]) -> None:
         """--kueue: the next step of the pause scenario, once its condition holds."""

@@ -5,8 +5,10 @@ the RLJob's phase becomes Suspended (holds.py). A Kueue eviction is then handed 
 
 `Suspender` (in kopf's memo) owns one task per job being suspended. It asks until the answer comes, and gives up
 waiting (stopping the job anyway, the status saying the checkpoint was not confirmed) when:
-- no trainer answers for NO_TRAINER_GRACE_S (none runs, or it is between processes: its newest periodic checkpoint
-  is all there is, and resuming from it is still bit-exact: the steps after it are recomputed the same way);
+- no trainer listens for NO_TRAINER_GRACE_S (NATS answers "no responders", or the job's NATS cannot be reached:
+  none runs, or it is between processes; its newest periodic checkpoint is all there is, and resuming from it is
+  still bit-exact: the steps after it are recomputed the same way). A trainer that listens but is slow to answer (a
+  request timing out) is asked on;
 - the operator's `suspend_timeout_s` passed (a trainer stuck in a step).
 A job that ends meanwhile (its trainer finished the last step) is not suspended; one whose hold is lifted meanwhile
 (spec.suspend back to false) has its task cancelled by the reconcile.
@@ -81,10 +83,10 @@ class Suspender:
         request = SUSPEND.encode(SuspendRequest(reason=hold.reason))
         give_up, silent_since = time.monotonic() + self.settings.suspend_timeout_s, time.monotonic()
         while time.monotonic() < give_up:
-            reply = await self._ask(namespace, job, request)
+            reply, listening = await self._ask(namespace, job, request)
             if reply is not None and reply.checkpointed:
                 return reply
-            if reply is not None:
+            if listening:
                 silent_since = time.monotonic()
             elif time.monotonic() - silent_since > NO_TRAINER_GRACE_S:
                 log.info("no trainer answers: suspending without its checkpoint", extra={"job": job})
@@ -93,18 +95,22 @@ class Suspender:
         log.warning("the trainer did not checkpoint in time: suspending anyway", extra={"job": job})
         return None
 
-    async def _ask(self, namespace: str, job: str, request: bytes) -> SuspendReply | None:
+    async def _ask(self, namespace: str, job: str, request: bytes) -> tuple[SuspendReply | None, bool]:
+        """One request: (the trainer's answer, whether a trainer listens: it answered, or the request timed out
+        although NATS knew a subscriber)."""
         link = self.links.get(namespace, job)
         if link is None:
-            return None
+            return None, False
         try:
             nc = await link.client()
             msg = await nc.request(SUSPEND.subject(namespace, job), request, timeout=ASK_TIMEOUT_S)
+        except nats.errors.TimeoutError:
+            return None, True  # subscribed but slow (a long step holding its loop, a paused container)
         except (nats.errors.Error, TimeoutError, OSError):
-            return None
+            return None, False  # no responders, or the job's NATS unreachable
         with contextlib.suppress(ValueError):
-            return SuspendReply.model_validate_json(msg.data)
-        return None
+            return SuspendReply.model_validate_json(msg.data), True
+        return None, True
 
     # --- stopping ----------------------------------------------------------------------------------------
 

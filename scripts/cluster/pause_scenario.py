@@ -6,23 +6,32 @@ Workload, the pods and the trainer's newest step report, and takes the next acti
 
 1. queued: the RLJob names its Workload, its phase is Suspended (WaitingForAdmission) and no pod of it exists:
    the stand-in admits the Workload (kueue_standin.py: where Kueue's part begins);
-2. running: the trainer reported step PAUSE_AT: the lane sets spec.suspend true, as a user would;
-3. paused: phase Suspended and every pod gone: the suspension is recorded (reason, the steps the checkpoint holds,
-   every workload's replicas) and spec.suspend goes back to false;
-4. resumed: the trainer reported AFTER_RESUME steps past the checkpoint: the stand-in preempts the Workload;
-5. preempted: phase Suspended, every pod gone and the quota given back by the operator: recorded, and the stand-in
+2. running: the trainer reported step PAUSE_AT: the lane freezes the trainer's container (podman pause) and sets
+   spec.suspend true, as a user would;
+3. asking: the operator has started suspending (status.suspension.state Suspending): the trainer is thawed;
+4. paused: phase Suspended and every pod gone: the suspension is recorded (reason, the steps the checkpoint holds,
+   every workload's replicas, the operator's Event) and spec.suspend goes back to false;
+5. resumed: the trainer reported AFTER_RESUME steps past the checkpoint: frozen again, and the stand-in preempts
+   the Workload; 6. preempting: thawed once the operator is suspending;
+7. preempted: phase Suspended, every pod gone and the quota given back by the operator: recorded, and the stand-in
    admits the Workload again; the job then runs to its end.
+
+Why freeze the trainer: the example's steps take well under a second, the whole job half a minute, and the pause
+must land mid-run however loaded the machine (the lane's poll and the operator's reaction took minutes on a machine
+at load 25). Frozen, the trainer takes no step while the operator decides; its NATS subscription keeps the
+operator's request (the operator asks on while a listening trainer is slow: suspension.py), and once thawed it
+answers and checkpoints at the next step boundary. Freezing changes no result: the final checksum is compared with
+the uninterrupted run's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 from kueue_standin import KueueStandIn, admitted, quota_released
 
-# Early: the example's steps take well under a second each, and the request to checkpoint takes the lane's poll
-# (3 s) and the operator's reaction to arrive; the trainer takes steps meanwhile.
 PAUSE_AT = 1  # the trainer's 0-based step after which the owner pauses the job
 AFTER_RESUME = 1  # steps reported after a resume before Kueue preempts it
 MERGE = {"Content-Type": "application/merge-patch+json"}
@@ -31,8 +40,11 @@ MERGE = {"Content-Type": "application/merge-patch+json"}
 class PauseScenario:
     """The scenario's state: which stage it is at, and what it saw."""
 
-    def __init__(self, http: httpx.Client, kueue: KueueStandIn, namespace: str, job: str) -> None:
-        self.http, self.kueue, self.namespace, self.job = http, kueue, namespace, job
+    def __init__(
+        self, http: httpx.Client, kueue: KueueStandIn, namespace: str, job: str, freeze: Callable[[str, bool], None]
+    ) -> None:
+        """`freeze(pod, frozen)`: pause or unpause that pod's container."""
+        self.http, self.kueue, self.namespace, self.job, self.freeze = http, kueue, namespace, job, freeze
         self.stage = "queued"
         self.log: list[str] = []
         self.suspensions: list[dict[str, Any]] = []
@@ -63,16 +75,23 @@ class PauseScenario:
             self.held_without_pods = True
             self.kueue.admit(wl)
             return self._next("running", f"Kueue (stand-in) admitted {name}; no pod existed while it waited")
+        suspending = (status.get("suspension") or {}).get("state") == "Suspending"
         if self.stage == "running" and admitted(wl) and step >= PAUSE_AT:
+            self.freeze(f"{self.job}-trainer-0", True)
             self._suspend(True)
-            return self._next("paused", f"step {step}: spec.suspend set to true (the job's owner pauses it)")
+            return self._next("asking", f"step {step}: trainer frozen; spec.suspend set to true (its owner pauses it)")
+        if self.stage in ("asking", "preempting") and suspending:
+            self.freeze(f"{self.job}-trainer-0", False)
+            after = "paused" if self.stage == "asking" else "preempted"
+            return self._next(after, "the operator is suspending the job: trainer thawed")
         if self.stage == "paused" and held:
             self._record(status)
             self._suspend(False)
             return self._next("resumed", f"suspended ({reason}), every pod gone: spec.suspend back to false")
         if self.stage == "resumed" and self.suspensions and admitted(wl) and step >= self._resumed_at() + AFTER_RESUME:
+            self.freeze(f"{self.job}-trainer-0", True)
             self.kueue.preempt(wl)
-            return self._next("preempted", f"step {step}: Kueue (stand-in) preempted {name}")
+            return self._next("preempting", f"step {step}: trainer frozen; Kueue (stand-in) preempted {name}")
         if self.stage == "preempted" and held and quota_released(wl):
             self.quota_released = True
             self._record(status)
