@@ -313,7 +313,7 @@ class Lane:
         self.job = job["metadata"]["name"]
         if self.args.kueue:
             standin = KueueStandIn(self.http, self.namespace)
-            self.scenario = PauseScenario(self.http, standin, self.namespace, self.job, self.freeze)
+            self.scenario = PauseScenario(self.http, standin, self.namespace, self.job, self.freeze, self.asking)
         self.http.post(f"/apis/rlboost.io/v1alpha1/namespaces/{self.namespace}/rljobs", json=job).raise_for_status()
         say(f"applied RLJob {self.job} from {self.args.rljob}")
         return job
@@ -323,6 +323,15 @@ class Lane:
         done = run("podman", "pause" if frozen else "unpause", f"{self.run_id}-{pod}", check=False)
         if done.returncode:
             say(f"podman {'pause' if frozen else 'unpause'} {pod} failed: {done.stderr.strip()[-300:]}")
+
+    def asking(self) -> bool:
+        """Whether the operator asks the job's trainer to checkpoint now (its /metrics)."""
+        samples = scrape(f"http://{self.operator_ip}:9090/metrics")
+        labels = (f'rljob="{self.job}"', f'rljob_namespace="{self.namespace}"')
+        return any(
+            key.startswith("rlboost_operator_job_suspending{") and all(x in key for x in labels) and value == 1.0
+            for key, value in samples.items()
+        )
 
     def kueue_tick(self, step: int, status: dict[str, Any], pods: dict[str, dict[str, Any]]) -> None:
         """--kueue: the next step of the pause scenario, once its condition holds."""

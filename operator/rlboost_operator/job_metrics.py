@@ -17,6 +17,7 @@ from rlboost_operator.metrics import (
     JOB_PHASE,
     JOB_STEPS,
     JOB_STEPS_TOTAL,
+    JOB_SUSPENDING,
     PHASES,
     TRAINER_BACKOFF_LIMIT,
     TRAINER_RESTARTS,
@@ -72,6 +73,6 @@ def forget(namespace: str, name: str) -> None:
     for each in PHASES:
         with contextlib.suppress(KeyError):
             JOB_PHASE.remove(namespace, name, each)
-    for gauge in PER_JOB:
+    for gauge in (*PER_JOB, JOB_SUSPENDING):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, name)

@@ -67,3 +67,8 @@ TRAINER_BACKOFF_LIMIT = Gauge(
     "spec.trainer.backoffLimit: more restarts than this fail the job.",
     JOB_LABELS,
 )
+JOB_SUSPENDING = Gauge(
+    "rlboost_operator_job_suspending",
+    "1 while the operator asks the job's trainer to checkpoint before suspending it (spec.suspend, a Kueue eviction).",
+    JOB_LABELS,
+)

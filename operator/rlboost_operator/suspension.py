@@ -30,6 +30,7 @@ from rlboost_operator import status
 from rlboost_operator.config import OperatorSettings
 from rlboost_operator.holds import PREEMPTED, Hold, suspended_status
 from rlboost_operator.job_end import rljob_variants, scale_to_zero
+from rlboost_operator.metrics import JOB_SUSPENDING
 from rlboost_operator.shared import JobKey, JobLinks, Jobs, KubeLogin
 from rlboost_operator.sizing import SpotSizer
 
@@ -66,6 +67,7 @@ class Suspender:
             self.cancel(namespace, job)
 
     async def _suspend(self, namespace: str, job: str, hold: Hold) -> None:
+        JOB_SUSPENDING.labels(namespace, job).set(1)
         try:
             reply = await self.checkpoint(namespace, job, hold)
             async with self.jobs.status_lock(namespace, job):
@@ -74,6 +76,8 @@ class Suspender:
             raise
         except Exception:  # the next reconcile starts it again
             log.exception("suspending the job failed", extra={"job": job, "namespace": namespace})
+        finally:
+            JOB_SUSPENDING.labels(namespace, job).set(0)
 
     # --- asking the trainer ------------------------------------------------------------------------------
 

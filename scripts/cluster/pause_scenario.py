@@ -8,11 +8,12 @@ Workload, the pods and the trainer's newest step report, and takes the next acti
    the stand-in admits the Workload (kueue_standin.py: where Kueue's part begins);
 2. running: the trainer reported step PAUSE_AT: the lane freezes the trainer's container (podman pause) and sets
    spec.suspend true, as a user would;
-3. asking: the operator has started suspending (status.suspension.state Suspending): the trainer is thawed;
+3. asking: the operator asks the trainer to checkpoint (its gauge rlboost_operator_job_suspending is 1): the
+   trainer is thawed;
 4. paused: phase Suspended and every pod gone: the suspension is recorded (reason, the steps the checkpoint holds,
    every workload's replicas, the operator's Event) and spec.suspend goes back to false;
 5. resumed: the trainer reported AFTER_RESUME steps past the checkpoint: frozen again, and the stand-in preempts
-   the Workload; 6. preempting: thawed once the operator is suspending;
+   the Workload; 6. preempting: thawed once the operator asks the trainer;
 7. preempted: phase Suspended, every pod gone and the quota given back by the operator: recorded, and the stand-in
    admits the Workload again; the job then runs to its end.
 
@@ -20,7 +21,9 @@ Why freeze the trainer: the example's steps take well under a second, the whole 
 must land mid-run however loaded the machine (the lane's poll and the operator's reaction took minutes on a machine
 at load 25). Frozen, the trainer takes no step while the operator decides; its NATS subscription keeps the
 operator's request (the operator asks on while a listening trainer is slow: suspension.py), and once thawed it
-answers and checkpoints at the next step boundary. Freezing changes no result: the final checksum is compared with
+answers and checkpoints at the next step boundary. It is thawed as soon as the operator asks (not when the
+operator's reconcile has written the status, which took over a minute on that machine: the kubelet's liveness
+probe restarts a container frozen that long). Freezing changes no result: the final checksum is compared with
 the uninterrupted run's.
 """
 
@@ -41,10 +44,18 @@ class PauseScenario:
     """The scenario's state: which stage it is at, and what it saw."""
 
     def __init__(
-        self, http: httpx.Client, kueue: KueueStandIn, namespace: str, job: str, freeze: Callable[[str, bool], None]
+        self,
+        http: httpx.Client,
+        kueue: KueueStandIn,
+        namespace: str,
+        job: str,
+        freeze: Callable[[str, bool], None],
+        asking: Callable[[], bool],
     ) -> None:
-        """`freeze(pod, frozen)`: pause or unpause that pod's container."""
-        self.http, self.kueue, self.namespace, self.job, self.freeze = http, kueue, namespace, job, freeze
+        """`freeze(pod, frozen)`: pause or unpause that pod's container; `asking()`: whether the operator asks the
+        job's trainer to checkpoint now (its gauge)."""
+        self.http, self.kueue, self.namespace, self.job = http, kueue, namespace, job
+        self.freeze, self.asking = freeze, asking
         self.stage = "queued"
         self.log: list[str] = []
         self.suspensions: list[dict[str, Any]] = []
@@ -75,15 +86,14 @@ class PauseScenario:
             self.held_without_pods = True
             self.kueue.admit(wl)
             return self._next("running", f"Kueue (stand-in) admitted {name}; no pod existed while it waited")
-        suspending = (status.get("suspension") or {}).get("state") == "Suspending"
         if self.stage == "running" and admitted(wl) and step >= PAUSE_AT:
             self.freeze(f"{self.job}-trainer-0", True)
             self._suspend(True)
             return self._next("asking", f"step {step}: trainer frozen; spec.suspend set to true (its owner pauses it)")
-        if self.stage in ("asking", "preempting") and suspending:
+        if self.stage in ("asking", "preempting") and self.asking():
             self.freeze(f"{self.job}-trainer-0", False)
             after = "paused" if self.stage == "asking" else "preempted"
-            return self._next(after, "the operator is suspending the job: trainer thawed")
+            return self._next(after, "the operator asks the trainer to checkpoint: trainer thawed")
         if self.stage == "paused" and held:
             self._record(status)
             self._suspend(False)
