@@ -68,20 +68,30 @@ class PauseScenario:
     def _suspend(self, value: bool) -> None:
         self.http.patch(self._rljob_path(), json={"spec": {"suspend": value}}, headers=MERGE).raise_for_status()
 
-    def _replicas(self) -> dict[str, int]:
+    def _workloads(self) -> dict[str, tuple[int, int]]:
+        """Each workload of the job: (replicas asked for, pods the podlet runs for it: its status.replicas)."""
         out = {}
         for path in ("apps/v1/namespaces/{ns}/deployments", "apps/v1/namespaces/{ns}/statefulsets"):
             for obj in self.http.get("/apis/" + path.format(ns=self.namespace)).json()["items"]:
                 if obj["metadata"].get("labels", {}).get("rlboost.io/job") == self.job:
-                    out[obj["metadata"]["name"]] = int(obj["spec"].get("replicas", 1))
+                    running = int((obj.get("status") or {}).get("replicas") or 0)
+                    out[obj["metadata"]["name"]] = (int(obj["spec"].get("replicas", 1)), running)
         return out
+
+    def _replicas(self) -> dict[str, int]:
+        return {name: asked for name, (asked, _) in self._workloads().items()}
+
+    def _all_stopped(self) -> bool:
+        """Every workload at zero, and none runs a pod any more (the podlet's status; a Pod object whose delete the
+        API timed out on a loaded machine may linger after its container is gone)."""
+        return all(asked == 0 and running == 0 for asked, running in self._workloads().values())
 
     def tick(self, step: int, status: dict[str, Any], pods: dict[str, Any]) -> str | None:
         """One look; returns what it did (for the lane's log), or None."""
         name = (status.get("kueue") or {}).get("workload")
         wl = self.kueue.workload(name) if name else None
         reason = (status.get("suspension") or {}).get("reason")
-        held = status.get("phase") == "Suspended" and not pods
+        held = status.get("phase") == "Suspended" and (not pods or self._all_stopped())
         if self.stage == "queued" and wl is not None and held and reason == "WaitingForAdmission":
             self.held_without_pods = True
             self.kueue.admit(wl)

@@ -35,7 +35,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "rljob.yaml"
 # Seconds per lane run (set-up, the job, tear-down); together under make test-cluster's 30 minutes.
-PLAIN_S, CHAOS_S, BAD_MODEL_S, KUEUE_S = 720, 720, 300, 900
+PLAIN_S, CHAOS_S, BAD_MODEL_S, KUEUE_S = 720, 720, 300, 1200
 LANE_RESERVE_S = 150  # of each run's time: network, NATS, the API, the operator's image, tear-down
 BAD_URI = "s3://rlboost-lane-no-such-bucket/models/tiny"
 SUMMARIES = ROOT / "build" / "cluster"  # each run's summary, kept for a look (and docs/benchmarks.md)
