@@ -1134,6 +1134,18 @@ class ExportSpec(SpecModel):
         return self
 
 
+MAX_BUDGET_USD = 1e9  # spec.budget's bound
+_BUDGET_SCHEMA = {
+    "type": "number",
+    "nullable": True,
+    "exclusiveMinimum": 0,
+    "maximum": MAX_BUDGET_USD,
+    "description": "USD this job may spend (status.costSoFar at spec.prices); past it the RLJob gets the condition "
+    "BudgetExceeded and the RLBoostBudgetExceeded alert fires (the job keeps running: suspend it to stop). Unset: "
+    "no budget.",
+}
+
+
 class JobSpec(SpecModel):
     """An RL post-training job: the RLJob custom resource's spec."""
 
@@ -1158,6 +1170,20 @@ class JobSpec(SpecModel):
     )
     evaluation: EvaluationSpec = Field(
         default_factory=EvaluationSpec, description="Validation every K steps: mean reward, pass@1, pass@k."
+    )
+    # --- On a shared cluster (issue 30): pausing the job, and what it may spend -------------------------------
+    suspend: bool = Field(
+        False,
+        description="true: the trainer checkpoints at the end of the step in progress, then every child is scaled "
+        "to zero (status phase Suspended; checkpoints and the weight-server's versions are kept); false again "
+        "resumes from that checkpoint bit-exactly. Kueue's admission suspends and resumes a queued job the same way.",
+    )
+    budget: Annotated[float | None, WithJsonSchema(_BUDGET_SCHEMA)] = Field(
+        None,
+        gt=0,
+        le=MAX_BUDGET_USD,
+        allow_inf_nan=False,
+        description=_BUDGET_SCHEMA["description"],
     )
 
     def spot_accelerators(self, spot_workers: SpotWorkers) -> list[tuple[int, float]]:

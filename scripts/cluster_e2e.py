@@ -1,6 +1,6 @@
 """The cluster lane: run an RLJob manifest through the operator and real containers, without a cluster.
 
-    python scripts/cluster_e2e.py --rljob examples/rljob.yaml --json build/cluster/summary.json [--chaos]
+    python scripts/cluster_e2e.py --rljob examples/rljob.yaml --json build/cluster/summary.json [--chaos | --platform | --kueue]
 
 What runs (all on this machine, traffic only on loopback and the podman network the lane creates):
 - the images, built by `make images` when one is missing (ghcr.io/rlboost/<service>:<chart appVersion>);
@@ -13,7 +13,10 @@ What runs (all on this machine, traffic only on loopback and the podman network 
 - the operator in its own image as the chart deploys it by default (scripts/cluster/operator_lane.py: the Deployment
   rendered by real Helm, its 2 replicas electing a leader on a Lease), each replica a container on the network,
   reading a kubeconfig for the API;
-- with --platform, a platform team's cluster: tainted nodes, a PriorityClass, Secrets (scripts/cluster/platform_lane.py).
+- with --platform, a platform team's cluster: tainted nodes, a PriorityClass, Secrets (scripts/cluster/platform_lane.py);
+- with --kueue: the operator's Kueue integration on, and Kueue's part played by the lane (scripts/cluster/
+  kueue_standin.py says exactly where that begins), driving scripts/cluster/pause_scenario.py: the job waits for
+  admission, is paused with spec.suspend mid-run and resumed, is preempted by "Kueue" and admitted again.
 Then it applies the chart's CRD (templates/crds.yaml) and the manifest unchanged, waits (bounded) for the
 RLJob's phase to become Succeeded or Failed, printing progress, and writes the summary
 {"phase", "steps", "reward_first", "reward_last", "pods": {name: {"ready", "restarts"}},
@@ -49,7 +52,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "scripts" / "cluster"
 sys.path.insert(0, str(CLUSTER))
 import platform_lane  # noqa: E402
+from kueue_standin import FLAVOR_LABEL, KueueStandIn  # noqa: E402
 from operator_lane import LANE_VALUES, RELEASE_NAMESPACE, OperatorReplicas, of_kind, render_chart  # noqa: E402
+from pause_scenario import PauseScenario  # noqa: E402
 from prometheus_lane import SCRAPE_INTERVAL_S, Prometheus, targets_from_pods  # noqa: E402
 
 REGISTRY = "ghcr.io/rlboost"
@@ -98,11 +103,13 @@ class Lane:
         self.restarts_seen: dict[str, int] = {}  # every pod of the run: the most restarts seen
         self.dashboard_check: dict[str, Any] = {}  # when and how the dashboard was judged (for the summary)
         self.halfway_all_ready = False  # a poll saw the RLJob's status half-way with every pod Ready (diagnostic)
-        self.nodes = ["lane-reserved-0", *(f"lane-spot-{i}={SPOT_LABEL}" for i in range(args.spot_nodes))]
+        reserved = "lane-reserved-0" + ("={}={}".format(*FLAVOR_LABEL) if args.kueue else "")  # the flavor's node
+        self.nodes = [reserved, *(f"lane-spot-{i}={SPOT_LABEL}" for i in range(args.spot_nodes))]
         self.chart = render_chart(LANE_VALUES)  # what `helm install` makes: the CRD, the operator Deployment
         self.operators: OperatorReplicas | None = None
         self.first_leader: Any = None
         self.platform_seen: dict[str, Any] = {}  # --platform: what each pod got (platform_lane.observe)
+        self.scenario: PauseScenario | None = None  # --kueue
 
     error = LaneError  # what the lane's helpers (operator_lane) raise
 
@@ -194,6 +201,14 @@ class Lane:
         argv = ["--network", self.network, "--entrypoint", "sleep", self.image("rollout-manager"), "infinity"]
         self.container("network-holder", argv)
 
+    def job_nats_url(self, job: str) -> str | None:
+        """Where the job's own NATS pod listens (the podlet's endpoints file: no API call), or None."""
+        endpoints = self.state / "podlet" / "endpoints.json"
+        with contextlib.suppress(OSError, ValueError):
+            pods = (json.loads(endpoints.read_text()).get(f"{job}-nats") or {}).get("pods")
+            return f"nats://{pods[0]['ip']}:4222" if pods else None
+        return None
+
     def job_nats(self, job: str) -> tuple[str, dict[str, Any]] | None:
         """(URL, nats.connect options as user observer) of the job's own NATS, once its pod runs; else None."""
         from rlboost.auth.nats import client_options
@@ -239,6 +254,9 @@ class Lane:
         for doc in of_kind(self.chart, "CustomResourceDefinition"):
             self.http.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=doc).raise_for_status()
             say(f"applied CRD {doc['metadata']['name']} (from the chart)")
+        if self.args.kueue:  # before the operator starts: it watches Workloads from its start
+            KueueStandIn(self.http, self.namespace).install()
+            say("Kueue's part played by the lane (scripts/cluster/kueue_standin.py): its CRDs and a ResourceFlavor")
 
     def start_podlet(self) -> None:
         argv = [sys.executable, str(CLUSTER / "podlet.py"), "--api", self.api_url, "--namespace", self.namespace]
@@ -274,6 +292,7 @@ class Lane:
             "RLBOOST_OPERATOR_IMAGE_PULL_POLICY": "Never",
             "RLBOOST_OPERATOR_NATS_IMAGE": self.image(NATS_IMAGE),  # each job's own NATS, at its Service
             "RLBOOST_OPERATOR_RESCALE_INTERVAL_S": "10",
+            "RLBOOST_OPERATOR_KUEUE": "true" if self.args.kueue else "false",
         }
         deployment = next(d for d in of_kind(self.chart, "Deployment") if d["metadata"]["name"].endswith("-operator"))
         self.operators = OperatorReplicas(self, deployment, overrides, kubeconfig)
@@ -298,9 +317,35 @@ class Lane:
         job = yaml.safe_load(Path(self.args.rljob).read_text())
         job.setdefault("metadata", {}).setdefault("namespace", self.namespace)
         self.job = job["metadata"]["name"]
+        if self.args.kueue:
+            standin = KueueStandIn(self.http, self.namespace)
+            self.scenario = PauseScenario(self.http, standin, self.namespace, self.job, self.freeze, self.asking)
         self.http.post(f"/apis/rlboost.io/v1alpha1/namespaces/{self.namespace}/rljobs", json=job).raise_for_status()
         say(f"applied RLJob {self.job} from {self.args.rljob}")
         return job
+
+    def freeze(self, pod: str, frozen: bool) -> None:
+        """Pause (or unpause) a pod's container: its processes take no step meanwhile (the cgroup freezer)."""
+        done = run("podman", "pause" if frozen else "unpause", f"{self.run_id}-{pod}", check=False)
+        if done.returncode:
+            say(f"podman {'pause' if frozen else 'unpause'} {pod} failed: {done.stderr.strip()[-300:]}")
+
+    def asking(self) -> bool:
+        """Whether the leading operator replica asks the job's trainer to checkpoint now (its /metrics)."""
+        leader = self.operators.leader() if self.operators is not None else None
+        if leader is None:
+            return False
+        samples = scrape(f"http://{leader.ip}:9090/metrics")
+        labels = (f'rljob="{self.job}"', f'rljob_namespace="{self.namespace}"')
+        return any(
+            key.startswith("rlboost_operator_job_suspending{") and all(x in key for x in labels) and value == 1.0
+            for key, value in samples.items()
+        )
+
+    def kueue_tick(self, step: int, status: dict[str, Any], pods: dict[str, dict[str, Any]]) -> None:
+        """--kueue: the next step of the pause scenario, once its condition holds."""
+        if self.scenario is not None and (done := self.scenario.tick(step, status, pods)):
+            say("kueue: " + done)
 
     def job_status(self) -> dict[str, Any]:
         resp = self.http.get(f"/apis/rlboost.io/v1alpha1/namespaces/{self.namespace}/rljobs/{self.job}")
@@ -342,17 +387,19 @@ class Lane:
             return None
         if progress.first_step_at is None or progress.last_step_at is None:
             self.notes.append("no step was reported: the dashboard is judged as of now")
-            return self.prometheus.panels_without_data(self.dashboard())
+            return self.prometheus.panels_without_data(self.dashboard(), variables=self.variables())
         start, end = progress.first_step_at, progress.last_step_at + 2 * SCRAPE_INTERVAL_S
         mid = (start + end) / 2
         self.dashboard_check = {
             "from": time.strftime("%H:%M:%S", time.localtime(start)),
             "seconds": round(end - start, 1),
-            "empty_at_mid_run": self.prometheus.panels_without_data(self.dashboard(), at=mid),
+            "empty_at_mid_run": self.prometheus.panels_without_data(
+                self.dashboard(), at=mid, variables=self.variables()
+            ),
             "failed_scrapes": self.prometheus.failed_scrapes(start, end),
             "a_poll_saw_half_way_all_ready": self.halfway_all_ready,
         }
-        return self.prometheus.panels_without_data(self.dashboard(), between=(start, end))
+        return self.prometheus.panels_without_data(self.dashboard(), between=(start, end), variables=self.variables())
 
     def counter_over_run(self, name: str) -> float | None:
         """A manager counter's highest value over the run, from Prometheus: at the end the manager is scaled to
@@ -361,6 +408,10 @@ class Lane:
             return None
         result = self.prometheus.query(f"max(max_over_time({name}[1h]))")
         return float(result[0]["value"][1]) if result else None
+
+    def variables(self) -> dict[str, str]:
+        """The dashboard's $namespace and $rljob as on-call would pick them: this job."""
+        return {"namespace": self.namespace, "rljob": self.job}
 
     @staticmethod
     def dashboard() -> dict[str, Any]:
@@ -502,20 +553,25 @@ class Progress:
         asyncio.run(self._follow(lane, namespace, job, stop))
 
     async def _follow(self, lane: Lane, namespace: str, job: str, stop: Any) -> None:
+        """Follow the job's NATS; when its pod is replaced (a suspended job's NATS comes back at another address),
+        follow the new one."""
+        while not stop.is_set():
+            found = lane.job_nats(job) if lane.job_nats_url(job) else None
+            if found is None:  # the job's NATS comes with the job (and back with a resumed one)
+                await asyncio.sleep(1.0)
+                continue
+            await self._follow_one(lane, namespace, job, found, stop)
+
+    async def _follow_one(self, lane: Lane, namespace: str, job: str, found: tuple[str, Any], stop: Any) -> None:
         import nats
 
-        found = None
-        while found is None and not stop.is_set():  # the job's NATS comes with the job
-            found = lane.job_nats(job)
-            if found is None:
-                await asyncio.sleep(1.0)
-        if found is None:
-            return
         try:
             nc = await nats.connect(found[0], connect_timeout=5, max_reconnect_attempts=-1, **found[1])
         except Exception as err:  # the summary says what is missing instead of failing the run
             self.error = f"cannot follow NATS: {err}"
+            await asyncio.sleep(1.0)
             return
+        self.error = ""
 
         async def on_step(msg: Any) -> None:
             data = json.loads(msg.data)
@@ -528,8 +584,8 @@ class Progress:
 
         await nc.subscribe(f"rlboost.{namespace}.{job}.steps", cb=on_step)
         await nc.subscribe(f"rlboost.{namespace}.{job}.done", cb=on_done)
-        while not stop.is_set():
-            await asyncio.sleep(0.5)
+        while not stop.is_set() and lane.job_nats_url(job) in (None, found[0]):  # its pod replaced: follow the new
+            await asyncio.sleep(1.0)
         await nc.close()
 
 
@@ -582,15 +638,26 @@ def manager_metrics(lane: Lane) -> dict[str, float]:
 
 
 def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: float) -> dict[str, Any]:
-    total = int(((job.get("spec") or {}).get("algorithm") or {}).get("steps", 0))
-    last_line, status, started = "", {}, time.monotonic()
+    """Poll the job until it ends (or the deadline); an API call that times out (kmock on a loaded machine) is
+    tried again at the next poll."""
+    last: dict[str, Any] = {}
     while time.monotonic() < deadline:
         try:
-            status, pods = lane.job_status(), pod_table(lane.pods())
+            return _wait_for_job(lane, progress, job, deadline, last)
         except httpx.TransportError as err:  # a slow answer of a loaded kmock: poll again (the deadline bounds it)
             say(f"polling the API failed ({err!r}); trying again")
             time.sleep(3)
-            continue
+    return {**last.get("status", {}), "timedOut": True}
+
+
+def _wait_for_job(
+    lane: Lane, progress: Progress, job: dict[str, Any], deadline: float, last: dict[str, Any]
+) -> dict[str, Any]:
+    total = int(((job.get("spec") or {}).get("algorithm") or {}).get("steps", 0))
+    last_line, status, started = "", {}, last.setdefault("started", time.monotonic())
+    while time.monotonic() < deadline:
+        status = last["status"] = lane.job_status()
+        pods = pod_table(lane.pods())
         for name, pod in pods.items():  # a pod scaled away at the end still counts its restarts
             lane.restarts_seen[name] = max(lane.restarts_seen.get(name, 0), pod["restarts"])
         ready = sum(p["ready"] for p in pods.values())
@@ -610,7 +677,7 @@ def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: 
             return status
         halfway = int(status.get("step") or 0) >= max(1, total // 2) and status.get("phase") == "Running"
         lane.halfway_all_ready = lane.halfway_all_ready or (halfway and ready == len(pods))
-        if not pods and time.monotonic() - started > lane.args.no_pods_after:
+        if not pods and time.monotonic() - started > lane.args.no_pods_after and not lane.args.kueue:
             say(
                 f"stopping: no pod {lane.args.no_pods_after:.0f}s after the RLJob was applied (the operator's log says why)"
             )
@@ -624,6 +691,7 @@ def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: 
         if lane.operators is not None:
             lane.operators.note_successor()
         lane.platform_tick(lane.pods())
+        lane.kueue_tick(max(progress.steps, default=-1), status, pods)
         time.sleep(3)
     return {**status, "timedOut": True}
 
@@ -659,6 +727,7 @@ def summary(lane: Lane, progress: Progress, job: dict[str, Any], status: dict[st
             b["metadata"]["name"]
             for b in lane.http.get(f"/apis/policy/v1/namespaces/{lane.namespace}/poddisruptionbudgets").json()["items"]
         ),
+        "kueue": lane.scenario.summary() if lane.scenario is not None else None,
         "notes": [n for n in (progress.error, *lane.notes) if n],
     }
 
@@ -677,6 +746,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="a platform team's cluster: nodes tainted team=ml:NoSchedule, a PriorityClass, the Secrets "
         "examples/rljob-platform.yaml names (scripts/cluster/platform_lane.py)",
+    )
+    p.add_argument(
+        "--kueue",
+        action="store_true",
+        help="Kueue on (its part played by the lane): wait for admission, pause mid-run, preempt, resume",
     )
     p.add_argument("--namespace", default="default", help="namespace of the job")
     p.add_argument("--spot-nodes", type=int, default=1, help="GKE spot nodes the podlet registers")

@@ -74,6 +74,18 @@ class OperatorSettings(BaseModel):
     spot_probe_workers: int = Field(
         1, ge=0, description="Autoscaler sizing: pods asked for beyond those placed while backing off."
     )
+    # --- Kueue and suspension (issue 30) ---
+    kueue: bool = Field(
+        False,
+        description="Kueue integration: an RLJob labelled kueue.x-k8s.io/queue-name gets a Workload and runs only "
+        "while Kueue admits it (Kueue configured with integrations.externalFrameworks: RLJob.v1alpha1.rlboost.io).",
+    )
+    suspend_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="How long a suspension (spec.suspend, a Kueue eviction) waits for the trainer to checkpoint at a "
+        "step boundary before the job goes to zero anyway (it then resumes from its newest periodic checkpoint).",
+    )
 
     @field_validator("metrics_namespace_labels", "service_account_annotations", "image_pull_secrets", mode="before")
     @classmethod

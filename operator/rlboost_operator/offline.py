@@ -151,7 +151,9 @@ def rendered(job: dict[str, Any], namespace: str, spot_replicas: int | None) -> 
     }
     built = [
         *_secrets_without_values(name, namespace),
-        *children.build_children(name, namespace, spec, load_settings(), replicas),
+        *children.build_children(
+            name, namespace, spec, load_settings(), replicas, job_labels=children.job_labels(meta.get("labels"))
+        ),
     ]
     return render.owned(built, owner)
 

@@ -1,6 +1,6 @@
 """The cluster lane end to end: RLJob manifests through kmock, the operator's image and podman pods.
 
-Runs scripts/cluster_e2e.py (which builds missing images with `make images`) three times and checks its summaries.
+Runs scripts/cluster_e2e.py (which builds missing images with `make images`) four times and checks its summaries.
 Every run has the operator as the chart deploys it by default: its Deployment rendered by real Helm, 2 replicas
 electing a leader on a Lease (scripts/cluster/operator_lane.py), and the chart's CRD.
 - examples/rljob-platform.yaml with `--platform` (issue 29): the job of examples/rljob.yaml as a platform team's
@@ -16,7 +16,12 @@ electing a leader on a Lease (scripts/cluster/operator_lane.py), and the chart's
   and the final weights checksum equals the platform run's (the trainer resumed bit-exactly from its PVC's
   checkpoint; the pod policy changes nothing of what is trained);
 - the same manifest with an impossible model source (an s3:// bucket no credentials reach): Failed with a
-  condition naming spec.model.uri, scaled to zero, instead of a fetch-model init container crash-looping.
+  condition naming spec.model.uri, scaled to zero, instead of a fetch-model init container crash-looping;
+- the same job carrying the label kueue.x-k8s.io/queue-name, with `--kueue` (the operator's Kueue integration on):
+  it waits for admission with no pod, runs once admitted, is paused mid-run with spec.suspend and resumed, then
+  preempted by Kueue and admitted again, and reaches Succeeded on the uninterrupted run's final checksum. Kueue's
+  own part (admitting and preempting the Workload the operator made) is played by the lane, because Kueue's
+  controller cannot run against kmock: scripts/cluster/kueue_standin.py says exactly where that begins.
 Marked `cluster` (minutes, root and podman needed); `make test-cluster` runs it (CI's lane). The Kubernetes API is
 kmock (scripts/cluster/kube_api.py) and the kubelet the podlet (scripts/cluster/podlet.py), because no real API
 server or kubelet can run on these machines (their docstrings say what they do and do not emulate: no admission but
@@ -42,7 +47,7 @@ PLATFORM = ROOT / "examples" / "rljob-platform.yaml"
 SHM_BYTES = 256 << 20  # the platform example's /dev/shm (trainer, reserved workers)
 PROTECTED = ("-trainer-", "-manager-", "-weights-")  # pods with a budget and do-not-disrupt
 # Seconds per lane run (set-up, the job, tear-down); together under make test-cluster's 30 minutes.
-PLAIN_S, CHAOS_S, BAD_MODEL_S = 750, 750, 300
+PLAIN_S, CHAOS_S, BAD_MODEL_S, KUEUE_S = 750, 750, 300, 1200
 LANE_RESERVE_S = 150  # of each run's time: network, NATS, the API, the operator's image, tear-down
 BAD_URI = "s3://rlboost-lane-no-such-bucket/models/tiny"
 SUMMARIES = ROOT / "build" / "cluster"  # each run's summary, kept for a look (and docs/benchmarks.md)
@@ -182,3 +187,28 @@ def test_an_impossible_model_source_fails_the_rljob_naming_spec_model(tmp_path: 
     assert BAD_URI in model["message"], model
     assert conditions["Failed"]["reason"] == "ModelUnavailable"
     assert conditions["Stopped"]["status"] == "True", "the job was not scaled to zero"
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(PLAIN_S + KUEUE_S + 60)
+def test_a_queued_job_paused_and_preempted_mid_run_ends_on_the_uninterrupted_checksum(
+    plain: dict, tmp_path: Path
+) -> None:
+    job = yaml.safe_load(EXAMPLE.read_text())
+    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "lane-queue", "team": "rl"}
+    manifest = tmp_path / "queued.yaml"
+    manifest.write_text(yaml.safe_dump(job))
+    summary = run_lane(SUMMARIES / "kueue.json", "--kueue", timeout=KUEUE_S, rljob=manifest)
+    kueue = summary["kueue"]
+    assert summary["phase"] == "Succeeded", f"the queued job did not succeed:\n{where(summary)}\n{json.dumps(kueue)}"
+    assert kueue["stage"] == "done", kueue  # every step of the scenario happened
+    assert kueue["held_without_pods"], "the job did not wait for admission without pods"
+    paused, preempted = kueue["suspensions"]
+    assert paused["reason"] == "Suspended" and "Kueue evicted" in preempted["event"], kueue["suspensions"]
+    for suspension in (paused, preempted):
+        assert set(suspension["replicas"].values()) == {0}, suspension  # every child scaled to zero
+        assert suspension["checkpointedSteps"], suspension  # the trainer checkpointed at a step boundary first
+        assert "(checkpointed)" in (suspension["event"] or ""), suspension
+    assert kueue["quota_released"], "the evicted Workload's quota was not given back"
+    assert summary["samples_lost"] == 0
+    assert summary["final_weights_checksum"] == plain["final_weights_checksum"]

@@ -51,3 +51,12 @@ def test_every_dashboard_panel_has_a_query() -> None:
     dashboard = json.loads((CHART / "dashboards" / "rlboost.json").read_text())
     queries = panel_queries(dashboard)
     assert queries and all(expr for _, expr in queries)
+
+
+def test_panel_queries_take_the_dashboards_variables_as_grafana_does() -> None:
+    dashboard = json.loads((CHART / "dashboards" / "rlboost.json").read_text())
+    chosen = panel_queries(dashboard, {"namespace": "ml", "rljob": "addition-tiny"})
+    assert not any("$" in expr for _, expr in chosen)
+    assert any('rljob=~"addition-tiny"' in expr and 'namespace=~"ml"' in expr for _, expr in chosen)
+    everything = panel_queries(dashboard)  # no value chosen: "All"
+    assert any('rljob=~".*"' in expr for _, expr in everything) and not any("$" in e for _, e in everything)

@@ -5,8 +5,9 @@
 - `trainer.py`, `manager.py`, `weight_server.py`, `worker.py` (reserved and spot pools, spot variants),
   `env_runner.py` (the env-runners of a job with task.environment), `nats.py`
   (the job's own NATS and its `<job>-nats-config` Secret), `network_policy.py`, `service_accounts.py` (a worker's
-  identity), `job_config.py` (the job file ConfigMap and the config hash), `secrets.py` (the credentials Secret),
-  `model.py` (the model's volume and the `fetch-model` init container);
+  identity), `job_config.py` (the job file ConfigMap and the config hash), `job_labels.py` (the RLJob's labels on
+  every child), `secrets.py` (the credentials Secret), `model.py` (the model's volume and the `fetch-model` init
+  container);
 - `pod.py`: what every job pod shares; `naming.py`: names, labels, ports and paths;
 - `policy.py`: each component's pod policy (spec serviceAccount, env, envFrom, imagePullSecrets, priorityClassName,
   podTemplate) applied to its workload, `overlay.py` the overlay's merge rules, `disruption.py` the
@@ -30,6 +31,7 @@ from rlboost_operator.children.disruption import DO_NOT_DISRUPT, disruption_budg
 from rlboost_operator.children.env_runner import STARTUP_TIMEOUT_S as ENV_RUNNER_STARTUP_TIMEOUT_S
 from rlboost_operator.children.env_runner import env_runners
 from rlboost_operator.children.job_config import CONFIG_HASH, OPERATOR_ONLY_FIELDS, config_hash, config_map
+from rlboost_operator.children.job_labels import job_labels, with_job_labels
 from rlboost_operator.children.manager import manager
 from rlboost_operator.children.model import (
     FETCH_CONTAINER,
@@ -137,6 +139,7 @@ __all__ = [
     "identity_volume",
     "image",
     "initial_reserved",
+    "job_labels",
     "labels",
     "manager",
     "merge_template",
@@ -163,6 +166,7 @@ __all__ = [
     "tls_hosts",
     "trainer",
     "weight_server",
+    "with_job_labels",
     "worker",
     "worker_service_accounts",
     "workloads",

@@ -120,3 +120,17 @@ STARVED_SECONDS = Gauge(
     "Seconds pending requests have had no worker that can take them (none registered, or none at their weight "
     "version); 0 while work can go on. Past 30 s the manager logs why, every 30 s.",
 )
+
+
+def zero_counters() -> None:
+    """Export the migration and preemption-notice counters at 0 for every reason from the start: a dashboard panel
+    of a job that saw none shows 0, not "no data" (which reads as a broken scrape)."""
+    from rlboost.policies.migration import MigrationReason
+
+    for reason in MigrationReason:
+        MIGRATIONS.labels(reason.value)
+    for result in ("matched", "no_match", "invalid"):
+        PREEMPTION_NOTICES.labels(result)
+
+
+zero_counters()
