@@ -23,7 +23,7 @@ from rlboost_operator.queueing import adopt_spot_freely, kueue_status
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 QUEUED = {"kueue.x-k8s.io/queue-name": "team-a", "kueue.x-k8s.io/priority-class": "high", "team": "rl"}
 GPU = {
-    "trainer": {"ranks": 2, "gpusPerRank": 4},
+    "trainer": {"ranks": 2, "gpusPerRank": 1},  # gpusPerRank > 1 is refused (issue 29)
     "algorithm": {"promptsPerStep": 4, "groupSize": 4},
     "rollout": {"reserved": {"replicas": 1, "gpusPerWorker": 1}, "spot": {"gpusPerWorker": 1, "maxReplicas": 8}},
 }
@@ -57,7 +57,7 @@ def test_the_workload_asks_for_the_gang_but_not_the_spot_workers():
     assert set(sets) == {"trainer", "rollout-manager", "weight-server", "nats", "reserved-workers"}
     assert sets["trainer"]["count"] == 2  # every rank in one podSet: Kueue admits a Workload whole
     trainer = sets["trainer"]["template"]["spec"]
-    resources = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"nvidia.com/gpu": "4"}}
+    resources = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"nvidia.com/gpu": "1"}}
     assert trainer["containers"] == [{"name": "trainer", "resources": resources}]
     assert trainer["initContainers"][0]["name"] == "fetch-model"  # its requests count too
     assert "affinity" in trainer and "command" not in trainer["containers"][0]  # what admission reads, no more
