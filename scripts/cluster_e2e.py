@@ -55,7 +55,7 @@ import platform_lane  # noqa: E402
 from kueue_standin import FLAVOR_LABEL, KueueStandIn  # noqa: E402
 from operator_lane import LANE_VALUES, RELEASE_NAMESPACE, OperatorReplicas, of_kind, render_chart  # noqa: E402
 from pause_scenario import PauseScenario  # noqa: E402
-from prometheus_lane import SCRAPE_INTERVAL_S, Prometheus, targets_from_pods  # noqa: E402
+from prometheus_lane import AGENTIC_ROW, SCRAPE_INTERVAL_S, Prometheus, targets_from_pods, without_row  # noqa: E402
 
 REGISTRY = "ghcr.io/rlboost"
 IMAGES = ("operator", "rollout-manager", "weight-server", "trainer", "rollout-worker")
@@ -413,9 +413,14 @@ class Lane:
         """The dashboard's $namespace and $rljob as on-call would pick them: this job."""
         return {"namespace": self.namespace, "rljob": self.job}
 
-    @staticmethod
-    def dashboard() -> dict[str, Any]:
-        return json.loads((ROOT / "deploy/helm/rlboost/dashboards/rlboost.json").read_text())
+    def dashboard(self) -> dict[str, Any]:
+        """The chart's dashboard, less the agentic row when the job has no task.environment (no env-runner, no
+        episode: those panels rightly draw nothing)."""
+        dashboard = json.loads((ROOT / "deploy/helm/rlboost/dashboards/rlboost.json").read_text())
+        job = yaml.safe_load(Path(self.args.rljob).read_text())
+        if ((job.get("spec") or {}).get("task") or {}).get("environment"):
+            return dashboard
+        return without_row(dashboard, AGENTIC_ROW)
 
     # --- chaos (--chaos)
 

@@ -54,6 +54,21 @@ def targets_from_pods(pods: list[dict[str, Any]], namespace: str) -> list[dict[s
     return groups
 
 
+AGENTIC_ROW = "Agentic episodes"  # the dashboard row of jobs with task.environment
+
+
+def without_row(dashboard: dict[str, Any], title_prefix: str) -> dict[str, Any]:
+    """`dashboard` without the row whose title starts with `title_prefix` and the panels under it (up to the next
+    row; a collapsed row holds its panels itself)."""
+    kept, inside = [], False
+    for panel in dashboard.get("panels") or []:
+        if panel.get("type") == "row":
+            inside = panel.get("title", "").startswith(title_prefix)
+        if not inside:
+            kept.append(panel)
+    return {**dashboard, "panels": kept}
+
+
 def panel_queries(dashboard: dict[str, Any], variables: dict[str, str] | None = None) -> list[tuple[str, str]]:
     """(panel title, PromQL) for every target of every panel, rows included; each `$name` / `${name}` of the
     dashboard's variables replaced by its value in `variables`, as Grafana does (a variable given no value reads as
