@@ -33,7 +33,8 @@ from rlboost.wire.rollout_io import EpisodeStats
 from rlboost.wire.rollout_proto import WireError, grpc_message_options
 
 from . import metrics
-from .episode import EpisodeRun
+from .episode import EpisodeRun, HarnessRun
+from .gateway import ChatGateway, serve_gateway
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +62,20 @@ class RunnerSession:
         self.outbox: asyncio.Queue[epb.RunnerMessage | None] | None = None
         self.draining = False
         self.registered = asyncio.Event()
+        self.gateway = ChatGateway(fmt, self._turn, pool.config.gateway_socket)
         metrics.CAPACITY.set(capacity)
 
     # ---- public ------------------------------------------------------------------------------
 
     async def run(self) -> None:
+        served = await serve_gateway(self.gateway, path=self.gateway.socket_path) if self.gateway.socket_path else None
+        try:
+            await self._attached()
+        finally:
+            if served is not None:
+                await served[0].cleanup()
+
+    async def _attached(self) -> None:
         while not self.draining:
             try:
                 async for attempt in AsyncRetrying(
@@ -219,7 +229,7 @@ class RunnerSession:
             stats = EpisodeStats(env_error=f"{err.reason}: {err.detail}")
             return EpisodeResult(a.episode_id, a.lease_epoch, [], [], [], b"", "failed", 0, stats=stats)
         try:
-            return await EpisodeRun(a, env, self.fmt, self._turn).run()
+            return await (HarnessRun if env.kind == "harness" else EpisodeRun)(a, env, self.gateway).run()
         finally:
             self.pool.release(env)
 
