@@ -50,10 +50,18 @@ class EnvConfig:
     cpu_seconds: int = 60
     memory_mib: int = 2048
     gateway_socket: str = ""  # the chat endpoint's Unix socket, which a harness may connect to
+    verifiers: str = ""  # a verifiers environment id (task.environment.verifiers) instead of `name`
 
     @classmethod
     def from_spec(cls, env: Any, gateway_socket: str = "") -> EnvConfig:
-        return cls(env.name, dict(env.args), env.step_timeout_seconds, env.cpu_seconds, env.memory_mib, gateway_socket)
+        return cls(
+            env.name, dict(env.args), env.step_timeout_seconds, env.cpu_seconds, env.memory_mib, gateway_socket,
+            env.verifiers,
+        )  # fmt: skip
+
+    @property
+    def field(self) -> str:
+        return "task.environment.verifiers" if self.verifiers else "task.environment.name"
 
 
 @dataclass
@@ -85,7 +93,7 @@ class EnvProcess:
     @classmethod
     async def start(cls, config: EnvConfig) -> EnvProcess:
         child = {"name": config.name, "args": config.args, "memory_mib": config.memory_mib}
-        child.update(cpu_seconds=config.cpu_seconds, gateway_socket=config.gateway_socket)
+        child.update(cpu_seconds=config.cpu_seconds, gateway_socket=config.gateway_socket, verifiers=config.verifiers)
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -99,7 +107,8 @@ class EnvProcess:
         reply = await self._reply(START_TIMEOUT_S)
         if not reply.get("ready"):
             await self.kill()
-            raise EnvFailure("load", f"task.environment.name {config.name!r}: {reply.get('detail', reply)}")
+            named = config.verifiers or config.name
+            raise EnvFailure("load", f"{config.field} {named!r}: {reply.get('detail', reply)}")
         self.netns = bool(reply.get("netns"))
         self.kind = str(reply.get("kind", "steps"))
         return self

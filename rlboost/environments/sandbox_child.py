@@ -22,11 +22,14 @@ parent starts a fresh one for the next episode.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import dataclasses
 import inspect
 import json
 import math
 import os
+import resource
+import signal
 import socket
 import sys
 import traceback
@@ -39,12 +42,30 @@ from rlboost.environments.harness import PolicyEndpoint, is_harness, outcome_fro
 from rlboost.tasks.base import Example
 
 # the reward sandbox's confinement, shared: the same limits and the same audit hook
-from rlboost.tasks.sandbox_child import _audit, _confine_process, _cpu_budget, _violations
+from rlboost.tasks.sandbox_child import _PR_SET_PDEATHSIG, _audit, _confine_process, _cpu_budget, _violations
 
 
 def _load(config: dict[str, Any]) -> Any:
+    if config.get("verifiers"):
+        from rlboost.environments.verifiers_env import VerifiersEnvironment
+
+        return VerifiersEnvironment(config["verifiers"], config.get("args", {}))
     factory = load_registered(config["name"])
     return factory(**config.get("args", {}))
+
+
+def _confine(config: dict[str, Any]) -> bool:
+    """The sandbox's confinement; a verifiers environment keeps the network (its interception server, tool servers
+    and harness program talk over loopback, and its harness reaches the endpoint over TCP): the parent's death still
+    ends it, and its address space is capped. Whether it has a network namespace of its own."""
+    if not config.get("verifiers"):
+        return _confine_process(config["memory_mib"])
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    limit = config["memory_mib"] << 20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return False
 
 
 def _reset(env: Any, request: dict[str, Any]) -> dict[str, Any]:
@@ -67,8 +88,8 @@ def _step(env: Any, request: dict[str, Any]) -> dict[str, Any]:
 def _run(env: Any, request: dict[str, Any]) -> dict[str, Any]:
     """A harness's whole episode: its model turns go to the endpoint, what it returns is the outcome."""
     value = env.run(Example(**request["task"]), PolicyEndpoint(**request["policy"]))
-    if inspect.isawaitable(value):
-        value = asyncio.run(_awaited(value))
+    if inspect.isawaitable(value):  # one loop for the process: what the environment keeps open lives on
+        value = _LOOP.run_until_complete(_awaited(value))
     out = outcome_from(value)
     return {"reward": out.reward, "tool_calls": int(out.tool_calls), "tool_failures": int(out.tool_failures)}
 
@@ -78,6 +99,7 @@ async def _awaited(value: Any) -> Any:
 
 
 _OPS = {"reset": _reset, "step": _step, "run": _run}
+_LOOP = asyncio.new_event_loop()
 
 
 # Code the standard library generates from a class's own declarations, which HTTP clients (httpx, h11, openai)
@@ -139,7 +161,7 @@ def main() -> None:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # what the environment prints goes to stderr, never into the protocol
     sys.stdout = sys.stderr
-    netns = _confine_process(config["memory_mib"])
+    netns = _confine(config)
     try:
         env = _load(config)
     except BaseException as err:  # noqa: BLE001 - reported to the parent, which names task.environment
@@ -149,7 +171,8 @@ def main() -> None:
     kind = "harness" if is_harness(env) else "steps"
     if kind == "harness":
         _prepare_clients()
-    sys.addaudithook(_gateway_audit(config.get("gateway_socket", "")) if kind == "harness" else _audit)
+    if not config.get("verifiers"):  # verifiers starts processes and servers of its own: no audit hook (docs)
+        sys.addaudithook(_gateway_audit(config.get("gateway_socket", "")) if kind == "harness" else _audit)
     proto.write(json.dumps({"ready": True, "netns": netns, "kind": kind}) + "\n")
     for line in sys.stdin:
         reply = _call(env, json.loads(line), config["cpu_seconds"])

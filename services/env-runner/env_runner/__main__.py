@@ -78,20 +78,14 @@ def _chat_format(args: EnvRunnerOptions, model_dir: str):
 
 async def _checked_pool(args: EnvRunnerOptions, gateway_socket: str):
     """The environment's process pool, after one process loaded it (else StartupError naming task.environment)."""
-    from rlboost.environment_registry import EnvironmentNameError, check_environment_name
+    from rlboost.environment_registry import EnvironmentNameError, check_environment
     from rlboost.environments.sandbox import EnvConfig, EnvFailure, EnvPool
 
     env = args.spec.task.environment
     if not env.active:
         raise StartupError("task.environment is not set: this job has no environment for an env-runner to run")
     try:
-        if env.name:
-            check_environment_name(env.name)
-        else:
-            raise EnvironmentNameError(
-                f"task.environment.verifiers {env.verifiers!r}: verifiers environments are not supported by this "
-                "env-runner; use task.environment.name"
-            )
+        check_environment(env.name, env.verifiers)
         pool = EnvPool(EnvConfig.from_spec(env, gateway_socket))
         pool.release(await pool.acquire())
     except EnvironmentNameError as err:

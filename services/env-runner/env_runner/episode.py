@@ -157,11 +157,12 @@ class HarnessRun(_Run):
     async def _drive(self) -> EpisodeEnd:
         assert self.chat is not None
         chat = self.chat
+        tcp = self.gateway.tcp_url if self.env.config.verifiers else ""
         policy = {
-            "base_url": UNIX_BASE_URL,
+            "base_url": tcp or UNIX_BASE_URL,
             "api_key": self.key,
             "episode_id": self.a.episode_id,
-            "socket_path": self.gateway.socket_path,
+            "socket_path": "" if tcp else self.gateway.socket_path,
         }
         start = time.monotonic()
         try:

@@ -78,6 +78,7 @@ class ChatGateway:
     def __init__(self, fmt: ChatFormat, policy: Policy, socket_path: str = "") -> None:
         self.fmt, self.policy = fmt, policy
         self.socket_path = socket_path  # where serve_gateway serves it for confined harnesses ('' = not served)
+        self.tcp_url = ""  # its loopback URL when served on TCP too (verifiers environments)
         self.episodes: dict[str, ChatEpisode] = {}  # key -> episode
 
     def open(self, a: EpisodeAssignment) -> str:
@@ -107,7 +108,8 @@ class ChatGateway:
         messages = _messages(body)
         new = self._new_messages(ep, messages)
         t, a = ep.transcript, ep.assignment
-        following = self.fmt.prompt(new) if not t.prompt_ids else self.fmt.after_turn(new, ep.stopped)
+        tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+        following = self.fmt.prompt(new, tools) if not t.prompt_ids else self.fmt.after_turn(new, ep.stopped)
         start = len(t) if t.prompt_ids else 0
         budget = min(a.sampling.max_new_tokens, a.max_episode_tokens - start - len(following), _max_tokens(body))
         if t.turns >= a.max_turns or budget < 1:
@@ -213,15 +215,14 @@ async def serve_gateway(gateway: ChatGateway, host: str = "127.0.0.1", port: int
         except ValueError:
             metrics.GATEWAY_CALLS.labels("refused").inc()
             return _error(web, 400, "body: JSON expected")
-        if isinstance(body, dict) and body.get("stream"):
-            metrics.GATEWAY_CALLS.labels("refused").inc()
-            return _error(web, 400, "stream: streamed completions are not served; send stream: false")
         try:
             reply = await gateway.complete(key, body)
         except GatewayError as err:
             metrics.GATEWAY_CALLS.labels("refused" if err.status < 500 else "failed").inc()
             return _error(web, err.status, str(err))
         metrics.GATEWAY_CALLS.labels("ok").inc()
+        if isinstance(body, dict) and body.get("stream"):
+            return await _stream(web, request, reply, bool((body.get("stream_options") or {}).get("include_usage")))
         return web.json_response(reply)
 
     async def models(_: web.Request) -> web.Response:
@@ -239,6 +240,35 @@ async def serve_gateway(gateway: ChatGateway, host: str = "127.0.0.1", port: int
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - aiohttp exposes no other way for port 0
     return runner, bound
+
+
+async def _stream(web, request, reply: dict[str, Any], usage: bool):
+    """A finished completion as the server-sent events of a streamed one (the turn is generated whole first: a
+    turn is one request to the manager, so the harness gets its tokens at once, in one delta)."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    for chunk in stream_chunks(reply, usage):
+        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+def stream_chunks(reply: dict[str, Any], usage: bool) -> list[dict[str, Any]]:
+    """`reply` (a chat.completion) as chat.completion.chunk objects: the message, the finish reason, the usage."""
+    head = {k: reply[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    choice = reply["choices"][0]
+    delta = dict(choice["message"])
+    if "tool_calls" in delta:
+        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(delta["tool_calls"])]
+    chunks = [
+        {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}],
+         "rlboost": reply["rlboost"]},
+    ]  # fmt: skip
+    if usage:
+        chunks.append({**head, "choices": [], "usage": reply["usage"]})
+    return chunks
 
 
 def _error(web, status: int, message: str):

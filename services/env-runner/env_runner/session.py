@@ -68,12 +68,18 @@ class RunnerSession:
     # ---- public ------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        served = await serve_gateway(self.gateway, path=self.gateway.socket_path) if self.gateway.socket_path else None
+        served = []  # the endpoint: on its Unix socket (confined harnesses), and on loopback TCP for verifiers
+        if self.gateway.socket_path:
+            served.append((await serve_gateway(self.gateway, path=self.gateway.socket_path))[0])
+        if self.pool.config.verifiers:
+            runner, port = await serve_gateway(self.gateway, "127.0.0.1", 0)
+            served.append(runner)
+            self.gateway.tcp_url = f"http://127.0.0.1:{port}/v1"
         try:
             await self._attached()
         finally:
-            if served is not None:
-                await served[0].cleanup()
+            for runner in served:
+                await runner.cleanup()
 
     async def _attached(self) -> None:
         while not self.draining:
