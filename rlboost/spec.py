@@ -305,7 +305,7 @@ class RewardTerm(SpecModel):
     name: str = Field(
         max_length=128,
         description="Entry point name in the group 'rlboost.rewards' (built-ins: math_verify, exact_match, "
-        "regex_match, format, format_reward, math_answer).",
+        "regex_match, format, format_reward, math_answer, reasoning_gym).",
     )
     weight: float = Field(
         1.0, ge=-1000, le=1000, description="Multiplies this reward's value in the sum (negative: a penalty)."
@@ -331,7 +331,8 @@ _REWARD_SCHEMA = {
     "description": "Reward: an entry point name of the group 'rlboost.rewards' (e.g. math_verify), or a weighted "
     "list of them, summed per sample: [{name: math_verify, weight: 1.0}, {name: format, weight: 0.1, params: "
     "{style: boxed}}]. Built-ins: math_verify (HF math-verify), exact_match, regex_match (params.pattern), "
-    "format (params.style), format_reward, math_answer. It runs confined: a separate process with the limits "
+    "format (params.style), format_reward, math_answer, reasoning_gym (reasoning-gym's own score_answer, the default "
+    "with task.dataset.reasoningGym). It runs confined: a separate process with the limits "
     "below, no network, no exec; a call that fails or times out scores 0 and is counted.",
 }
 

@@ -92,11 +92,17 @@ class Job:
         return ("--config", str(self.config), "--nats-url", "", "--host", "127.0.0.1")
 
     async def start(self, workers: int = 1, worker_capacity: int = 4) -> None:
-        self.spawn("manager", "rollout_manager", *self.common, "--port", str(self.port), "--metrics-port", "0")
+        self.start_manager()
         await asyncio.to_thread(wait_for_port, "127.0.0.1", self.port, 60, self.procs["manager"])
         for i in range(workers):
             self.start_worker(f"w{i}", worker_capacity)
         self.start_runner("env-0")
+
+    def start_manager(self) -> None:
+        """The rollout-manager on the job's port (again, after a kill: its log goes on in manager-N.log)."""
+        n = sum(name.startswith("manager") for name in self.procs)
+        self.spawn(f"manager-{n}" if n else "manager", "rollout_manager", *self.common, "--port", str(self.port),
+                   "--metrics-port", "0")  # fmt: skip
 
     def start_worker(self, name: str, capacity: int = 4) -> None:
         model = ("--model-dir", str(self.model_dir), "--manager", self.target)

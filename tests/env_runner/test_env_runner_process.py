@@ -104,3 +104,40 @@ async def test_episodes_run_through_real_processes_and_survive_a_killed_env_runn
         assert final is not None and final.episodes.finished == 2 * PROMPTS * GROUP and final.episodes.failed == 0
     finally:
         job.stop()
+
+
+async def test_a_restarted_manager_reruns_the_episodes_runners_held_and_nothing_is_lost(model_dir, site, tmp_path):
+    """The rollout-manager SIGKILLed while env-0 drives a step's episodes, then started again on its port: the
+    runner and the worker reconnect, the trainer's stream re-attaches and asks for the step again, and the
+    episodes the runner held start again from their tasks (a new manager does not adopt them: their environments'
+    state lives in the runner, whose stream broke). What is lost is their time only: every episode arrives once,
+    token for token (greedy, seeds per episode and turn) what the uninterrupted step gave."""
+    job = Job(tmp_path, model_dir, site, SHAPE)
+    try:
+        await job.start()
+        await job.ready()
+        async with RolloutClient(job.target) as rc:
+            first: list[Trajectory] = []
+            await asyncio.wait_for(collect(rc, SHAPE.request(0), first), 240)
+            second: list[Trajectory] = []
+            collecting = asyncio.create_task(collect(rc, SHAPE.request(1), second))
+
+            async def in_flight():
+                s = await job.status()
+                return s is not None and any(r.runner_id == "env-0" and r.running > 0 for r in s.runners)
+
+            await job.until(in_flight, "env-0 driving episodes")
+            job.procs["manager"].send_signal(signal.SIGKILL)
+            job.procs["manager"].wait(10)
+            job.start_manager()
+            await asyncio.wait_for(collecting, 240)
+        by_sample = {(t.prompt_index, t.sample_index): t for t in first}
+        assert sorted(by_sample) == sorted((t.prompt_index, t.sample_index) for t in second)
+        for t in second:
+            assert (t.response_ids, t.loss_mask) == (by_sample[t.prompt_index, t.sample_index].response_ids,
+                                                     by_sample[t.prompt_index, t.sample_index].loss_mask)  # fmt: skip
+        final = await job.status()
+        assert final is not None and final.episodes.failed == 0 and len(final.runners) == 1
+        assert final.episodes.finished > 0  # the new manager ran (again) the episodes the step still owed
+    finally:
+        job.stop()
