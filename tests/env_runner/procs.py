@@ -138,6 +138,15 @@ class Job:
             await asyncio.sleep(0.05)  # polling interval of a condition with a deadline
         raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{self.logs()}")
 
+    def runner_busy(self, runner_id: str):
+        """A predicate for `until`: the manager's status shows `runner_id` driving episodes."""
+
+        async def busy() -> bool:
+            s = await self.status()
+            return s is not None and any(r.runner_id == runner_id and r.running > 0 for r in s.runners)
+
+        return busy
+
     async def ready(self, workers: int = 1, runners: int = 1) -> None:
         async def up():
             s = await self.status()
@@ -149,3 +158,19 @@ class Job:
 async def collect(rc: RolloutClient, request: RolloutRequest, out: list[Trajectory]) -> None:
     async for traj in rc.rollout(request, reattach_s=60):
         out.append(traj)
+
+
+async def whole_step(rc: RolloutClient, request: RolloutRequest, timeout: float = 240) -> list[Trajectory]:
+    """A step's episodes, all of them."""
+    out: list[Trajectory] = []
+    await asyncio.wait_for(collect(rc, request, out), timeout)
+    return out
+
+
+def same_episodes(expected: list[Trajectory], got: list[Trajectory]) -> None:
+    """Every episode once, each token for token and mask for mask the expected one (greedy runs)."""
+    by_sample = {(t.prompt_index, t.sample_index): t for t in expected}
+    assert sorted(by_sample) == sorted((t.prompt_index, t.sample_index) for t in got)
+    for t in got:
+        want = by_sample[t.prompt_index, t.sample_index]
+        assert (t.response_ids, t.loss_mask) == (want.response_ids, want.loss_mask), (t.prompt_index, t.sample_index)

@@ -24,7 +24,7 @@ import pytest
 
 from rlboost.wire.rollout_io import Trajectory
 from tests.env_runner import procs
-from tests.env_runner.procs import Job, Shape, collect
+from tests.env_runner.procs import Job, Shape, collect, same_episodes, whole_step
 from trainer.rollout_client import RolloutClient
 
 SHAPE = Shape("echo")
@@ -71,8 +71,7 @@ async def test_episodes_run_through_real_processes_and_survive_a_killed_env_runn
         await job.start()
         await job.ready()
         async with RolloutClient(job.target) as rc:
-            first: list[Trajectory] = []
-            await asyncio.wait_for(collect(rc, SHAPE.request(0), first), 240)
+            first = await whole_step(rc, SHAPE.request(0), 240)
             assert len(first) == PROMPTS * GROUP
             for t in first:
                 assert (t.turns, t.reward, t.finish_reason, t.episode.runner) == (TURNS, 3.0, "stop", "env-0")
@@ -83,22 +82,11 @@ async def test_episodes_run_through_real_processes_and_survive_a_killed_env_runn
 
             second: list[Trajectory] = []
             collecting = asyncio.create_task(collect(rc, SHAPE.request(1), second))
-
-            async def in_flight():
-                s = await job.status()
-                return s is not None and any(r.runner_id == "env-0" and r.running > 0 for r in s.runners)
-
-            await job.until(in_flight, "env-0 driving episodes")
+            await job.until(job.runner_busy("env-0"), "env-0 driving episodes")
             job.procs["env-0"].send_signal(signal.SIGKILL)
             job.start_runner("env-1")
             await asyncio.wait_for(collecting, 240)
-        assert sorted((t.prompt_index, t.sample_index) for t in second) == sorted(
-            (t.prompt_index, t.sample_index) for t in first
-        )
-        by_sample = {(t.prompt_index, t.sample_index): t for t in first}
-        for t in second:  # greedy: the same episode, whichever runner finally drove it
-            assert (t.response_ids, t.loss_mask) == (by_sample[t.prompt_index, t.sample_index].response_ids,
-                                                     by_sample[t.prompt_index, t.sample_index].loss_mask)  # fmt: skip
+        same_episodes(first, second)  # greedy: the same episodes, whichever runner finally drove them
         assert any(t.episode.runner == "env-1" for t in second)
         final = await job.status()
         assert final is not None and final.episodes.finished == 2 * PROMPTS * GROUP and final.episodes.failed == 0
@@ -117,25 +105,15 @@ async def test_a_restarted_manager_reruns_the_episodes_runners_held_and_nothing_
         await job.start()
         await job.ready()
         async with RolloutClient(job.target) as rc:
-            first: list[Trajectory] = []
-            await asyncio.wait_for(collect(rc, SHAPE.request(0), first), 240)
+            first = await whole_step(rc, SHAPE.request(0), 240)
             second: list[Trajectory] = []
             collecting = asyncio.create_task(collect(rc, SHAPE.request(1), second))
-
-            async def in_flight():
-                s = await job.status()
-                return s is not None and any(r.runner_id == "env-0" and r.running > 0 for r in s.runners)
-
-            await job.until(in_flight, "env-0 driving episodes")
+            await job.until(job.runner_busy("env-0"), "env-0 driving episodes")
             job.procs["manager"].send_signal(signal.SIGKILL)
             job.procs["manager"].wait(10)
             job.start_manager()
             await asyncio.wait_for(collecting, 240)
-        by_sample = {(t.prompt_index, t.sample_index): t for t in first}
-        assert sorted(by_sample) == sorted((t.prompt_index, t.sample_index) for t in second)
-        for t in second:
-            assert (t.response_ids, t.loss_mask) == (by_sample[t.prompt_index, t.sample_index].response_ids,
-                                                     by_sample[t.prompt_index, t.sample_index].loss_mask)  # fmt: skip
+        same_episodes(first, second)
         final = await job.status()
         assert final is not None and final.episodes.failed == 0 and len(final.runners) == 1
         assert final.episodes.finished > 0  # the new manager ran (again) the episodes the step still owed
