@@ -135,6 +135,40 @@ DATASET_FORMATS = ("auto", "jsonl", "parquet", "hf-disk")
 DATASET_SCHEMES = ("s3://", "gs://", "hf://", "file://")
 
 
+_RG_CONFIG_SCHEMA = {
+    "type": "object",
+    "x-kubernetes-preserve-unknown-fields": True,
+    "description": "Further keyword arguments of the reasoning-gym dataset's config (e.g. difficulty knobs such as "
+    "min_terms / max_terms / min_digits / max_digits for basic_arithmetic), JSON values.",
+}
+
+
+class ReasoningGymSpec(SpecModel):
+    """reasoning-gym's procedural tasks as the prompts (PyPI `reasoning-gym`): generated from a seed, no network, each
+    scored by the task's own `score_answer` (the `reasoning_gym` reward)."""
+
+    name: str = Field(
+        "",
+        max_length=64,
+        pattern=r"^$|^[a-z0-9_]+$",
+        description="A reasoning-gym dataset name (e.g. basic_arithmetic, chain_sum, letter_counting, "
+        "spell_backward, gsm_symbolic); '' = none. Checked against reasoning-gym's registry before the first step.",
+    )
+    size: int = Field(1000, ge=1, le=10**6, description="Tasks generated (the prompt set the steps go through).")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of the generator: the same seed, the same tasks.")
+    config: Annotated[dict[str, Any], WithJsonSchema(_RG_CONFIG_SCHEMA)] = Field(
+        default_factory=dict, description=_RG_CONFIG_SCHEMA["description"]
+    )
+
+    @field_validator("config")
+    @classmethod
+    def _no_size_or_seed(cls, config: dict[str, Any]) -> dict[str, Any]:
+        clash = sorted({"size", "seed"} & set(config))
+        if clash:
+            raise ValueError(f"task.dataset.reasoningGym.config: set {', '.join(clash)} as reasoningGym's own field")
+        return config
+
+
 class DatasetSpec(SpecModel):
     """A prompt dataset: JSONL / Parquet files or a Hugging Face `datasets` directory, streamed (never loaded whole)."""
 
@@ -214,6 +248,12 @@ class DatasetSpec(SpecModel):
         "where the template reads it; 'auto' = the template's default.",
     )
 
+    reasoning_gym: ReasoningGymSpec = Field(
+        default_factory=ReasoningGymSpec,
+        description="Prompts from reasoning-gym's generators instead of files ({name, size, seed}), scored by the "
+        "task's own score_answer (task.reward defaults to reasoning_gym with it); train must then be unset.",
+    )
+
     @property
     def thinking(self) -> bool | None:
         """enable_thinking as the chat template takes it (None: not passed)."""
@@ -221,6 +261,12 @@ class DatasetSpec(SpecModel):
 
     @model_validator(mode="after")
     def _locations(self) -> DatasetSpec:
+        if self.reasoning_gym.name and (self.train or self.validation):
+            raise SpecFieldError(
+                "reasoningGym",
+                "task.dataset.reasoningGym is set together with task.dataset.train/validation: the prompts come from "
+                "one of them; unset the other",
+            )
         if self.validation and not self.train:
             raise SpecFieldError("train", "task.dataset.validation is set but task.dataset.train is not; set both")
         for name in ("train", "validation"):
@@ -243,7 +289,7 @@ class RewardTerm(SpecModel):
     name: str = Field(
         max_length=128,
         description="Entry point name in the group 'rlboost.rewards' (built-ins: math_verify, exact_match, "
-        "regex_match, format, format_reward, math_answer).",
+        "regex_match, format, format_reward, math_answer, reasoning_gym).",
     )
     weight: float = Field(
         1.0, ge=-1000, le=1000, description="Multiplies this reward's value in the sum (negative: a penalty)."
@@ -269,7 +315,8 @@ _REWARD_SCHEMA = {
     "description": "Reward: an entry point name of the group 'rlboost.rewards' (e.g. math_verify), or a weighted "
     "list of them, summed per sample: [{name: math_verify, weight: 1.0}, {name: format, weight: 0.1, params: "
     "{style: boxed}}]. Built-ins: math_verify (HF math-verify), exact_match, regex_match (params.pattern), "
-    "format (params.style), format_reward, math_answer. It runs confined: a separate process with the limits "
+    "format (params.style), format_reward, math_answer, reasoning_gym (reasoning-gym's own score_answer, the default "
+    "with task.dataset.reasoningGym). It runs confined: a separate process with the limits "
     "below, no network, no exec; a call that fails or times out scores 0 and is counted.",
 }
 
@@ -303,9 +350,10 @@ class EnvironmentSpec(SpecModel):
     verifiers: str = Field(
         "",
         max_length=128,
-        pattern=r"^$|^[A-Za-z0-9_.\-]+$",
-        description="A verifiers environment id (its installed module, e.g. 'vf-math-python'); '' = none. Not "
-        "supported yet: a job naming one is refused with the alternative.",
+        pattern=r"^$|^[A-Za-z0-9_.@/+\-]+$",
+        description="A verifiers (0.4) environment id: its taskset's id (an installed package, e.g. 'my-taskset'), "
+        "or '<env id>+<taskset id>'; '' = none. Its tasks are the prompts; `args` merge into its verifiers config "
+        "(e.g. {taskset: {num_tasks: 50}, agent: {harness: {id: null}}}). Checked before the first step.",
     )
     args: Annotated[dict[str, Any], WithJsonSchema(_ENV_ARGS_SCHEMA)] = Field(
         default_factory=dict, description=_ENV_ARGS_SCHEMA["description"]
@@ -344,13 +392,6 @@ class EnvironmentSpec(SpecModel):
     def _one(self) -> EnvironmentSpec:
         if self.name and self.verifiers:
             raise SpecFieldError("verifiers", "task.environment: set either name or verifiers, not both")
-        if self.verifiers:  # refused before anything starts, rather than by every env-runner at its start
-            raise SpecFieldError(
-                "verifiers",
-                f"task.environment.verifiers {self.verifiers!r}: verifiers environments are not supported by this "
-                "rlboost yet (docs/agents.md); wrap the environment as an rlboost.environments entry point and set "
-                "task.environment.name",
-            )
         return self
 
 
@@ -418,6 +459,27 @@ class TaskSpec(SpecModel):
     def episodes(self) -> bool:
         """The job trains on agentic episodes (task.environment is set)."""
         return self.environment.active
+
+    @model_validator(mode="after")
+    def _one_prompt_source(self) -> TaskSpec:
+        if self.environment.verifiers and (self.dataset.train or self.dataset.reasoning_gym.name):
+            raise SpecFieldError(
+                "environment.verifiers",
+                "task.environment.verifiers: a verifiers environment's prompts are its own tasks; unset "
+                "task.dataset.train and task.dataset.reasoningGym (or use task.environment.name)",
+            )
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reasoning_gym_scores(cls, data: Any) -> Any:
+        """reasoning-gym's tasks are scored by their own score_answer unless task.reward says otherwise."""
+        if isinstance(data, dict) and "reward" not in data:
+            dataset = data.get("dataset")
+            rg = (dataset.get("reasoningGym") or dataset.get("reasoning_gym")) if isinstance(dataset, dict) else None
+            if isinstance(rg, dict) and rg.get("name"):
+                return {**data, "reward": "reasoning_gym"}
+        return data
 
     @field_validator("reward")
     @classmethod

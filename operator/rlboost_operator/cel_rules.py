@@ -212,6 +212,19 @@ def _episode_rules(v) -> list[Rule]:
             "algorithm.maxEpisodeTokens",
         ),
         Rule(
+            f'{verifiers} == "" || ({v("task.dataset.train")} == "" && {v("task.dataset.reasoningGym.name")} == "")',
+            "spec.task.environment.verifiers names an environment whose prompts are its own tasks; unset "
+            "spec.task.dataset.train and spec.task.dataset.reasoningGym",
+            "task.environment.verifiers",
+        ),
+        Rule(
+            f'{v("task.dataset.reasoningGym.name")} == "" || '
+            f'({v("task.dataset.train")} == "" && {v("task.dataset.validation")} == "")',
+            "spec.task.dataset.reasoningGym is set together with spec.task.dataset.train/validation: the prompts come "
+            "from one of them; unset the other",
+            "task.dataset.reasoningGym",
+        ),
+        Rule(
             f"!{episodes} || !{v('algorithm.partialRollout')}",
             "spec.algorithm.partialRollout does not carry episodes across steps yet: turn it off with "
             "spec.task.environment",

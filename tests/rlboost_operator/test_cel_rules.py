@@ -113,6 +113,8 @@ BAD_SPECS = [
         "trainer": {"ranks": 2},
     },
     {"rollout": {"spot": {"gpusPerWorker": 2, "tensorParallel": 2}}},  # engine torch (the default)
+    {"task": {"dataset": {"train": "a.jsonl", "reasoningGym": {"name": "chain_sum"}}}},
+    {"task": {"environment": {"verifiers": "my-taskset"}, "dataset": {"reasoningGym": {"name": "chain_sum"}}}},
     {"rollout": {"reserved": {"engine": "sglang", "gpusPerWorker": 1, "tensorParallel": 2}}},
     {"algorithm": {"dualClip": 0.5}},
     {"algorithm": {"dualClip": 1}},
