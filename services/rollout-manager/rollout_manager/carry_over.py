@@ -75,6 +75,12 @@ class CarryOver:
         """The request is gone (it failed): no later step continues it."""
         self._carried.pop(rid, None)
 
+    def withdraw(self, rid: str) -> None:
+        """The request's step was sent again: what was carried or kept of it is no longer waited for."""
+        self._carried.pop(rid, None)
+        self._carried_done.pop(rid, None)
+        self._delivered_to.pop(rid, None)
+
     def continue_step(self, r: RolloutRequest, ids: set[str], received: set[str], now: float) -> int:
         """Take the earlier steps' samples the trainer still waits for (r.carried) into step r.step: continued under
         r's version from the tokens kept, delivered at once if they finished meanwhile, or generated afresh when

@@ -234,11 +234,21 @@ class ManagerState:
                 rid = request_id(r.step, p.prompt_index, g)
                 if rid in received:
                     continue
+                self._retire_earlier(rid, now)
                 self.book.new_request(r, r.step, p.prompt_index, g, p.token_ids, now)
                 queue.append(rid)
                 ids.add(rid)
         self.book.pending_count[r.weight_version] += len(ids)
         return ids
+
+    def _retire_earlier(self, rid: str, now: float) -> None:
+        """A step sent again (a resumed trainer) while a request of the same id still lives, e.g. carried past its
+        step's end: its earlier incarnation is dropped first, revoked from its worker with its lease epoch kept, so
+        that none of its late chunks passes as the new one's (a silent replace left the old lease on the worker at
+        the same epoch) and no trajectory of it is delivered later."""
+        self.carry.withdraw(rid)
+        if rid in self.book.requests:
+            self.leases.drop(rid, now)
 
     def cancel_step(self, step: int, now: float | None = None) -> int:
         """The trainer went away: drop the step's requests, revoking the running ones. Returns how many."""
