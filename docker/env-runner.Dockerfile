@@ -14,7 +14,11 @@ WORKDIR /app
 COPY pyproject.toml ./
 RUN touch README.md
 COPY requirements/lock.txt requirements/
-RUN pip install -c requirements/lock.txt '.[env-runner]'
+# reasoning-gym's pycosat ships no wheel: a compiler for this layer only, gone before the layer ends (the image
+# keeps none).
+RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends gcc libc6-dev \
+ && pip install -c requirements/lock.txt '.[env-runner]' \
+ && apt-get purge -y -q --auto-remove gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 COPY README.md ./
 COPY rlboost ./rlboost
 COPY operator ./operator

@@ -19,13 +19,17 @@ COPY requirements/lock.txt requirements/
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 RUN pip install -c requirements/lock.txt ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} torch
 # The service's dependencies, from pyproject and the lock only: this layer survives code edits.
-# No compiler: the trainer keeps DeepSpeed from building its shm all-reduce op (trainer.engine), and
+# No compiler in the image: the trainer keeps DeepSpeed from building its shm all-reduce op (trainer.engine), and
 # training uses torch's AdamW, not DeepSpeed's fused one.
 # pyproject.toml names README.md as the long description; an empty stand-in here keeps the dependency
 # layers below depending only on pyproject.toml and the lock (a README edit rebuilds none of them).
 COPY pyproject.toml ./
 RUN touch README.md
-RUN pip install -c requirements/lock.txt '.[trainer]'
+# reasoning-gym's pycosat ships no wheel: a compiler for this layer only, gone before the layer ends (the image
+# keeps none).
+RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends gcc libc6-dev \
+ && pip install -c requirements/lock.txt '.[trainer]' \
+ && apt-get purge -y -q --auto-remove gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 COPY README.md ./
 COPY rlboost ./rlboost
 COPY operator ./operator
