@@ -122,6 +122,7 @@ class CarriedGroup:
     prompt_index: int
     prompt_ids: list[int]
     sample_indices: list[int]
+    task_json: str = ""  # agentic episodes: the group's environment task (PromptItem.task_json)
 
 
 @dataclass

@@ -281,16 +281,18 @@ class RolloutRequest(_message.Message):
     def __init__(self, step: _Optional[int] = ..., weight_version: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., group_size: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., vocab_size: _Optional[int] = ..., received_request_ids: _Optional[_Iterable[str]] = ..., packed_trajectories: _Optional[bool] = ..., target_groups: _Optional[int] = ..., carried: _Optional[_Iterable[_Union[CarriedGroup, _Mapping]]] = ..., episodes: _Optional[_Union[EpisodeSettings, _Mapping]] = ...) -> None: ...
 
 class CarriedGroup(_message.Message):
-    __slots__ = ("step", "prompt_index", "prompt_ids", "sample_indices")
+    __slots__ = ("step", "prompt_index", "prompt_ids", "sample_indices", "task_json")
     STEP_FIELD_NUMBER: _ClassVar[int]
     PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDICES_FIELD_NUMBER: _ClassVar[int]
+    TASK_JSON_FIELD_NUMBER: _ClassVar[int]
     step: int
     prompt_index: int
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     sample_indices: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sample_indices: _Optional[_Iterable[int]] = ...) -> None: ...
+    task_json: str
+    def __init__(self, step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sample_indices: _Optional[_Iterable[int]] = ..., task_json: _Optional[str] = ...) -> None: ...
 
 class VersionSpan(_message.Message):
     __slots__ = ("weight_version", "tokens")
