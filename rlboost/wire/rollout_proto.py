@@ -542,6 +542,7 @@ def status_to_pb(s: ManagerStatus) -> pb.StatusReply:
         idle_slot_seconds_in_tools=s.episodes.idle_slot_seconds_in_tools,
         runner_episode_seconds=s.episodes.runner_episode_seconds,
         runner_capacity_seconds=s.episodes.runner_capacity_seconds,
+        episodes_carried=s.episodes.carried,
     )
 
 
@@ -584,6 +585,7 @@ def status_from_pb(m: pb.StatusReply) -> ManagerStatus:
             m.idle_slot_seconds_in_tools,
             m.runner_episode_seconds,
             m.runner_capacity_seconds,
+            carried=m.episodes_carried,
         ),
     )
 

@@ -1,5 +1,5 @@
 """RolloutRequest.carried on the wire (rlboost.wire.rollout_proto): a carried group of an episodes step goes with its
-environment task, and one without it is refused naming the field."""
+environment task, and one without it is refused naming the field; the episodes carried now are in GetStatus."""
 
 from __future__ import annotations
 
@@ -24,3 +24,11 @@ def test_a_carried_group_without_what_starts_it_again_is_refused_naming_the_fiel
         rollout_request_from_pb(rollout_request_to_pb(_request(CarriedGroup(0, 3, [7], [1]), EpisodeSettings(3, 64))))
     with pytest.raises(WireError, match=r"rollout.carried\[0\].prompt_ids"):
         rollout_request_from_pb(rollout_request_to_pb(_request(CarriedGroup(0, 3, [], [1], "{}"), None)))
+
+
+def test_the_episodes_carried_now_go_through_get_status():
+    from rlboost.wire.rollout_io import EpisodeCounts, ManagerStatus
+    from rlboost.wire.rollout_proto import status_from_pb, status_to_pb
+
+    status = ManagerStatus([], 0, 0, 0, 0, 0, episodes=EpisodeCounts(running=3, carried=2))
+    assert status_from_pb(status_to_pb(status)).episodes == EpisodeCounts(running=3, carried=2)

@@ -84,9 +84,11 @@ def test_a_running_episode_is_carried_and_delivered_by_the_next_step_with_its_ve
     _end_step_0(st, done)
     st.on_chunks("w0", [TokenChunk(turn.request_id, turn.lease_epoch, 1, [8], [-0.5])], 0.3)  # goes on meanwhile
     assert not st.take_runner_outboxes(0.3).get("r0", None)  # its runner is not told anything: it drives on
+    assert st.status().episodes.carried == 1
 
     assert st.add_step(_step(1, 1, 0, [_carried(1)]), 1.0) == 1  # the trainer trained, and moved to version 1
     assert st.take_outbox()["w0"].revoke == {"carried": [turn.request_id]}
+    assert st.status().episodes.carried == 0  # the step's now
     st.on_chunks("w0", [TokenChunk(turn.request_id, turn.lease_epoch, 2, [], [], False, "abort")], 1.1)
     st.on_weight_version("w0", 1, 1.2)
     st.schedule(1.2)

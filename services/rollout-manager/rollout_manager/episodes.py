@@ -387,9 +387,13 @@ class Episodes:
         metrics.EPISODE_STATE.labels("pending").set(self.pending_count())
         metrics.EPISODE_STATE.labels("running").set(len(self.episodes) - self.pending_count())
         metrics.EPISODE_STATE.labels("in_tools").set(in_tools)
+        metrics.EPISODE_STATE.labels("carried").set(self.carried())
         metrics.ENV_RUNNERS.set(len(self.runners.runners))
         metrics.ENV_RUNNER_UTILISATION.set(busy / capacity if capacity else 0.0)
         return self.runners.silent(now, lease_timeout_s)
+
+    def carried(self) -> int:
+        return sum(ep.carried for ep in self.episodes.values())
 
     def in_tools(self) -> int:
         return sum(ep.in_tools_since is not None for ep in self.episodes.values())
@@ -403,6 +407,7 @@ class Episodes:
             pending=self.pending_count(),
             running=len(self.episodes) - self.pending_count(),
             in_tools=self.in_tools(),
+            carried=self.carried(),
         )
 
     def in_tools_by_runner(self) -> dict[str, int]:
