@@ -604,7 +604,8 @@ class AlgorithmSpec(SpecModel):
         description="Partial rollout (APRIL / AReaL): a step's rollout ends once promptsPerStep groups are complete; "
         "unfinished responses are neither thrown away nor waited for but continue under the next weight version "
         "(their tokens' versions and behaviour log-probs recorded), counted against maxStaleness by their oldest "
-        "token. Needs maxStaleness >= 1.",
+        "token. With task.environment whole episodes are carried: their env-runners keep driving them and their "
+        "later turns run under the next version. Needs maxStaleness >= 1.",
     )
     partial_rollout_over_provision: float = Field(
         0.25,
@@ -1369,12 +1370,6 @@ class JobSpec(SpecModel):
                 f"algorithm.maxEpisodeTokens ({alg.max_episode_tokens}) exceeds rollout.maxPromptTokens "
                 f"({self.rollout.max_prompt_tokens}) + algorithm.maxNewTokens: a late turn's prompt (the episode so "
                 "far) would be refused by the rollout-manager; lower it or raise rollout.maxPromptTokens",
-            )
-        if alg.partial_rollout:
-            raise SpecFieldError(
-                "algorithm.partialRollout",
-                "algorithm.partialRollout does not carry episodes across steps yet: turn it off with "
-                "task.environment (each turn is still offloaded and migrated as a request)",
             )
 
     def max_trained_tokens(self) -> int:

@@ -224,12 +224,6 @@ def _episode_rules(v) -> list[Rule]:
             "from one of them; unset the other",
             "task.dataset.reasoningGym",
         ),
-        Rule(
-            f"!{episodes} || !{v('algorithm.partialRollout')}",
-            "spec.algorithm.partialRollout does not carry episodes across steps yet: turn it off with "
-            "spec.task.environment",
-            "algorithm.partialRollout",
-        ),
     ]
 
 

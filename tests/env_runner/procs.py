@@ -147,6 +147,17 @@ class Job:
 
         return busy
 
+    def worker_streaming(self, worker_id: str):
+        """A predicate for `until`: the manager's status shows `worker_id` holding a turn it streamed tokens of."""
+
+        async def streaming() -> bool:
+            s = await self.status()
+            return s is not None and any(
+                w.worker_id == worker_id and w.running > 0 and w.inflight_tokens > 0 for w in s.workers
+            )
+
+        return streaming
+
     async def ready(self, workers: int = 1, runners: int = 1) -> None:
         async def up():
             s = await self.status()

@@ -18,11 +18,12 @@ import signal
 import sys
 import textwrap
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from rlboost.wire.rollout_io import Trajectory
+from rlboost.wire.rollout_io import CarriedGroup, Trajectory, request_id
 from tests.env_runner import procs
 from tests.env_runner.procs import Job, Shape, collect, same_episodes, whole_step
 from trainer.rollout_client import RolloutClient
@@ -117,5 +118,39 @@ async def test_a_restarted_manager_reruns_the_episodes_runners_held_and_nothing_
         final = await job.status()
         assert final is not None and final.episodes.failed == 0 and len(final.runners) == 1
         assert final.episodes.finished > 0  # the new manager ran (again) the episodes the step still owed
+    finally:
+        job.stop()
+
+
+async def test_partial_rollout_carries_episodes_past_a_step_end_and_through_a_killed_worker(model_dir, site, tmp_path):
+    """algorithm.partialRollout with episodes, the trainer's side as trainer.partial_assembly asks for it: a step's
+    stream ends once its target (1 group) is complete, its other episodes are carried and go on on their env-runner;
+    the worker generating one of their turns is SIGKILLed between the steps and another starts; the next step lists
+    the carried episodes and gets each once. No weight version changes here (no weight-server), so greedy, the
+    episodes are token for token those of the same step rolled out whole; across a version change the spans differ
+    (tests/rollout_manager/test_episode_carry.py)."""
+    # long turns, to be caught generating; the runner drives 2 episodes at once: the third waits, so one is carried
+    shape = Shape("echo", max_new_tokens=160, max_episode_tokens=700, prompts=3, group=1)
+    job = Job(tmp_path, model_dir, site, shape)
+    try:
+        await job.start()
+        await job.ready()
+        async with RolloutClient(job.target) as rc:
+            whole = await whole_step(rc, shape.request(0), 240)
+            first = await whole_step(rc, replace(shape.request(1), target_groups=1), 240)
+            assert 1 <= len(first) < shape.prompts  # the stream ended at its target
+            await job.until(job.worker_streaming("w0"), "w0 generating a carried episode's turn")
+            job.procs["w0"].send_signal(signal.SIGKILL)
+            job.start_worker("w1")
+            got = {t.prompt_index for t in first}
+            tasks = shape.request(1).prompts
+            owed = [CarriedGroup(1, p, [], [0], tasks[p].task_json) for p in range(shape.prompts) if p not in got]
+            rest = await whole_step(rc, replace(shape.request(2), prompts=[], carried=owed, target_groups=len(owed)))
+        delivered = [t.request_id for t in first + rest]
+        assert sorted(delivered) == [request_id(1, p, 0) for p in range(shape.prompts)]  # every episode once
+        same_episodes(whole, first + rest)
+        final = await job.status()
+        assert final is not None and final.episodes.failed == 0 and final.tokens_regenerated == 0
+        assert final.migrations_by_reason.get("stream_broken", 0) >= 1  # the killed worker's turn moved on
     finally:
         job.stop()

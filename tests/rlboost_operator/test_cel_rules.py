@@ -113,6 +113,7 @@ BAD_SPECS = [
         "trainer": {"ranks": 2},
     },
     {"rollout": {"spot": {"gpusPerWorker": 2, "tensorParallel": 2}}},  # engine torch (the default)
+    {"task": {"environment": {"name": "calculator"}}, "algorithm": {"partialRollout": True}},  # maxStaleness 0
     {"task": {"dataset": {"train": "a.jsonl", "reasoningGym": {"name": "chain_sum"}}}},
     {"task": {"environment": {"verifiers": "my-taskset"}, "dataset": {"reasoningGym": {"name": "chain_sum"}}}},
     {"rollout": {"reserved": {"engine": "sglang", "gpusPerWorker": 1, "tensorParallel": 2}}},
@@ -141,6 +142,14 @@ def test_partial_rollout_with_several_trainer_ranks_is_accepted():
     """A step's short last round is padded with weightless rows (trainer.ranks.complete_round)."""
     spec = {"algorithm": {"partialRollout": True, "maxStaleness": 1, "promptsPerStep": 4}, "trainer": {"ranks": 2}}
     parse_job_spec(spec)
+    assert both_ways(spec) == []
+
+
+def test_partial_rollout_of_agentic_episodes_is_accepted():
+    """Episodes are carried across steps whole (rollout_manager.episode_carry), so partialRollout goes with
+    task.environment under the same bound as single-turn samples (maxStaleness >= 1, refused above otherwise)."""
+    spec = {"task": {"environment": {"name": "calculator"}}, "algorithm": {"partialRollout": True, "maxStaleness": 1}}
+    assert parse_job_spec(spec).algorithm.partial_rollout
     assert both_ways(spec) == []
 
 

@@ -95,7 +95,8 @@ ENV_RUNNER_UTILISATION = Gauge(
 EPISODE_STATE = Gauge(
     "rlboost_manager_episodes_by_state",
     "Episodes by state: pending, running (on an env-runner), in_tools (running, between turns: the environment "
-    "steps and the episode holds no engine slot)",
+    "steps and the episode holds no engine slot), carried (partial rollout: on past their step's stream end, until a "
+    "step lists them; also counted in pending or running)",
     ["state"],
 )
 EPISODES = Counter(

@@ -53,6 +53,7 @@ from .adoption import HeldResponses
 from .book import RequestBook
 from .carry_over import CarryOver
 from .effects import Effects, Outbox
+from .episode_carry import EpisodeCarry
 from .episodes import Episodes
 from .fleet import Fleet
 from .leases import Leases
@@ -100,7 +101,8 @@ class ManagerState:
         )
         self.scheduler = Scheduler(self.book, self.fleet, self.leases, self.speed, self.effects, balance_min_excess)
         self.runners = EnvRunners()
-        self.episodes = Episodes(self.book, self.leases, self.effects, self.runners, p)
+        self.episodes = Episodes(self.book, self.leases, self.effects, self.runners, p, self.carry)
+        self.episode_carry = EpisodeCarry(self.episodes, self.carry, self.book)  # partial rollout of episodes
         self.gauges = Gauges()
         self._next_stall_check = 0.0
         self.starved = StarvedWork()  # pending work no worker can take: said, not waited on in silence (issue 31)
@@ -220,10 +222,11 @@ class ManagerState:
 
     def _add_episodes(self, r: RolloutRequest, received: set[str], now: float) -> int:
         ids = self.episodes.add_step(r, received, now)
+        total = len(ids) + self.episode_carry.continue_step(r, ids, received, now)  # partial rollout: carried ones
         if ids:
             self.book.steps[r.step] = ids  # what the step's stream owes: its episodes
         self.effects.dirty = True
-        return len(ids)
+        return total
 
     def _new_requests(self, r: RolloutRequest, received: set[str], now: float) -> set[str]:
         """The step's requests, pending at the tail of its version's queue, but those already received."""
@@ -262,6 +265,7 @@ class ManagerState:
     def carry_step(self, step: int, late: Iterable[Trajectory] = ()) -> int:
         """The step's stream ended at its target: its unfinished requests are carried into the next (carry_over.py),
         with `late` ones, finished but not sent before the stream ended. Returns how many requests are carried."""
+        self.episode_carry.carry_step(step)  # an episodes step's: its episodes go on, on their runners
         return self.carry.carry_step(step, late)
 
     def revoke(self, rid: str, reason: MigrationReason, now: float, wire_reason: str | None = None) -> bool:
