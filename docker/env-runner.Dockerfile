@@ -14,7 +14,14 @@ WORKDIR /app
 COPY pyproject.toml ./
 RUN touch README.md
 COPY requirements/lock.txt requirements/
-RUN pip install -c requirements/lock.txt '.[env-runner]'
+# reasoning-gym's pycosat ships no wheel: a compiler (and Python's headers where the base lacks them) for this
+# layer only, purged before the layer ends (the image keeps none).
+RUN build="gcc libc6-dev" \
+ && python3 -c "import os, sysconfig; assert os.path.exists(sysconfig.get_path('include') + '/Python.h')" \
+    2>/dev/null || build="$build python3-dev" \
+ && apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $build \
+ && pip install -c requirements/lock.txt '.[env-runner]' \
+ && apt-get purge -y -q --auto-remove $build && rm -rf /var/lib/apt/lists/*
 COPY README.md ./
 COPY rlboost ./rlboost
 COPY operator ./operator

@@ -19,13 +19,20 @@ COPY requirements/lock.txt requirements/
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 RUN pip install -c requirements/lock.txt ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} torch
 # The service's dependencies, from pyproject and the lock only: this layer survives code edits.
-# No compiler: the trainer keeps DeepSpeed from building its shm all-reduce op (trainer.engine), and
+# No compiler in the image: the trainer keeps DeepSpeed from building its shm all-reduce op (trainer.engine), and
 # training uses torch's AdamW, not DeepSpeed's fused one.
 # pyproject.toml names README.md as the long description; an empty stand-in here keeps the dependency
 # layers below depending only on pyproject.toml and the lock (a README edit rebuilds none of them).
 COPY pyproject.toml ./
 RUN touch README.md
-RUN pip install -c requirements/lock.txt '.[trainer]'
+# reasoning-gym's pycosat ships no wheel: a compiler (and Python's headers where the base lacks them) for this
+# layer only, purged before the layer ends (the image keeps none).
+RUN build="gcc libc6-dev" \
+ && python3 -c "import os, sysconfig; assert os.path.exists(sysconfig.get_path('include') + '/Python.h')" \
+    2>/dev/null || build="$build python3-dev" \
+ && apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $build \
+ && pip install -c requirements/lock.txt '.[trainer]' \
+ && apt-get purge -y -q --auto-remove $build && rm -rf /var/lib/apt/lists/*
 COPY README.md ./
 COPY rlboost ./rlboost
 COPY operator ./operator

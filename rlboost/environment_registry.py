@@ -60,27 +60,44 @@ def check_environment_name(name: str) -> str:
     return available[name]
 
 
-def verifiers_module(env_id: str) -> str:
-    """The module a verifiers environment id names ('vf-math-python' -> 'vf_math_python'), as verifiers loads it."""
-    return env_id.replace("-", "_")
+def verifiers_modules(env_id: str) -> list[str]:
+    """The modules a verifiers environment id names, as verifiers 0.4's loader imports them: `<env>+<taskset>` or a
+    taskset alone; a hub id's `owner/` and `@version` dropped; '-' -> '_', lower case; verifiers' own packages first
+    (`verifiers.v1.envs.<env>`, `verifiers.v1.tasksets.<taskset>`), else an installed module of that name."""
+    env, _, taskset = env_id.rpartition("+")
+    out = []
+    for name, group in ((env, "verifiers.v1.envs"), (taskset, "verifiers.v1.tasksets")):
+        if name:
+            module = name.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()
+            out.append(f"{group}.{module}" if _found(f"{group}.{module}") else module)
+    return out
 
 
-def check_verifiers_id(env_id: str) -> str:
-    """The module of the verifiers environment `env_id`, found (not imported); EnvironmentNameError otherwise."""
-    module = verifiers_module(env_id)
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", module):
-        raise EnvironmentNameError(f"task.environment.verifiers {env_id!r} is not an environment id")
+def _found(module: str) -> bool:
     try:
-        found = importlib.util.find_spec(module) is not None
+        return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
-        found = False
-    if not found:
+        return False
+
+
+def check_verifiers_id(env_id: str) -> list[str]:
+    """The modules of the verifiers environment `env_id`, found (not imported); EnvironmentNameError otherwise."""
+    modules = verifiers_modules(env_id)
+    if not modules or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", m) for m in modules):
+        raise EnvironmentNameError(f"task.environment.verifiers {env_id!r} is not an environment id")
+    if not _found("verifiers.v1"):
         raise EnvironmentNameError(
-            f"task.environment.verifiers {env_id!r}: no installed module {module!r}; install the environment's "
+            f"task.environment.verifiers {env_id!r}: the verifiers package is not installed; install "
+            "rlboost[environments] in the trainer's and the env-runners' images"
+        )
+    missing = [m for m in modules if not _found(m)]
+    if missing:
+        raise EnvironmentNameError(
+            f"task.environment.verifiers {env_id!r}: no installed module {missing[0]!r}; install the environment's "
             "package (e.g. `pip install <env package>` or `prime env install <id>`) in the trainer's and the "
             "env-runners' images, or fix the id"
         )
-    return module
+    return modules
 
 
 def load_registered(name: str) -> Callable[..., Any]:

@@ -26,6 +26,7 @@ BUILTIN_REWARDS: dict[str, str] = {
     "format_reward": "rlboost.tasks.rewards:format_reward",
     "math_answer": "rlboost.tasks.rewards:math_answer",
     "math_verify": "rlboost.tasks.verifiers:math_verify",
+    "reasoning_gym": "rlboost.tasks.reasoning_gym:score",
     "regex_match": "rlboost.tasks.verifiers:regex_match",
 }
 # An entry point name as packaging allows it (no ':' so the old form is told apart).

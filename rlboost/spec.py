@@ -13,8 +13,6 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     Tag,
@@ -27,24 +25,10 @@ from pydantic.alias_generators import to_camel
 
 from rlboost.config_file import ConfigFileError, load_yaml_file
 from rlboost.environment_registry import check_environment_name
+from rlboost.pod_policy import PodPolicy, PodTemplateOverlay, no_account_name
 from rlboost.reward_registry import check_reward_name
+from rlboost.spec_base import QUANTITY, SpecFieldError, SpecModel
 from rlboost.step_sizing import fits_step_limit, in_flight
-
-
-class SpecFieldError(ValueError):
-    """A cross-field rule that one field must change to satisfy; `path` names it (camelCase, dotted, relative
-    to the model whose validator raised it), so the error's field path is data, not prose."""
-
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(message)
-        self.path = path
-
-
-class SpecModel(BaseModel):
-    """Base: camelCase aliases, unknown fields rejected, assignment validated."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_assignment=True)
-
 
 MODEL_SOURCES = ("tiny", "path", "huggingface", "uri", "pvc")
 URI_SCHEMES = ("s3://", "gs://")
@@ -151,6 +135,40 @@ DATASET_FORMATS = ("auto", "jsonl", "parquet", "hf-disk")
 DATASET_SCHEMES = ("s3://", "gs://", "hf://", "file://")
 
 
+_RG_CONFIG_SCHEMA = {
+    "type": "object",
+    "x-kubernetes-preserve-unknown-fields": True,
+    "description": "Further keyword arguments of the reasoning-gym dataset's config (e.g. difficulty knobs such as "
+    "min_terms / max_terms / min_digits / max_digits for basic_arithmetic), JSON values.",
+}
+
+
+class ReasoningGymSpec(SpecModel):
+    """reasoning-gym's procedural tasks as the prompts (PyPI `reasoning-gym`): generated from a seed, no network, each
+    scored by the task's own `score_answer` (the `reasoning_gym` reward)."""
+
+    name: str = Field(
+        "",
+        max_length=64,
+        pattern=r"^$|^[a-z0-9_]+$",
+        description="A reasoning-gym dataset name (e.g. basic_arithmetic, chain_sum, letter_counting, "
+        "spell_backward, gsm_symbolic); '' = none. Checked against reasoning-gym's registry before the first step.",
+    )
+    size: int = Field(1000, ge=1, le=10**6, description="Tasks generated (the prompt set the steps go through).")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of the generator: the same seed, the same tasks.")
+    config: Annotated[dict[str, Any], WithJsonSchema(_RG_CONFIG_SCHEMA)] = Field(
+        default_factory=dict, description=_RG_CONFIG_SCHEMA["description"]
+    )
+
+    @field_validator("config")
+    @classmethod
+    def _no_size_or_seed(cls, config: dict[str, Any]) -> dict[str, Any]:
+        clash = sorted({"size", "seed"} & set(config))
+        if clash:
+            raise ValueError(f"task.dataset.reasoningGym.config: set {', '.join(clash)} as reasoningGym's own field")
+        return config
+
+
 class DatasetSpec(SpecModel):
     """A prompt dataset: JSONL / Parquet files or a Hugging Face `datasets` directory, streamed (never loaded whole)."""
 
@@ -230,6 +248,12 @@ class DatasetSpec(SpecModel):
         "where the template reads it; 'auto' = the template's default.",
     )
 
+    reasoning_gym: ReasoningGymSpec = Field(
+        default_factory=ReasoningGymSpec,
+        description="Prompts from reasoning-gym's generators instead of files ({name, size, seed}), scored by the "
+        "task's own score_answer (task.reward defaults to reasoning_gym with it); train must then be unset.",
+    )
+
     @property
     def thinking(self) -> bool | None:
         """enable_thinking as the chat template takes it (None: not passed)."""
@@ -237,6 +261,12 @@ class DatasetSpec(SpecModel):
 
     @model_validator(mode="after")
     def _locations(self) -> DatasetSpec:
+        if self.reasoning_gym.name and (self.train or self.validation):
+            raise SpecFieldError(
+                "reasoningGym",
+                "task.dataset.reasoningGym is set together with task.dataset.train/validation: the prompts come from "
+                "one of them; unset the other",
+            )
         if self.validation and not self.train:
             raise SpecFieldError("train", "task.dataset.validation is set but task.dataset.train is not; set both")
         for name in ("train", "validation"):
@@ -259,7 +289,7 @@ class RewardTerm(SpecModel):
     name: str = Field(
         max_length=128,
         description="Entry point name in the group 'rlboost.rewards' (built-ins: math_verify, exact_match, "
-        "regex_match, format, format_reward, math_answer).",
+        "regex_match, format, format_reward, math_answer, reasoning_gym).",
     )
     weight: float = Field(
         1.0, ge=-1000, le=1000, description="Multiplies this reward's value in the sum (negative: a penalty)."
@@ -285,7 +315,8 @@ _REWARD_SCHEMA = {
     "description": "Reward: an entry point name of the group 'rlboost.rewards' (e.g. math_verify), or a weighted "
     "list of them, summed per sample: [{name: math_verify, weight: 1.0}, {name: format, weight: 0.1, params: "
     "{style: boxed}}]. Built-ins: math_verify (HF math-verify), exact_match, regex_match (params.pattern), "
-    "format (params.style), format_reward, math_answer. It runs confined: a separate process with the limits "
+    "format (params.style), format_reward, math_answer, reasoning_gym (reasoning-gym's own score_answer, the default "
+    "with task.dataset.reasoningGym). It runs confined: a separate process with the limits "
     "below, no network, no exec; a call that fails or times out scores 0 and is counted.",
 }
 
@@ -319,9 +350,10 @@ class EnvironmentSpec(SpecModel):
     verifiers: str = Field(
         "",
         max_length=128,
-        pattern=r"^$|^[A-Za-z0-9_.\-]+$",
-        description="A verifiers environment id (its installed module, e.g. 'vf-math-python'); '' = none. Not "
-        "supported yet: a job naming one is refused with the alternative.",
+        pattern=r"^$|^[A-Za-z0-9_.@/+\-]+$",
+        description="A verifiers (0.4) environment id: its taskset's id (an installed package, e.g. 'my-taskset'), "
+        "or '<env id>+<taskset id>'; '' = none. Its tasks are the prompts; `args` merge into its verifiers config "
+        "(e.g. {taskset: {num_tasks: 50}, agent: {harness: {id: null}}}). Checked before the first step.",
     )
     args: Annotated[dict[str, Any], WithJsonSchema(_ENV_ARGS_SCHEMA)] = Field(
         default_factory=dict, description=_ENV_ARGS_SCHEMA["description"]
@@ -360,13 +392,6 @@ class EnvironmentSpec(SpecModel):
     def _one(self) -> EnvironmentSpec:
         if self.name and self.verifiers:
             raise SpecFieldError("verifiers", "task.environment: set either name or verifiers, not both")
-        if self.verifiers:  # refused before anything starts, rather than by every env-runner at its start
-            raise SpecFieldError(
-                "verifiers",
-                f"task.environment.verifiers {self.verifiers!r}: verifiers environments are not supported by this "
-                "rlboost yet (docs/agents.md); wrap the environment as an rlboost.environments entry point and set "
-                "task.environment.name",
-            )
         return self
 
 
@@ -434,6 +459,27 @@ class TaskSpec(SpecModel):
     def episodes(self) -> bool:
         """The job trains on agentic episodes (task.environment is set)."""
         return self.environment.active
+
+    @model_validator(mode="after")
+    def _one_prompt_source(self) -> TaskSpec:
+        if self.environment.verifiers and (self.dataset.train or self.dataset.reasoning_gym.name):
+            raise SpecFieldError(
+                "environment.verifiers",
+                "task.environment.verifiers: a verifiers environment's prompts are its own tasks; unset "
+                "task.dataset.train and task.dataset.reasoningGym (or use task.environment.name)",
+            )
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reasoning_gym_scores(cls, data: Any) -> Any:
+        """reasoning-gym's tasks are scored by their own score_answer unless task.reward says otherwise."""
+        if isinstance(data, dict) and "reward" not in data:
+            dataset = data.get("dataset")
+            rg = (dataset.get("reasoningGym") or dataset.get("reasoning_gym")) if isinstance(dataset, dict) else None
+            if isinstance(rg, dict) and rg.get("name"):
+                return {**data, "reward": "reasoning_gym"}
+        return data
 
     @field_validator("reward")
     @classmethod
@@ -558,7 +604,8 @@ class AlgorithmSpec(SpecModel):
         description="Partial rollout (APRIL / AReaL): a step's rollout ends once promptsPerStep groups are complete; "
         "unfinished responses are neither thrown away nor waited for but continue under the next weight version "
         "(their tokens' versions and behaviour log-probs recorded), counted against maxStaleness by their oldest "
-        "token. Needs maxStaleness >= 1.",
+        "token. With task.environment whole episodes are carried: their env-runners keep driving them and their "
+        "later turns run under the next version. Needs maxStaleness >= 1.",
     )
     partial_rollout_over_provision: float = Field(
         0.25,
@@ -641,9 +688,6 @@ class AlgorithmSpec(SpecModel):
         return self
 
 
-QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$"  # a Kubernetes resource quantity, as requests take it
-
-
 class ResourcesSpec(SpecModel):
     """CPU and memory a pod's container asks the scheduler for (Kubernetes requests; unused locally)."""
 
@@ -651,25 +695,40 @@ class ResourcesSpec(SpecModel):
     memory: str = Field("1Gi", pattern=QUANTITY, description="Memory request, a Kubernetes quantity ('1Gi', '512Mi').")
 
 
+class ServicePodSpec(ResourcesSpec, PodPolicy):
+    """A service pod's requests and its pod policy (ServiceAccount, env, priority class, pod-template overlay)."""
+
+
 class ServicesSpec(SpecModel):
     """Requests of the job's service pods on Kubernetes (the trainer's and workers' are with them)."""
 
-    manager: ResourcesSpec = Field(default_factory=ResourcesSpec, description="The rollout-manager's requests.")
-    weight_server: ResourcesSpec = Field(default_factory=ResourcesSpec, description="The weight-server's requests.")
-    nats: ResourcesSpec = Field(
-        default_factory=lambda: ResourcesSpec(cpu="100m", memory="128Mi"), description="The job's NATS's requests."
+    manager: ServicePodSpec = Field(
+        default_factory=ServicePodSpec, description="The rollout-manager's requests and pod policy."
+    )
+    weight_server: ServicePodSpec = Field(
+        default_factory=ServicePodSpec, description="The weight-server's requests and pod policy."
+    )
+    nats: ServicePodSpec = Field(
+        default_factory=lambda: ServicePodSpec(cpu="100m", memory="128Mi"),
+        description="The job's NATS's requests and pod policy.",
     )
 
 
-class TrainerSpec(SpecModel):
-    """The DeepSpeed trainer."""
+class TrainerSpec(PodPolicy):
+    """The DeepSpeed trainer (its pod policy: rlboost.pod_policy.PodPolicy)."""
 
     ranks: int = Field(1, ge=1, le=4096, description="Data-parallel ranks (a StatefulSet's replicas on Kubernetes).")
     zero_stage: int = Field(1, ge=0, le=3, description="DeepSpeed ZeRO stage.")
     backend: Literal["auto", "gloo", "nccl"] = Field(
         "auto", description="torch.distributed backend; auto = nccl on GPU, gloo on CPU."
     )
-    gpus_per_rank: int = Field(0, ge=0, le=16, description="Accelerators per rank (0 on CPU).")
+    gpus_per_rank: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="Accelerators per rank (0 on CPU, else 1): a rank is one process on one accelerator, so a "
+        "trainer on N GPUs is trainer.ranks N (one pod each); more than 1 is refused.",
+    )
     checkpoint_every: int = Field(
         10,
         ge=1,
@@ -695,12 +754,24 @@ class TrainerSpec(SpecModel):
     )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Each rank's requests (Kubernetes).")
 
+    @model_validator(mode="after")
+    def _one_accelerator_per_rank(self) -> TrainerSpec:
+        # A pod runs one trainer process (its rank is the pod's ordinal): N GPUs per pod would bill N and use one.
+        if self.gpus_per_rank > 1:
+            raise SpecFieldError(
+                "gpusPerRank",
+                f"trainer.gpusPerRank {self.gpus_per_rank}: a rank is one process on one accelerator (a pod runs one "
+                f"rank), so the other {self.gpus_per_rank - 1} would be billed and idle; set gpusPerRank 1 and "
+                f"multiply trainer.ranks by {self.gpus_per_rank} instead",
+            )
+        return self
+
 
 MAX_TENSOR_PARALLEL = 8  # tensorParallel's bound: one node's accelerators
 
 
-class PoolSpec(SpecModel):
-    """One pool of rollout workers."""
+class PoolSpec(PodPolicy):
+    """One pool of rollout workers (its pod policy: rlboost.pod_policy.PodPolicy)."""
 
     replicas: int = Field(
         1, ge=0, le=10000, description="Workers started (for spot: the initial count, bounded by min/max)."
@@ -731,6 +802,7 @@ class PoolSpec(SpecModel):
                 "minReplicas", f"minReplicas ({self.min_replicas}) must be <= maxReplicas ({self.max_replicas})"
             )
         check_tensor_parallel(self.engine, self.tensor_parallel, self.gpus_per_worker)
+        no_account_name(self)
         return self
 
 
@@ -793,6 +865,11 @@ class SpotVariantSpec(SpecModel):
         default_factory=dict,
         description="Added to rollout.spot.nodeSelector for this variant's pods, e.g. "
         "{cloud.google.com/gke-accelerator: nvidia-l4}; give each variant nodes of its own.",
+    )
+    pod_template: PodTemplateOverlay = Field(
+        default_factory=PodTemplateOverlay,
+        description="A pod-template overlay for this variant's pods, merged after rollout.spot.podTemplate (e.g. "
+        "its accelerator's tolerations or a larger /dev/shm).",
     )
 
     def price_per_slot(self) -> float:
@@ -882,6 +959,8 @@ class SpotPoolSpec(PoolSpec):
             tensor_parallel=v.tensor_parallel,
             node_selector={**self.node_selector, **v.node_selector},
             resources=self.resources,
+            **{name: getattr(self, name) for name in PodPolicy.model_fields},  # the pool's (the variant's overlay
+            # goes on after the pool's: rlboost_operator.children.policy)
         )
 
     def per_variant(self, spot_workers: SpotWorkers) -> dict[str, int]:
@@ -891,9 +970,10 @@ class SpotPoolSpec(PoolSpec):
         return {v.name: int(spot_workers.get(v.name, 0)) for v in self.variants}
 
 
-class EnvRunnersSpec(SpecModel):
+class EnvRunnersSpec(PodPolicy):
     """The env-runner pool (agentic episodes): CPU processes that run the environments and drive the episodes; on
-    Kubernetes a Deployment, spot nodes allowed (an env-runner lost restarts its episodes from their tasks)."""
+    Kubernetes a Deployment, spot nodes allowed (an env-runner lost restarts its episodes from their tasks). Its pod
+    policy: rlboost.pod_policy.PodPolicy."""
 
     replicas: int = Field(2, ge=1, le=10000, description="Env-runners (a Deployment's replicas on Kubernetes).")
     capacity: int = Field(
@@ -1117,6 +1197,18 @@ class ExportSpec(SpecModel):
         return self
 
 
+MAX_BUDGET_USD = 1e9  # spec.budget's bound
+_BUDGET_SCHEMA = {
+    "type": "number",
+    "nullable": True,
+    "exclusiveMinimum": 0,
+    "maximum": MAX_BUDGET_USD,
+    "description": "USD this job may spend (status.costSoFar at spec.prices); past it the RLJob gets the condition "
+    "BudgetExceeded and the RLBoostBudgetExceeded alert fires (the job keeps running: suspend it to stop). Unset: "
+    "no budget.",
+}
+
+
 class JobSpec(SpecModel):
     """An RL post-training job: the RLJob custom resource's spec."""
 
@@ -1141,6 +1233,20 @@ class JobSpec(SpecModel):
     )
     evaluation: EvaluationSpec = Field(
         default_factory=EvaluationSpec, description="Validation every K steps: mean reward, pass@1, pass@k."
+    )
+    # --- On a shared cluster (issue 30): pausing the job, and what it may spend -------------------------------
+    suspend: bool = Field(
+        False,
+        description="true: the trainer checkpoints at the end of the step in progress, then every child is scaled "
+        "to zero (status phase Suspended; checkpoints and the weight-server's versions are kept); false again "
+        "resumes from that checkpoint bit-exactly. Kueue's admission suspends and resumes a queued job the same way.",
+    )
+    budget: Annotated[float | None, WithJsonSchema(_BUDGET_SCHEMA)] = Field(
+        None,
+        gt=0,
+        le=MAX_BUDGET_USD,
+        allow_inf_nan=False,
+        description=_BUDGET_SCHEMA["description"],
     )
 
     def spot_accelerators(self, spot_workers: SpotWorkers) -> list[tuple[int, float]]:
@@ -1265,12 +1371,6 @@ class JobSpec(SpecModel):
                 f"({self.rollout.max_prompt_tokens}) + algorithm.maxNewTokens: a late turn's prompt (the episode so "
                 "far) would be refused by the rollout-manager; lower it or raise rollout.maxPromptTokens",
             )
-        if alg.partial_rollout:
-            raise SpecFieldError(
-                "algorithm.partialRollout",
-                "algorithm.partialRollout does not carry episodes across steps yet: turn it off with "
-                "task.environment (each turn is still offloaded and migrated as a request)",
-            )
 
     def max_trained_tokens(self) -> int:
         """The most tokens one sample trains on: maxNewTokens, or an episode's model turns together (the
@@ -1354,6 +1454,11 @@ def load_job_spec(path: str | Path) -> JobSpec:
     return parse_job_spec(data, str(path))
 
 
+# libyaml's emitter where PyYAML has it (the same text, ~15x faster: the operator dumps the job file on every
+# reconcile, and each component's pod policy made it twice as long)
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
 def dump_job_spec(spec: JobSpec) -> str:
     """YAML with camelCase keys, as a user would write it."""
-    return yaml.safe_dump(spec.model_dump(by_alias=True, mode="json"), sort_keys=False)
+    return yaml.dump(spec.model_dump(by_alias=True, mode="json"), Dumper=_DUMPER, sort_keys=False)

@@ -1,6 +1,6 @@
 """The cluster lane: run an RLJob manifest through the operator and real containers, without a cluster.
 
-    python scripts/cluster_e2e.py --rljob examples/rljob.yaml --json build/cluster/summary.json [--chaos]
+    python scripts/cluster_e2e.py --rljob examples/rljob.yaml --json build/cluster/summary.json [--chaos | --platform | --kueue]
 
 What runs (all on this machine, traffic only on loopback and the podman network the lane creates):
 - the images, built by `make images` when one is missing (ghcr.io/rlboost/<service>:<chart appVersion>);
@@ -10,11 +10,18 @@ What runs (all on this machine, traffic only on loopback and the podman network 
 - the podlet (scripts/cluster/podlet.py): the kubelet and workload controllers, running every Pod the
   operator's Deployments and StatefulSets ask for as a podman container; one reserved node and
   --spot-nodes GKE spot nodes (Node objects; all of them this machine);
-- the operator in its own image, as a container on the network, reading a kubeconfig for the API.
-Then it applies the CRDs of deploy/helm/rlboost/crds/ and the manifest unchanged, waits (bounded) for the
+- the operator in its own image as the chart deploys it by default (scripts/cluster/operator_lane.py: the Deployment
+  rendered by real Helm, its 2 replicas electing a leader on a Lease), each replica a container on the network,
+  reading a kubeconfig for the API;
+- with --platform, a platform team's cluster: tainted nodes, a PriorityClass, Secrets (scripts/cluster/platform_lane.py);
+- with --kueue: the operator's Kueue integration on, and Kueue's part played by the lane (scripts/cluster/
+  kueue_standin.py says exactly where that begins), driving scripts/cluster/pause_scenario.py: the job waits for
+  admission, is paused with spec.suspend mid-run and resumed, is preempted by "Kueue" and admitted again.
+Then it applies the chart's CRD (templates/crds.yaml) and the manifest unchanged, waits (bounded) for the
 RLJob's phase to become Succeeded or Failed, printing progress, and writes the summary
 {"phase", "steps", "reward_first", "reward_last", "pods": {name: {"ready", "restarts"}},
- "dashboard_panels_empty", "samples_lost", "final_weights_checksum", ...}. Whatever happens (failure,
+ "dashboard_panels_empty", "samples_lost", "final_weights_checksum", "operator": {"replicas", "leader_first",
+ "leader_last", "killed"}, "platform": {pod: what it got}, "disruption_budgets", ...}. Whatever happens (failure,
 timeout, Ctrl-C), every container, the network and every process it started are removed; on failure the
 tails of the failing pods' logs are printed. `--keep` leaves everything running for a look.
 """
@@ -44,7 +51,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "scripts" / "cluster"
 sys.path.insert(0, str(CLUSTER))
-from prometheus_lane import SCRAPE_INTERVAL_S, Prometheus, targets_from_pods  # noqa: E402
+import platform_lane  # noqa: E402
+from kueue_standin import FLAVOR_LABEL, KueueStandIn  # noqa: E402
+from operator_lane import LANE_VALUES, RELEASE_NAMESPACE, OperatorReplicas, of_kind, render_chart  # noqa: E402
+from pause_scenario import PauseScenario  # noqa: E402
+from prometheus_lane import AGENTIC_ROW, SCRAPE_INTERVAL_S, Prometheus, targets_from_pods, without_row  # noqa: E402
 
 REGISTRY = "ghcr.io/rlboost"
 IMAGES = ("operator", "rollout-manager", "weight-server", "trainer", "rollout-worker")
@@ -92,7 +103,19 @@ class Lane:
         self.restarts_seen: dict[str, int] = {}  # every pod of the run: the most restarts seen
         self.dashboard_check: dict[str, Any] = {}  # when and how the dashboard was judged (for the summary)
         self.halfway_all_ready = False  # a poll saw the RLJob's status half-way with every pod Ready (diagnostic)
-        self.nodes = ["lane-reserved-0", *(f"lane-spot-{i}={SPOT_LABEL}" for i in range(args.spot_nodes))]
+        reserved = "lane-reserved-0" + ("={}={}".format(*FLAVOR_LABEL) if args.kueue else "")  # the flavor's node
+        self.nodes = [reserved, *(f"lane-spot-{i}={SPOT_LABEL}" for i in range(args.spot_nodes))]
+        self.chart = render_chart(LANE_VALUES)  # what `helm install` makes: the CRD, the operator Deployment
+        self.operators: OperatorReplicas | None = None
+        self.first_leader: Any = None
+        self.platform_seen: dict[str, Any] = {}  # --platform: what each pod got (platform_lane.observe)
+        self.scenario: PauseScenario | None = None  # --kueue
+
+    error = LaneError  # what the lane's helpers (operator_lane) raise
+
+    @staticmethod
+    def run_cmd(*argv: str) -> str:
+        return run(*argv, check=False).stdout
 
     # --- set-up
 
@@ -178,6 +201,14 @@ class Lane:
         argv = ["--network", self.network, "--entrypoint", "sleep", self.image("rollout-manager"), "infinity"]
         self.container("network-holder", argv)
 
+    def job_nats_url(self, job: str) -> str | None:
+        """Where the job's own NATS pod listens (the podlet's endpoints file: no API call), or None."""
+        endpoints = self.state / "podlet" / "endpoints.json"
+        with contextlib.suppress(OSError, ValueError):
+            pods = (json.loads(endpoints.read_text()).get(f"{job}-nats") or {}).get("pods")
+            return f"nats://{pods[0]['ip']}:4222" if pods else None
+        return None
+
     def job_nats(self, job: str) -> tuple[str, dict[str, Any]] | None:
         """(URL, nats.connect options as user observer) of the job's own NATS, once its pod runs; else None."""
         from rlboost.auth.nats import client_options
@@ -212,19 +243,20 @@ class Lane:
         self.wait(lambda: ready.exists() and ready.read_text(), 30, "the kmock API server", proc="kube-api")
         self.api_url = ready.read_text().strip()
         say(f"Kubernetes API (kmock) at {self.api_url}")
-        self.http = httpx.Client(base_url=self.api_url, timeout=10)
-        self.http.post(
-            "/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}
-        )
+        # 30 s: on a loaded machine (another lane beside this one, load 20+) kmock took over 10 s to answer a list
+        self.http = httpx.Client(base_url=self.api_url, timeout=30)
+        for namespace in dict.fromkeys((self.namespace, RELEASE_NAMESPACE)):  # the job's, the release's (its Lease)
+            body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+            self.http.post("/api/v1/namespaces", json=body)
 
     def apply_crds(self) -> None:
-        for path in sorted((ROOT / "deploy/helm/rlboost/crds").glob("*.yaml")):
-            for doc in yaml.safe_load_all(path.read_text()):
-                if doc:
-                    self.http.post(
-                        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=doc
-                    ).raise_for_status()
-                    say(f"applied CRD {doc['metadata']['name']}")
+        """The chart's CRDs (templates/crds.yaml), as `helm install` applies them."""
+        for doc in of_kind(self.chart, "CustomResourceDefinition"):
+            self.http.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=doc).raise_for_status()
+            say(f"applied CRD {doc['metadata']['name']} (from the chart)")
+        if self.args.kueue:  # before the operator starts: it watches Workloads from its start
+            KueueStandIn(self.http, self.namespace).install()
+            say("Kueue's part played by the lane (scripts/cluster/kueue_standin.py): its CRDs and a ResourceFlavor")
 
     def start_podlet(self) -> None:
         argv = [sys.executable, str(CLUSTER / "podlet.py"), "--api", self.api_url, "--namespace", self.namespace]
@@ -233,6 +265,8 @@ class Lane:
         argv += ["--signing-key", str(self.signing_key)]  # the API's: pods' service-account tokens
         for node in self.nodes:
             argv += ["--node", node]
+        if self.args.platform:
+            argv += ["--node-taint", platform_lane.TAINT]
         self.spawn("podlet", argv)
         self.wait(
             lambda: len(self.http.get("/api/v1/nodes").json()["items"]) == len(self.nodes),
@@ -243,6 +277,7 @@ class Lane:
         say(f"podlet running; nodes {[n.split('=')[0] for n in self.nodes]}")
 
     def start_operator(self) -> None:
+        """The chart's operator Deployment (2 replicas, leader election), each replica a container (operator_lane)."""
         kubeconfig = self.state / "kubeconfig"
         kubeconfig.write_text(
             "apiVersion: v1\nkind: Config\ncurrent-context: lane\n"
@@ -251,30 +286,20 @@ class Lane:
             f"contexts: [{{name: lane, context: {{cluster: lane, user: lane, namespace: {self.namespace}}}}}]\n"
         )
         kubeconfig.chmod(0o644)
-        env = {
-            "KUBECONFIG": "/etc/lane/kubeconfig",
+        overrides = {
             "RLBOOST_OPERATOR_IMAGE_REGISTRY": REGISTRY,
             "RLBOOST_OPERATOR_IMAGE_TAG": self.tag,
             "RLBOOST_OPERATOR_IMAGE_PULL_POLICY": "Never",
             "RLBOOST_OPERATOR_NATS_IMAGE": self.image(NATS_IMAGE),  # each job's own NATS, at its Service
             "RLBOOST_OPERATOR_RESCALE_INTERVAL_S": "10",
+            "RLBOOST_OPERATOR_KUEUE": "true" if self.args.kueue else "false",
         }
-        argv = ["--network", f"{self.network}:alias=rlboost-operator", "-v", f"{kubeconfig}:/etc/lane/kubeconfig:ro"]
-        for k, v in env.items():
-            argv += ["--env", f"{k}={v}"]
-        argv += ["--entrypoint", json.dumps(["python", "-m", "rlboost_operator"]), self.image("operator")]
-        argv += ["--metrics-port", "9090", "--liveness-port", "8080", "--standalone"]
-        self.operator_ip = self.container("operator", argv)
-        self.wait(self.operator_live, 120, "the operator's /healthz")
-        say(f"operator running in its image at {self.operator_ip}")
-
-    def operator_live(self) -> bool:
-        with contextlib.suppress(httpx.HTTPError):
-            return httpx.get(f"http://{self.operator_ip}:8080/healthz", timeout=2).status_code == 200
-        state = run("podman", "inspect", "--format", "{{.State.Running}}", f"{self.run_id}-operator", check=False)
-        if state.stdout.strip() != "true":
-            raise LaneError("the operator container exited:\n" + self.logs_tail(f"{self.run_id}-operator", 40))
-        return False
+        deployment = next(d for d in of_kind(self.chart, "Deployment") if d["metadata"]["name"].endswith("-operator"))
+        self.operators = OperatorReplicas(self, deployment, overrides, kubeconfig)
+        self.operators.start(self.image("operator"))
+        self.wait(lambda: self.operators.leader() is not None, 60, "a leader among the operator replicas")
+        self.first_leader = self.operators.leader()
+        say(f"operator: {len(self.operators.replicas)} replicas (the chart's), leader {self.first_leader.pod_name}")
 
     def wait(self, cond: Any, timeout: float, what: str, proc: str | None = None) -> None:
         deadline = time.monotonic() + timeout
@@ -292,9 +317,35 @@ class Lane:
         job = yaml.safe_load(Path(self.args.rljob).read_text())
         job.setdefault("metadata", {}).setdefault("namespace", self.namespace)
         self.job = job["metadata"]["name"]
+        if self.args.kueue:
+            standin = KueueStandIn(self.http, self.namespace)
+            self.scenario = PauseScenario(self.http, standin, self.namespace, self.job, self.freeze, self.asking)
         self.http.post(f"/apis/rlboost.io/v1alpha1/namespaces/{self.namespace}/rljobs", json=job).raise_for_status()
         say(f"applied RLJob {self.job} from {self.args.rljob}")
         return job
+
+    def freeze(self, pod: str, frozen: bool) -> None:
+        """Pause (or unpause) a pod's container: its processes take no step meanwhile (the cgroup freezer)."""
+        done = run("podman", "pause" if frozen else "unpause", f"{self.run_id}-{pod}", check=False)
+        if done.returncode:
+            say(f"podman {'pause' if frozen else 'unpause'} {pod} failed: {done.stderr.strip()[-300:]}")
+
+    def asking(self) -> bool:
+        """Whether the leading operator replica asks the job's trainer to checkpoint now (its /metrics)."""
+        leader = self.operators.leader() if self.operators is not None else None
+        if leader is None:
+            return False
+        samples = scrape(f"http://{leader.ip}:9090/metrics")
+        labels = (f'rljob="{self.job}"', f'rljob_namespace="{self.namespace}"')
+        return any(
+            key.startswith("rlboost_operator_job_suspending{") and all(x in key for x in labels) and value == 1.0
+            for key, value in samples.items()
+        )
+
+    def kueue_tick(self, step: int, status: dict[str, Any], pods: dict[str, dict[str, Any]]) -> None:
+        """--kueue: the next step of the pause scenario, once its condition holds."""
+        if self.scenario is not None and (done := self.scenario.tick(step, status, pods)):
+            say("kueue: " + done)
 
     def job_status(self) -> dict[str, Any]:
         resp = self.http.get(f"/apis/rlboost.io/v1alpha1/namespaces/{self.namespace}/rljobs/{self.job}")
@@ -311,7 +362,7 @@ class Lane:
             self.notes.append("prometheus is not installed (scripts/cluster/setup.sh): dashboard not checked")
             return
         operator = {
-            "targets": [f"{self.operator_ip}:9090"],
+            "targets": self.operators.targets() if self.operators else [],
             "labels": {"job": "rlboost", "namespace": self.namespace, "service": "rlboost", "endpoint": "metrics"},
         }
         self.prometheus = Prometheus(self.state, [operator])
@@ -336,17 +387,19 @@ class Lane:
             return None
         if progress.first_step_at is None or progress.last_step_at is None:
             self.notes.append("no step was reported: the dashboard is judged as of now")
-            return self.prometheus.panels_without_data(self.dashboard())
+            return self.prometheus.panels_without_data(self.dashboard(), variables=self.variables())
         start, end = progress.first_step_at, progress.last_step_at + 2 * SCRAPE_INTERVAL_S
         mid = (start + end) / 2
         self.dashboard_check = {
             "from": time.strftime("%H:%M:%S", time.localtime(start)),
             "seconds": round(end - start, 1),
-            "empty_at_mid_run": self.prometheus.panels_without_data(self.dashboard(), at=mid),
+            "empty_at_mid_run": self.prometheus.panels_without_data(
+                self.dashboard(), at=mid, variables=self.variables()
+            ),
             "failed_scrapes": self.prometheus.failed_scrapes(start, end),
             "a_poll_saw_half_way_all_ready": self.halfway_all_ready,
         }
-        return self.prometheus.panels_without_data(self.dashboard(), between=(start, end))
+        return self.prometheus.panels_without_data(self.dashboard(), between=(start, end), variables=self.variables())
 
     def counter_over_run(self, name: str) -> float | None:
         """A manager counter's highest value over the run, from Prometheus: at the end the manager is scaled to
@@ -356,17 +409,27 @@ class Lane:
         result = self.prometheus.query(f"max(max_over_time({name}[1h]))")
         return float(result[0]["value"][1]) if result else None
 
-    @staticmethod
-    def dashboard() -> dict[str, Any]:
-        return json.loads((ROOT / "deploy/helm/rlboost/dashboards/rlboost.json").read_text())
+    def variables(self) -> dict[str, str]:
+        """The dashboard's $namespace and $rljob as on-call would pick them: this job."""
+        return {"namespace": self.namespace, "rljob": self.job}
+
+    def dashboard(self) -> dict[str, Any]:
+        """The chart's dashboard, less the agentic row when the job has no task.environment (no env-runner, no
+        episode: those panels rightly draw nothing)."""
+        dashboard = json.loads((ROOT / "deploy/helm/rlboost/dashboards/rlboost.json").read_text())
+        job = yaml.safe_load(Path(self.args.rljob).read_text())
+        if ((job.get("spec") or {}).get("task") or {}).get("environment"):
+            return dashboard
+        return without_row(dashboard, AGENTIC_ROW)
 
     # --- chaos (--chaos)
 
     def chaos_tick(self, step: int, pods: dict[str, dict[str, Any]]) -> None:
-        """--chaos, one fault per finished step from step 1: delete a Ready spot pod (kubectl delete pod), SIGKILL
-        the trainer's container, taint a spot node with GKE's preemption taint and delete the Node 30 s later.
-        `step`: the last step the trainer reported over NATS (the RLJob's status.step can lag far behind it: in two
-        lane runs it stayed at 3 while the trainer finished, and the job ended before the taint)."""
+        """--chaos, one fault per finished step from step 1: delete a Ready spot pod (kubectl delete pod), SIGKILL the
+        leader operator replica (restarted: it stands by), SIGKILL the trainer's container, taint a spot node with
+        GKE's preemption taint and delete the Node 30 s later. `step`: the last step the trainer reported over NATS
+        (the RLJob's status.step can lag far behind it: in two lane runs it stayed at 3 while the trainer finished,
+        and the job ended before the taint)."""
         if not self.args.chaos:
             return
         stage = len(self.chaos_log)
@@ -374,22 +437,36 @@ class Lane:
         if stage == 0 and step >= 1 and spot:
             self.http.delete(f"/api/v1/namespaces/{self.namespace}/pods/{spot[0]}")
             self.chaos_event(f"step {step}: deleted spot pod {spot[0]} (kubectl delete pod)")
-        elif stage == 1 and step >= 2:
+        elif stage == 1 and step >= 2 and self.operators is not None:
+            self.chaos_event(f"step {step}: {self.operators.kill_leader()}")
+        elif stage == 2 and step >= 3:
             trainer = f"{self.run_id}-{self.job}-trainer-0"
             run("podman", "kill", "--signal", "KILL", trainer, check=False)
             self.chaos_event(f"step {step}: SIGKILL to the trainer's container {trainer}")
-        elif stage == 2 and step >= 3 and self.args.spot_nodes:
+        elif stage == 3 and step >= 4 and self.args.spot_nodes:
             node = "lane-spot-0"
             taint = {"key": PREEMPTION_TAINT, "value": "true", "effect": "NoSchedule"}
             self.http.patch(f"/api/v1/nodes/{node}", json={"spec": {"taints": [taint]}}, headers=MERGE)
             self.chaos_event(f"step {step}: tainted {node} with {PREEMPTION_TAINT} (GKE: 30 s to shutdown)")
             self.node_deadline = time.monotonic() + 30
-        elif stage == 3 and time.monotonic() >= self.node_deadline:
+        elif stage == 4 and time.monotonic() >= self.node_deadline:
             notices = counter(manager_metrics(self), "rlboost_manager_preemption_notices_total")
             self.http.delete("/api/v1/nodes/lane-spot-0")
             self.chaos_event(
                 f"step {step}: deleted Node lane-spot-0 (the VM went away); manager notices so far {notices}"
             )
+
+    def platform_tick(self, pods: list[dict[str, Any]]) -> None:
+        """--platform: what each pod got (platform_lane.observe), read as soon as its container runs; a pod that
+        could not be read (its container restarting) is read again at the next poll."""
+        done = {n for n, p in self.platform_seen.items() if "error" not in p}
+        running = lambda pod: ((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("started")  # noqa: E731
+        todo = [p for p in pods if p["metadata"]["name"] not in done and running(p)]
+        if not self.args.platform or not todo:
+            return
+        exec_in = lambda pod, argv: run("podman", "exec", f"{self.run_id}-{pod}", *argv, check=False).stdout  # noqa: E731
+        self.platform_seen.update(platform_lane.observe(self.http, self.namespace, todo, exec_in))
+        say(f"platform: observed {', '.join(p['metadata']['name'] for p in todo)}")
 
     def chaos_event(self, text: str) -> None:
         say("chaos: " + text)
@@ -419,7 +496,8 @@ class Lane:
                 if "no such container" not in current:  # between restarts there is none
                     print("--- current container (tail):\n" + current)
         self.print_ended_pod_logs(lines // 2)
-        print(f"\n===== operator (warnings and errors, tail):\n{self.operator_problems(lines)}")
+        if self.operators is not None:
+            print(f"\n===== operator (warnings and errors, tail):\n{self.operators.problems(self.logs_tail, lines)}")
         for name in self.procs:
             log = self.state / f"{name}.log"
             if log.exists():
@@ -434,12 +512,6 @@ class Lane:
                 if log.stem not in live:
                     print(f"\n===== pod {log.stem} (gone; its last container run, tail):")
                     print("\n".join(line[:600] for line in log.read_text().splitlines()[-lines:]))
-
-    def operator_problems(self, lines: int) -> str:
-        """The operator's log lines above INFO (its INFO lines are one per handled event)."""
-        text = self.logs_tail(f"{self.run_id}-operator", 2000)
-        keep = [line for line in text.splitlines() if not line.startswith("{") or '"level": "info"' not in line]
-        return "\n".join(line[:600] for line in keep[-lines:]) or "(none)"
 
     def cleanup(self) -> None:
         """Stop the podlet first (it SIGTERMs its pods), then everything else; remove what carries our label."""
@@ -486,20 +558,25 @@ class Progress:
         asyncio.run(self._follow(lane, namespace, job, stop))
 
     async def _follow(self, lane: Lane, namespace: str, job: str, stop: Any) -> None:
+        """Follow the job's NATS; when its pod is replaced (a suspended job's NATS comes back at another address),
+        follow the new one."""
+        while not stop.is_set():
+            found = lane.job_nats(job) if lane.job_nats_url(job) else None
+            if found is None:  # the job's NATS comes with the job (and back with a resumed one)
+                await asyncio.sleep(1.0)
+                continue
+            await self._follow_one(lane, namespace, job, found, stop)
+
+    async def _follow_one(self, lane: Lane, namespace: str, job: str, found: tuple[str, Any], stop: Any) -> None:
         import nats
 
-        found = None
-        while found is None and not stop.is_set():  # the job's NATS comes with the job
-            found = lane.job_nats(job)
-            if found is None:
-                await asyncio.sleep(1.0)
-        if found is None:
-            return
         try:
             nc = await nats.connect(found[0], connect_timeout=5, max_reconnect_attempts=-1, **found[1])
         except Exception as err:  # the summary says what is missing instead of failing the run
             self.error = f"cannot follow NATS: {err}"
+            await asyncio.sleep(1.0)
             return
+        self.error = ""
 
         async def on_step(msg: Any) -> None:
             data = json.loads(msg.data)
@@ -512,8 +589,8 @@ class Progress:
 
         await nc.subscribe(f"rlboost.{namespace}.{job}.steps", cb=on_step)
         await nc.subscribe(f"rlboost.{namespace}.{job}.done", cb=on_done)
-        while not stop.is_set():
-            await asyncio.sleep(0.5)
+        while not stop.is_set() and lane.job_nats_url(job) in (None, found[0]):  # its pod replaced: follow the new
+            await asyncio.sleep(1.0)
         await nc.close()
 
 
@@ -546,6 +623,9 @@ def pod_table(pods: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "ready": bool(cs.get("ready")),
             "restarts": max(0, count - 1) if clean else count,
             "restart_count": count,
+            # its last run ended cleanly (a trainer that finished, started again by its StatefulSet until the
+            # operator scales it to zero: not Ready while its startup probe waits for it)
+            "finished": clean,
             "phase": pod.get("status", {}).get("phase"),
             "node": pod.get("spec", {}).get("nodeName"),
         }
@@ -563,10 +643,25 @@ def manager_metrics(lane: Lane) -> dict[str, float]:
 
 
 def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: float) -> dict[str, Any]:
-    total = int(((job.get("spec") or {}).get("algorithm") or {}).get("steps", 0))
-    last_line, status, started = "", {}, time.monotonic()
+    """Poll the job until it ends (or the deadline); an API call that times out (kmock on a loaded machine) is
+    tried again at the next poll."""
+    last: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        status = lane.job_status()
+        try:
+            return _wait_for_job(lane, progress, job, deadline, last)
+        except httpx.TransportError as err:  # a slow answer of a loaded kmock: poll again (the deadline bounds it)
+            say(f"polling the API failed ({err!r}); trying again")
+            time.sleep(3)
+    return {**last.get("status", {}), "timedOut": True}
+
+
+def _wait_for_job(
+    lane: Lane, progress: Progress, job: dict[str, Any], deadline: float, last: dict[str, Any]
+) -> dict[str, Any]:
+    total = int(((job.get("spec") or {}).get("algorithm") or {}).get("steps", 0))
+    last_line, status, started = "", {}, last.setdefault("started", time.monotonic())
+    while time.monotonic() < deadline:
+        status = last["status"] = lane.job_status()
         pods = pod_table(lane.pods())
         for name, pod in pods.items():  # a pod scaled away at the end still counts its restarts
             lane.restarts_seen[name] = max(lane.restarts_seen.get(name, 0), pod["restarts"])
@@ -587,7 +682,7 @@ def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: 
             return status
         halfway = int(status.get("step") or 0) >= max(1, total // 2) and status.get("phase") == "Running"
         lane.halfway_all_ready = lane.halfway_all_ready or (halfway and ready == len(pods))
-        if not pods and time.monotonic() - started > lane.args.no_pods_after:
+        if not pods and time.monotonic() - started > lane.args.no_pods_after and not lane.args.kueue:
             say(
                 f"stopping: no pod {lane.args.no_pods_after:.0f}s after the RLJob was applied (the operator's log says why)"
             )
@@ -598,6 +693,10 @@ def wait_for_job(lane: Lane, progress: Progress, job: dict[str, Any], deadline: 
             return {**status, "stoppedBecause": f"pods restarting in a loop: {crashing}"}
         lane.refresh_targets()
         lane.chaos_tick(max(progress.steps, default=-1), pods)
+        if lane.operators is not None:
+            lane.operators.note_successor()
+        lane.platform_tick(lane.pods())
+        lane.kueue_tick(max(progress.steps, default=-1), status, pods)
         time.sleep(3)
     return {**status, "timedOut": True}
 
@@ -627,6 +726,13 @@ def summary(lane: Lane, progress: Progress, job: dict[str, Any], status: dict[st
         "final_weights_checksum": (progress.done or {}).get("final_weights_checksum"),
         "conditions": status.get("conditions"),
         "chaos": lane.chaos_log,
+        "operator": lane.operators.summary(lane.first_leader) if lane.operators else None,
+        "platform": lane.platform_seen,
+        "disruption_budgets": sorted(
+            b["metadata"]["name"]
+            for b in lane.http.get(f"/apis/policy/v1/namespaces/{lane.namespace}/poddisruptionbudgets").json()["items"]
+        ),
+        "kueue": lane.scenario.summary() if lane.scenario is not None else None,
         "notes": [n for n in (progress.error, *lane.notes) if n],
     }
 
@@ -635,7 +741,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Run an RLJob through the operator and real containers (the cluster lane).")
     p.add_argument("--rljob", required=True, help="the RLJob manifest (applied unchanged)")
     p.add_argument("--json", required=True, help="where to write the summary")
-    p.add_argument("--chaos", action="store_true", help="delete a spot pod, kill the trainer, taint a spot node")
+    p.add_argument(
+        "--chaos",
+        action="store_true",
+        help="delete a spot pod, kill the leader operator and the trainer, taint a spot node",
+    )
+    p.add_argument(
+        "--platform",
+        action="store_true",
+        help="a platform team's cluster: nodes tainted team=ml:NoSchedule, a PriorityClass, the Secrets "
+        "examples/rljob-platform.yaml names (scripts/cluster/platform_lane.py)",
+    )
+    p.add_argument(
+        "--kueue",
+        action="store_true",
+        help="Kueue on (its part played by the lane): wait for admission, pause mid-run, preempt, resume",
+    )
     p.add_argument("--namespace", default="default", help="namespace of the job")
     p.add_argument("--spot-nodes", type=int, default=1, help="GKE spot nodes the podlet registers")
     p.add_argument("--timeout", type=float, default=1500, help="seconds for the job to finish")
@@ -666,6 +787,8 @@ def main(argv: list[str] | None = None) -> int:
         lane.start_podlet()
         lane.start_operator()
         lane.start_prometheus()
+        if args.platform:
+            platform_lane.prepare(lane.http, args.namespace)
         job = yaml.safe_load(Path(args.rljob).read_text())
         job_name = job["metadata"]["name"]
         threading.Thread(target=progress.follow, args=(lane, args.namespace, job_name, stop), daemon=True).start()

@@ -196,6 +196,9 @@ def main(argv: list[str] | None = None) -> None:
     serve_http(args.metrics_port)  # /metrics and a trivial /healthz; kopf's probe is on --liveness-port
 
     if not args.leader_elect:
+        from rlboost_operator.metrics import LEADER
+
+        LEADER.set(1)  # the only replica acts: no RLBoostOperatorNoLeader
         asyncio.run(run_kopf(args))
         return
     raise SystemExit(asyncio.run(run_elected(args)))

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from rlboost import pod_policy
 from rlboost.spec import JobSpec
 
 # What a running job's checkpoints depend on: the trainer refuses to resume when one changed.
@@ -177,6 +178,8 @@ def cross_field_rules() -> list[Rule]:
             "algorithm.partialRollout",
         ),
         *_episode_rules(v),
+        *_pool_account_rules(),
+        _trainer_gpu_rule(),
         Rule(
             f'{v("trainer.backend")} != "nccl" || {v("trainer.gpusPerRank")} >= 1',
             "spec.trainer.backend 'nccl' needs GPUs: set spec.trainer.gpusPerRank >= 1 or use 'gloo'/'auto'",
@@ -209,10 +212,17 @@ def _episode_rules(v) -> list[Rule]:
             "algorithm.maxEpisodeTokens",
         ),
         Rule(
-            f"!{episodes} || !{v('algorithm.partialRollout')}",
-            "spec.algorithm.partialRollout does not carry episodes across steps yet: turn it off with "
-            "spec.task.environment",
-            "algorithm.partialRollout",
+            f'{verifiers} == "" || ({v("task.dataset.train")} == "" && {v("task.dataset.reasoningGym.name")} == "")',
+            "spec.task.environment.verifiers names an environment whose prompts are its own tasks; unset "
+            "spec.task.dataset.train and spec.task.dataset.reasoningGym",
+            "task.environment.verifiers",
+        ),
+        Rule(
+            f'{v("task.dataset.reasoningGym.name")} == "" || '
+            f'({v("task.dataset.train")} == "" && {v("task.dataset.validation")} == "")',
+            "spec.task.dataset.reasoningGym is set together with spec.task.dataset.train/validation: the prompts come "
+            "from one of them; unset the other",
+            "task.dataset.reasoningGym",
         ),
     ]
 
@@ -233,6 +243,177 @@ def _algorithm_variant_rules() -> list[Rule]:
             "algorithm.klInReward",
         ),
     ]
+
+
+def _pool_account_rules() -> list[Rule]:
+    """A worker pool runs as the operator's account of its pool (rlboost.pod_policy.no_account_name)."""
+    return [
+        Rule(
+            f'{value("self", f"rollout.{pool}.serviceAccount.name")} == ""',
+            f"spec.rollout.{pool}.serviceAccount.name must be empty: a worker pool runs as the operator's "
+            f"<job>-{pool}-worker account (the manager checks its token to know the pool); set "
+            "serviceAccount.annotations instead",
+            f"rollout.{pool}.serviceAccount.name",
+        )
+        for pool in ("reserved", "spot")
+    ]
+
+
+def _trainer_gpu_rule() -> Rule:
+    """trainer.gpusPerRank at most 1 (rlboost.spec.TrainerSpec: a pod runs one rank, one process)."""
+    return Rule(
+        f"{value('self', 'trainer.gpusPerRank')} <= 1",
+        "spec.trainer.gpusPerRank must be 0 or 1: a rank is one process on one accelerator (a pod runs one rank); "
+        "for N GPUs per node set gpusPerRank 1 and multiply spec.trainer.ranks by N",
+        "trainer.gpusPerRank",
+    )
+
+
+def _none_of(names: list[str] | tuple[str, ...], expr: str) -> str:
+    return f"!({expr} in {json.dumps(sorted(names))})"
+
+
+def _no_prefix(prefixes: tuple[str, ...], expr: str) -> str:
+    return " && ".join(f"!{expr}.startsWith({json.dumps(p)})" for p in prefixes)
+
+
+def _keys_without(field: str, prefixes: tuple[str, ...]) -> str:
+    return f"!has(self.{field}) || self.{field}.all(k, {_no_prefix(prefixes, 'k')})"
+
+
+def node_rules() -> dict[str, list[Rule]]:
+    """Rules on the models of rlboost.pod_policy, by model name, wherever the spec uses them (each component's
+    pod policy): what the operator owns in a pod, refused at apply with the field named (its path is the node's,
+    which the API server puts before the message). The same checks as the models' validators."""
+    owned_env = f"{_none_of(pod_policy.OWNED_ENV, 'self.name')} && !self.name.startsWith({json.dumps(pod_policy.OWNED_ENV_PREFIX)})"
+    refused = {"serviceAccountName": "serviceAccount", "serviceAccount": "serviceAccount",
+               "automountServiceAccountToken": "serviceAccount", "priorityClassName": "priorityClassName",
+               "imagePullSecrets": "imagePullSecrets"}  # fmt: skip
+    return {
+        "OverlayContainer": [
+            Rule(
+                f"!has(self.{key})",
+                f"the operator owns each container's {key} (rendered from the spec); remove it from podTemplate",
+                key,
+                "FieldValueForbidden",
+            )  # fmt: skip
+            for key in ("command", "args")
+        ]
+        + [
+            Rule(
+                f"!has(self.{key})",
+                f"set {key} on the component (every container gets it), not in podTemplate",
+                key,
+                "FieldValueForbidden",
+            )  # fmt: skip
+            for key in ("env", "envFrom")
+        ],
+        "OverlayVolume": [
+            Rule(
+                _none_of(pod_policy.OWNED_VOLUMES, "self.name"),
+                "this volume is the operator's (the job file, credentials or identity token): use another name",
+                "name",
+                "FieldValueForbidden",
+            )  # fmt: skip
+        ],
+        "OverlayMount": [
+            Rule(
+                _none_of(pod_policy.OWNED_VOLUMES, "self.name"),
+                "this volume is the operator's (the job file, credentials or identity token)",
+                "name",
+                "FieldValueForbidden",
+            ),  # fmt: skip
+            Rule(
+                _no_prefix(pod_policy.OWNED_PATH_PREFIXES, "self.mountPath"),
+                f"mountPath is under the operator's {', '.join(pod_policy.OWNED_PATH_PREFIXES)}",
+                "mountPath",
+                "FieldValueForbidden",
+            ),  # fmt: skip
+        ],
+        "OverlayPodSpec": [
+            Rule(
+                f"!has(self.{key})",
+                f"podTemplate.spec.{key} is the operator's; set the component's {fix}",
+                key,
+                "FieldValueForbidden",
+            )  # fmt: skip
+            for key, fix in refused.items()
+        ],
+        "OverlayMetadata": [
+            Rule(
+                _keys_without(kind, pod_policy.OWNED_KEY_PREFIXES),
+                f"{kind}: rlboost.io/ and app.kubernetes.io/ keys are the operator's",
+                kind,
+                "FieldValueForbidden",
+            )  # fmt: skip
+            for kind in ("labels", "annotations")
+        ]
+        + [
+            Rule(
+                f"!has(self.{kind}) || self.{kind}.all(k, k.matches({json.dumps(pod_policy.QUALIFIED_KEY)}))",
+                f"{kind}: a key is an optional DNS-subdomain prefix and '/', then a name (e.g. team/cost)",
+                kind,
+            )  # fmt: skip
+            for kind in ("labels", "annotations")
+        ]
+        + [
+            Rule(
+                f"!has(self.labels) || self.labels.all(k, self.labels[k].matches({json.dumps(pod_policy.LABEL_VALUE)}))",
+                "labels: a value is at most 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric",
+                "labels",
+            ),  # fmt: skip
+        ],
+        "OverlayResources": [
+            Rule(
+                f'!has(self.limits) || !("{pod_policy.GPU_RESOURCE}" in self.limits)',
+                "set accelerators with gpusPerRank / gpusPerWorker, not podTemplate",
+                "limits",
+                "FieldValueForbidden",
+            ),  # fmt: skip
+            Rule(
+                f'!has(self.requests) || (!("{pod_policy.GPU_RESOURCE}" in self.requests) && !("cpu" in '
+                'self.requests) && !("memory" in self.requests))',
+                "CPU and memory requests come from the "
+                "component's resources field, accelerators from gpusPerRank / gpusPerWorker",
+                "requests",
+                "FieldValueForbidden",
+            ),  # fmt: skip
+        ],
+        "EnvVar": [
+            Rule(
+                owned_env, "this env variable is set by the operator; use another name", "name", "FieldValueForbidden"
+            ),
+            Rule("!(has(self.value) && has(self.valueFrom))", "set value or valueFrom, not both", "valueFrom"),
+        ],
+        "EnvVarSource": [
+            Rule(
+                "[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef)].filter(x, x).size() == 1",
+                "valueFrom needs exactly one of secretKeyRef, configMapKeyRef or fieldRef",
+                "",
+            )  # fmt: skip
+        ],
+        "EnvFromSource": [
+            Rule(
+                "has(self.secretRef) != has(self.configMapRef)",
+                "envFrom needs exactly one of secretRef or configMapRef",
+                "",
+            ),  # fmt: skip
+            Rule(
+                f"!has(self.prefix) || {_no_prefix((pod_policy.OWNED_ENV_PREFIX,), 'self.prefix')}",
+                f"{pod_policy.OWNED_ENV_PREFIX}* variables are the operator's",
+                "prefix",
+                "FieldValueForbidden",
+            ),  # fmt: skip
+        ],
+        "ServiceAccountSpec": [
+            Rule(
+                '!has(self.name) || self.name == "" || !has(self.annotations) || size(self.annotations) == 0',
+                "serviceAccount.name is an existing account (annotate it yourself); annotations are for the "
+                "operator-made one",
+                "annotations",
+            ),  # fmt: skip
+        ],
+    }
 
 
 def spec_rules() -> list[Rule]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 import importlib.machinery
 import importlib.util
+import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from rlboost.reward_registry import RewardNameError, check_reward_name, reward_terms
@@ -22,6 +24,11 @@ class SpecProblemError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+    @property
+    def path(self) -> str:
+        """Where in the RLJob: `spec.<field>`, or the field itself when it is outside the spec (a label)."""
+        return self.field if self.field.startswith("metadata.") else f"spec.{self.field}"
 
 
 def _module_origin(module: str) -> str | None:
@@ -99,7 +106,19 @@ def check_job(data: object, settings: OperatorSettings) -> JobSpec:
     for name, _, _ in reward_terms(spec.task.reward):  # a name, or each of a weighted list
         check_reward(name)
     check_dataset_locations(spec)
+    check_overlays(spec, settings)
     return spec
+
+
+def check_overlays(spec: JobSpec, settings: OperatorSettings) -> None:
+    """Each component's podTemplate fits the pod the operator builds (a container it names exists, a volume it
+    mounts is there): the children are built once, as they would be, and an overlay that does not fit is named."""
+    from rlboost_operator.children import OverlayError, build_children
+
+    try:
+        build_children("job", "namespace", spec, settings, spec.rollout.spot.replicas)
+    except OverlayError as err:
+        raise SpecProblemError(err.field, str(err)) from None
 
 
 def check_dataset_locations(spec: JobSpec) -> None:
@@ -113,4 +132,21 @@ def check_dataset_locations(spec: JobSpec) -> None:
                 f"task.dataset.{name}",
                 f"task.dataset.{name} {value!r} is a relative path, which means nothing inside the trainer's pod; "
                 "give an absolute path there (e.g. a mounted volume) or an s3://, gs:// or hf://datasets/ URI",
+            )
+
+
+# The labels Kueue reads (kueue.py) name Kueue objects: a LocalQueue in the job's namespace, a WorkloadPriorityClass.
+KUEUE_NAME_LABELS = ("kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/priority-class")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def check_labels(labels: Mapping[str, str] | None) -> None:
+    """The RLJob's Kueue labels name Kueue objects: each a DNS subdomain (as Kueue's webhooks require)."""
+    for key in KUEUE_NAME_LABELS:
+        value = (labels or {}).get(key)
+        if value is not None and (len(value) > 253 or not _DNS_SUBDOMAIN.match(value)):
+            raise SpecProblemError(
+                f'metadata.labels["{key}"]',
+                f"{value!r} is not the name of a Kueue object: lower case letters, digits, '-' and '.', starting and "
+                "ending with a letter or digit",
             )

@@ -32,6 +32,16 @@ class OperatorSettings(BaseModel):
         default_factory=lambda: {"kubernetes.io/metadata.name": "monitoring"},
         description="Labels (JSON) of the namespaces whose pods may scrape job pods' metrics ports; {} = none.",
     )
+    service_account_annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="Annotations (JSON) of every ServiceAccount the operator makes for a job's pods (the chart's "
+        "jobServiceAccounts.annotations); a component's spec serviceAccount.annotations go over them.",
+    )
+    image_pull_secrets: list[str] = Field(
+        default_factory=list,
+        description="Image pull Secrets (JSON list of names; the chart's images.pullSecrets) every job pod gets; "
+        "they must exist in the job's namespace.",
+    )
     operator_namespace: str = Field(
         "", description="Namespace of the operator's pods (they reach each job's NATS); '' = any namespace."
     )
@@ -64,11 +74,23 @@ class OperatorSettings(BaseModel):
     spot_probe_workers: int = Field(
         1, ge=0, description="Autoscaler sizing: pods asked for beyond those placed while backing off."
     )
+    # --- Kueue and suspension (issue 30) ---
+    kueue: bool = Field(
+        False,
+        description="Kueue integration: an RLJob labelled kueue.x-k8s.io/queue-name gets a Workload and runs only "
+        "while Kueue admits it (Kueue configured with integrations.externalFrameworks: RLJob.v1alpha1.rlboost.io).",
+    )
+    suspend_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="How long a suspension (spec.suspend, a Kueue eviction) waits for the trainer to checkpoint at a "
+        "step boundary before the job goes to zero anyway (it then resumes from its newest periodic checkpoint).",
+    )
 
-    @field_validator("metrics_namespace_labels", mode="before")
+    @field_validator("metrics_namespace_labels", "service_account_annotations", "image_pull_secrets", mode="before")
     @classmethod
     def _json_labels(cls, value: object) -> object:
-        """An environment variable holds the labels as JSON."""
+        """An environment variable holds them as JSON."""
         return json.loads(value) if isinstance(value, str) else value
 
 

@@ -31,16 +31,28 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     if not isinstance(node, dict):
         return node
     if "$ref" in node:
-        target = defs[node["$ref"].rsplit("/", 1)[-1]]
-        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        name = node["$ref"].rsplit("/", 1)[-1]
+        merged = {**defs[name], **{k: v for k, v in node.items() if k != "$ref"}}
+        rules = cel_rules.node_rules().get(name)
+        if rules:  # rules of a model wherever it is used (e.g. a pod-template overlay's containers)
+            merged["x-kubernetes-validations"] = [rule.manifest() for rule in rules]
         return _resolve(merged, defs)
+    nullable = _nullable(node)
+    if nullable is not None:  # `X | None`: OpenAPI v3.0's nullable X, the outer keys (description) kept
+        inner = {k: v for k, v in node.items() if k not in ("anyOf", "default")}
+        return {**_resolve(nullable, defs), **_resolve(inner, defs), "nullable": True}
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _DROP or (key == "const" and "enum" in node):
             continue
+        if key == "additionalProperties" and value is True:
+            out["x-kubernetes-preserve-unknown-fields"] = True  # Kubernetes fields passed through as written
+            continue
         if key == "const" and "enum" not in node:
             out["enum"] = [value]  # a Literal with one value; OpenAPI v3.0 has no const
             continue
+        if key == "default" and value is None:
+            continue  # an optional field's default is its absence (a null default is no value to apply)
         if key == "additionalProperties" and value is False:
             continue  # structural schemas forbid it; the API server prunes unknown fields instead
         if key == "exclusiveMinimum" and not isinstance(value, bool):
@@ -51,6 +63,14 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
             continue
         out[key] = {k: _resolve(v, defs) for k, v in value.items()} if key == "properties" else _resolve(value, defs)
     return out
+
+
+def _nullable(node: dict[str, Any]) -> dict[str, Any] | None:
+    """The X of a pydantic `X | None` (anyOf [X, null]); None for any other node."""
+    options = node.get("anyOf")
+    if not isinstance(options, list) or len(options) != 2 or {"type": "null"} not in options:
+        return None
+    return next(o for o in options if o != {"type": "null"})
 
 
 def spec_schema() -> dict[str, Any]:
@@ -139,8 +159,9 @@ def status_schema() -> dict[str, Any]:
         "properties": {
             "phase": {
                 "type": "string",
-                "enum": ["Pending", "Running", "Succeeded", "Failed"],
-                "description": "Lifecycle phase.",
+                "enum": ["Pending", "Running", "Suspended", "Succeeded", "Failed"],
+                "description": "Lifecycle phase; Suspended: every child at zero (spec.suspend, or Kueue has not "
+                "admitted the job or preempted it: status.suspension says which).",
             },
             "conditions": {"type": "array", "items": condition, "description": "Latest observations."},
             "step": _num("Last finished optimizer step.", "integer"),
@@ -166,22 +187,82 @@ def status_schema() -> dict[str, Any]:
             "costSoFar": _num("USD spent since the job started running."),
             "costEfficiency": _num("Response tokens per USD at the last step."),
             "observedGeneration": _num("The RLJob's metadata.generation the operator last reconciled.", "integer"),
+            **progress_schema(),
+            **queueing_schema(),
             "startedAt": {"type": "string", "description": "When the job was first reconciled (RFC 3339)."},
             "updatedAt": {"type": "string", "description": "Last status update (RFC 3339)."},
         },
     }
 
 
+def progress_schema() -> dict[str, Any]:
+    """Progress as Kubeflow Trainer's TrainJob reports it (steps done against the total, a percentage, an estimate
+    of the time left), and the trainer's restarts."""
+    return {
+        "stepsCompleted": _num("Optimizer steps completed (12 for a finished 12-step job).", "integer"),
+        "stepsTotal": _num("Optimizer steps the job runs (spec.algorithm.steps).", "integer"),
+        "progress": {"type": "string", "description": "stepsCompleted/stepsTotal, e.g. 12/12 (kubectl get rljobs)."},
+        "progressPercentage": _num("stepsCompleted / stepsTotal in percent, 0-100.", "integer"),
+        "estimatedRemainingSeconds": {
+            "type": "integer",
+            "nullable": True,
+            "description": "Steps left x the last step's wall time; null before the first step and once ended.",
+        },
+        "trainerRestarts": _num(
+            "Restarts after failures of the trainer rank that failed most (trainer.backoffLimit counts these).",
+            "integer",
+        ),
+    }
+
+
+def queueing_schema() -> dict[str, Any]:
+    """Why a job is suspended (spec.suspend, Kueue) and its Kueue Workload."""
+    text = lambda d: {"type": "string", "description": d}  # noqa: E731
+    suspension = {
+        "type": "object",
+        "nullable": True,
+        "description": "The last suspension: why, whether the trainer checkpointed first, when; null if never.",
+        "properties": {
+            "reason": text("Suspended (spec.suspend), WaitingForAdmission (Kueue) or Preempted (Kueue evicted it)."),
+            "message": text("The reason in words."),
+            "state": text("Suspending (the trainer is asked to checkpoint), Suspended or Resumed."),
+            "requestedAt": text("When the suspension was decided (RFC 3339)."),
+            "suspendedAt": text("When every child reached zero replicas (RFC 3339)."),
+            "resumedAt": text("When the job was last resumed (RFC 3339)."),
+            "checkpointedSteps": {
+                "type": "integer",
+                "nullable": True,
+                "description": "Steps in the checkpoint the trainer wrote at the step boundary before it stopped "
+                "(the job resumes there); null when no trainer ran or it did not answer.",
+            },
+        },
+    }
+    kueue = {
+        "type": "object",
+        "nullable": True,
+        "description": "The job's Kueue Workload, when it carries the label kueue.x-k8s.io/queue-name.",
+        "properties": {
+            "workload": text("The Workload (kueue.x-k8s.io/v1beta2) the operator made for the job."),
+            "queueName": text("Its LocalQueue (the label kueue.x-k8s.io/queue-name)."),
+            "clusterQueue": text("The ClusterQueue that admitted it; empty while it waits."),
+            "admitted": {"type": "boolean", "description": "Whether Kueue admits the job now."},
+        },
+    }
+    return {"suspension": suspension, "kueue": kueue}
+
+
 def printer_columns() -> list[dict[str, Any]]:
     col = lambda name, kind, path: {"name": name, "type": kind, "jsonPath": path}  # noqa: E731
     return [
         col("Phase", "string", ".status.phase"),
-        col("Step", "integer", ".status.step"),
+        col("Progress", "string", ".status.progress"),
         col("Reward", "number", ".status.rewardMean"),
         col("Reserved", "integer", ".status.workers.reserved"),
         col("Spot", "integer", ".status.workers.spot"),
         col("Tok/s", "number", ".status.tokensPerSecond"),
         col("$/h", "number", ".status.costPerHour"),
+        col("Spent $", "number", ".status.costSoFar"),
+        {**col("Queue", "string", ".metadata.labels.kueue\\.x-k8s\\.io/queue-name"), "priority": 1},
         col("Age", "date", ".metadata.creationTimestamp"),
     ]
 

@@ -43,9 +43,11 @@ async def scale_to_zero(kube: Kube, namespace: str, job: str, variants: list[str
         await patch_if_present(kube, kind, namespace, name, {"spec": {"replicas": 0}})
 
 
-async def patch_if_present(kube: Kube, kind: str, namespace: str, name: str, body: dict[str, Any]) -> None:
+async def patch_if_present(
+    kube: Kube, kind: str, namespace: str, name: str, body: dict[str, Any], sub: str | None = None
+) -> None:
     try:
-        await kube.patch(kind, namespace, name, body)
+        await kube.patch(kind, namespace, name, body, sub=sub)
     except KubeError as err:
         if err.status != 404:
             raise

@@ -29,6 +29,13 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "RLJob": ("/apis/rlboost.io/v1alpha1", "rljobs"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "Workload": ("/apis/kueue.x-k8s.io/v1beta2", "workloads"),  # Kueue's unit of admission (kueue.py)
+}
+# kind -> (API prefix, plural). Cluster-scoped ones the operator reads.
+CLUSTER_RESOURCES: dict[str, tuple[str, str]] = {
+    "ResourceFlavor": ("/apis/kueue.x-k8s.io/v1beta2", "resourceflavors"),
+    "WorkloadPriorityClass": ("/apis/kueue.x-k8s.io/v1beta2", "workloadpriorityclasses"),
 }
 
 
@@ -113,6 +120,11 @@ class Kube:
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._call("GET", self.url(kind, namespace, name))
+
+    async def get_cluster(self, kind: str, name: str) -> dict[str, Any] | None:
+        """A cluster-scoped object of CLUSTER_RESOURCES; None on 404."""
+        prefix, plural = CLUSTER_RESOURCES[kind]
+        return await self._call("GET", f"{self.server}{prefix}/{plural}/{name}")
 
     async def get_path(self, path: str) -> Any:
         """GET a path of the API server that is no resource (e.g. /openid/v1/jwks); None on 404."""

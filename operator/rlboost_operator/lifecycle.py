@@ -2,9 +2,12 @@
 
 - Reconcile: validate (checks.py; a bad spec is Failed naming the field), check that the model's claim or token
   Secret exists (model_source.py; looked for again every MODEL_RECHECK_S), make the job's credentials and keep its
-  workers' identity item current (credentials.py; no children until it is there), build the children (children/),
-  adopt them (ownerReferences: deletion is garbage collection) and create or patch them, at the spot ask
-  (sizing.py), or at zero replicas once the job ended; then follow its status (status_stream.py).
+  workers' identity item current (credentials.py; no children until it is there), judge whether the job is held
+  (holds.py: spec.suspend, or Kueue not admitting it, through its Workload: queueing.py), build the children
+  (children/, with the RLJob's labels), adopt them (ownerReferences: deletion is garbage collection) and create or
+  patch them, at the spot ask (sizing.py), or at zero replicas once the job ended or while it is held and has
+  stopped; a held job still running is suspended first (suspension.py: the trainer checkpoints at a step boundary);
+  then follow its status (status_stream.py).
 - The end of a job on its pods: a `fetch-model` init container that gave up (no such repo, refused credentials;
   unreachable after model_source.FETCH_ATTEMPTS tries) ends it Failed with a ModelReady condition naming the
   spec.model field; trainer pods restarting past trainer.backoffLimit end it Failed (job_end.py).
@@ -14,21 +17,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
 import kopf
 
 from rlboost.spec import JobSpec
-from rlboost_operator import children, cluster_keys, model_source, spot_busy, status
-from rlboost_operator.checks import SpecProblemError, check_job
+from rlboost_operator import children, cluster_keys, holds, job_metrics, kueue, model_source, render, spot_busy, status
+from rlboost_operator.checks import SpecProblemError, check_job, check_labels
 from rlboost_operator.credentials import IDENTITY_READY, WorkerIdentity, ensure_credentials
+from rlboost_operator.gate import forget_job_nats, judge_hold, suspend_early
 from rlboost_operator.job_end import end_job, patch_if_present, status_variants
 from rlboost_operator.kube import Kube
 from rlboost_operator.metrics import ERRORS, RECONCILIATIONS
+from rlboost_operator.queueing import Queueing, adopt_spot_freely
 from rlboost_operator.shared import RLJOB, JobKey, JobLinks, JobRef, Jobs, KubeLogin
 from rlboost_operator.sizing import SpotSizer
 from rlboost_operator.status_stream import StatusStream
+from rlboost_operator.suspension import Suspender
 
 log = logging.getLogger(__name__)
 MODEL_RECHECK_S = 30  # a missing claim or token Secret is looked for again this often
@@ -58,6 +65,7 @@ class TrainerFailures:
 
 @kopf.on.create(*RLJOB)
 @kopf.on.update(*RLJOB, field="spec")
+@kopf.on.update(*RLJOB, field="metadata.labels")  # they reach every child (and Kueue reads its queue there)
 @kopf.on.resume(*RLJOB)
 async def rljob_reconcile(body: kopf.Body, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
     try:
@@ -70,11 +78,21 @@ async def rljob_reconcile(body: kopf.Body, spec: kopf.Spec, memo: kopf.Memo, **_
 
 
 @kopf.on.event(*RLJOB)
-async def rljob_event(event: dict[str, Any], namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    """A deleted RLJob: children go by garbage collection (ownerReferences); forget the job here. A watch event,
-    not a delete handler: kopf calls those only for objects it holds with a finalizer, and RLJobs carry none."""
+async def rljob_event(
+    event: dict[str, Any], body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **_: Any
+) -> None:
+    """Every change: the job's gauges (job_metrics.py), and its Workload Finished once it ended (queueing.py). A
+    deleted RLJob: children go by garbage collection (ownerReferences); forget the job here. A watch event, not a
+    delete handler: kopf calls those only for objects it holds with a finalizer, and RLJobs carry none."""
+    queueing: Queueing = memo.queueing
     if event.get("type") != "DELETED":
+        job_metrics.observe(namespace, name, body)
+        await queueing.follow_end(body)
         return
+    job_metrics.forget(namespace, name)
+    queueing.forget(namespace, name)
+    suspender: Suspender = memo.suspender
+    suspender.cancel(namespace, name)
     sizer: SpotSizer = memo.sizer
     sizer.drop(namespace, name)
     stream: StatusStream = memo.stream
@@ -97,34 +115,39 @@ async def reconcile(memo: kopf.Memo, body: kopf.Body, spec_data: Any) -> None:
     api: KubeLogin = memo.api
     try:
         spec = check_job(dict(spec_data or {}), memo.settings)
+        check_labels(body.metadata.labels)
     except SpecProblemError as problem:
         await fail(memo, body, problem)
     missing = await model_source.missing_model_objects(api.client().get, namespace, spec.model)
     if missing is not None:
         await model_unavailable(memo, body, missing)
     jobs: Jobs = memo.jobs
+    await suspend_early(memo, body, spec)
     async with jobs.status_lock(namespace, job):  # judged on the status as it is now, not as the event saw it
-        ended = await apply_children(memo, body, spec)
-    if not ended:
+        try:
+            stopped = await apply_children(memo, body, spec)
+        except SpecProblemError as problem:  # a label naming a Kueue object that does not exist
+            await fail(memo, body, problem, locked=True)
+    if not stopped:
         stream: StatusStream = memo.stream
         stream.follow_soon(namespace, job, spec, status.parse_iso(body.metadata.get("creationTimestamp")))
     RECONCILIATIONS.labels("ok").inc()
 
 
-async def fail(memo: kopf.Memo, body: kopf.Body, problem: SpecProblemError) -> None:
+async def fail(memo: kopf.Memo, body: kopf.Body, problem: SpecProblemError, locked: bool = False) -> NoReturn:
     """Phase Failed (unless the job already ended), a condition and a Warning Event naming the field; then stop
-    retrying."""
+    retrying. `locked`: the caller holds the job's status lock."""
     RECONCILIATIONS.labels("invalid").inc()
     namespace, name = body.metadata.namespace or "default", body.metadata.name or ""
     jobs: Jobs = memo.jobs
     jobs.pop(namespace, name)
     kube: Kube = memo.api.client()
-    async with jobs.status_lock(namespace, name):
+    async with contextlib.nullcontext() if locked else jobs.status_lock(namespace, name):
         previous = ((await kube.get("RLJob", namespace, name)) or {}).get("status") or {}
         patch = status.invalid_status(problem.field, str(problem), previous)
         await kube.patch("RLJob", namespace, name, {"status": patch}, sub="status")
-    kopf.warn(body, reason="InvalidSpec", message=f"spec.{problem.field}: {problem}")
-    raise kopf.PermanentError(f"spec.{problem.field}: {problem}")
+    kopf.warn(body, reason="InvalidSpec", message=f"{problem.path}: {problem}")
+    raise kopf.PermanentError(f"{problem.path}: {problem}")
 
 
 async def model_unavailable(memo: kopf.Memo, body: kopf.Body, problem: model_source.ModelProblem) -> None:
@@ -153,44 +176,56 @@ async def write_model_failure(kube: Kube, rljob: Any, problem: model_source.Mode
 
 
 async def apply_children(memo: kopf.Memo, body: kopf.Body, spec: JobSpec) -> bool:
-    """Create or patch the children and write the status; True when the job already ended (kept at zero)."""
+    """Create or patch the children and write the status; True when the job runs no pod now: it ended, or it is
+    held (holds.py) and has stopped (kept at zero)."""
     namespace, job = body.metadata.namespace or "default", body.metadata.name or ""
     kube: Kube = memo.api.client()
     sizer: SpotSizer = memo.sizer
     previous = ((await kube.get("RLJob", namespace, job)) or {}).get("status") or {}
     ended, saved = status.finished(previous), previous.get("workers") or {}
+    gate = await judge_hold(memo, body, spec, previous, ended)
+    stopped = ended or (gate.hold is not None and holds.never_ran(previous))
     decision = (
-        None if ended else sizer.decide(namespace, job, spec, saved.get("spotAsk"), spot_busy.saved_target(saved))
+        None if stopped else sizer.decide(namespace, job, spec, saved.get("spotAsk"), spot_busy.saved_target(saved))
     )
     split = sizer.split(namespace, job, spec, decision) if decision else {}
+    if gate.hold is None and holds.suspended(previous):
+        await forget_job_nats(memo, namespace, job)  # its NATS restarts empty: link and status stream anew
     items = await ensure_credentials(kube, memo.links, namespace, job, body)
     identity: WorkerIdentity = memo.identity
-    has_identity = await identity.ensure(body, items, ended)
+    has_identity = await identity.ensure(body, items, stopped)
     replicas = decision.replicas if decision else 0
-    built = children.build_children(job, namespace, spec, memo.settings, replicas, finished=ended, spot_split=split)
-    for child in built:
-        if children.adopted(child):
-            kopf.adopt(child, owner=body)
+    labels = children.job_labels(body.metadata.labels)
+    built = children.build_children(
+        job, namespace, spec, memo.settings, replicas, finished=stopped, spot_split=split, job_labels=labels
+    )
+    if not stopped and gate.state is not None:
+        queueing: Queueing = memo.queueing
+        kueue.place(built, gate.state, await queueing.flavors(gate.state))
+    for child in render.owned(built, body):
+        adopt_spot_freely(child, gate.state is not None)
         await kube.apply(child)
     await retire_spot(kube, namespace, job, spec, status_variants(saved))
     if decision is None:
         sizer.drop(namespace, job)
     else:
         sizer.remember(JobRef(namespace, job, body.metadata.uid or "", spec), decision, split)
-    patch = reconciled_status(previous, replicas, status.generation(body), has_identity)
+    patch = reconciled_status(previous, replicas, status.generation(body), has_identity, spec.algorithm.steps)
+    patch.update(gate.status(previous, patch, stopped, status.generation(body)))
     if decision is not None:
         patch["workers"].update(sizer.spot_status(namespace, job, decision, split))
     await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
-    return ended
+    await gate.follow_up(memo, namespace, job, stopped)
+    return stopped
 
 
 def reconciled_status(
-    previous: dict[str, Any], replicas: int, generation: int | None, has_identity: bool
+    previous: dict[str, Any], replicas: int, generation: int | None, has_identity: bool, steps_total: int
 ) -> dict[str, Any]:
     """The status patch after the children were applied: reconcile_status, less a model pre-check failure that no
     longer holds (the claim or Secret exists now), with WorkerIdentityReady True once the keys are written."""
     previous = {**previous, "conditions": model_source.without_precheck_failure(previous.get("conditions"))}
-    patch = status.reconcile_status(previous, replicas, generation)
+    patch = status.reconcile_status(previous, replicas, generation, steps_total=steps_total)
     if has_identity:
         ready = status.condition(cluster_keys.CONDITION, True, "KeysWritten", IDENTITY_READY, None, generation)
         patch["conditions"] = status.set_condition(patch["conditions"], ready)
@@ -242,9 +277,13 @@ async def watch_trainer(
         trainers.gone(namespace, name)
         return
     job = labels["rlboost.io/job"]
+    before = trainers.most(namespace, job)
     trainers.seen(namespace, name, job, status.trainer_failures(pod))
     jobs: Jobs = memo.jobs
     ref, failures = jobs.get(namespace, job), trainers.most(namespace, job)
+    if failures != before:  # status.trainerRestarts (and the gauge made of it)
+        restarts = {"status": {"trainerRestarts": failures}}
+        await patch_if_present(memo.api.client(), "RLJob", namespace, job, restarts, sub="status")
     if ref is None or not status.backoff_exceeded(failures, ref.spec.trainer.backoff_limit):
         return
     async with jobs.status_lock(namespace, job):

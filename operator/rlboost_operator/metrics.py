@@ -34,3 +34,41 @@ READY_WORKERS = Gauge(
     [*JOB_LABELS, "pool"],
 )
 LEADER = Gauge("rlboost_operator_leader", "1 while this replica holds the leader Lease and runs the controllers.")
+
+# Per job, from its RLJob as the operator sees it (job_metrics.py): what on-call asks first.
+PHASES = ("Pending", "Running", "Suspended", "Succeeded", "Failed")
+JOB_PHASE = Gauge(
+    "rlboost_operator_job_phase",
+    "1 for the RLJob's current phase (Pending, Running, Suspended, ...), 0 for the others.",
+    [*JOB_LABELS, "phase"],
+)
+JOB_COST = Gauge(
+    "rlboost_operator_job_cost_usd", "USD spent so far by the job at spec.prices (status.costSoFar).", JOB_LABELS
+)
+JOB_COST_RATE = Gauge(
+    "rlboost_operator_job_cost_per_hour_usd",
+    "USD per hour at the job's current accelerators (status.costPerHour).",
+    JOB_LABELS,
+)
+JOB_BUDGET = Gauge("rlboost_operator_job_budget_usd", "spec.budget in USD (jobs without one export none).", JOB_LABELS)
+JOB_STEPS = Gauge(
+    "rlboost_operator_job_steps_completed", "Optimizer steps the job completed (status.stepsCompleted).", JOB_LABELS
+)
+JOB_STEPS_TOTAL = Gauge(
+    "rlboost_operator_job_steps_total", "Optimizer steps the job runs (spec.algorithm.steps).", JOB_LABELS
+)
+TRAINER_RESTARTS = Gauge(
+    "rlboost_operator_trainer_restarts",
+    "Restarts after failures of the job's trainer rank that failed most (status.trainerRestarts).",
+    JOB_LABELS,
+)
+TRAINER_BACKOFF_LIMIT = Gauge(
+    "rlboost_operator_trainer_backoff_limit",
+    "spec.trainer.backoffLimit: more restarts than this fail the job.",
+    JOB_LABELS,
+)
+JOB_SUSPENDING = Gauge(
+    "rlboost_operator_job_suspending",
+    "1 while the operator asks the job's trainer to checkpoint before suspending it (spec.suspend, a Kueue eviction).",
+    JOB_LABELS,
+)

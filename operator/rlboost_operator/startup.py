@@ -21,9 +21,11 @@ from rlboost_operator.credentials import WorkerIdentity
 from rlboost_operator.lifecycle import TrainerFailures
 from rlboost_operator.metrics import ERRORS, NOTICES, RECONCILIATIONS
 from rlboost_operator.preemption import PreemptionNotices
+from rlboost_operator.queueing import Queueing
 from rlboost_operator.shared import JobLinks, Jobs, KubeLogin, Nodes
 from rlboost_operator.sizing import SpotSizer
 from rlboost_operator.status_stream import StatusStream
+from rlboost_operator.suspension import Suspender
 
 
 def fill_memo(memo: kopf.Memo, settings: OperatorSettings) -> None:
@@ -35,6 +37,9 @@ def fill_memo(memo: kopf.Memo, settings: OperatorSettings) -> None:
     memo.stream = StatusStream(memo.api, memo.jobs, memo.links, memo.sizer)
     memo.identity = WorkerIdentity(memo.api, settings, memo.jobs)
     memo.trainers = TrainerFailures()
+    memo.queueing = Queueing(memo.api, settings)
+    memo.suspender = Suspender(memo.api, memo.jobs, memo.links, memo.sizer, settings)
+    memo.suspender.release = memo.queueing.release
 
 
 def start_loops(memo: kopf.Memo) -> None:
@@ -90,6 +95,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
             await task
     stream: StatusStream = memo.stream
     stream.close()
+    suspender: Suspender = memo.suspender
+    suspender.close()
     links: JobLinks = memo.links
     await links.close_all()
     api: KubeLogin = memo.api

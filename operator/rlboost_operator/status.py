@@ -16,6 +16,7 @@ from rlboost.spec import JobSpec, SpotWorkers
 from rlboost.wire.events import JobDone, StepReport, ValidationReport
 
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
+HELD = "Suspended"  # a held job's phase (holds.py): a step report arriving late does not make it Running
 TERMINAL = {SUCCEEDED, FAILED}
 ENDED = ("Complete", "Failed")  # condition types of a job that ran to its end
 STOPPED = "Stopped"  # condition type: the job's pods are scaled to zero
@@ -100,6 +101,22 @@ def _json_number(value: float, digits: int) -> float | None:
     return round(value, digits) if math.isfinite(value) else None
 
 
+def progress(completed: int, total: int, step_seconds: float | None = None) -> dict[str, Any]:
+    """Steps completed against the total, as Kubeflow Trainer reports a TrainJob's progress: `12/12` for a finished
+    12-step job (status.step holds the last step's 0-based index, 11). `step_seconds`: the last step's wall time,
+    for the estimate of the time left (None: no estimate)."""
+    left = max(0, total - completed)
+    out: dict[str, Any] = {
+        "stepsCompleted": completed,
+        "stepsTotal": total,
+        "progress": f"{completed}/{total}",
+        "progressPercentage": min(100, completed * 100 // total) if total > 0 else 0,
+    }
+    if step_seconds is not None or not left:
+        out["estimatedRemainingSeconds"] = round(left * (step_seconds or 0.0))
+    return out
+
+
 def validation_status(v: ValidationReport) -> dict[str, Any]:
     """`.status.validation`: the last evaluation on the validation prompts (spec.evaluation)."""
     return {
@@ -128,18 +145,21 @@ def step_status(
     now = now or datetime.now(UTC)
     seconds = report.rollout_seconds + report.train_seconds + report.sync_seconds
     tps = report.tokens / seconds if seconds > 0 else 0.0
-    reserved, spot = int(workers.get("reserved", 0)), int(workers.get("spot", 0))
-    rate = cost_per_hour(spec, reserved, spot_variants if spot_variants is not None else spot)
+    held = previous.get("phase") == HELD  # a report that arrives once the job is suspended: nothing runs or costs
+    reserved, spot = (0, 0) if held else (int(workers.get("reserved", 0)), int(workers.get("spot", 0)))
+    spot_variants = None if held else spot_variants
+    rate = 0.0 if held else cost_per_hour(spec, reserved, spot_variants if spot_variants is not None else spot)
     variants = {"spotVariants": variant_list(spot_variants, "ready")} if spot_variants is not None else {}
     # Integrate at the previous rate: it was the one in force since the previous update.
-    prev_rate = float(previous.get("costPerHour") or rate)
+    prev_rate = 0.0 if held else float(previous.get("costPerHour") or rate)
     so_far = accumulate_cost(
         float(previous.get("costSoFar") or 0.0), prev_rate, parse_iso(previous.get("updatedAt")), now
     )
-    phase = previous.get("phase") if previous.get("phase") in TERMINAL else RUNNING
+    phase = previous.get("phase") if previous.get("phase") in (*TERMINAL, HELD) else RUNNING
     validation = {"validation": validation_status(report.validation)} if report.validation is not None else {}
     return {
         **validation,
+        **progress(report.step + 1, spec.algorithm.steps, None if held else seconds),
         "phase": phase,
         "step": report.step,
         "weightVersion": report.weight_version,
@@ -150,11 +170,37 @@ def step_status(
         "costSoFar": _json_number(so_far, 6),
         "costEfficiency": _json_number(cost_efficiency(tps, rate), 3),
         "updatedAt": now_iso(now),
-        "conditions": set_condition(
-            previous.get("conditions"),
-            condition("Running", True, "StepReported", f"step {report.step} finished", now, generation),
+        "conditions": budget_condition(
+            set_condition(
+                previous.get("conditions"),
+                condition("Running", True, "StepReported", f"step {report.step} finished", now, generation),
+            ),
+            so_far,
+            spec.budget,
+            now,
+            generation,
         ),
     }
+
+
+BUDGET = "BudgetExceeded"  # condition type
+
+
+def budget_condition(
+    conditions: list[dict[str, Any]],
+    so_far: float,
+    budget: float | None,
+    now: datetime | None = None,
+    generation: int | None = None,
+) -> list[dict[str, Any]]:
+    """`conditions` with BudgetExceeded (True once status.costSoFar passed spec.budget); unchanged without one."""
+    if budget is None:
+        return conditions
+    over = so_far > budget
+    message = f"spent {so_far:.2f} USD of spec.budget {budget:.2f} USD" + ("; suspend the job to stop" if over else "")
+    return set_condition(
+        conditions, condition(BUDGET, over, "OverBudget" if over else "WithinBudget", message, now, generation)
+    )
 
 
 def done_status(
@@ -174,6 +220,8 @@ def done_status(
     # may be handled after `done`, when an ended job's status no longer takes them (the lane saw 19 of 40).
     if ok and done.steps > 0:
         out["step"] = done.steps - 1
+    if ok:
+        out.update(progress(done.steps, int(previous.get("stepsTotal") or done.steps)))
     return out
 
 
@@ -182,7 +230,8 @@ def invalid_status(
 ) -> dict[str, Any]:
     """The .status of an RLJob that cannot run: Failed, with a condition naming the field. A job that already
     ended keeps its phase and conditions (an edit after the end does not rewrite how it ended)."""
-    invalid = condition("Valid", False, "InvalidSpec", f"spec.{field}: {message}", now)
+    where = field if field.startswith("metadata.") else f"spec.{field}"  # a label is outside the spec
+    invalid = condition("Valid", False, "InvalidSpec", f"{where}: {message}", now)
     if previous is not None and finished(previous):
         return {"updatedAt": now_iso(now), "conditions": set_condition(previous.get("conditions"), invalid)}
     return {"phase": FAILED, "updatedAt": now_iso(now), "conditions": [invalid]}
@@ -199,10 +248,15 @@ def finished(status: Mapping[str, Any]) -> bool:
 
 
 def reconcile_status(
-    previous: Mapping[str, Any], spot_desired: int, generation: int | None = None, now: datetime | None = None
+    previous: Mapping[str, Any],
+    spot_desired: int,
+    generation: int | None = None,
+    now: datetime | None = None,
+    steps_total: int | None = None,
 ) -> dict[str, Any]:
-    """The .status patch after the children were reconciled: Valid, the spot ask, the generation seen; Pending
-    for a new job or one whose spec was fixed; an ended job keeps its phase."""
+    """The .status patch after the children were reconciled: Valid, the spot ask, the generation seen, the progress
+    against `steps_total` (spec.algorithm.steps); Pending for a new job or one whose spec was fixed; an ended job
+    keeps its phase."""
     patch: dict[str, Any] = {
         "workers": {**dict(previous.get("workers") or {}), "spotDesired": spot_desired},
         "conditions": set_condition(
@@ -215,6 +269,8 @@ def reconcile_status(
     }
     if previous.get("phase") in (None, FAILED) and not finished(previous):
         patch["phase"] = PENDING
+    if steps_total is not None and not finished(previous):
+        patch.update(progress(int(previous.get("stepsCompleted") or 0), steps_total))
     return patch
 
 

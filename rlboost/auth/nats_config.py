@@ -11,6 +11,7 @@ refused (no `no_auth_user`), and each user may publish and subscribe only to wha
 | steps, done (step reports, the end)  | trainer       | operator, observer |
 | colocation (release/resume commands) | trainer       | worker             |
 | colocation-acks                      | worker        | trainer            |
+| suspend (checkpoint, then stop)      | operator      | trainer (it answers: SuspendReply) |
 
 The operator also keeps the newest step report and `done` in the JetStream stream `STATUS_STREAM`, so it alone
 gets the JetStream API rights of that stream (and `_INBOX.>` for the API's replies). The trainer publishes step
@@ -35,6 +36,7 @@ from rlboost.wire.events import (
     NODES,
     STATUS_STREAM,
     STEPS,
+    SUSPEND,
     TRAINER_INBOX,
     WEIGHTS,
     Topic,
@@ -47,6 +49,7 @@ PUBLISHERS: dict[Topic, tuple[str, ...]] = {
     DONE: ("trainer",),
     COLOCATION: ("trainer",),
     COLOCATION_ACKS: ("worker",),
+    SUSPEND: ("operator",),
 }
 SUBSCRIBERS: dict[Topic, tuple[str, ...]] = {
     WEIGHTS: ("worker", "observer"),
@@ -55,6 +58,7 @@ SUBSCRIBERS: dict[Topic, tuple[str, ...]] = {
     DONE: ("operator", "observer"),
     COLOCATION: ("worker",),
     COLOCATION_ACKS: ("trainer",),
+    SUSPEND: ("trainer",),
 }
 # The JetStream API of the status stream only (create/update/info it, make and drop its consumers), and the flow
 # control replies of an ordered consumer; the API answers on the client's inbox.
@@ -72,8 +76,9 @@ JETSTREAM_USERS = ("operator",)
 # (rlboost.durable), which comes to an inbox of its own prefix only.
 ACK_INBOXES = {"trainer": TRAINER_INBOX}
 # Users that answer requests (nats-server's allow_responses: a reply to the requester's inbox only, once): the
-# manager acknowledges the operator's preemption notices, which the operator re-sends until acknowledged.
-RESPONDERS = ("manager",)
+# manager acknowledges the operator's preemption notices, which the operator re-sends until acknowledged; the
+# trainer answers the operator's suspend requests.
+RESPONDERS = ("manager", "trainer")
 
 
 @dataclass(frozen=True)

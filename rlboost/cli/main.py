@@ -1,4 +1,5 @@
-"""The `rlboost` command line: `rlboost local`, `rlboost serve <component>`, and verbs other packages add.
+"""The `rlboost` command line: `rlboost local`, `rlboost serve <component>`, `rlboost validate` / `render` (the
+operator's checks and builders, offline), and verbs other packages add.
 
 Run `rlboost --help` (console script) or `python -m rlboost.cli.main --help`.
 """
@@ -32,7 +33,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rlboost.cli import delta_cmd, local_cmd, serve_cmd, simulate_cmd
+    from rlboost.cli import delta_cmd, local_cmd, offline_cmd, serve_cmd, simulate_cmd
 
     parser = argparse.ArgumentParser(
         prog="rlboost",
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"rlboost {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for verb in (local_cmd, serve_cmd, simulate_cmd, delta_cmd):
+    for verb in (local_cmd, serve_cmd, simulate_cmd, delta_cmd, offline_cmd):
         verb.add_parser(sub)  # each verb module imports its heavy dependencies only when it runs
     return parser
 

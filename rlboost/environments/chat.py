@@ -37,9 +37,10 @@ class ChatFormat:
         self._glue_after_stop = after[len(stop) :]  # what follows the model's own stop token (e.g. "\n")
         self._glue_after_cut = after  # a turn cut by its budget gets the whole end of turn
 
-    def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+    def _render(self, messages: list[dict[str, str]], generation_prompt: bool, tools: list | None = None) -> str:
+        extra = {**self.extra, "tools": tools} if tools else self.extra
         return self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=generation_prompt, tokenize=False, **self.extra
+            messages, add_generation_prompt=generation_prompt, tokenize=False, **extra
         )
 
     def encode(self, text: str) -> list[int]:
@@ -49,9 +50,10 @@ class ChatFormat:
         """A model turn's text (special tokens dropped), as the environment reads it."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        """The episode's first prompt: its messages and the generation prompt."""
-        return self.encode(self._render(messages, True))
+    def prompt(self, messages: list[dict[str, str]], tools: list | None = None) -> list[int]:
+        """The episode's first prompt: its messages (and the OpenAI-style `tools` the template describes to the model,
+        where it does) and the generation prompt."""
+        return self.encode(self._render(messages, True, tools))
 
     def after_turn(self, messages: list[dict[str, str]], stopped: bool) -> list[int]:
         """What follows a model turn: the end-of-turn glue (all of it when the turn was cut, not `stopped`), the

@@ -5,6 +5,7 @@ spoken to in JSON lines from asyncio, every call bounded in time.
     proc = await pool.acquire()                  # an idle process, or a fresh one (EnvFailure("load") if it cannot)
     messages = await proc.reset(task)            # the episode's first messages
     reply = await proc.step(action)              # StepReply: observation, reward, done, tool counts
+    reply = await proc.run(task, policy, idle)   # a harness (proc.kind == "harness"): its whole episode
     pool.release(proc)                           # back to the idle ones (a failed one is gone already)
 
 A call past `step_timeout_s` kills the process (EnvFailure "timeout"); one that crashes it, exceeds its CPU or
@@ -19,6 +20,7 @@ import contextlib
 import json
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -47,10 +49,26 @@ class EnvConfig:
     step_timeout_s: float = 30.0
     cpu_seconds: int = 60
     memory_mib: int = 2048
+    gateway_socket: str = ""  # the chat endpoint's Unix socket, which a harness may connect to
+    verifiers: str = ""  # a verifiers environment id (task.environment.verifiers) instead of `name`
 
     @classmethod
-    def from_spec(cls, env: Any) -> EnvConfig:
-        return cls(env.name, dict(env.args), env.step_timeout_seconds, env.cpu_seconds, env.memory_mib)
+    def from_spec(cls, env: Any, gateway_socket: str = "") -> EnvConfig:
+        return cls(
+            env.name, dict(env.args), env.step_timeout_seconds, env.cpu_seconds, env.memory_mib, gateway_socket,
+            env.verifiers,
+        )  # fmt: skip
+
+    @property
+    def field(self) -> str:
+        return "task.environment.verifiers" if self.verifiers else "task.environment.name"
+
+
+@dataclass
+class HarnessReply:
+    reward: float | None
+    tool_calls: int = 0
+    tool_failures: int = 0
 
 
 @dataclass
@@ -70,11 +88,12 @@ class EnvProcess:
         self.netns = False
         self.alive = True
         self.busy = False  # a call was sent and its reply not read (the caller was cancelled meanwhile)
+        self.kind = "steps"  # "harness": the environment drives its episode through the chat endpoint (`run`)
 
     @classmethod
     async def start(cls, config: EnvConfig) -> EnvProcess:
         child = {"name": config.name, "args": config.args, "memory_mib": config.memory_mib}
-        child["cpu_seconds"] = config.cpu_seconds
+        child.update(cpu_seconds=config.cpu_seconds, gateway_socket=config.gateway_socket, verifiers=config.verifiers)
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -88,8 +107,10 @@ class EnvProcess:
         reply = await self._reply(START_TIMEOUT_S)
         if not reply.get("ready"):
             await self.kill()
-            raise EnvFailure("load", f"task.environment.name {config.name!r}: {reply.get('detail', reply)}")
+            named = config.verifiers or config.name
+            raise EnvFailure("load", f"{config.field} {named!r}: {reply.get('detail', reply)}")
         self.netns = bool(reply.get("netns"))
+        self.kind = str(reply.get("kind", "steps"))
         return self
 
     async def reset(self, task: Example) -> list[Message]:
@@ -114,8 +135,19 @@ class EnvProcess:
             await self.kill()
             raise EnvFailure("bad_reply", f"step(): {err}") from None
 
-    async def call(self, request: dict[str, Any]) -> dict[str, Any]:
-        """One request and its reply within the step timeout; EnvFailure (the process is gone) otherwise."""
+    async def run(self, task: Example, policy: dict[str, Any], idle: Callable[[], float]) -> HarnessReply:
+        """A harness's episode. Its model turns take what they take; `idle()` (seconds without a turn in flight:
+        the harness's own time) may not pass the step timeout."""
+        reply = await self.call({"op": "run", "task": asdict(task), "policy": policy}, idle)
+        try:
+            return HarnessReply(reply["reward"], int(reply.get("tool_calls", 0)), int(reply.get("tool_failures", 0)))
+        except (KeyError, TypeError, ValueError) as err:
+            await self.kill()
+            raise EnvFailure("bad_reply", f"run(): {err}") from None
+
+    async def call(self, request: dict[str, Any], idle: Callable[[], float] | None = None) -> dict[str, Any]:
+        """One request and its reply within the step timeout (of idle time, with `idle`); EnvFailure (the process
+        is gone) otherwise."""
         if not self.alive:
             raise EnvFailure("crash", "the environment's process already ended")
         assert self.proc.stdin is not None
@@ -125,18 +157,19 @@ class EnvProcess:
             await self.proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError):
             pass  # it died: the reply's EOF says how
-        reply = await self._reply(self.config.step_timeout_s)
+        reply = await self._reply(self.config.step_timeout_s, idle)
         self.busy = False
         if "fail" in reply:
             await self.kill()
             raise EnvFailure(str(reply["fail"]), str(reply.get("detail", ""))[:500])
         return reply
 
-    async def _reply(self, timeout: float) -> dict[str, Any]:
+    async def _reply(self, timeout: float, idle: Callable[[], float] | None = None) -> dict[str, Any]:
         """The next reply line; EnvFailure (after killing the process) on a timeout, EOF or a broken line."""
         assert self.proc.stdout is not None
         try:
-            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+            read = self.proc.stdout.readline()
+            line = await (asyncio.wait_for(read, timeout) if idle is None else _idle_bounded(read, timeout, idle))
         except TimeoutError:
             await self.kill()
             raise EnvFailure("timeout", f"no reply within {timeout:g}s (task.environment.stepTimeoutSeconds)") from None
@@ -168,6 +201,21 @@ class EnvProcess:
         if transport is not None:
             transport.close()
         return code
+
+
+async def _idle_bounded(read: Awaitable[bytes], timeout: float, idle: Callable[[], float]) -> bytes:
+    """`read`'s result, unless `idle()` passes `timeout` first (TimeoutError): waits on the read with a deadline
+    that moves each time the idle clock restarts."""
+    task = asyncio.ensure_future(read)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=max(0.01, timeout - idle()))
+            if done:
+                return task.result()
+            if idle() >= timeout:
+                raise TimeoutError
+    finally:
+        task.cancel()
 
 
 class EnvPool:

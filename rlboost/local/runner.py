@@ -154,6 +154,13 @@ def with_absolute_dataset_paths(spec: JobSpec) -> JobSpec:
 def check_local_dataset(spec: JobSpec, model_dir: Path | None) -> None:
     """The dataset's checks before the first step (rlboost.tasks.dataset.check_dataset), as a LocalRunError;
     with the model directory also through its tokenizer's chat template."""
+    if spec.task.dataset.reasoning_gym.name:
+        from rlboost.tasks.reasoning_gym import ReasoningGymError, check_name
+
+        try:
+            check_name(spec.task.dataset.reasoning_gym.name)
+        except ReasoningGymError as err:
+            raise LocalRunError(str(err)) from None
     if spec.task.active_dataset is None:
         return
     from rlboost.tasks.dataset import DatasetError, check_dataset

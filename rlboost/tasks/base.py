@@ -133,7 +133,8 @@ def multiplication_examples(spec: TaskSpec) -> list[Example]:
 
 
 def make_task(spec: TaskSpec) -> Task:
-    """Build the task named by `spec.name` (the built-in prompts; a dataset is read by rlboost.tasks.dataset)."""
+    """Build the task named by `spec.name` (the built-in prompts; a dataset, reasoning-gym's generated tasks and a
+    verifiers environment's own tasks are the prompts of rlboost.tasks.dataset.make_prompts)."""
     if spec.name == "addition":
         return Task(spec.name, addition_examples(spec), spec.seed)
     if spec.name == "multiplication":

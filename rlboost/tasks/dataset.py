@@ -444,11 +444,28 @@ class BuiltinPrompts:
         pass
 
 
+def generated_task(task: TaskSpec) -> Task:
+    """The prompts that are not read from files: a verifiers environment's own tasks (task.environment.verifiers),
+    reasoning-gym's generated tasks (task.dataset.reasoningGym), or the built-in task."""
+    if task.environment.verifiers:
+        from rlboost.tasks.verifiers_taskset import verifiers_examples
+
+        env = task.environment
+        return Task(f"verifiers:{env.verifiers}", verifiers_examples(env.verifiers, dict(env.args)), task.seed)
+    if task.dataset.reasoning_gym.name:
+        from rlboost.tasks.reasoning_gym import reasoning_gym_examples
+
+        rg = task.dataset.reasoning_gym
+        return Task(f"reasoning_gym:{rg.name}", reasoning_gym_examples(rg), task.seed, task.dataset.system_prompt)
+    return make_task(task)
+
+
 def make_prompts(task: TaskSpec, encode: Encoder) -> BuiltinPrompts | DatasetPrompts:
-    """The training prompts of a job: its dataset (task.dataset) or the built-in task. How the trainer asks for a
-    step's prompts: `batch = prompts.take(cursor, algorithm.promptsPerStep)`, then `cursor = batch.cursor`."""
+    """The training prompts of a job: its dataset (task.dataset), generated tasks or the built-in task. How the
+    trainer asks for a step's prompts: `batch = prompts.take(cursor, algorithm.promptsPerStep)`, then
+    `cursor = batch.cursor`."""
     if task.active_dataset is None:
-        return BuiltinPrompts(make_task(task), encode)
+        return BuiltinPrompts(generated_task(task), encode)
     return DatasetPrompts(task, encode)
 
 
@@ -456,7 +473,7 @@ def warmup_task(task: TaskSpec, limit: int = 512) -> Task:
     """The task the tiny model learns its tokenizer and answer format from: the built-in one, or the first
     `limit` rows of the dataset's training split."""
     if task.active_dataset is None:
-        return make_task(task)
+        return generated_task(task)
     return Task("dataset", examples_head(task, limit), task.seed, task.dataset.system_prompt)
 
 

@@ -291,6 +291,25 @@ class ColocationAck(BaseModel):
     )
 
 
+class SuspendRequest(BaseModel):
+    """topic `suspend` (operator -> trainer, a NATS request the trainer answers): checkpoint at the end of the step in
+    progress and start no other step (spec.suspend, a Kueue preemption). Asked again until the answer says done."""
+
+    reason: str = Field("", max_length=256, description="Why, for the trainer's log (e.g. 'spec.suspend').")
+
+
+class SuspendReply(BaseModel):
+    """The trainer's answer to each SuspendRequest."""
+
+    checkpointed: bool = Field(
+        description="True: a checkpoint holds every step taken (steps_done) and no step will start; False: the "
+        "trainer checkpoints at the end of the step in progress (or, asked after that step's checkpoint decision, "
+        "of the next one); ask again."
+    )
+    steps_done: int = Field(ge=0, description="Steps taken so far (those in the checkpoint, once checkpointed).")
+    weights_checksum: str = Field("", description="Checksum of the newest published weights.")
+
+
 # The topics of a job: each subject and what it carries (who may publish and subscribe: rlboost.auth.nats_config).
 WEIGHTS = Topic("weights", WeightsAnnounced)  # weight-server -> workers: a new version to pull
 NODES = Topic("nodes", PreemptionNotice)  # operator -> manager: drain what runs on a node about to go
@@ -298,5 +317,6 @@ STEPS = Topic("steps", StepReport)  # trainer -> operator, `rlboost local`: the 
 DONE = Topic("done", JobDone)  # trainer -> operator, `rlboost local`: the job's end
 COLOCATION = Topic("colocation", ColocationCommand)  # trainer -> colocated reserved workers: release, resume
 COLOCATION_ACKS = Topic("colocation-acks", ColocationAck)  # those workers -> trainer: one ack per command
-TOPICS: tuple[Topic[Any], ...] = (WEIGHTS, NODES, STEPS, DONE, COLOCATION, COLOCATION_ACKS)
+SUSPEND = Topic("suspend", SuspendRequest)  # operator -> trainer (a request; the answer is a SuspendReply)
+TOPICS: tuple[Topic[Any], ...] = (WEIGHTS, NODES, STEPS, DONE, COLOCATION, COLOCATION_ACKS, SUSPEND)
 STATUS_TOPICS = (STEPS, DONE)  # what a job's status is made of: kept in STATUS_STREAM, the newest per job

@@ -122,6 +122,7 @@ class CarriedGroup:
     prompt_index: int
     prompt_ids: list[int]
     sample_indices: list[int]
+    task_json: str = ""  # agentic episodes: the group's environment task (PromptItem.task_json)
 
 
 @dataclass
@@ -199,6 +200,7 @@ class EpisodeCounts:
     idle_slot_seconds_in_tools: float = 0.0  # free worker slot-seconds while episodes were in tools, nothing pending
     runner_episode_seconds: float = 0.0  # episodes the env-runners drove x time, since the manager started
     runner_capacity_seconds: float = 0.0  # the env-runners' capacity x time: utilisation is the ratio of the two
+    carried: int = 0  # partial rollout: running on past their step's stream end until a step lists them
 
 
 @dataclass

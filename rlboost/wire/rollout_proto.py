@@ -364,7 +364,11 @@ def rollout_request_to_pb(r: RolloutRequest) -> pb.RolloutRequest:
         target_groups=r.target_groups,
         carried=[
             pb.CarriedGroup(
-                step=c.step, prompt_index=c.prompt_index, prompt_ids=c.prompt_ids, sample_indices=c.sample_indices
+                step=c.step,
+                prompt_index=c.prompt_index,
+                prompt_ids=c.prompt_ids,
+                sample_indices=c.sample_indices,
+                task_json=c.task_json,
             )
             for c in r.carried
         ],
@@ -395,7 +399,7 @@ def rollout_request_from_pb(m: pb.RolloutRequest) -> RolloutRequest:
         vocab_size=m.vocab_size,
         received_request_ids=list(m.received_request_ids),
         target_groups=m.target_groups,
-        carried=_carried_from_pb(m),
+        carried=_carried_from_pb(m, episodes is not None),
         episodes=episodes,
     )
 
@@ -412,19 +416,22 @@ def _episodes_from_pb(m: pb.RolloutRequest) -> EpisodeSettings | None:
     return EpisodeSettings(e.max_turns, e.max_episode_tokens)
 
 
-def _carried_from_pb(m: pb.RolloutRequest) -> list[CarriedGroup]:
-    """RolloutRequest.carried, checked: a prompt, sample indices within the group; WireError names the field."""
+def _carried_from_pb(m: pb.RolloutRequest, episodes: bool) -> list[CarriedGroup]:
+    """RolloutRequest.carried, checked: a prompt (an episodes step: a task), sample indices within the group;
+    WireError names the field."""
     if m.target_groups < 0:
         raise WireError(f"rollout.target_groups: must be >= 0 (0 = every request), got {m.target_groups}")
     out = []
     for i, c in enumerate(m.carried):
         what = f"rollout.carried[{i}]"
-        if not c.prompt_ids:
+        if episodes and not c.task_json:
+            raise WireError(f"{what}.task_json: a carried group of an episodes step needs its environment task")
+        if not (episodes or c.prompt_ids):
             raise WireError(f"{what}.prompt_ids: a carried group needs its prompt")
         _no_negative_ids(c.prompt_ids, f"{what}.prompt_ids")
         if any(not 0 <= g < m.group_size for g in c.sample_indices):
             raise WireError(f"{what}.sample_indices: each must lie in [0, group_size={m.group_size})")
-        out.append(CarriedGroup(c.step, c.prompt_index, list(c.prompt_ids), list(c.sample_indices)))
+        out.append(CarriedGroup(c.step, c.prompt_index, list(c.prompt_ids), list(c.sample_indices), c.task_json))
     return out
 
 
@@ -535,6 +542,7 @@ def status_to_pb(s: ManagerStatus) -> pb.StatusReply:
         idle_slot_seconds_in_tools=s.episodes.idle_slot_seconds_in_tools,
         runner_episode_seconds=s.episodes.runner_episode_seconds,
         runner_capacity_seconds=s.episodes.runner_capacity_seconds,
+        episodes_carried=s.episodes.carried,
     )
 
 
@@ -577,6 +585,7 @@ def status_from_pb(m: pb.StatusReply) -> ManagerStatus:
             m.idle_slot_seconds_in_tools,
             m.runner_episode_seconds,
             m.runner_capacity_seconds,
+            carried=m.episodes_carried,
         ),
     )
 

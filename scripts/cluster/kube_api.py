@@ -13,6 +13,8 @@ replays every object on each watch and ignores resourceVersion):
 - the service-account issuer's OIDC discovery (`/.well-known/openid-configuration`, `/openid/v1/jwks`) for the
   key in --signing-key (made if missing), with which the podlet signs pods' projected tokens (sa_tokens.py:
   where the stand-in begins; a real API server signs them through the TokenRequest API).
+- PUT (replace) with the API server's optimistic concurrency: a stale resourceVersion is answered 409 Conflict (the
+  operator's replicas elect their leader on a Lease that way).
 What it does not do: authentication, admission (CEL rules), resourceVersion conflicts on merge patches, label
 selectors on list/watch, garbage collection of owned objects. The podlet stands in for the
 controllers and the kubelet (scripts/cluster/podlet.py).
@@ -26,6 +28,7 @@ import datetime
 import itertools
 import signal
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,9 @@ BUILTIN: dict[str, dict[str, Any]] = {
     "apps/v1/deployments": dict(kind="Deployment", namespaced=True, subresources={"status", "scale"}),
     "apps/v1/statefulsets": dict(kind="StatefulSet", namespaced=True, subresources={"status", "scale"}),
     "coordination.k8s.io/v1/leases": dict(kind="Lease", namespaced=True),
+    "policy/v1/poddisruptionbudgets": dict(kind="PodDisruptionBudget", namespaced=True),  # a job's budgets
+    # a platform team's job names a PriorityClass (the podlet admits a pod only when its class exists)
+    "scheduling.k8s.io/v1/priorityclasses": dict(kind="PriorityClass", namespaced=False),
     # stored for the operator; the podlet enforces no NetworkPolicy (every lane container shares one network)
     "networking.k8s.io/v1/networkpolicies": dict(kind="NetworkPolicy", namespaced=True),
 }
@@ -81,6 +87,8 @@ class LaneEmulator(kmock.KubernetesEmulator):
     async def _handle(self, request):  # type: ignore[no-untyped-def]
         if request.method == kmock.method.GET and request.url.path in self.discovery:
             return web.json_response(self.discovery[request.url.path])
+        if request.method == kmock.method.PUT and request.name is not None and isinstance(request.data, dict):
+            return await self._replace(request)
         data = request.data
         if request.action == kmock.action.UPDATE and request.name is not None:
             version = str(next(self.versions))
@@ -98,6 +106,34 @@ class LaneEmulator(kmock.KubernetesEmulator):
             if data.get("kind") == "CustomResourceDefinition":
                 register(self, crd_resources(data))
         return await super()._handle(request)
+
+    async def _replace(self, request):  # type: ignore[no-untyped-def]
+        return await replace(self, request, lambda: str(next(self.versions)))
+
+
+async def replace(emulator: kmock.KubernetesEmulator, request: Any, version: Callable[[], str]) -> web.Response:
+    """PUT (kmock has none) as the API server answers it: 404 if absent, 409 Conflict if the object's
+    resourceVersion moved on since the one sent (optimistic concurrency: operator replicas racing for the leader
+    Lease), else the object replaced at a new resourceVersion (`version()`). tests/rlboost_operator/conftest.py's
+    emulator uses it too."""
+    key = (request.resource, request.namespace, request.name)
+    async with emulator._lock:
+        if key not in emulator.objects or emulator.objects[key].deleted:
+            return _status(404, "NotFound", f"{request.name} not found")
+        current = emulator.objects[key]["metadata"].get("resourceVersion")
+        sent = (request.data.get("metadata") or {}).get("resourceVersion")
+        if sent is not None and sent != current:
+            return _status(409, "Conflict", f"resourceVersion {sent} is stale; the object is at {current}")
+        meta = {**emulator.objects[key]["metadata"], **request.data["metadata"], "resourceVersion": version()}
+        new = {**request.data, "metadata": meta}
+        emulator.objects[key].create(new)  # a new version in the object's history, replacing the old one
+        await emulator._buses[request.resource].put({"type": "MODIFIED", "object": new})
+    return web.json_response(new)
+
+
+def _status(code: int, reason: str, message: str) -> web.Response:
+    body = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "reason": reason}
+    return web.json_response({**body, "message": message}, status=code)
 
 
 def register(emulator: kmock.KubernetesEmulator, resources: dict[str, dict[str, Any]]) -> None:

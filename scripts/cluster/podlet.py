@@ -10,12 +10,16 @@ controllers and a kubelet would do for the namespace's Deployments and StatefulS
   replaces its pods, Recreate-style); a StatefulSet's become `<name>-<ordinal>` (label
   `apps.kubernetes.io/pod-index`, PVCs from volumeClaimTemplates created once and kept, Parallel or
   OrderedReady start); `status.replicas/readyReplicas/...` are written back;
-- scheduler: a pod goes to a Node (Node objects the podlet registers, all on this one machine) whose labels
+- admission: a pod naming a PriorityClass that does not exist is not created (FailedCreate, as the Priority plugin
+  refuses it), else it gets the class's priority;
+- scheduler: a pod goes to a Node (Node objects the podlet registers, all on this one machine, tainted with
+  every --node-taint) whose labels
   satisfy its nodeSelector and required nodeAffinity and whose NoSchedule/NoExecute taints it tolerates;
   otherwise it stays Pending (Unschedulable);
 - kubelet: each pod is one podman container from the local image (never pulled), with the pod's command,
   args (`$(VAR)` expanded), env (values, fieldRef, secretKeyRef, configMapKeyRef, envFrom, service links),
-  ConfigMap/Secret volumes written as files (items, modes, fsGroup), emptyDir (per pod) and PVC (a directory
+  ConfigMap/Secret volumes written as files (items, modes, fsGroup), emptyDir (per pod; medium Memory: a tmpfs of
+  its sizeLimit, e.g. a larger /dev/shm) and PVC (a directory
   per claim, kept across pod restarts and replacements) volumes as host directories, subPath mounts,
   `projected` volumes of `serviceAccountToken` sources (a token of the pod's serviceAccountName, which must
   exist, for the source's audience, signed with --signing-key: sa_tokens.py, where the stand-in begins; a real
@@ -90,6 +94,34 @@ def now_iso() -> str:
 
 
 # --- pure helpers: scheduling, env, names ---------------------------------------------------------
+
+
+def parse_taint(text: str) -> dict[str, str]:
+    """KEY=VALUE:EFFECT (kubectl taint's form) as a Node taint."""
+    key_value, _, effect = text.rpartition(":")
+    key, _, value = key_value.partition("=")
+    return {"key": key, "value": value, "effect": effect}
+
+
+QUANTITY_UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 10**3, "M": 10**6, "G": 10**9}
+
+
+def quantity_bytes(text: str) -> int:
+    """A Kubernetes memory quantity ('256Mi', '1G', '1048576') in bytes."""
+    for unit, factor in QUANTITY_UNITS.items():
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * factor)
+    return int(float(text))
+
+
+def memory_backed(volume: Mapping[str, Any]) -> bool:
+    return (volume.get("emptyDir") or {}).get("medium") == "Memory"
+
+
+def tmpfs_mount(path: str, size_limit: str | None) -> str:
+    """podman's --mount for a memory-backed emptyDir (e.g. a larger /dev/shm); no sizeLimit: podman's default."""
+    size = f",tmpfs-size={quantity_bytes(size_limit)}" if size_limit else ""
+    return f"type=tmpfs,destination={path},tmpfs-mode=1777{size}"
 
 
 def template_hash(template: Mapping[str, Any]) -> str:
@@ -289,6 +321,7 @@ class Api:
         "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
         "StatefulSet": "/apis/apps/v1/namespaces/{ns}/statefulsets",
         "Node": "/api/v1/nodes",
+        "PriorityClass": "/apis/scheduling.k8s.io/v1/priorityclasses",
     }
 
     def __init__(self, url: str, namespace: str) -> None:
@@ -445,9 +478,12 @@ class Podlet:
             "PersistentVolumeClaim",
             "Pod",
         )
-        lists = await asyncio.gather(*(self.api.list(k) for k in kinds), self.api.list("Node"))
-        self.objects = dict(zip(kinds, lists[:-1], strict=True))
-        self.nodes = {n["metadata"]["name"]: n for n in lists[-1] if n["metadata"]["name"] in self.own_nodes()}
+        cluster = ("Node", "PriorityClass")
+        lists = await asyncio.gather(*(self.api.list(k) for k in (*kinds, *cluster)))
+        self.objects = dict(zip((*kinds, *cluster), lists, strict=True))
+        self.nodes = {
+            n["metadata"]["name"]: n for n in self.objects.pop("Node") if n["metadata"]["name"] in self.own_nodes()
+        }
         self.notice_deleted_pods()
         self.evict_from_lost_nodes()
         for dep in self.objects["Deployment"]:
@@ -479,7 +515,7 @@ class Podlet:
                 "apiVersion": "v1",
                 "kind": "Node",
                 "metadata": {"name": name, "labels": labels},
-                "spec": {},
+                "spec": {"taints": [parse_taint(t) for t in self.args.node_taint]},
                 "status": {
                     "capacity": {"cpu": cpu, "memory": mem, "pods": "110"},
                     "allocatable": {"cpu": cpu, "memory": mem, "pods": "110"},
@@ -590,6 +626,8 @@ class Podlet:
     ) -> None:
         template = json.loads(json.dumps(owner["spec"].get("template") or {}))
         spec = template.get("spec") or {}
+        if not self.admit_priority(owner, spec):
+            return
         spec.update({k: v for k, v in extra_spec.items() if v})
         # volumeClaimTemplates become persistentVolumeClaim volumes of the pod's own claims.
         for vol_name, claim in (claims or {}).items():
@@ -621,6 +659,21 @@ class Podlet:
         pod = Pod(obj=obj, owner=(owner["kind"], owner["metadata"]["name"]), revision=revision)
         self.pods[pod_name] = pod
         log.info("%s %s: new pod %s", owner["kind"].lower(), owner["metadata"]["name"], pod_name)
+
+    def admit_priority(self, owner: dict[str, Any], spec: dict[str, Any]) -> bool:
+        """The Priority admission plugin: a pod naming a PriorityClass that does not exist is refused (its controller
+        creates none: FailedCreate); one that does gets the class's priority."""
+        name = spec.get("priorityClassName")
+        if not name:
+            return True
+        found = next((c for c in self.objects.get("PriorityClass", []) if c["metadata"]["name"] == name), None)
+        if found is None:
+            log.warning(
+                "%s %s: FailedCreate: no PriorityClass %r", owner["kind"].lower(), owner["metadata"]["name"], name
+            )
+            return False
+        spec["priority"] = int(found.get("value", 0))
+        return True
 
     def remove_orphans(self) -> None:
         """Pods whose Deployment or StatefulSet is gone (garbage collection of the controller's pods)."""
@@ -1032,8 +1085,12 @@ class Podlet:
     def volume_args(self, pod: Pod, container: dict[str, Any]) -> list[str]:
         fs_group = (pod.spec.get("securityContext") or {}).get("fsGroup")
         sources = {v["name"]: self.volume_dir(pod, v, fs_group) for v in pod.spec.get("volumes") or []}
+        memory = {v["name"]: v["emptyDir"] for v in pod.spec.get("volumes") or [] if memory_backed(v)}
         out: list[str] = []
         for mount in container.get("volumeMounts") or []:
+            if mount["name"] in memory:  # medium Memory: a tmpfs of its sizeLimit, as the kubelet mounts it
+                out += ["--mount", tmpfs_mount(mount["mountPath"], memory[mount["name"]].get("sizeLimit"))]
+                continue
             src = sources.get(mount["name"])
             if src is None:
                 raise ValueError(f"volumeMount {mount['name']!r} names no volume of the pod")
@@ -1290,6 +1347,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--state-dir", required=True, help="volumes, logs and endpoints.json go here")
     p.add_argument("--run-id", required=True, help="prefix of container names; label rlboost-lane=<run-id>")
     p.add_argument("--node", action="append", default=[], help="NAME[=label=value,...]; repeatable (default one node)")
+    p.add_argument(
+        "--node-taint", action="append", default=[], help="KEY=VALUE:EFFECT on every node; repeatable (a team's taint)"
+    )
     p.add_argument("--signing-key", default="", help="service-account signing key (kube_api.py's) for pods' tokens")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between reconciliations")
     p.add_argument("--shutdown-grace", type=int, default=10, help="most seconds each pod gets on podlet exit")

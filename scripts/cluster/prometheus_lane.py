@@ -54,15 +54,42 @@ def targets_from_pods(pods: list[dict[str, Any]], namespace: str) -> list[dict[s
     return groups
 
 
-def panel_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
-    """(panel title, PromQL) for every target of every panel, rows included."""
+AGENTIC_ROW = "Agentic episodes"  # the dashboard row of jobs with task.environment
+
+
+def without_row(dashboard: dict[str, Any], title_prefix: str) -> dict[str, Any]:
+    """`dashboard` without the row whose title starts with `title_prefix` and the panels under it (up to the next
+    row; a collapsed row holds its panels itself)."""
+    kept, inside = [], False
+    for panel in dashboard.get("panels") or []:
+        if panel.get("type") == "row":
+            inside = panel.get("title", "").startswith(title_prefix)
+        if not inside:
+            kept.append(panel)
+    return {**dashboard, "panels": kept}
+
+
+def panel_queries(dashboard: dict[str, Any], variables: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every target of every panel, rows included; each `$name` / `${name}` of the
+    dashboard's variables replaced by its value in `variables`, as Grafana does (a variable given no value reads as
+    its "All", the regex `.*`)."""
+    values = {
+        v["name"]: ".*" for v in (dashboard.get("templating") or {}).get("list") or [] if v["name"] != "datasource"
+    }
+    values.update(variables or {})
     out: list[tuple[str, str]] = []
     for panel in dashboard.get("panels") or []:
         for inner in [panel, *(panel.get("panels") or [])]:
             for target in inner.get("targets") or []:
                 if target.get("expr"):
-                    out.append((inner.get("title", "?"), target["expr"]))
+                    out.append((inner.get("title", "?"), substitute(target["expr"], values)))
     return out
+
+
+def substitute(expr: str, values: dict[str, str]) -> str:
+    for name in sorted(values, key=len, reverse=True):  # $rljob before a variable named $r, were there one
+        expr = expr.replace(f"${{{name}}}", values[name]).replace(f"${name}", values[name])
+    return expr
 
 
 class Prometheus:
@@ -128,12 +155,17 @@ class Prometheus:
         return [series for series in resp.json()["data"]["result"] if series.get("values")]
 
     def panels_without_data(
-        self, dashboard: dict[str, Any], at: float | None = None, between: tuple[float, float] | None = None
+        self,
+        dashboard: dict[str, Any],
+        at: float | None = None,
+        between: tuple[float, float] | None = None,
+        variables: dict[str, str] | None = None,
     ) -> list[str]:
         """Titles of the panels none of whose queries returns a series: now, as of `at`, or (what a dashboard
-        showing that time range draws) at any point `between` (start, end)."""
+        showing that time range draws) at any point `between` (start, end); `variables`: the dashboard's variables
+        as chosen (namespace, rljob), each other one "All"."""
         results: dict[str, bool] = {}
-        for title, expr in panel_queries(dashboard):
+        for title, expr in panel_queries(dashboard, variables):
             found = self.query_range(expr, *between) if between else self.query(expr, at)
             results[title] = results.get(title, False) or bool(found)
         return [title for title, has_data in results.items() if not has_data]

@@ -15,11 +15,15 @@ from podlet import (
     dns_aliases,
     expand,
     field_ref,
+    memory_backed,
     node_fits,
+    parse_taint,
     projected_token_files,
+    quantity_bytes,
     service_link_env,
     template_hash,
     terminated_state,
+    tmpfs_mount,
 )
 
 from rlboost.auth.worker_identity import IdentityRefused, WorkerIdentityVerifier
@@ -148,3 +152,27 @@ def test_a_projected_token_needs_the_pods_service_account(tmp_path: Path) -> Non
     volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "identity")
     with pytest.raises(ValueError, match="serviceaccount 'job1-reserved-worker' not found"):
         projected_token_files(volume, pod, [], sa_tokens.load_or_make_key(tmp_path / "sa.key"))
+
+
+def test_a_teams_taint_keeps_off_every_pod_of_a_job_without_its_toleration() -> None:
+    """The lane's --platform nodes (--node-taint team=ml:NoSchedule) take the platform example's pods (each component
+    tolerates the taint through its podTemplate) and no pod of a job without the toleration."""
+    import yaml
+
+    from rlboost.spec import JobSpec, parse_job_spec
+
+    team = {**PLAIN_NODE, "spec": {"taints": [parse_taint("team=ml:NoSchedule")]}}
+    assert team["spec"]["taints"] == [{"key": "team", "value": "ml", "effect": "NoSchedule"}]
+    root = Path(__file__).resolve().parents[2]
+    platform = parse_job_spec(yaml.safe_load((root / "examples" / "rljob-platform.yaml").read_text())["spec"])
+    for spec, fits in ((platform, True), (JobSpec(), False)):
+        for obj in children.build_children("j", "ns", spec, OperatorSettings(), 0):
+            if obj["kind"] in ("Deployment", "StatefulSet") and "spot" not in obj["metadata"]["name"]:
+                assert node_fits(obj["spec"]["template"]["spec"], team) is fits, obj["metadata"]["name"]
+
+
+def test_a_memory_backed_empty_dir_is_a_tmpfs_of_its_size_limit() -> None:
+    assert quantity_bytes("256Mi") == 256 << 20 and quantity_bytes("1G") == 10**9 and quantity_bytes("4096") == 4096
+    assert memory_backed({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}})
+    assert not memory_backed({"name": "scratch", "emptyDir": {}})
+    assert tmpfs_mount("/dev/shm", "1Gi") == f"type=tmpfs,destination=/dev/shm,tmpfs-mode=1777,tmpfs-size={1 << 30}"

@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import prometheus_lane
 from prometheus_lane import POD_MONITOR_PORTS, POD_MONITOR_SELECTOR, RELABEL, panel_queries, targets_from_pods
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "rlboost"
@@ -51,3 +52,24 @@ def test_every_dashboard_panel_has_a_query() -> None:
     dashboard = json.loads((CHART / "dashboards" / "rlboost.json").read_text())
     queries = panel_queries(dashboard)
     assert queries and all(expr for _, expr in queries)
+
+
+def test_panel_queries_take_the_dashboards_variables_as_grafana_does() -> None:
+    dashboard = json.loads((CHART / "dashboards" / "rlboost.json").read_text())
+    chosen = panel_queries(dashboard, {"namespace": "ml", "rljob": "addition-tiny"})
+    assert not any("$" in expr for _, expr in chosen)
+    assert any('rljob=~"addition-tiny"' in expr and 'namespace=~"ml"' in expr for _, expr in chosen)
+    everything = panel_queries(dashboard)  # no value chosen: "All"
+    assert any('rljob=~".*"' in expr for _, expr in everything) and not any("$" in e for _, e in everything)
+
+
+def test_the_agentic_row_is_left_out_for_a_job_without_episodes_and_only_it():
+    """The lane judges every panel of the chart's dashboard but the agentic row's for a job with no
+    task.environment (no env-runner exports those series)."""
+    dashboard = json.loads((CHART / "dashboards" / "rlboost.json").read_text())
+    kept = prometheus_lane.without_row(dashboard, prometheus_lane.AGENTIC_ROW)
+    titles = lambda d: [t for t, _ in prometheus_lane.panel_queries(d)]  # noqa: E731
+    gone = set(titles(dashboard)) - set(titles(kept))
+    agentic = ("env_runner", "episode", "turns", "in_tools")
+    assert gone and all(any(a in e for a in agentic) for t, e in panel_queries(dashboard) if t in gone), gone
+    assert "Mean reward" in titles(kept) and len(kept["panels"]) < len(dashboard["panels"])

@@ -29,9 +29,9 @@ EXAMPLES = sorted((ROOT / "examples").glob("rljob*.yaml"))
 
 
 def crd_docs() -> dict[str, dict[str, Any]]:
-    """The chart's CRDs by kind."""
+    """The chart's CRDs by kind (files/crds/, which templates/crds.yaml installs)."""
     out = {}
-    for path in sorted((CHART / "crds").glob("*.yaml")):
+    for path in sorted((CHART / "files" / "crds").glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             out[doc["spec"]["names"]["kind"]] = doc
     return out
@@ -103,13 +103,72 @@ def test_toggles_and_dashboard():
     assert operator["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["--namespace", "ml"]
     dash = next(d for d in render(None) if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "rlboost-dashboard")
     panels = json.loads(dash["data"]["rlboost.json"])["panels"]
-    exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
+    exprs = " ".join(t["expr"] for p in panels for t in p.get("targets", []))
     for metric in (
         "rlboost_trainer_reward_mean",
         "rlboost_manager_tokens_lost_total",
         "rlboost_operator_desired_spot_replicas",
     ):
         assert metric in exprs
+
+
+def test_the_dashboard_has_its_rows_variables_and_a_unit_and_description_on_every_panel():
+    dashboard = json.loads((CHART / "dashboards" / "rlboost.json").read_text())
+    rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
+    for wanted in ("progress", "Step time split", "per pool", "Migrations and preemptions", "Weight sync", "health"):
+        assert any(wanted in row for row in rows), (wanted, rows)
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["namespace"]["includeAll"] and variables["rljob"]["multi"]
+    assert "$namespace" in variables["rljob"]["query"]["query"]  # jobs of the chosen namespaces
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    for panel in panels:
+        assert panel.get("description") and panel["fieldConfig"]["defaults"].get("unit"), panel["title"]
+        for target in panel["targets"]:
+            per_job = "rljob" in target["expr"] and "by (rljob" in target["expr"]
+            assert not per_job or ('rljob=~"$rljob"' in target["expr"] and "$namespace" in target["expr"]), target
+    titles = " ".join(p["title"] for p in panels)
+    for wanted in ("Loss", "KL", "Entropy", "Clip fraction", "Response length", "p95 weight-sync", "Cost", "Phase"):
+        assert wanted in titles, wanted
+
+
+def test_kueue_rbac_only_with_kueue_enabled():
+    """The Workload rights (and reading ResourceFlavors and WorkloadPriorityClasses) come with kueue.enabled."""
+    for install in ({}, {"watchNamespaces": ["ml"]}):
+        off = render(None, {"operator": install} if install else None)
+        assert not [
+            r
+            for d in off
+            if d["kind"] in ("Role", "ClusterRole")
+            for r in d["rules"]
+            if "kueue.x-k8s.io" in r["apiGroups"]
+        ]
+        docs = render(None, {"kueue": {"enabled": True}, **({"operator": install} if install else {})})
+        roles = [d for d in docs if d["kind"] in ("Role", "ClusterRole") and "leader" not in d["metadata"]["name"]]
+        rules = {}
+        for role in roles:
+            rules.update(
+                {
+                    k: v
+                    for k, v in _rules(role).items()
+                    if k in ("workloads", "workloads/status", "resourceflavors", "workloadpriorityclasses")
+                }
+            )
+        assert rules == {
+            "workloads": {"get", "list", "watch", "create", "patch"},
+            "workloads/status": {"get", "patch"},
+            "resourceflavors": {"get"},
+            "workloadpriorityclasses": {"get"},
+        }, install
+        env = {
+            e["name"]: e.get("value")
+            for e in operator_deployment(docs)["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        settings = load_settings({k: v for k, v in env.items() if v is not None})
+        assert settings.kueue is True and settings.suspend_timeout_s == 1800.0
+        reader = next(d for d in docs if d["kind"] == "ClusterRoleBinding" and "kueue" in d["metadata"]["name"])
+        assert reader["subjects"] == [
+            {"kind": "ServiceAccount", "name": "kueue-controller-manager", "namespace": "kueue-system"}
+        ]
 
 
 def operator_deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -182,7 +241,8 @@ def test_rbac_is_least_privilege():
     # by name only: no list or watch of Secrets; patch adds an item (worker-identity.json follows the cluster's keys)
     assert rules["secrets"] == {"create", "get", "patch"}
     assert rules["networkpolicies"] == {"get", "create", "patch"}  # each job's own
-    assert rules["serviceaccounts"] == {"get", "create", "patch"}  # each job's worker accounts (no rights of their own)
+    assert rules["serviceaccounts"] == {"get", "create", "patch"}  # each job's accounts (no rights of their own)
+    assert rules["poddisruptionbudgets"] == {"get", "create", "patch"}  # each job's single-replica services
 
 
 def test_a_namespaced_install_reads_secrets_and_makes_workloads_only_in_its_namespaces():
@@ -201,6 +261,7 @@ def test_a_namespaced_install_reads_secrets_and_makes_workloads_only_in_its_name
             namespace
         )
         assert rules["serviceaccounts"] == {"get", "create", "patch"}, namespace
+        assert rules["poddisruptionbudgets"] == {"get", "create", "patch"}, namespace
         binding = next(d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["namespace"] == namespace)
         assert binding["roleRef"] == {
             "apiGroup": "rbac.authorization.k8s.io",

@@ -14,25 +14,22 @@ directory on the processes' PYTHONPATH): it answers every turn and ends the epis
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
-import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from rlboost.nats_server import free_port, wait_for_port
-from rlboost.spec import JobSpec, ModelSpec, dump_job_spec, parse_job_spec
-from rlboost.wire.rollout_io import EpisodeSettings, PromptItem, RolloutRequest, SamplingParams, Trajectory
-from rlboost.wire.rollout_proto import status_from_pb
-from tests.rollout_manager.client import status
+from rlboost.wire.rollout_io import CarriedGroup, Trajectory, request_id
+from tests.env_runner import procs
+from tests.env_runner.procs import Job, Shape, collect, same_episodes, whole_step
 from trainer.rollout_client import RolloutClient
 
-TURNS, PROMPTS, GROUP = 3, 2, 2
+SHAPE = Shape("echo")
+TURNS, PROMPTS, GROUP = SHAPE.turns, SHAPE.prompts, SHAPE.group
 ECHO = textwrap.dedent(
     '''
     from rlboost.environments.base import Step
@@ -66,112 +63,16 @@ def site(tmp_path_factory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    """A tiny random Qwen3 and a byte-level tokenizer with the Qwen-style chat template."""
-    from rlboost.models.tiny import build_model
-    from rlboost.models.tokenizer import train_tokenizer
-
-    out = tmp_path_factory.mktemp("tiny-chat")
-    tok = train_tokenizer(["<|im_start|>user\nWhat is 3*4?<|im_end|>\n<|im_start|>tool\n12 characters<|im_end|>\n"])
-    build_model(ModelSpec(hidden_size=32, num_layers=1, num_heads=2, seed=3), tok).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
-class Job:
-    """The manager, worker and env-runner processes of one test, logs under `root`, all killed at the end."""
-
-    def __init__(self, root: Path, model_dir: Path, site: Path) -> None:
-        self.root, self.model_dir = root, model_dir
-        self.port = free_port()
-        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        self.env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
-        spec = parse_job_spec(
-            {
-                "task": {"environment": {"name": "echo", "stepTimeoutSeconds": 30}},
-                "algorithm": {"maxNewTokens": 12, "maxTurns": TURNS, "maxEpisodeTokens": 400},
-                "rollout": {"leaseTimeoutMs": 60000},  # a loaded machine must not expire a live runner
-            }
-        )
-        assert isinstance(spec, JobSpec)
-        self.config = root / "job.yaml"
-        self.config.write_text(dump_job_spec(spec))
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def spawn(self, name: str, *argv: str) -> None:
-        with (self.root / f"{name}.log").open("wb") as out:
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", *argv], stdout=out, stderr=subprocess.STDOUT, env=self.env
-            )
-
-    async def start(self) -> None:
-        common = ("--config", str(self.config), "--nats-url", "", "--host", "127.0.0.1")
-        self.spawn("manager", "rollout_manager", *common, "--port", str(self.port), "--metrics-port", "0")
-        await asyncio.to_thread(wait_for_port, "127.0.0.1", self.port, 60, self.procs["manager"])
-        model = ("--model-dir", str(self.model_dir), "--manager", self.target)
-        self.spawn(
-            "worker", "rollout_worker", *common, *model, "--worker-id", "w0", "--capacity", "4", "--weight-server", ""
-        )
-        self.start_runner("env-0")
-
-    def start_runner(self, name: str) -> None:
-        common = ("--config", str(self.config), "--nats-url", "", "--host", "127.0.0.1")
-        self.spawn(name, "env_runner", *common, "--model-dir", str(self.model_dir), "--manager", self.target,
-                   "--runner-id", name, "--capacity", "2")  # fmt: skip
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.root.glob("*.log")))
-
-
-async def _status(target: str):
-    try:
-        return status_from_pb(await status(target))
-    except Exception:  # noqa: BLE001 (not up yet: keep polling)
-        return None
-
-
-async def _until(predicate, job: Job, what: str, timeout: float = 180.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if value := await predicate():
-            return value
-        await asyncio.sleep(0.05)  # polling interval of a condition with a deadline
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{job.logs()}")
-
-
-def _request(step: int) -> RolloutRequest:
-    sampling = SamplingParams(temperature=0.0, max_new_tokens=12, seed=5, stop_token_ids=(2,))
-    tasks = [PromptItem(i, [], json.dumps({"question": f"What is {3 + i}*4?", "answer": "x"})) for i in range(PROMPTS)]
-    return RolloutRequest(step, 0, tasks, GROUP, sampling, episodes=EpisodeSettings(TURNS, 400))
-
-
-async def _collect(rc: RolloutClient, request: RolloutRequest, out: list[Trajectory]) -> None:
-    async for traj in rc.rollout(request, reattach_s=60):
-        out.append(traj)
+    return procs.tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"))
 
 
 async def test_episodes_run_through_real_processes_and_survive_a_killed_env_runner(model_dir, site, tmp_path):
-    job = Job(tmp_path, model_dir, site)
+    job = Job(tmp_path, model_dir, site, SHAPE)
     try:
         await job.start()
-
-        async def ready():
-            s = await _status(job.target)
-            return s is not None and len(s.workers) == 1 and len(s.runners) == 1
-
-        await _until(ready, job, "a worker and an env-runner registered")
+        await job.ready()
         async with RolloutClient(job.target) as rc:
-            first: list[Trajectory] = []
-            await asyncio.wait_for(_collect(rc, _request(0), first), 240)
+            first = await whole_step(rc, SHAPE.request(0), 240)
             assert len(first) == PROMPTS * GROUP
             for t in first:
                 assert (t.turns, t.reward, t.finish_reason, t.episode.runner) == (TURNS, 3.0, "stop", "env-0")
@@ -181,25 +82,75 @@ async def test_episodes_run_through_real_processes_and_survive_a_killed_env_runn
                 assert t.episode.tool_calls == TURNS - 1 and t.workers == ["w0"]
 
             second: list[Trajectory] = []
-            collecting = asyncio.create_task(_collect(rc, _request(1), second))
-
-            async def in_flight():
-                s = await _status(job.target)
-                return s is not None and any(r.runner_id == "env-0" and r.running > 0 for r in s.runners)
-
-            await _until(in_flight, job, "env-0 driving episodes")
+            collecting = asyncio.create_task(collect(rc, SHAPE.request(1), second))
+            await job.until(job.runner_busy("env-0"), "env-0 driving episodes")
             job.procs["env-0"].send_signal(signal.SIGKILL)
             job.start_runner("env-1")
             await asyncio.wait_for(collecting, 240)
-        assert sorted((t.prompt_index, t.sample_index) for t in second) == sorted(
-            (t.prompt_index, t.sample_index) for t in first
-        )
-        by_sample = {(t.prompt_index, t.sample_index): t for t in first}
-        for t in second:  # greedy: the same episode, whichever runner finally drove it
-            assert (t.response_ids, t.loss_mask) == (by_sample[t.prompt_index, t.sample_index].response_ids,
-                                                     by_sample[t.prompt_index, t.sample_index].loss_mask)  # fmt: skip
+        same_episodes(first, second)  # greedy: the same episodes, whichever runner finally drove them
         assert any(t.episode.runner == "env-1" for t in second)
-        final = await _status(job.target)
+        final = await job.status()
         assert final is not None and final.episodes.finished == 2 * PROMPTS * GROUP and final.episodes.failed == 0
+    finally:
+        job.stop()
+
+
+async def test_a_restarted_manager_reruns_the_episodes_runners_held_and_nothing_is_lost(model_dir, site, tmp_path):
+    """The rollout-manager SIGKILLed while env-0 drives a step's episodes, then started again on its port: the
+    runner and the worker reconnect, the trainer's stream re-attaches and asks for the step again, and the
+    episodes the runner held start again from their tasks (a new manager does not adopt them: their environments'
+    state lives in the runner, whose stream broke). What is lost is their time only: every episode arrives once,
+    token for token (greedy, seeds per episode and turn) what the uninterrupted step gave."""
+    job = Job(tmp_path, model_dir, site, SHAPE)
+    try:
+        await job.start()
+        await job.ready()
+        async with RolloutClient(job.target) as rc:
+            first = await whole_step(rc, SHAPE.request(0), 240)
+            second: list[Trajectory] = []
+            collecting = asyncio.create_task(collect(rc, SHAPE.request(1), second))
+            await job.until(job.runner_busy("env-0"), "env-0 driving episodes")
+            job.procs["manager"].send_signal(signal.SIGKILL)
+            job.procs["manager"].wait(10)
+            job.start_manager()
+            await asyncio.wait_for(collecting, 240)
+        same_episodes(first, second)
+        final = await job.status()
+        assert final is not None and final.episodes.failed == 0 and len(final.runners) == 1
+        assert final.episodes.finished > 0  # the new manager ran (again) the episodes the step still owed
+    finally:
+        job.stop()
+
+
+async def test_partial_rollout_carries_episodes_past_a_step_end_and_through_a_killed_worker(model_dir, site, tmp_path):
+    """algorithm.partialRollout with episodes, the trainer's side as trainer.partial_assembly asks for it: a step's
+    stream ends once its target (1 group) is complete, its other episodes are carried and go on on their env-runner;
+    the worker generating one of their turns is SIGKILLed between the steps and another starts; the next step lists
+    the carried episodes and gets each once. No weight version changes here (no weight-server), so greedy, the
+    episodes are token for token those of the same step rolled out whole; across a version change the spans differ
+    (tests/rollout_manager/test_episode_carry.py)."""
+    # long turns, to be caught generating; the runner drives 2 episodes at once: the third waits, so one is carried
+    shape = Shape("echo", max_new_tokens=160, max_episode_tokens=700, prompts=3, group=1)
+    job = Job(tmp_path, model_dir, site, shape)
+    try:
+        await job.start()
+        await job.ready()
+        async with RolloutClient(job.target) as rc:
+            whole = await whole_step(rc, shape.request(0), 240)
+            first = await whole_step(rc, replace(shape.request(1), target_groups=1), 240)
+            assert 1 <= len(first) < shape.prompts  # the stream ended at its target
+            await job.until(job.worker_streaming("w0"), "w0 generating a carried episode's turn")
+            job.procs["w0"].send_signal(signal.SIGKILL)
+            job.start_worker("w1")
+            got = {t.prompt_index for t in first}
+            tasks = shape.request(1).prompts
+            owed = [CarriedGroup(1, p, [], [0], tasks[p].task_json) for p in range(shape.prompts) if p not in got]
+            rest = await whole_step(rc, replace(shape.request(2), prompts=[], carried=owed, target_groups=len(owed)))
+        delivered = [t.request_id for t in first + rest]
+        assert sorted(delivered) == [request_id(1, p, 0) for p in range(shape.prompts)]  # every episode once
+        same_episodes(whole, first + rest)
+        final = await job.status()
+        assert final is not None and final.episodes.failed == 0 and final.tokens_regenerated == 0
+        assert final.migrations_by_reason.get("stream_broken", 0) >= 1  # the killed worker's turn moved on
     finally:
         job.stop()

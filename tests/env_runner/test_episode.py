@@ -8,8 +8,6 @@ rollout-manager; tests/env_runner/test_env_runner_process.py runs the real chain
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from env_runner.episode import EpisodeRun, task_of
@@ -17,40 +15,8 @@ from env_runner.gateway import ChatGateway, GatewayError
 from env_runner.transcript import Transcript
 from rlboost.environments.chat import ChatFormat
 from rlboost.environments.sandbox import EnvConfig, EnvProcess
-from rlboost.environments.tools import tool_call_text
-from rlboost.models.tokenizer import stop_token_ids, train_tokenizer
-from rlboost.wire.episode_io import EpisodeAssignment, TurnRequest, TurnResult
-from rlboost.wire.rollout_io import SamplingParams
-
-CALL = tool_call_text("calculator", {"expression": "7*6"})
-
-
-@pytest.fixture(scope="module")
-def fmt() -> ChatFormat:
-    corpus = [f"<|im_start|>user\nWhat is 7*6?<|im_end|>\n<|im_start|>assistant\n{CALL}<|im_end|>\n"] * 3
-    tok = train_tokenizer([*corpus, "<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n42<|im_end|>\n"])
-    return ChatFormat(tok, stop_token_ids(tok))
-
-
-def _assignment(max_turns: int = 3, max_tokens: int = 400) -> EpisodeAssignment:
-    task = json.dumps({"question": "What is 7*6?", "answer": "42", "metadata": {"extra": 1}, "unknown": 2})
-    sampling = SamplingParams(max_new_tokens=64, seed=3)
-    return EpisodeAssignment("s0-p0-g0", 1, 0, 0, 0, task, sampling, 5, max_turns, max_tokens)
-
-
-class Scripted:
-    """A policy that answers each turn with the next text of a script, as token ids with made-up log-probs."""
-
-    def __init__(self, fmt: ChatFormat, texts: list[str], version: int = 5) -> None:
-        self.fmt, self.texts, self.version = fmt, list(texts), version
-        self.requests: list[TurnRequest] = []
-
-    async def __call__(self, r: TurnRequest) -> TurnResult:
-        self.requests.append(r)
-        ids = self.fmt.encode(self.texts.pop(0)) + sorted(self.fmt.stop_ids)[-1:]
-        reason = "stop" if len(ids) <= r.max_new_tokens else "length"  # as a worker: never past the budget
-        ids = ids[: r.max_new_tokens]
-        return TurnResult(r.episode_id, r.turn, ids, [-0.5] * len(ids), reason, self.version, workers=["w1"])
+from rlboost.wire.episode_io import TurnRequest, TurnResult
+from tests.env_runner.scripted import CALL, Scripted, assignment
 
 
 def test_the_chat_format_renders_only_what_the_environment_says(fmt: ChatFormat):
@@ -77,7 +43,7 @@ async def test_an_episode_is_driven_turn_by_turn_against_the_real_environment(fm
     policy = Scripted(fmt, [CALL, "42"])
     env = await EnvProcess.start(EnvConfig("calculator", {}))
     try:
-        result = await EpisodeRun(_assignment(), env, fmt, policy).run()
+        result = await EpisodeRun(assignment(), env, ChatGateway(fmt, policy)).run()
     finally:
         await env.kill()
     assert (result.finish_reason, result.reward, result.turns) == ("stop", 1.0, 2)
@@ -99,8 +65,8 @@ async def test_an_episode_stops_at_its_turns_and_tokens(fmt: ChatFormat):
     most = len(prompt) + 2 * turn + len(after) + 3  # a second turn fits, the tool's answer after it does not
     env = await EnvProcess.start(EnvConfig("calculator", {}))
     try:
-        turns = await EpisodeRun(_assignment(max_turns=1), env, fmt, Scripted(fmt, [CALL])).run()
-        tokens = await EpisodeRun(_assignment(max_tokens=most), env, fmt, Scripted(fmt, [CALL] * 3)).run()
+        turns = await EpisodeRun(assignment(max_turns=1), env, ChatGateway(fmt, Scripted(fmt, [CALL]))).run()
+        tokens = await EpisodeRun(assignment(max_tokens=most), env, ChatGateway(fmt, Scripted(fmt, [CALL] * 3))).run()
     finally:
         await env.kill()
     assert (turns.finish_reason, turns.turns, turns.reward) == ("length", 1, None)
@@ -114,7 +80,7 @@ async def test_a_failed_turn_fails_the_episode(fmt: ChatFormat):
 
     env = await EnvProcess.start(EnvConfig("calculator", {}))
     try:
-        result = await EpisodeRun(_assignment(), env, fmt, failing).run()
+        result = await EpisodeRun(assignment(), env, ChatGateway(fmt, failing)).run()
     finally:
         await env.kill()
     assert result.finish_reason == "failed" and "no worker" in result.stats.env_error
@@ -130,7 +96,7 @@ def test_a_task_is_read_from_the_manager_s_json():
 async def test_the_gateway_continues_the_conversation_token_exactly(fmt: ChatFormat):
     policy = Scripted(fmt, [CALL, "42"])
     gateway = ChatGateway(fmt, policy)
-    key = gateway.open(_assignment())
+    key = gateway.open(assignment())
     messages = [{"role": "user", "content": "What is 7*6?"}]
     first = await gateway.complete(key, {"messages": messages})
     reply = first["choices"][0]
@@ -154,7 +120,7 @@ async def test_the_gateway_refuses_what_it_cannot_continue(fmt: ChatFormat):
     with pytest.raises(GatewayError) as no_key:
         await gateway.complete("wrong", {"messages": [{"role": "user", "content": "hi"}]})
     assert no_key.value.status == 401
-    key = gateway.open(_assignment())
+    key = gateway.open(assignment())
     await gateway.complete(key, {"messages": [{"role": "user", "content": "What is 7*6?"}]})
     edited = [{"role": "user", "content": "What is 8*6?"}, {"role": "tool", "content": "48"}]
     with pytest.raises(GatewayError, match=r"messages\[0\]: differs"):
@@ -169,7 +135,7 @@ async def test_the_gateway_serves_chat_completions_over_http(fmt: ChatFormat):
     from env_runner.gateway import serve_gateway
 
     gateway = ChatGateway(fmt, Scripted(fmt, [CALL]))
-    key = gateway.open(_assignment())
+    key = gateway.open(assignment())
     runner, port = await serve_gateway(gateway, "127.0.0.1", 0)
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}/v1") as client:

@@ -314,3 +314,32 @@ def test_a_job_where_no_worker_would_start_is_refused_before_anything_starts(tmp
     res = rlboost("local", "--config", str(idle), "--run-dir", str(tmp_path / "run"))
     assert res.returncode == 2 and "no rollout worker would start" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_validate_and_render_run_the_operators_offline_module_in_a_process_of_their_own() -> None:
+    """`rlboost validate` / `render` exec `python -m rlboost_operator.offline` (the core imports no service); the
+    module itself: tests/rlboost_operator/test_offline.py."""
+    from rlboost.cli.main import build_parser
+    from rlboost.cli.offline_cmd import OPERATOR_MODULE, operator_argv
+
+    parser = build_parser()
+    args = parser.parse_args(["validate", "a.yaml", "b.yaml"])
+    assert operator_argv(args) == [PY, "-m", OPERATOR_MODULE, "validate", "a.yaml", "b.yaml"]
+    args = parser.parse_args(["render", "a.yaml", "-n", "ml", "--spot-replicas", "3"])
+    assert operator_argv(args) == [
+        PY,
+        "-m",
+        OPERATOR_MODULE,
+        "render",
+        "a.yaml",
+        "--namespace",
+        "ml",
+        "--spot-replicas",
+        "3",
+    ]
+    proc = subprocess.run(
+        [PY, "-m", "rlboost.cli.main", "validate", "/no/such.yaml"], capture_output=True, text=True, timeout=120
+    )
+    assert (
+        proc.returncode == 2 and proc.stderr.strip().startswith("rlboost validate: ") and "/no/such.yaml" in proc.stderr
+    )

@@ -35,7 +35,9 @@ def test_an_unregistered_name_lists_the_available_ones(name: str) -> None:
     with pytest.raises(JobSpecError) as err:
         parse_job_spec({"task": {"reward": name}})
     assert err.value.problems[0].path == "task.reward"
-    assert "available: exact_match, format, format_reward, math_answer, math_verify, regex_match" in str(err.value)
+    assert "available: exact_match, format, format_reward, math_answer, math_verify, reasoning_gym, regex_match" in str(
+        err.value
+    )
 
 
 def test_a_user_package_registers_its_own_but_cannot_replace_a_builtin(

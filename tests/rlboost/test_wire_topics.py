@@ -19,6 +19,7 @@ from rlboost.wire.events import (
     JobDone,
     PreemptionNotice,
     StepReport,
+    SuspendRequest,
     WeightsAnnounced,
 )
 
@@ -32,6 +33,7 @@ def test_each_topic_is_the_subject_on_the_wire_with_its_payload_type():
         "rlboost.ns.job.done": JobDone,
         "rlboost.ns.job.colocation": ColocationCommand,
         "rlboost.ns.job.colocation-acks": ColocationAck,
+        "rlboost.ns.job.suspend": SuspendRequest,  # answered with a SuspendReply
     }
     assert STEPS.subject("*", "*") == "rlboost.*.*.steps"  # the operator's stream: every job's
 

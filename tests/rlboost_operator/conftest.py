@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -37,6 +38,10 @@ import pytest
 from aiohttp import web
 
 from rlboost.nats_server import NatsServer, free_port
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "cluster"))  # the lane's kmock additions
+import kube_api as lane_api  # noqa: E402
+
 from tests.helpers import wait_until
 
 VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
@@ -57,6 +62,7 @@ RESOURCES = {
     "apps/v1/statefulsets": dict(kind="StatefulSet", namespaced=True),
     "networking.k8s.io/v1/networkpolicies": dict(kind="NetworkPolicy", namespaced=True),
     "coordination.k8s.io/v1/leases": dict(kind="Lease", namespaced=True),
+    "policy/v1/poddisruptionbudgets": dict(kind="PodDisruptionBudget", namespaced=True),
 }
 
 
@@ -152,22 +158,8 @@ class Emulator(kmock.KubernetesEmulator):
         return await super()._handle(request)
 
     async def _replace(self, request) -> web.Response:  # type: ignore[no-untyped-def]
-        """PUT as the API server answers it: 404 if absent, 409 if the resourceVersion is stale, else replace."""
-        key = (request.resource, request.namespace, request.name)
-        async with self._lock:
-            if key not in self.objects or self.objects[key].deleted:
-                return _status(404, "NotFound", f"{request.name} not found")
-            current = self.objects[key]["metadata"].get("resourceVersion")
-            sent = (request.data.get("metadata") or {}).get("resourceVersion")
-            if sent != current:
-                return _status(409, "Conflict", f"resourceVersion {sent} is stale; the object is at {current}")
-            new = {
-                **request.data,
-                "metadata": {**request.data["metadata"], "resourceVersion": str(next(self._versions))},
-            }
-            self.objects[key].create(new)  # a new version in the object's history, replacing the old one
-            await self._buses[request.resource].put({"type": "MODIFIED", "object": new})
-        return web.json_response(new)
+        """PUT as the API server answers it (the lane's kube_api.replace): 404, 409 on a stale resourceVersion."""
+        return await lane_api.replace(self, request, lambda: str(next(self._versions)))
 
 
 @dataclass

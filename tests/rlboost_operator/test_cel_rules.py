@@ -11,80 +11,33 @@ cost estimation at CRD registration.
 from __future__ import annotations
 
 import copy
-import functools
+import re
 from pathlib import Path
 from typing import Any
 
-import celpy
 import pytest
 import yaml
 
 from rlboost.spec import JobSpecError, parse_job_spec
-from rlboost_operator import cel_rules, crd
+from rlboost_operator import cel_eval, cel_rules, crd
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("rljob*.yaml"))
 SPEC_SCHEMA = crd.spec_schema()
-CEL = celpy.Environment()
 
 
-def with_defaults(schema: dict[str, Any], obj: Any) -> Any:
-    """Structural defaulting: each property of a present object that is left out gets its schema default."""
-    if not isinstance(obj, dict) or "properties" not in schema:
-        return obj
-    out = dict(obj)
-    for key, sub in schema["properties"].items():
-        if key not in out and "default" in sub:
-            out[key] = copy.deepcopy(sub["default"])
-        if key in out:
-            out[key] = with_defaults(sub, out[key])
-    return out
-
-
-def _rules(schema: dict[str, Any], path: tuple[str, ...] = ()):
-    """(path of the node, rule) for every rule in the schema."""
-    for rule in schema.get("x-kubernetes-validations", []):
-        yield path, rule
-    for key, sub in (schema.get("properties") or {}).items():
-        yield from _rules(sub, (*path, key))
-
-
-def _at(obj: Any, path: tuple[str, ...]) -> Any:
-    for key in path:
-        if not isinstance(obj, dict) or key not in obj:
-            return None
-        obj = obj[key]
-    return obj
-
-
-@functools.cache
-def program(rule: str) -> celpy.Runner:
-    return CEL.program(CEL.compile(rule))
-
-
-def refusals(new: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
-    """The messages of the rules that refuse `new` (a create when `old` is None, else an update of `old`)."""
-    out = []
-    for path, rule in _rules(SPEC_SCHEMA):
-        here, before = _at(new, path), (_at(old, path) if old is not None else None)
-        transition = "oldSelf" in rule["rule"]
-        if here is None or (transition and before is None):
-            continue
-        activation = {"self": celpy.json_to_cel(here)}
-        if transition:
-            activation["oldSelf"] = celpy.json_to_cel(before)
-        result = program(rule["rule"]).evaluate(activation)
-        assert isinstance(result, celpy.celtypes.BoolType), (rule["rule"], result)  # no evaluation error
-        if not result:
-            out.append(rule["message"])
-    return out
+def refusals(new: dict[str, Any], old: dict[str, Any] | None = None, defaulted: bool = False) -> list[str]:
+    """The messages of the rules that refuse `new` (a create when `old` is None, else an update of `old`); a rule
+    that does not evaluate to a bool fails the test."""
+    found = cel_eval.refusals(SPEC_SCHEMA, new, old, defaulted=defaulted)
+    assert not [r for r in found if r.error], found
+    return [r.message for r in found]
 
 
 def both_ways(new: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
     """refusals() as written and defaulted; they must agree."""
     raw = refusals(new, old)
-    default = lambda o: with_defaults(SPEC_SCHEMA, o) if o is not None else None  # noqa: E731
-    assert refusals(default(new), default(old)) == raw, (new, old)
+    assert refusals(new, old, defaulted=True) == raw, (new, old)
     return raw
 
 
@@ -160,11 +113,16 @@ BAD_SPECS = [
         "trainer": {"ranks": 2},
     },
     {"rollout": {"spot": {"gpusPerWorker": 2, "tensorParallel": 2}}},  # engine torch (the default)
+    {"task": {"environment": {"name": "calculator"}}, "algorithm": {"partialRollout": True}},  # maxStaleness 0
+    {"task": {"dataset": {"train": "a.jsonl", "reasoningGym": {"name": "chain_sum"}}}},
+    {"task": {"environment": {"verifiers": "my-taskset"}, "dataset": {"reasoningGym": {"name": "chain_sum"}}}},
     {"rollout": {"reserved": {"engine": "sglang", "gpusPerWorker": 1, "tensorParallel": 2}}},
     {"algorithm": {"dualClip": 0.5}},
     {"algorithm": {"dualClip": 1}},
     {"algorithm": {"klInReward": True}},  # klCoef 0
     {"rollout": {"reserved": {"replicas": 0}, "spot": {"replicas": 0, "maxReplicas": 0}}},  # no worker (issue 31)
+    {"trainer": {"gpusPerRank": 2}},
+    {"rollout": {"spot": {"serviceAccount": {"name": "shared"}}}},
 ]
 
 
@@ -187,6 +145,14 @@ def test_partial_rollout_with_several_trainer_ranks_is_accepted():
     assert both_ways(spec) == []
 
 
+def test_partial_rollout_of_agentic_episodes_is_accepted():
+    """Episodes are carried across steps whole (rollout_manager.episode_carry), so partialRollout goes with
+    task.environment under the same bound as single-turn samples (maxStaleness >= 1, refused above otherwise)."""
+    spec = {"task": {"environment": {"name": "calculator"}}, "algorithm": {"partialRollout": True, "maxStaleness": 1}}
+    assert parse_job_spec(spec).algorithm.partial_rollout
+    assert both_ways(spec) == []
+
+
 def test_the_generated_crd_carries_the_rules_with_the_fields_they_name():
     on_spec = SPEC_SCHEMA["x-kubernetes-validations"]
     assert {r.get("fieldPath") for r in on_spec} >= {".trainer.ranks", ".rollout.spot.minReplicas", ".model"}
@@ -194,3 +160,86 @@ def test_the_generated_crd_carries_the_rules_with_the_fields_they_name():
         assert rule["message"].startswith(f"spec{rule['fieldPath']} "), rule
     assert SPEC_SCHEMA["properties"]["model"]["x-kubernetes-validations"][0]["rule"] == "self == oldSelf"
     assert "fieldPath" not in SPEC_SCHEMA["properties"]["model"]["x-kubernetes-validations"][0]
+
+
+# --- pod policy (issue 29): what the operator owns in a pod, refused by the models and the CRD alike ---------------
+
+_OVERLAY = {"spec": {"containers": [{"name": "trainer"}]}}
+BAD_POLICIES = [
+    {"trainer": {"podTemplate": {"spec": {"containers": [{"name": "trainer", "command": ["sh"]}]}}}},
+    {"trainer": {"podTemplate": {"spec": {"initContainers": [{"name": "fetch-model", "args": ["--x"]}]}}}},
+    {"trainer": {"podTemplate": {"spec": {"containers": [{"name": "trainer", "env": [{"name": "A", "value": "1"}]}]}}}},
+    {"rollout": {"reserved": {"podTemplate": {"spec": {"volumes": [{"name": "identity", "emptyDir": {}}]}}}}},
+    {
+        "services": {
+            "manager": {
+                "podTemplate": {
+                    "spec": {
+                        "containers": [
+                            {"name": "rollout-manager", "volumeMounts": [{"name": "x", "mountPath": "/etc/rlboost/c"}]}
+                        ]
+                    }
+                }
+            }
+        }
+    },
+    {"services": {"weightServer": {"podTemplate": {"spec": {"automountServiceAccountToken": True}}}}},
+    {"services": {"nats": {"podTemplate": {"spec": {"serviceAccountName": "default"}}}}},
+    {"trainer": {"podTemplate": {"spec": {"priorityClassName": "high"}}}},
+    {"trainer": {"podTemplate": {"metadata": {"labels": {"rlboost.io/job": "other"}}}}},
+    {"trainer": {"podTemplate": {"metadata": {"labels": {"bad key!": "x"}}}}},
+    {"rollout": {"reserved": {"podTemplate": {"metadata": {"labels": {"team": "not a value"}}}}}},
+    {"services": {"nats": {"podTemplate": {"metadata": {"annotations": {"/x": "y"}}}}}},
+    {
+        "rollout": {
+            "spot": {
+                "podTemplate": {
+                    "spec": {
+                        "containers": [{"name": "rollout-worker", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]
+                    }
+                }
+            }
+        }
+    },
+    {
+        "trainer": {
+            "podTemplate": {"spec": {"containers": [{"name": "trainer", "resources": {"requests": {"cpu": "4"}}}]}}
+        }
+    },
+    {"trainer": {"env": [{"name": "RANK", "value": "3"}]}},
+    {"trainer": {"env": [{"name": "RLBOOST_X", "value": "3"}]}},
+    {"trainer": {"env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}},
+    {"trainer": {"env": [{"name": "A", "valueFrom": {}}]}},
+    {"rollout": {"reserved": {"envFrom": [{"secretRef": {"name": "a"}, "configMapRef": {"name": "b"}}]}}},
+    {"trainer": {"serviceAccount": {"name": "ml", "annotations": {"iam.gke.io/gcp-service-account": "x@y"}}}},
+    {
+        "rollout": {
+            "spot": {
+                "variants": [
+                    {
+                        "name": "l4",
+                        "pricePerGpuHour": 1.0,
+                        "podTemplate": {"spec": {"volumes": [{"name": "credentials", "emptyDir": {}}]}},
+                    }
+                ]
+            }
+        }
+    },
+]
+
+
+@pytest.mark.parametrize("spec", BAD_POLICIES, ids=lambda s: str(s)[:90])
+def test_pod_policy_rules_refuse_what_the_models_refuse_at_the_same_field(spec):
+    with pytest.raises(JobSpecError) as err:
+        parse_job_spec(spec)
+    field = err.value.problems[0].path
+    found = cel_eval.refusals(SPEC_SCHEMA, spec)
+    assert not [r for r in found if r.error], found
+    assert [re.sub(r"\[(\d+)\]", r".\1", r.path) for r in found] == [f"spec.{field}"], (field, found)
+
+
+def test_a_platform_teams_pod_policy_is_accepted_by_the_models_and_the_rules():
+    job = yaml.safe_load((ROOT / "examples" / "rljob-platform.yaml").read_text())["spec"]
+    parse_job_spec(job)
+    assert both_ways(job) == []
+    assert both_ways(job, old=copy.deepcopy(job)) == []

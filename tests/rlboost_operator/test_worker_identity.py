@@ -41,7 +41,9 @@ def test_worker_pods_run_as_their_pools_account_with_a_projected_token_for_the_j
     )
     objs = children.build_children("job1", "ns1", spec, OperatorSettings(), spot_replicas=2)
     accounts = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ServiceAccount"}
-    assert set(accounts) == {"job1-reserved-worker", "job1-spot-worker"}
+    workers = {"job1-reserved-worker", "job1-spot-worker"}
+    services = {"job1-trainer", "job1-manager", "job1-weight-server", "job1-nats"}  # each its own (issue 29)
+    assert set(accounts) == workers | services
     assert all(a["automountServiceAccountToken"] is False for a in accounts.values())
     pods = _pods(objs)
     expected = {
@@ -61,9 +63,10 @@ def test_worker_pods_run_as_their_pools_account_with_a_projected_token_for_the_j
         assert mount == {"name": "identity", "mountPath": children.IDENTITY_DIR, "readOnly": True}
         cmd = container["command"]
         assert cmd[cmd.index("--identity-token-file") + 1] == f"{mount['mountPath']}/token"
-    for name in ("job1-manager", "job1-weights", "job1-nats"):  # no other pod gets an identity
-        assert "serviceAccountName" not in pods[name]
-        assert all(v["name"] != "identity" for v in pods[name]["volumes"])
+    for name, account in (("job1-manager", "job1-manager"), ("job1-weights", "job1-weight-server")):
+        assert pods[name]["serviceAccountName"] == account  # its own, which no worker's token names
+        assert all(v["name"] != "identity" for v in pods[name]["volumes"])  # no other pod gets an identity
+    assert all(v["name"] != "identity" for v in pods["job1-nats"]["volumes"])
 
 
 def test_the_manager_mounts_the_cluster_identity_item() -> None:

@@ -210,3 +210,50 @@ def test_an_episodes_step_is_refused_when_its_turns_could_not_fit():
     r = RolloutRequest(0, 0, [PromptItem(0, [], "{}")], 1, sampling, episodes=EpisodeSettings(3, 10**6))
     with pytest.raises(StepError, match="max_episode_tokens"):
         st.add_step(r, 0.0)
+
+
+def test_an_episode_is_counted_by_its_oldest_turn_s_version():
+    """Bounded staleness (algorithm.maxStaleness) counts an episode by version turn by turn: the delivered episode's
+    weight_version is its oldest model turn's, and its version spans say which tokens were sampled at which."""
+    st = _state()
+    _episodes_step(st, group=1)
+    ((rid, (a,)),) = _assigned(st).items()
+    result = _result(a, turns=2)
+    result.version_spans = [(3, 2), (4, 2)]  # turn 0 (and the environment's reply) at 3, turn 1 at 4
+    st.on_episode_result(rid, result, 0.3)
+    (traj,) = st.take_delivered()
+    assert (traj.weight_version, traj.version_spans) == (3, [(3, 2), (4, 2)])
+
+
+def test_a_turn_on_a_reserved_worker_is_offloaded_to_spot_with_its_tokens():
+    """Adaptive offload applies per turn: once the window elapses, a turn generating on a reserved worker is revoked
+    and continues on a spot worker from the tokens it streamed; the runner gets one turn, from both workers."""
+    from rlboost.policies.offload import OffloadConfig, OffloadWindow
+    from rollout_manager.offload import OffloadController
+
+    st = ManagerState(lease_timeout_s=60.0, policy=RequestPolicy())
+    for wid, pool in (("reserved", Pool.RESERVED), ("spot", Pool.SPOT)):
+        st.register(WorkerRegistration(wid, pool, f"node-{wid}", 1, 0), now=0.0)
+    st.register_runner(RunnerRegistration("r0", "cpu0", 4), now=0.0)
+    offload = OffloadController(st, OffloadWindow(OffloadConfig(initial_s=1.0, min_s=0.1, max_s=10.0, gain=0.5)))
+    _episodes_step(st, group=2)
+    offload.start_step(0.0)
+    ((rid, episodes),) = _assigned(st).items()
+    for a in episodes:  # both episodes' first turns: one on each worker
+        st.on_turn(rid, TurnRequest(a.episode_id, a.lease_epoch, 0, [5, 6], 4), 0.05)
+    st.schedule(0.1)
+    held = {wid: box.assign[0] for wid, box in st.take_outbox().items()}
+    first, other = held["reserved"], held["spot"]
+    st.on_chunks("reserved", [TokenChunk(first.request_id, first.lease_epoch, 0, [7], [-0.1])], 0.2)
+    assert offload.tick(1.0, period_s=1.0) == 1  # the window elapsed: the reserved worker's turn is revoked
+    assert st.take_outbox()["reserved"].revoke == {"offload": [first.request_id]}
+    st.on_chunks("reserved", [TokenChunk(first.request_id, first.lease_epoch, 1, [], [], False, "abort")], 1.1)
+    st.on_chunks("spot", [TokenChunk(other.request_id, other.lease_epoch, 0, [0], [-0.3], True, "stop")], 1.1)
+    st.schedule(1.2)
+    again = st.take_outbox()["spot"].assign[0]
+    assert (again.request_id, again.input_ids, again.prompt_len) == (first.request_id, [5, 6, 7], 2)
+    st.on_chunks("spot", [TokenChunk(again.request_id, again.lease_epoch, 1, [0], [-0.2], True, "stop")], 1.3)
+    turns = {t.episode_id: t for t in st.take_runner_outboxes(1.4)[rid].turns}
+    offloaded = turns[first.request_id.rsplit("-t", 1)[0]]
+    assert (offloaded.token_ids, offloaded.workers) == ([7, 0], ["reserved", "spot"])
+    assert offloaded.logprobs == pytest.approx([-0.1, -0.2])  # float32 on the wire

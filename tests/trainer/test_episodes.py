@@ -14,7 +14,7 @@ from rlboost.spec import parse_job_spec
 from rlboost.tasks.base import Example
 from rlboost.tasks.sandbox import RewardResult
 from rlboost.wire.rollout_io import EpisodeStats, RolloutRequest, SamplingParams, Trajectory
-from trainer.assembly import with_prompts
+from trainer.assembly import classify, with_prompts
 from trainer.episode_report import RunnerMeter, episode_fields
 from trainer.grpo import Sample, clipped_policy_loss, collate, token_logprobs
 from trainer.judge import Judge
@@ -111,3 +111,18 @@ def test_the_runner_meter_reports_growth_since_the_previous_step():
     assert meter.update(status(10.0, 30.0, 40.0)) == {"env_runner_utilisation": 0.75, "idle_slot_seconds_in_tools": 10}
     assert meter.update(status(12.0, 40.0, 80.0)) == {"env_runner_utilisation": 0.25, "idle_slot_seconds_in_tools": 2}
     assert meter.update(None) == {}
+
+
+@pytest.mark.parametrize(
+    ("oldest", "max_staleness", "expected"),
+    [(5, 0, (False, 1.0)), (4, 1, (True, 1.0)), (4, 0, (False, 0.0)), (3, 2, (True, 1.0)), (3, 1, (False, 0.0))],
+)
+def test_bounded_staleness_counts_an_episode_by_its_oldest_turn(oldest: int, max_staleness: int, expected):
+    """An episode whose first turn was sampled at `oldest` and its last at 5, trained at version 5: within
+    algorithm.maxStaleness it trains (stale, importance-corrected), past it it is skipped; its newer turns do not
+    make it younger."""
+    spans = [(oldest, 2), (5, 3)] if oldest != 5 else []
+    traj = _episode()
+    traj.weight_version, traj.version_spans = oldest, spans
+    request = RolloutRequest(7, 5, [], 1, SamplingParams())
+    assert classify(request, traj, max_staleness) == expected

@@ -72,3 +72,28 @@ def test_a_checkpoint_takes_the_open_groups_prompts_again_to_roll_them_out_afres
         (4, 2, [0, 1]),
     ]
     assert [g.prompt_ids for g in resumed.carried(5)] == first.prompt_ids
+
+
+def test_an_episodes_group_carries_its_environment_task_also_through_a_checkpoint() -> None:
+    """task.environment: the manager may no longer hold a carried group's episodes (it restarted), so each
+    CarriedGroup names its environment task, as the step's prompts do (PromptItem.task_json)."""
+    from trainer.partial import episode_task
+
+    prompts = make_prompts(TaskSpec(), encode)
+    batch = prompts.take(Cursor(), 2)
+    carry = GroupCarry(group_size=2, episodes=True)
+    carry.open(0, batch.examples, batch.prompt_ids, Cursor())
+    assert [g.task_json for g in carry.carried(1)] == [episode_task(e) for e in batch.examples]
+    resumed = GroupCarry(group_size=2, episodes=True)
+    resumed.restore(carry.checkpoint(), make_prompts(TaskSpec(), encode))
+    assert [g.task_json for g in resumed.carried(1)] == [episode_task(e) for e in batch.examples]
+    assert all(g.task_json == "" for g in GroupCarry(2).carried(1))
+
+
+def test_stale_tokens_count_an_episode_s_model_tokens_only() -> None:
+    from trainer.partial_assembly import older_tokens
+
+    episode = traj(0, 0, 0, spans=[(0, 3), (1, 2)])
+    episode.response_ids, episode.loss_mask = [1, 2, 3, 4, 5], b"\x01\x00\x01\x01\x01"  # token 2: the environment's
+    assert older_tokens(episode, 1) == 2 and older_tokens(episode, 2) == 4
+    assert older_tokens(traj(0, 0, 1, spans=[(0, 1), (1, 1)]), 1) == 1  # single-turn: no mask, every token

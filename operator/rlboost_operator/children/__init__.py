@@ -5,14 +5,19 @@
 - `trainer.py`, `manager.py`, `weight_server.py`, `worker.py` (reserved and spot pools, spot variants),
   `env_runner.py` (the env-runners of a job with task.environment), `nats.py`
   (the job's own NATS and its `<job>-nats-config` Secret), `network_policy.py`, `service_accounts.py` (a worker's
-  identity), `job_config.py` (the job file ConfigMap and the config hash), `secrets.py` (the credentials Secret),
-  `model.py` (the model's volume and the `fetch-model` init container);
-- `pod.py`: what every job pod shares; `naming.py`: names, labels, ports and paths.
+  identity), `job_config.py` (the job file ConfigMap and the config hash), `job_labels.py` (the RLJob's labels on
+  every child), `secrets.py` (the credentials Secret), `model.py` (the model's volume and the `fetch-model` init
+  container);
+- `pod.py`: what every job pod shares; `naming.py`: names, labels, ports and paths;
+- `policy.py`: each component's pod policy (spec serviceAccount, env, envFrom, imagePullSecrets, priorityClassName,
+  podTemplate) applied to its workload, `overlay.py` the overlay's merge rules, `disruption.py` the
+  PodDisruptionBudgets and do-not-disrupt annotations of the single-replica services (issue 29).
 
 Each job has its own NATS (TLS with the job CA, one user per role with rights on that job's subjects only) and,
 unless the operator's settings say otherwise, a NetworkPolicy letting only the job's own pods in (the operator to
 NATS, the monitoring namespace to metrics). Job pods run with a read-only root filesystem (an emptyDir at /tmp,
-which is $HOME, for what they write), no service-account token, and CPU and memory requests from the spec. Each
+which is $HOME, for what they write), no service-account token, each component under its own ServiceAccount
+(service_accounts.py), and CPU and memory requests from the spec. Each
 container's command is rendered from its service's options model in `rlboost.options`, for a `Site` whose sockets
 bind 0.0.0.0 (probes and Prometheus reach the pod's IP); the job spec travels in a ConfigMap mounted at
 /etc/rlboost/job.yaml, every token in the credentials Secret (items of rlboost.auth.credentials; each role's pods
@@ -22,9 +27,11 @@ This package re-exports what the handlers and the tests use, so `children.<name>
 """
 
 from rlboost_operator.children.build import WORKLOAD_KINDS, adopted, build_children, scaled_to_zero, services_first
+from rlboost_operator.children.disruption import DO_NOT_DISRUPT, disruption_budgets
 from rlboost_operator.children.env_runner import STARTUP_TIMEOUT_S as ENV_RUNNER_STARTUP_TIMEOUT_S
 from rlboost_operator.children.env_runner import env_runners
 from rlboost_operator.children.job_config import CONFIG_HASH, OPERATOR_ONLY_FIELDS, config_hash, config_map
+from rlboost_operator.children.job_labels import job_labels, with_job_labels
 from rlboost_operator.children.manager import manager
 from rlboost_operator.children.model import (
     FETCH_CONTAINER,
@@ -69,12 +76,16 @@ from rlboost_operator.children.naming import (
 )
 from rlboost_operator.children.nats import nats, nats_config_secret
 from rlboost_operator.children.network_policy import OPERATOR_POD_LABELS, network_policy
+from rlboost_operator.children.overlay import OverlayError, merge_template
 from rlboost_operator.children.pod import credentials_volume
+from rlboost_operator.children.policy import apply_policies, component_key
 from rlboost_operator.children.secrets import credentials_secret, operator_nats_password, secret_items
 from rlboost_operator.children.service_accounts import (
     IDENTITY_TOKEN_LIFETIME_S,
+    account_name,
     identity_volume,
     service_account,
+    service_accounts,
     worker_service_accounts,
 )
 from rlboost_operator.children.trainer import trainer
@@ -88,6 +99,7 @@ __all__ = [
     "CHECKPOINT_DIR",
     "CONFIG_HASH",
     "CONFIG_PATH",
+    "DO_NOT_DISRUPT",
     "CREDENTIALS_DIR",
     "FETCH_CONTAINER",
     "IDENTITY_DIR",
@@ -103,6 +115,7 @@ __all__ = [
     "NATS_PORT",
     "OPERATOR_ONLY_FIELDS",
     "OPERATOR_POD_LABELS",
+    "OverlayError",
     "PEER_PORT",
     "RENDEZVOUS_PORT",
     "SCRATCH_DIR",
@@ -112,18 +125,24 @@ __all__ = [
     "WORKER_POOLS",
     "WORKER_STARTUP_TIMEOUT_S",
     "WORKLOAD_KINDS",
+    "account_name",
     "adopted",
+    "apply_policies",
     "build_children",
+    "component_key",
     "config_hash",
     "config_map",
     "credentials_secret",
     "credentials_volume",
+    "disruption_budgets",
     "fetch_model_container",
     "identity_volume",
     "image",
     "initial_reserved",
+    "job_labels",
     "labels",
     "manager",
+    "merge_template",
     "model_dir",
     "model_mount",
     "model_volume",
@@ -138,6 +157,7 @@ __all__ = [
     "secret_items",
     "selector",
     "service_account",
+    "service_accounts",
     "services_first",
     "site",
     "spot_deployments",
@@ -146,6 +166,7 @@ __all__ = [
     "tls_hosts",
     "trainer",
     "weight_server",
+    "with_job_labels",
     "worker",
     "worker_service_accounts",
     "workloads",

@@ -7,13 +7,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlboost.spec import JobSpec
+from rlboost_operator.children.disruption import disruption_budgets
 from rlboost_operator.children.env_runner import env_runners
 from rlboost_operator.children.job_config import annotate_config_hash, config_map
+from rlboost_operator.children.job_labels import with_job_labels
 from rlboost_operator.children.manager import manager
-from rlboost_operator.children.naming import WORKER_POOLS
 from rlboost_operator.children.nats import nats
 from rlboost_operator.children.network_policy import network_policy
-from rlboost_operator.children.service_accounts import service_account
+from rlboost_operator.children.policy import apply_policies
+from rlboost_operator.children.service_accounts import service_accounts
 from rlboost_operator.children.trainer import trainer
 from rlboost_operator.children.weight_server import weight_server
 from rlboost_operator.children.worker import initial_reserved, spot_workers, worker
@@ -30,13 +32,16 @@ def build_children(
     spot_replicas: int,
     finished: bool = False,
     spot_split: Mapping[str, int] | None = None,
+    job_labels: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Every child of an RLJob but the token Secret, in creation order; `finished`: scaled to zero; `spot_split`:
-    the spot ask per variant (spot.variant_split; without it, split with no bound of the nodes)."""
+    the spot ask per variant (spot.variant_split; without it, split with no bound of the nodes); `job_labels`: the
+    RLJob's labels, on every child and pod template (job_labels.py)."""
     split = spot_split if spot_split is not None else spec.rollout.spot.per_variant(spot_replicas)
     objs = [
         config_map(job, namespace, spec),
-        *(service_account(job, namespace, pool) for pool in WORKER_POOLS),
+        *service_accounts(job, namespace, spec, settings.service_account_annotations),
+        *disruption_budgets(job, namespace),
         *([network_policy(job, namespace, settings)] if settings.network_policy else []),
         *nats(job, namespace, spec, settings),
         *weight_server(job, namespace, spec, settings),
@@ -56,8 +61,10 @@ def build_children(
         *env_runners(job, namespace, spec, settings),  # agentic episodes (task.environment) only
     ]
     objs = services_first(objs)
+    apply_policies(objs, job, spec, settings)  # each component's pod policy (issue 29), before the hash sees it
     annotate_config_hash(objs, spec)
     _apply_retention(objs, spec)
+    with_job_labels(objs, job_labels or {})
     return scaled_to_zero(objs) if finished else objs
 
 

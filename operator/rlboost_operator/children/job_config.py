@@ -14,7 +14,8 @@ from rlboost_operator.children.pod import meta
 CONFIG_HASH = "rlboost.io/config-hash"  # pod template annotation: what the pods run; a change rolls them
 # Spec fields only the operator reads: an edit of them must not roll the pods (it would cost the trainer the
 # steps since its last checkpoint for nothing).
-OPERATOR_ONLY_FIELDS = ("prices", "retention", "trainer.backoffLimit")
+# suspend: toggling it must reach the trainer as a request to checkpoint first (suspension.py), never as a restart.
+OPERATOR_ONLY_FIELDS = ("prices", "retention", "trainer.backoffLimit", "suspend", "budget")
 
 
 def config_map(job: str, namespace: str, spec: JobSpec) -> dict[str, Any]:

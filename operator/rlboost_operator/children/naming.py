@@ -49,6 +49,12 @@ def names(job: str) -> dict[str, str]:
         "reserved_account": f"{job}-reserved-worker",
         "spot_account": f"{job}-spot-worker",
         "env_runners": f"{job}-env-runners",
+        # the services' own accounts (service_accounts.py; issue 29), each with the annotations its spec sets
+        "trainer_account": f"{job}-trainer",
+        "manager_account": f"{job}-manager",
+        "weights_account": f"{job}-weight-server",
+        "nats_account": f"{job}-nats",
+        "env_runner_account": f"{job}-env-runner",
     }
 
 

@@ -77,6 +77,16 @@ def probe(port: int | str, path: str = HEALTHZ, scheme: str = "HTTP") -> dict[st
     return {"httpGet": get, "periodSeconds": 10, "failureThreshold": 6}
 
 
+STARTUP_PERIODS = 90  # 15 min of 10 s probe periods for a container's first answer
+
+
+def startup_probe(port: int | str) -> dict[str, Any]:
+    """A container that loads a model before it answers (the trainer's DeepSpeed start, a worker's engine) may take
+    minutes, longer on a loaded node: liveness starts only after its first answer here, so it is not killed while
+    starting (the cluster lane saw a trainer killed after 60 s of DeepSpeed start-up)."""
+    return {**probe(port), "failureThreshold": STARTUP_PERIODS}
+
+
 def pod_spec(
     containers: list[dict[str, Any]], volumes: list[dict[str, Any]], extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from rlboost_operator.children.pod import (
     scratch_env,
     security,
     service,
+    startup_probe,
 )
 from rlboost_operator.config import OperatorSettings
 
@@ -99,6 +100,7 @@ def _container(job: str, namespace: str, spec: JobSpec, settings: OperatorSettin
             {"name": "rendezvous", "containerPort": RENDEZVOUS_PORT},
             {"name": "metrics", "containerPort": METRICS_PORT},
         ],
+        "startupProbe": startup_probe("metrics"),
         "livenessProbe": probe("metrics"),
         "resources": resources(spec.trainer.gpus_per_rank, spec.trainer.resources),
         "securityContext": security(),

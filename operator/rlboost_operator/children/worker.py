@@ -36,6 +36,7 @@ from rlboost_operator.children.pod import (
     resources,
     scratch_env,
     security,
+    startup_probe,
 )
 from rlboost_operator.children.service_accounts import identity_volume
 from rlboost_operator.config import OperatorSettings
@@ -113,6 +114,7 @@ def _container(
         ],
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT}, {"name": "peers", "containerPort": PEER_PORT}],
         "readinessProbe": probe("metrics"),
+        "startupProbe": startup_probe("metrics"),
         "livenessProbe": probe("metrics"),
         "resources": resources(pool.gpus_per_worker, pool.resources),
         "securityContext": security(),

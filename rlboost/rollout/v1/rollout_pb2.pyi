@@ -281,16 +281,18 @@ class RolloutRequest(_message.Message):
     def __init__(self, step: _Optional[int] = ..., weight_version: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., group_size: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., vocab_size: _Optional[int] = ..., received_request_ids: _Optional[_Iterable[str]] = ..., packed_trajectories: _Optional[bool] = ..., target_groups: _Optional[int] = ..., carried: _Optional[_Iterable[_Union[CarriedGroup, _Mapping]]] = ..., episodes: _Optional[_Union[EpisodeSettings, _Mapping]] = ...) -> None: ...
 
 class CarriedGroup(_message.Message):
-    __slots__ = ("step", "prompt_index", "prompt_ids", "sample_indices")
+    __slots__ = ("step", "prompt_index", "prompt_ids", "sample_indices", "task_json")
     STEP_FIELD_NUMBER: _ClassVar[int]
     PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDICES_FIELD_NUMBER: _ClassVar[int]
+    TASK_JSON_FIELD_NUMBER: _ClassVar[int]
     step: int
     prompt_index: int
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     sample_indices: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sample_indices: _Optional[_Iterable[int]] = ...) -> None: ...
+    task_json: str
+    def __init__(self, step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sample_indices: _Optional[_Iterable[int]] = ..., task_json: _Optional[str] = ...) -> None: ...
 
 class VersionSpan(_message.Message):
     __slots__ = ("weight_version", "tokens")
@@ -393,7 +395,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., node: _Optional[str] = ..., weight_version: _Optional[int] = ..., running: _Optional[int] = ..., capacity: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., draining: _Optional[bool] = ..., memory_released: _Optional[bool] = ..., inflight_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., weight_sync_s: _Optional[float] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("workers", "pending", "running", "finished", "migrations", "tokens_received", "tokens_lost", "tokens_regenerated", "migrations_by_reason", "busy_seconds", "runners", "episodes_pending", "episodes_running", "episodes_in_tools", "idle_slot_seconds_in_tools", "episodes_finished", "episodes_failed", "runner_episode_seconds", "runner_capacity_seconds")
+    __slots__ = ("workers", "pending", "running", "finished", "migrations", "tokens_received", "tokens_lost", "tokens_regenerated", "migrations_by_reason", "busy_seconds", "runners", "episodes_pending", "episodes_running", "episodes_in_tools", "idle_slot_seconds_in_tools", "episodes_finished", "episodes_failed", "runner_episode_seconds", "runner_capacity_seconds", "episodes_carried")
     class MigrationsByReasonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -427,6 +429,7 @@ class StatusReply(_message.Message):
     EPISODES_FAILED_FIELD_NUMBER: _ClassVar[int]
     RUNNER_EPISODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RUNNER_CAPACITY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_CARRIED_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     pending: int
     running: int
@@ -446,7 +449,8 @@ class StatusReply(_message.Message):
     episodes_failed: int
     runner_episode_seconds: float
     runner_capacity_seconds: float
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., pending: _Optional[int] = ..., running: _Optional[int] = ..., finished: _Optional[int] = ..., migrations: _Optional[int] = ..., tokens_received: _Optional[int] = ..., tokens_lost: _Optional[int] = ..., tokens_regenerated: _Optional[int] = ..., migrations_by_reason: _Optional[_Mapping[str, int]] = ..., busy_seconds: _Optional[_Mapping[str, float]] = ..., runners: _Optional[_Iterable[_Union[RunnerStatus, _Mapping]]] = ..., episodes_pending: _Optional[int] = ..., episodes_running: _Optional[int] = ..., episodes_in_tools: _Optional[int] = ..., idle_slot_seconds_in_tools: _Optional[float] = ..., episodes_finished: _Optional[int] = ..., episodes_failed: _Optional[int] = ..., runner_episode_seconds: _Optional[float] = ..., runner_capacity_seconds: _Optional[float] = ...) -> None: ...
+    episodes_carried: int
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., pending: _Optional[int] = ..., running: _Optional[int] = ..., finished: _Optional[int] = ..., migrations: _Optional[int] = ..., tokens_received: _Optional[int] = ..., tokens_lost: _Optional[int] = ..., tokens_regenerated: _Optional[int] = ..., migrations_by_reason: _Optional[_Mapping[str, int]] = ..., busy_seconds: _Optional[_Mapping[str, float]] = ..., runners: _Optional[_Iterable[_Union[RunnerStatus, _Mapping]]] = ..., episodes_pending: _Optional[int] = ..., episodes_running: _Optional[int] = ..., episodes_in_tools: _Optional[int] = ..., idle_slot_seconds_in_tools: _Optional[float] = ..., episodes_finished: _Optional[int] = ..., episodes_failed: _Optional[int] = ..., runner_episode_seconds: _Optional[float] = ..., runner_capacity_seconds: _Optional[float] = ..., episodes_carried: _Optional[int] = ...) -> None: ...
 
 class RunnerStatus(_message.Message):
     __slots__ = ("runner_id", "node", "capacity", "running", "in_tools", "draining", "episodes_done")

@@ -76,23 +76,17 @@ def _chat_format(args: EnvRunnerOptions, model_dir: str):
     return ChatFormat(tokenizer, stop_token_ids(tokenizer), args.spec.task.dataset.thinking)
 
 
-async def _checked_pool(args: EnvRunnerOptions):
+async def _checked_pool(args: EnvRunnerOptions, gateway_socket: str):
     """The environment's process pool, after one process loaded it (else StartupError naming task.environment)."""
-    from rlboost.environment_registry import EnvironmentNameError, check_environment_name
+    from rlboost.environment_registry import EnvironmentNameError, check_environment
     from rlboost.environments.sandbox import EnvConfig, EnvFailure, EnvPool
 
     env = args.spec.task.environment
     if not env.active:
         raise StartupError("task.environment is not set: this job has no environment for an env-runner to run")
     try:
-        if env.name:
-            check_environment_name(env.name)
-        else:
-            raise EnvironmentNameError(
-                f"task.environment.verifiers {env.verifiers!r}: verifiers environments are not supported by this "
-                "env-runner; use task.environment.name"
-            )
-        pool = EnvPool(EnvConfig.from_spec(env))
+        check_environment(env.name, env.verifiers)
+        pool = EnvPool(EnvConfig.from_spec(env, gateway_socket))
         pool.release(await pool.acquire())
     except EnvironmentNameError as err:
         raise StartupError(str(err)) from None
@@ -106,9 +100,11 @@ async def serve(args: EnvRunnerOptions, started: list) -> int:
 
     from .session import ManagerUnreachableError, RunnerSession
 
+    # the chat endpoint's Unix socket: harness environments (confined, no network) reach it there
+    gateway_socket = os.path.join(tempfile.mkdtemp(prefix="rlboost-env-runner-"), "policy.sock")
     try:
         fmt = _chat_format(args, await _model_dir(args))
-        pool = await _checked_pool(args)
+        pool = await _checked_pool(args, gateway_socket)
     except StartupError as err:
         print(f"env-runner: {err}", file=sys.stderr)
         return 2

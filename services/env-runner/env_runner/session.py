@@ -33,7 +33,8 @@ from rlboost.wire.rollout_io import EpisodeStats
 from rlboost.wire.rollout_proto import WireError, grpc_message_options
 
 from . import metrics
-from .episode import EpisodeRun
+from .episode import EpisodeRun, HarnessRun
+from .gateway import ChatGateway, serve_gateway
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +62,26 @@ class RunnerSession:
         self.outbox: asyncio.Queue[epb.RunnerMessage | None] | None = None
         self.draining = False
         self.registered = asyncio.Event()
+        self.gateway = ChatGateway(fmt, self._turn, pool.config.gateway_socket)
         metrics.CAPACITY.set(capacity)
 
     # ---- public ------------------------------------------------------------------------------
 
     async def run(self) -> None:
+        served = []  # the endpoint: on its Unix socket (confined harnesses), and on loopback TCP for verifiers
+        if self.gateway.socket_path:
+            served.append((await serve_gateway(self.gateway, path=self.gateway.socket_path))[0])
+        if self.pool.config.verifiers:
+            runner, port = await serve_gateway(self.gateway, "127.0.0.1", 0)
+            served.append(runner)
+            self.gateway.tcp_url = f"http://127.0.0.1:{port}/v1"
+        try:
+            await self._attached()
+        finally:
+            for runner in served:
+                await runner.cleanup()
+
+    async def _attached(self) -> None:
         while not self.draining:
             try:
                 async for attempt in AsyncRetrying(
@@ -219,7 +235,7 @@ class RunnerSession:
             stats = EpisodeStats(env_error=f"{err.reason}: {err.detail}")
             return EpisodeResult(a.episode_id, a.lease_epoch, [], [], [], b"", "failed", 0, stats=stats)
         try:
-            return await EpisodeRun(a, env, self.fmt, self._turn).run()
+            return await (HarnessRun if env.kind == "harness" else EpisodeRun)(a, env, self.gateway).run()
         finally:
             self.pool.release(env)
 

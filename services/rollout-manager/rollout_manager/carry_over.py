@@ -75,6 +75,12 @@ class CarryOver:
         """The request is gone (it failed): no later step continues it."""
         self._carried.pop(rid, None)
 
+    def withdraw(self, rid: str) -> None:
+        """The request's step was sent again: what was carried or kept of it is no longer waited for."""
+        self._carried.pop(rid, None)
+        self._carried_done.pop(rid, None)
+        self._delivered_to.pop(rid, None)
+
     def continue_step(self, r: RolloutRequest, ids: set[str], received: set[str], now: float) -> int:
         """Take the earlier steps' samples the trainer still waits for (r.carried) into step r.step: continued under
         r's version from the tokens kept, delivered at once if they finished meanwhile, or generated afresh when
@@ -87,7 +93,7 @@ class CarryOver:
             for rid in [rid for rid in self._carried if rid not in wanted]:
                 del self._carried[rid]
                 self.leases.drop(rid, now)
-            self._carried_done = {rid: t for rid, t in self._carried_done.items() if rid in wanted}
+            self.keep_only_done(wanted)
         n, moved = 0, {}  # re-homed pending request -> the version whose queue it left
         for rid, (c, g) in wanted.items():
             if rid in received:
@@ -112,6 +118,31 @@ class CarryOver:
         for version in set(moved.values()):  # out of their old version's queue (one pass per version)
             self.book.pending[version] = deque(rid for rid in self.book.pending.get(version, ()) if rid not in moved)
         return n
+
+    # ---- agentic episodes (episode_carry.py): an episode is carried whole; these keep its trajectory and stream --
+
+    def keep_done(self, traj: Trajectory) -> None:
+        """A carried episode finished: it waits for the step that lists it next."""
+        self._carried_done[traj.request_id] = traj
+
+    def deliver_to(self, traj: Trajectory, step: int) -> None:
+        """The trajectory goes out on step `step`'s stream (a later one than its own)."""
+        self._delivered_to[traj.request_id] = step
+        self.effects.deliver(traj)
+
+    def take_done(self, rid: str) -> Trajectory | None:
+        """The carried one of this id that finished meanwhile, if any (it leaves the carry)."""
+        return self._carried_done.pop(rid, None)
+
+    def keep_only_done(self, wanted: Iterable[str]) -> None:
+        """A partial step listed what it waits for: the finished carried ones it does not list are dropped."""
+        keep = set(wanted)
+        self._carried_done = {rid: t for rid, t in self._carried_done.items() if rid in keep}
+
+    def rehome_one(self, req: Request, version: int, now: float) -> None:
+        """`req` (a carried episode's model turn) goes on under `version`, leaving its old version's queue."""
+        if (old := self._rehome(req, version, now)) is not None:
+            self.book.pending[old] = deque(rid for rid in self.book.pending.get(old, ()) if rid != req.id)
 
     def _rehome(self, req: Request, version: int, now: float) -> int | None:
         """Continue a carried request under `version`: a pending one now (its old version returned: it must leave

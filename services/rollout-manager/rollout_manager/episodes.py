@@ -41,6 +41,7 @@ from rlboost.wire.rollout_io import (
 
 from . import metrics
 from .book import RequestBook
+from .carry_over import CarryOver
 from .effects import Effects
 from .leases import Leases
 from .records import Request
@@ -78,6 +79,14 @@ class Episode:
     turn: str | None = None  # the request id of its model turn, while one is pending or running
     turns: int = 0  # model turns asked for so far (this assignment)
     in_tools_since: float | None = None  # on its runner between turns: its environment is stepping
+    # partial rollout (episode_carry.py): the later step whose stream delivers it (None: its own); carried: its
+    # stream ended at its target, it goes on under its version until a step lists it
+    stream: int | None = None
+    carried: bool = False
+
+    @property
+    def stream_step(self) -> int:
+        return self.step if self.stream is None else self.stream
 
     def assignment(self) -> EpisodeAssignment:
         return EpisodeAssignment(
@@ -98,10 +107,18 @@ class Episodes:
     """The episodes of one manager and their turns. Single-threaded, like the state."""
 
     def __init__(
-        self, book: RequestBook, leases: Leases, effects: Effects, runners: EnvRunners, policy: RequestPolicy
+        self,
+        book: RequestBook,
+        leases: Leases,
+        effects: Effects,
+        runners: EnvRunners,
+        policy: RequestPolicy,
+        carry: CarryOver,
     ) -> None:
         self.book, self.leases, self.effects, self.runners, self.policy = book, leases, effects, runners, policy
+        self.carry = carry  # partial rollout: a carried episode's trajectory waits there for the step listing it
         self.episodes: dict[str, Episode] = {}
+        self.carried_failures: dict[str, str] = {}  # carried episode id -> why it failed (rollout.onFailedRequest)
         self.pending: deque[str] = deque()  # may hold stale ids (cancelled): skipped
         self._turn_owner: dict[str, tuple[str, int]] = {}  # turn request id -> (episode id, turn)
         self.counts = EpisodeCounts()
@@ -111,30 +128,48 @@ class Episodes:
 
     def add_step(self, r: RolloutRequest, received: set[str], now: float) -> set[str]:
         """The step's episodes (prompts x group_size, less those already received), pending at the queue's tail."""
-        assert r.episodes is not None
         ids: set[str] = set()
         for p in r.prompts:
             for g in range(r.group_size):
                 eid = request_id(r.step, p.prompt_index, g)
-                if eid in received or eid in self.episodes:
+                if eid in received:
                     continue
-                seed = sample_seed(r.sampling.seed, r.step, p.prompt_index, g)
-                self.episodes[eid] = Episode(
-                    eid,
-                    r.step,
-                    p.prompt_index,
-                    g,
-                    p.task_json,
-                    replace(r.sampling, seed=seed),
-                    r.weight_version,
-                    r.episodes.max_turns,
-                    r.episodes.max_episode_tokens,
-                    r.vocab_size,
-                    now,
-                )
-                self.pending.append(eid)
+                self._retire_carried(eid, now)
+                if eid in self.episodes:
+                    continue
+                self.new_episode(r, r.step, p.prompt_index, g, p.task_json, now)
                 ids.add(eid)
         return ids
+
+    def new_episode(self, r: RolloutRequest, step: int, prompt_index: int, g: int, task: str, now: float) -> Episode:
+        """Episode g of a prompt of `step` (r.step, or an earlier step whose group r carries), pending under r's
+        version; its seed is its own step's, so an episode started afresh is the one it replaces."""
+        assert r.episodes is not None
+        eid = request_id(step, prompt_index, g)
+        seed = sample_seed(r.sampling.seed, step, prompt_index, g)
+        ep = self.episodes[eid] = Episode(
+            eid,
+            step,
+            prompt_index,
+            g,
+            task,
+            replace(r.sampling, seed=seed),
+            r.weight_version,
+            r.episodes.max_turns,
+            r.episodes.max_episode_tokens,
+            r.vocab_size,
+            now,
+        )
+        self.pending.append(eid)
+        return ep
+
+    def _retire_carried(self, eid: str, now: float) -> None:
+        """A step sent again (a resumed trainer) names an episode still carried past its step's end: the carried
+        incarnation goes (its runner told), so nothing of it is delivered on a stream that no longer waits for it."""
+        if (ep := self.episodes.get(eid)) is not None and ep.carried:
+            self.cancel({eid}, now)
+        self.carry.withdraw(eid)
+        self.carried_failures.pop(eid, None)
 
     def cancel(self, ids: set[str], now: float | None, reason: str = "cancelled") -> int:
         """Forget these episodes (their step was cancelled): their turns dropped, their runners told."""
@@ -299,19 +334,28 @@ class Episodes:
             return
         self.episodes.pop(ep.id, None)
         self._let_go(ep)
-        self.effects.fail_step(ep.step, why)
+        if ep.carried:  # no stream waits for it now: the step that lists it next fails
+            self.carried_failures[ep.id] = why
+        else:
+            self.effects.fail_step(ep.stream_step, why)
         self.effects.dirty = True
 
     def _deliver(self, ep: Episode, traj: Trajectory) -> None:
         self.episodes.pop(ep.id, None)
         self._let_go(ep)
-        owed = self.book.steps.get(ep.step)
+        self.effects.dirty = True
+        if ep.carried:  # its stream ended at its target: the step that lists it next delivers it
+            self.carry.keep_done(traj)
+            return
+        owed = self.book.steps.get(ep.stream_step)
         if owed is not None:
             owed.discard(ep.id)
             if not owed:
-                del self.book.steps[ep.step]
-        self.effects.deliver(traj)
-        self.effects.dirty = True
+                del self.book.steps[ep.stream_step]
+        if ep.stream is None:
+            self.effects.deliver(traj)
+        else:
+            self.carry.deliver_to(traj, ep.stream)
 
     def _let_go(self, ep: Episode) -> None:
         runner = self.runners.runners.get(ep.runner) if ep.runner else None
@@ -343,9 +387,13 @@ class Episodes:
         metrics.EPISODE_STATE.labels("pending").set(self.pending_count())
         metrics.EPISODE_STATE.labels("running").set(len(self.episodes) - self.pending_count())
         metrics.EPISODE_STATE.labels("in_tools").set(in_tools)
+        metrics.EPISODE_STATE.labels("carried").set(self.carried())
         metrics.ENV_RUNNERS.set(len(self.runners.runners))
         metrics.ENV_RUNNER_UTILISATION.set(busy / capacity if capacity else 0.0)
         return self.runners.silent(now, lease_timeout_s)
+
+    def carried(self) -> int:
+        return sum(ep.carried for ep in self.episodes.values())
 
     def in_tools(self) -> int:
         return sum(ep.in_tools_since is not None for ep in self.episodes.values())
@@ -359,6 +407,7 @@ class Episodes:
             pending=self.pending_count(),
             running=len(self.episodes) - self.pending_count(),
             in_tools=self.in_tools(),
+            carried=self.carried(),
         )
 
     def in_tools_by_runner(self) -> dict[str, int]:

@@ -95,7 +95,8 @@ ENV_RUNNER_UTILISATION = Gauge(
 EPISODE_STATE = Gauge(
     "rlboost_manager_episodes_by_state",
     "Episodes by state: pending, running (on an env-runner), in_tools (running, between turns: the environment "
-    "steps and the episode holds no engine slot)",
+    "steps and the episode holds no engine slot), carried (partial rollout: on past their step's stream end, until a "
+    "step lists them; also counted in pending or running)",
     ["state"],
 )
 EPISODES = Counter(
@@ -150,3 +151,21 @@ PREEMPTION_STALLED_SECONDS = Counter(
     "Request-seconds from a moved request's last token kept to its next token on another worker (slot-seconds "
     "preemptions cost, a silent death's detection included)",
 )
+
+
+def zero_counters() -> None:
+    """Export the migration and preemption-notice counters at 0 for every reason from the start: a dashboard panel
+    of a job that saw none shows 0, not "no data" (which reads as a broken scrape)."""
+    from rlboost.policies.migration import MigrationReason
+
+    for reason in MigrationReason:
+        MIGRATIONS.labels(reason.value)
+    for result in ("matched", "no_match", "invalid"):
+        PREEMPTION_NOTICES.labels(result)
+    for kind in ("notice", "silent"):  # what preemptions cost (issue 34)
+        PREEMPTIONS.labels(kind)
+        for what in ("in_flight", "kept", "lost"):
+            PREEMPTED_TOKENS.labels(kind, what)
+
+
+zero_counters()

@@ -53,6 +53,7 @@ from .adoption import HeldResponses
 from .book import RequestBook
 from .carry_over import CarryOver
 from .effects import Effects, Outbox
+from .episode_carry import EpisodeCarry
 from .episodes import Episodes
 from .fleet import Fleet
 from .leases import Leases
@@ -100,7 +101,8 @@ class ManagerState:
         )
         self.scheduler = Scheduler(self.book, self.fleet, self.leases, self.speed, self.effects, balance_min_excess)
         self.runners = EnvRunners()
-        self.episodes = Episodes(self.book, self.leases, self.effects, self.runners, p)
+        self.episodes = Episodes(self.book, self.leases, self.effects, self.runners, p, self.carry)
+        self.episode_carry = EpisodeCarry(self.episodes, self.carry, self.book)  # partial rollout of episodes
         self.gauges = Gauges()
         self._next_stall_check = 0.0
         self.starved = StarvedWork()  # pending work no worker can take: said, not waited on in silence (issue 31)
@@ -229,10 +231,11 @@ class ManagerState:
 
     def _add_episodes(self, r: RolloutRequest, received: set[str], now: float) -> int:
         ids = self.episodes.add_step(r, received, now)
+        total = len(ids) + self.episode_carry.continue_step(r, ids, received, now)  # partial rollout: carried ones
         if ids:
             self.book.steps[r.step] = ids  # what the step's stream owes: its episodes
         self.effects.dirty = True
-        return len(ids)
+        return total
 
     def _new_requests(self, r: RolloutRequest, received: set[str], now: float) -> set[str]:
         """The step's requests, pending at the tail of its version's queue, but those already received."""
@@ -243,11 +246,21 @@ class ManagerState:
                 rid = request_id(r.step, p.prompt_index, g)
                 if rid in received:
                     continue
+                self._retire_earlier(rid, now)
                 self.book.new_request(r, r.step, p.prompt_index, g, p.token_ids, now)
                 queue.append(rid)
                 ids.add(rid)
         self.book.pending_count[r.weight_version] += len(ids)
         return ids
+
+    def _retire_earlier(self, rid: str, now: float) -> None:
+        """A step sent again (a resumed trainer) while a request of the same id still lives, e.g. carried past its
+        step's end: its earlier incarnation is dropped first, revoked from its worker with its lease epoch kept, so
+        that none of its late chunks passes as the new one's (a silent replace left the old lease on the worker at
+        the same epoch) and no trajectory of it is delivered later."""
+        self.carry.withdraw(rid)
+        if rid in self.book.requests:
+            self.leases.drop(rid, now)
 
     def cancel_step(self, step: int, now: float | None = None) -> int:
         """The trainer went away: drop the step's requests, revoking the running ones. Returns how many."""
@@ -262,6 +275,7 @@ class ManagerState:
     def carry_step(self, step: int, late: Iterable[Trajectory] = ()) -> int:
         """The step's stream ended at its target: its unfinished requests are carried into the next (carry_over.py),
         with `late` ones, finished but not sent before the stream ended. Returns how many requests are carried."""
+        self.episode_carry.carry_step(step)  # an episodes step's: its episodes go on, on their runners
         return self.carry.carry_step(step, late)
 
     def revoke(self, rid: str, reason: MigrationReason, now: float, wire_reason: str | None = None) -> bool:

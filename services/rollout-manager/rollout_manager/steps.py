@@ -88,5 +88,3 @@ def _check_episodes(r: RolloutRequest, p: RequestPolicy) -> None:
             f"rollout.episodes.max_episode_tokens: {e.max_episode_tokens} is over rollout.maxPromptTokens "
             f"({p.max_prompt_tokens}) + a turn's max_new_tokens: a late turn's prompt would be refused"
         )
-    if r.target_groups or r.carried:
-        raise StepError("rollout.target_groups: partial rollout does not carry episodes across steps")

@@ -12,8 +12,7 @@ Rank 0 only. The counts of what arrives go into the step's StepCounts (trainer.t
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlboost.policies.partial_rollout import lag, trainable
@@ -24,6 +23,7 @@ from trainer import advantages, metrics
 from trainer.batching import StepAssembler
 from trainer.grpo import Sample
 from trainer.judge import FAILED, Judge
+from trainer.partial import episode_task
 from trainer.prompt_cursor import PromptCursor
 from trainer.rollout_client import RolloutError
 from trainer.rollout_dump import RolloutDump
@@ -154,7 +154,7 @@ def with_prompts(request: RolloutRequest, spec: JobSpec, examples: list[Any], pr
     if not spec.task.episodes:
         request.prompts = [PromptItem(i, ids) for i, ids in enumerate(prompt_ids)]
         return
-    request.prompts = [PromptItem(i, [], json.dumps(asdict(ex))) for i, ex in enumerate(examples)]
+    request.prompts = [PromptItem(i, [], episode_task(ex)) for i, ex in enumerate(examples)]
     request.episodes = EpisodeSettings(spec.algorithm.max_turns, spec.algorithm.max_episode_tokens)
 
 

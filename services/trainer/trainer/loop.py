@@ -17,6 +17,7 @@ ready micro-batches train -> optimizer step -> upload version s+1 (the weight-se
   export       trainer.export.PolicyExport          Hugging Face exports of the published weights
   reporter     trainer.reporting.StepReporter       the StepReport, steps.jsonl, metrics, trackers
   colocation   trainer.colocation.Colocated         release / resume of the colocated reserved workers
+  suspension   trainer.suspension.Suspension        the operator's suspend requests: checkpoint, then stop
 Ranks other than 0 follow rank 0's broadcasts (trainer.followers, trainer.rank_messages).
 """
 
@@ -52,6 +53,7 @@ from trainer.resume import Checkpoints
 from trainer.rollout_client import RolloutClient
 from trainer.rollout_dump import RolloutDump
 from trainer.rollout_stream import RolloutStream
+from trainer.suspension import Suspension
 from trainer.tally import StepCounts, StepTally
 from trainer.training import StepTrainer, Trained
 from trainer.versions import WeightVersions
@@ -93,6 +95,7 @@ class Trainer:
         self.healthy = True  # False once the job failed
         self.watchdog = LoopWatchdog(max_lag_s=60.0)  # its loop only awaits: heavy work runs in threads
         self.steps_done = 0  # a resumed run (checkpoints) will start from its saved step
+        self.suspension = Suspension()
         run_dir.mkdir(parents=True, exist_ok=True)
         self.reporter = StepReporter(spec, run_dir, self.events)
         self.export = PolicyExport(spec, self.steps, run_dir, model_dir, self.vocab)
@@ -117,6 +120,7 @@ class Trainer:
             await self.events.connect()  # first: a reward that cannot start is reported in JobDone
             env = self.spec.task.environment  # an unknown environment is refused before the first step
             check_environment(env.name, env.verifiers)
+            await self.suspension.listen(self.events.nc, self.opts.namespace, self.opts.job)
             await asyncio.to_thread(self.prompts.open)  # bad dataset: a clear error, no step
             await asyncio.to_thread(self.judge.start)
             await asyncio.to_thread(self.training.start)
@@ -171,6 +175,9 @@ class Trainer:
                 await rc.wait_ready(self.opts.connect_timeout)
                 await self.colocation.start(self.events.nc, self.opts.namespace)
                 for step in range(self.steps_done, self.steps):
+                    if self.suspension.may_stop():
+                        await publisher.flush()  # the checkpointed version is on the weight-server
+                        await self.suspension.stop()
                     record = await self._step(step, rc, publisher)
                     if record is None:
                         log.info(
@@ -184,6 +191,7 @@ class Trainer:
                         self.checkpoints.keep_validation(step, record.validation)
                     await self.reporter.report(record)
                     self.checkpoints.mark_reported(step)
+                    self.suspension.progress(self.steps_done, self.weights.checksum)
             await publisher.flush()  # an upload still in flight (overlap mode) finishes before JobDone
 
     def _resume_point(self) -> Path | None:
@@ -193,6 +201,8 @@ class Trainer:
             return None
         path, st = found
         self.steps_done = st.steps_done
+        self.suspension.saved(st.steps_done)
+        self.suspension.progress(st.steps_done, st.weights_checksum)
         self.weights.resume_at(st.weight_version, st.weights_checksum)
         self.prompts.resume_at(st.data_cursor, st.steps_done)
         self.assembly.resume(st.carried_groups)
@@ -228,6 +238,7 @@ class Trainer:
         if save is not None:  # the report goes into the checkpoint: a trainer killed before publishing it resends it
             save.weights_checksum, save.last_report = published.checksum, record.model_dump(mode="json")
             await asyncio.to_thread(self.checkpoints.write, self.training.engine, save)
+            self.suspension.saved(save.steps_done)
         if self.export.due(step + 1):
             await asyncio.to_thread(self.export.write, state, step + 1)
         del state
@@ -261,7 +272,8 @@ class Trainer:
     def _checkpoint_state_if_due(self) -> TrainerState | None:
         """The TrainerState of the checkpoint this step writes, its checksum and report filled in once published;
         None when none is due."""
-        if not self.checkpoints.save_due(self.steps_done, self.prompts.data_ends()):
+        suspending = self.suspension.save_due() and self.checkpoints.directory is not None
+        if not (self.checkpoints.save_due(self.steps_done, self.prompts.data_ends()) or suspending):
             return None
         return self.checkpoint_state(self.steps_done + 1, self.weights.next_version)
 

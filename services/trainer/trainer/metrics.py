@@ -14,6 +14,13 @@ STEP = Gauge("rlboost_trainer_step", "Last completed RL step (1-based count of o
 TOKENS_PER_SECOND = Gauge("rlboost_trainer_tokens_per_second", "Response tokens of the last step / its wall time")
 STEP_SECONDS = Gauge("rlboost_trainer_step_seconds", "Wall time of the last step by phase", ["phase"])
 TOKENS = Counter("rlboost_trainer_tokens_total", "Response tokens trained on")
+RESPONSE_LENGTH = Gauge(
+    "rlboost_trainer_response_length_tokens", "Response length in tokens of the last step's samples", ["stat"]
+)
+WORKERS_LOST = Counter(
+    "rlboost_trainer_workers_lost_total",
+    "Rollout workers gone from the manager between steps (preempted, crashed, drained), as the steps reported them",
+)
 # Counted as they happen, during the step.
 TRAJECTORIES = Counter("rlboost_trainer_trajectories_total", "Trajectories received from the rollout-manager")
 ROLLOUT_REATTACHES = Counter(
@@ -92,6 +99,9 @@ def export_step(report: StepReport) -> None:
     TOKENS_PER_SECOND.set(report.tokens / wall if wall > 0 else 0.0)
     for phase in ("rollout", "train", "sync"):
         STEP_SECONDS.labels(phase).set(getattr(report, f"{phase}_seconds"))
+    for stat in ("p50", "p90", "max"):
+        RESPONSE_LENGTH.labels(stat).set(report.response_length.get(stat, 0.0))
+    WORKERS_LOST.inc(report.workers_lost)
     if report.validation is not None:
         export_validation(report.validation)
     STEP.set(report.step + 1)

@@ -15,7 +15,8 @@ its samples: on resume those groups are taken again from the data and rolled out
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rlboost.tasks.base import Cursor
@@ -37,13 +38,15 @@ class OpenGroup:
     prompt_ids: list[int]
     source: tuple[dict[str, int], int]  # (data cursor of the step's batch, offset in it): to take it again on resume
     samples: dict[int, tuple[Trajectory, RewardResult]] = field(default_factory=dict)  # sample index -> (it, reward)
+    task_json: str = ""  # agentic episodes (task.environment): the environment's task, for CarriedGroup.task_json
 
 
 class GroupCarry:
     """Every group in flight, across steps. Also the progress view of the current step's stream (`_read`)."""
 
-    def __init__(self, group_size: int) -> None:
+    def __init__(self, group_size: int, episodes: bool = False) -> None:
         self.group_size = group_size
+        self.episodes = episodes  # task.environment: each group is an environment task's episodes
         self.groups: dict[tuple[int, int], OpenGroup] = {}
         self.regenerated = 0  # groups rolled out afresh after a resume
         self.received = 0  # trajectories of the current step's stream
@@ -56,12 +59,12 @@ class GroupCarry:
         """The step's new prompts (taken from the data at `cursor`)."""
         source = {"epoch": cursor.epoch, "position": cursor.position}
         for i, (example, ids) in enumerate(zip(examples, prompt_ids, strict=True)):
-            self.groups[(step, i)] = OpenGroup(step, i, example, ids, (source, i))
+            self.groups[(step, i)] = OpenGroup(step, i, example, ids, (source, i), task_json=self._task(example))
 
     def carried(self, step: int) -> list[CarriedGroup]:
         """Earlier steps' groups with samples still owed, and which."""
         return [
-            CarriedGroup(g.step, g.prompt_index, g.prompt_ids, self._missing(g))
+            CarriedGroup(g.step, g.prompt_index, g.prompt_ids, self._missing(g), g.task_json)
             for g in self.groups.values()
             if g.step < step
         ]
@@ -115,8 +118,17 @@ class GroupCarry:
             batch = prompts.take(Cursor(**s["cursor"]), s["offset"] + 1)
             example, ids = batch.examples[s["offset"]], batch.prompt_ids[s["offset"]]
             source = (s["cursor"], s["offset"])
-            self.groups[(s["step"], s["prompt_index"])] = OpenGroup(s["step"], s["prompt_index"], example, ids, source)
+            group = OpenGroup(s["step"], s["prompt_index"], example, ids, source, task_json=self._task(example))
+            self.groups[(s["step"], s["prompt_index"])] = group
         self.regenerated += len(saved)
+
+    def _task(self, example: Any) -> str:
+        return episode_task(example) if self.episodes else ""
 
     def _missing(self, g: OpenGroup) -> list[int]:
         return [s for s in range(self.group_size) if s not in g.samples]
+
+
+def episode_task(example: Any) -> str:
+    """An example as an environment's task (PromptItem.task_json, CarriedGroup.task_json): the dataset row as JSON."""
+    return json.dumps(asdict(example))

@@ -14,9 +14,9 @@ from typing import Any
 from rlboost.policies.partial_rollout import new_groups
 from rlboost.spec import JobSpec, effective_micro_batch
 from rlboost.tasks.sandbox import RewardResult
-from rlboost.wire.rollout_io import PromptItem, RolloutRequest, Trajectory
+from rlboost.wire.rollout_io import RolloutRequest, Trajectory
 from trainer import advantages
-from trainer.assembly import OpenedStep, arrived, classify, training_sampling
+from trainer.assembly import OpenedStep, arrived, classify, training_sampling, with_prompts
 from trainer.grpo import Sample
 from trainer.judge import FAILED, Judge
 from trainer.partial import GroupCarry, OpenGroup
@@ -39,7 +39,7 @@ class PartialGroups:
         self, spec: JobSpec, prompts: PromptCursor, judge: Judge, vocab: Vocabulary, dump: RolloutDump
     ) -> None:
         self.spec, self.prompts, self.judge, self.vocab, self.dump = spec, prompts, judge, vocab, dump
-        self.carry = GroupCarry(spec.algorithm.group_size)  # every group in flight, across steps
+        self.carry = GroupCarry(spec.algorithm.group_size, spec.task.episodes)  # every group in flight, across steps
         self.request: RolloutRequest | None = None  # the current step's
 
     @property
@@ -62,13 +62,14 @@ class PartialGroups:
         self.request = RolloutRequest(
             step,
             version,
-            [PromptItem(i, p) for i, p in enumerate(ids)],
+            [],
             alg.group_size,
             training_sampling(alg, self.vocab.stop_ids),
             self.vocab.size,
             target_groups=alg.prompts_per_step,
             carried=self.carry.carried(step),
         )
+        with_prompts(self.request, self.spec, examples, ids)  # episodes (task.environment): the tasks
         self.carry.start_stream(step)
         return OpenedStep(self.request, batch.skipped if batch else 0, None)
 
@@ -137,6 +138,12 @@ class PartialGroups:
 
 
 def older_tokens(traj: Trajectory, version: int) -> int:
-    """Response tokens generated under a version older than `version` (its spans, or all at its version)."""
+    """Model tokens generated under a version older than `version` (its spans, or all at its version); an
+    episode's environment tokens (loss_mask 0) are no model's, and not counted."""
     spans = traj.version_spans or [(traj.weight_version, len(traj.response_ids))]
-    return sum(n for v, n in spans if v < version)
+    n, at = 0, 0
+    for v, k in spans:
+        if v < version:
+            n += sum(traj.loss_mask[at : at + k]) if traj.loss_mask else k
+        at += k
+    return n

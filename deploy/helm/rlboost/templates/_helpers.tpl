@@ -16,3 +16,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
 
+
+{{- /* images.pullSecrets' names as a JSON list (the operator gives them to every job pod). */ -}}
+{{- define "rlboost.pullSecretNames" -}}
+{{- $names := list -}}
+{{- range .Values.images.pullSecrets -}}
+{{- $names = append $names (kindIs "string" . | ternary . .name) -}}
+{{- end -}}
+{{- toJson $names -}}
+{{- end -}}
