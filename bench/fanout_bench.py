@@ -23,6 +23,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -204,6 +205,14 @@ def spawn_nodes(box: Sandbox, url: str, n: int, peers: bool, first_index: int) -
     return procs
 
 
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(utime, stime) of a process (`ip netns exec` execs the command: the Popen's pid is the Python process). The
+    kernel's side includes the emulated network (bridges, tc, netfilter), charged to whichever process it runs in."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def events(proc: subprocess.Popen, until: str) -> dict:
     for line in proc.stdout:
         event = json.loads(line)
@@ -212,19 +221,49 @@ def events(proc: subprocess.Popen, until: str) -> dict:
     raise SystemExit(f"fanout_bench: a node exited before '{until}' (rc {proc.wait()})")
 
 
-def wave(box: Sandbox, url: str, n: int, peers: bool, first_index: int) -> dict:
-    """Start n nodes, let them register, release them at once; the wave ends when the last one is done."""
+def profile(pids: list[int], directory: str, label: str) -> list[subprocess.Popen]:
+    """`perf record` of the weight-server and every node during the wave: on-CPU samples only (a sampling profiler of
+    Python stacks counts a thread waiting on its queue as much as one working), kernel and native frames included,
+    so copies, hashing and syscalls show by name. `perf report -i DIR/LABEL.data --no-children --sort dso,sym`."""
+    if not directory:
+        return []
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    cmd = ["perf", "record", "-F", "499", "-g", "-o", f"{directory}/{label}.data", "-p", ",".join(map(str, pids))]
+    spy = str(Path(sys.executable).with_name("py-spy"))
+    # and py-spy (PyPI) on the server and the first two nodes (the regions' relays), sampling only a thread that holds
+    # the GIL: which Python code the interpreter's share of the CPU is spent in (collapsed stacks)
+    spies = [
+        [spy, "record", "--gil", "-r", "200", "-f", "raw", "-o", f"{directory}/{label}-{i}.txt", "-p", str(pid)]
+        for i, pid in enumerate(pids[:3])
+    ]
+    return [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for c in [cmd, *spies]]
+
+
+def wave(box: Sandbox, url: str, server_pid: int, n: int, peers: bool, first_index: int, profile_dir: str = "") -> dict:
+    """Start n nodes, let them register, release them at once; the wave ends when the last one is done. CPU: every
+    node's and the weight-server's own CPU seconds between the release and the wave's end (the nodes' closing
+    sha256, a bench check, comes after it)."""
     procs = spawn_nodes(box, url, n, peers, first_index)
     try:
         for p in procs:
             events(p, "ready")
         egress0, cross0 = server_egress(url), box.cross_region_bytes()
+        pids = [server_pid, *(p.pid for p in procs)]
+        spies = profile(pids, profile_dir, "peers" if peers else "server-only")
+        cpu0 = [cpu_seconds(pid) for pid in pids]
         go = time.monotonic()
         for p in procs:
             p.stdin.write("go\n")
             p.stdin.flush()
         done = [events(p, "done") for p in procs]
+        cpu = [(u - u0, k - k0) for (u, k), (u0, k0) in zip(map(cpu_seconds, pids), cpu0, strict=True)]
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)  # perf and py-spy write their profiles on SIGINT
+            spy.wait(30)
         return {
+            "cpu_seconds": sum(u + k for u, k in cpu),
+            "user_cpu_seconds": sum(u for u, _ in cpu),
+            "server_cpu_seconds": sum(cpu[0]),
             "wave_seconds": max(d["t_done"] for d in done) - go,
             "server_egress_bytes": server_egress(url) - egress0,
             "cross_region_bytes": box.cross_region_bytes() - cross0,
@@ -252,6 +291,7 @@ def main() -> None:
     p.add_argument("--region-mbit", type=float, default=100, help="the link between two regions, each way")
     p.add_argument("--region-delay-ms", type=float, default=20, help="one-way delay between regions (RTT x2)")
     p.add_argument("--no-baseline", action="store_true", help="skip the everyone-from-the-server wave")
+    p.add_argument("--profile", default="", help="write perf profiles of the wave (server and nodes) into this folder")
     a = p.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("fanout_bench: needs root for `ip netns` and `tc` (run it in its own sandbox or VM)")
@@ -265,8 +305,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="fanout-bench-") as work:
             server, url = start_server(box, Path(work), a.chunk_kb << 10)
             asyncio.run(upload(url, payload))
-            fanned = wave(box, url, a.workers, True, 0)
-            base = None if a.no_baseline else wave(box, url, a.workers, False, 300)
+            fanned = wave(box, url, server.pid, a.workers, True, 0, a.profile)
+            base = None if a.no_baseline else wave(box, url, server.pid, a.workers, False, 300, a.profile)
     finally:
         if server is not None:
             server.terminate()
@@ -292,6 +332,8 @@ def report(a: argparse.Namespace, payload: bytes, fanned: dict, base: dict | Non
         ),
         "server_egress_bytes_per_new_worker": int(fanned["server_egress_bytes"] / a.workers),
         "peer_failures": fanned["peer_failures"],
+        **cpu_figures(fanned, size, a.workers),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "link": {
             "node_mbit": a.node_mbit,
             "region_mbit": a.region_mbit,
@@ -305,10 +347,23 @@ def report(a: argparse.Namespace, payload: bytes, fanned: dict, base: dict | Non
             "server_egress_bytes_per_version": int(base["server_egress_bytes"]),
             "cross_region_bytes_per_version": int(base["cross_region_bytes"]),
             "bitexact": base["sha256"] == {hashlib.sha256(payload).hexdigest()},
+            **cpu_figures(base, size, a.workers),
         }
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
     return out
+
+
+def cpu_figures(w: dict, size: int, workers: int) -> dict:
+    """The wave's CPU cost: seconds of every process, and payload bytes delivered (one payload per new worker) per
+    CPU second: the figure the wave's speed follows when the cores, not the links, are the limit."""
+    return {
+        "cpu_seconds": round(w["cpu_seconds"], 2),
+        "user_cpu_seconds": round(w["user_cpu_seconds"], 2),
+        "server_cpu_seconds": round(w["server_cpu_seconds"], 2),
+        "bytes_per_cpu_second": int(size * workers / max(w["cpu_seconds"], 1e-9)),
+        "bytes_per_user_cpu_second": int(size * workers / max(w["user_cpu_seconds"], 1e-9)),
+    }
 
 
 if __name__ == "__main__":

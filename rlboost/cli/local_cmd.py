@@ -2,7 +2,7 @@
 
     rlboost local [--config FILE] [--steps N] [--json-report PATH] [--run-dir DIR] [--temperature T]
                   [--spot-trace FILE] [--trace-time-scale X | --trace-step-seconds X]
-                  [--chaos-kill-every S [--chaos-step-seconds X]] [--chaos-signal KILL|TERM]
+                  [--chaos-kill-every S [--chaos-step-seconds X]] [--chaos-signal KILL|TERM|STOP]
                   [--chaos-targets spot,reserved,manager,weight-server,nats,trainer]
                   [--dump-rollouts PATH]
                   [--workers-reserved N] [--workers-spot N] [--seed S]
@@ -75,9 +75,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--chaos-signal",
-        choices=["KILL", "TERM"],
+        choices=["KILL", "TERM", "STOP"],
         default="KILL",
-        help="chaos preemption without notice (KILL, default) or with notice (TERM: the worker drains)",
+        help="chaos preemption without notice (KILL, default), with notice (TERM: the worker drains), or a spot "
+        "worker frozen with its connections open, as a VM that vanished (STOP: the manager finds it by lease expiry)",
     )
     p.add_argument(
         "--chaos-targets",
@@ -187,6 +188,10 @@ def _check_chaos_targets(args: argparse.Namespace, spec: JobSpec) -> None:
         raise JobSpecError(str(err)) from None
     if targets != ("spot",) and args.chaos_kill_every is None:
         raise JobSpecError("--chaos-targets: chaos needs a period; add --chaos-kill-every S")
+    if getattr(args, "chaos_signal", "KILL") == "STOP" and targets != ("spot",):
+        raise JobSpecError(
+            "--chaos-signal STOP: only spot workers are frozen (the others are restarted); use --chaos-targets spot"
+        )
     if "trainer" in targets and spec.trainer.ranks > 1:
         raise JobSpecError("--chaos-targets trainer: a killed trainer is restarted alone; use --trainer-ranks 1")
 

@@ -57,8 +57,10 @@ class LocalOptions(BaseModel):
         gt=0,
         description="Pace chaos by the job's progress: seconds of its period per step of finished samples.",
     )
-    chaos_signal: Literal["KILL", "TERM"] = Field(
-        "KILL", description="Signal of chaos kills: KILL (no notice) or TERM (the worker drains and flushes first)."
+    chaos_signal: Literal["KILL", "TERM", "STOP"] = Field(
+        "KILL",
+        description="Signal of chaos kills: KILL (no notice), TERM (the worker drains and flushes first) or STOP (a "
+        "spot worker freezes with its connections open, as a vanished VM: found by lease expiry; spot only).",
     )
     chaos_targets: tuple[str, ...] = Field(
         DEFAULT_TARGETS,

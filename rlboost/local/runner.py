@@ -194,7 +194,7 @@ class SpotController:
     started_at: float | None = None
     preemptions: int = 0
     events: list[str] = field(default_factory=list)
-    chaos_signal: int = signal.SIGKILL  # SIGTERM: a preemption with notice (the worker drains)
+    chaos_signal: int = signal.SIGKILL  # SIGTERM: with notice (the worker drains); SIGSTOP: frozen, lease expiry
     chaos_step_seconds: float | None = None  # chaos paced by progress: its seconds per step of finished samples
     samples_per_step: int = 1
     samples_finished: int = 0  # samples the manager(s) finished so far: the progress clock of the trace and chaos
@@ -585,7 +585,8 @@ class Run:
             status = await _get_status(self.stub) if self.stub is not None else None
             if status is not None:
                 self.state.progress.on_status(status)
-                if final is None or all(w.weight_version == final for w in status.workers):
+                live = {c.name for c in self.sup.running()}  # not one preempted (a frozen one stays registered)
+                if final is None or all(w.weight_version == final for w in status.workers if w.worker_id in live):
                     break
             self._refresh()
             await asyncio.sleep(0.25)
@@ -660,7 +661,7 @@ def _make_spot_controller(
     chaos = None
     if options.chaos_kill_every:
         chaos = ChaosMonkey(options.chaos_kill_every, seed=options.seed, targets=options.chaos_targets)
-    sig = signal.SIGTERM if options.chaos_signal == "TERM" else signal.SIGKILL
+    sig = {"TERM": signal.SIGTERM, "STOP": signal.SIGSTOP}.get(options.chaos_signal, signal.SIGKILL)
     return SpotController(
         sup,
         plan,

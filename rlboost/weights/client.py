@@ -15,10 +15,11 @@ A pull fetches the manifest's chunks over `streams` concurrent `Range` requests.
 connection drops is retried with exponential backoff (bounded), resuming from the bytes of that
 chunk already received; a chunk whose sha256 does not match is fetched again from its start.
 
-Two HTTP clients, on purpose: httpx for the small JSON calls, aiohttp for payload bytes (pulls, uploads).
-httpx's pure-Python HTTP/1.1 path reads 64 KiB at a time through four layers and cost ~6 ms of CPU per
-MB here (a single stream capped at ~160 MB/s, whatever the link); aiohttp's C parser reading 1 MiB
-pieces pulled ~950 MB/s on one stream at ~0.7 ms per MB (bench: docs/benchmarks.md).
+Three HTTP paths, on purpose: httpx for the small JSON calls, aiohttp for uploads, and rlboost.weights.range_get
+for payload reads. httpx's pure-Python HTTP/1.1 path reads 64 KiB at a time through four layers and cost ~6 ms of
+CPU per MB here (a single stream capped at ~160 MB/s, whatever the link); aiohttp's C parser reading 1 MiB pieces
+pulled ~950 MB/s on one stream at ~0.7 ms per MB, but still made an object per socket read and copied every piece
+into the payload; range_get receives into the payload buffer itself (bench: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from rlboost.weights.peer_serve import CachedPayload, PayloadCache
+from rlboost.weights.range_get import RangeConnectionError, RangeReader
 from rlboost.weights.signing import ASSET_MANIFEST, ManifestVerifier, WeightsRejectedError
 from rlboost.wire import weight_routes as routes
 from rlboost.wire.peers_io import HEADER_IDENTITY, PeerRegistration, Source, SourceList, SourcesRequest
@@ -58,7 +60,6 @@ from rlboost.wire.weights_io import (
 )
 
 UPLOAD_BLOCK = 1 << 20
-READ_PIECE = 1 << 20  # payload bytes per read from the response stream
 
 
 class WeightServerError(Exception):
@@ -109,6 +110,15 @@ class PeerSources(Protocol):
         ...
 
 
+# A peer that sends no byte for this long is left for the chunk's next source (the weight-server is always the last):
+# a peer frozen or gone without a TCP reset (a VM that vanished) held each of its pullers for the server's whole
+# 60 s read timeout (issue 34: a frozen spot worker stalled two workers' first pulls, and the job's step 0, 60 s).
+PEER_STALL_S = 10.0
+# ...and is not asked again for this long (the directory forgets a peer 30 s after its last heartbeat: until then it
+# still lists one that vanished, and every payload's pull would wait on it again).
+PEER_DOWN_S = 30.0
+
+
 @dataclass
 class _PeerPull:
     """One pull's peers: its sources (best first), those that failed to connect, the cache entry it fills."""
@@ -155,16 +165,21 @@ class WeightClient:
         backoff_max: float = 2.0,
         ca: bytes | None = None,
         verifier: ManifestVerifier | None = None,
+        peer_timeout: float = PEER_STALL_S,
     ) -> None:
         """`token`: sent as `Authorization: Bearer` on every request (reads and uploads); `ca`: the job CA's PEM,
-        which an https server's certificate must chain to (None: the system's trust store)."""
+        which an https server's certificate must chain to (None: the system's trust store); `peer_timeout`: seconds
+        without a byte from a peer before its chunk is fetched elsewhere (at most `timeout`)."""
         if streams < 1:
             raise ValueError(f"streams must be >= 1, got {streams}")
         self.streams, self.retries, self.backoff_max = streams, retries, backoff_max
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._base_url, self._headers, self._timeout = base_url.rstrip("/"), headers, timeout
         self._tls = ssl.create_default_context(cadata=ca.decode()) if ca else None
-        self._bulk_http: aiohttp.ClientSession | None = None  # payload bytes; made on first use, in the event loop
+        self._bulk_http: aiohttp.ClientSession | None = None  # uploads; made on first use, in the event loop
+        self._range_reader: RangeReader | None = None  # payload reads, straight into the pull's buffer
+        self._peer_reader: RangeReader | None = None  # the same from peers, which may stall no longer than this
+        self._peer_timeout = min(peer_timeout, timeout)
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=headers,
@@ -177,6 +192,7 @@ class WeightClient:
         self.fanout: PeerSources | None = None  # peer sources and the cache peers are served from (fanout.py)
         self.on_peer_rejected: Callable[[str], None] | None = None  # called with a peer's URL when it lied
         self.bad_peers: set[str] = set()  # peers that served bytes that are not the manifest's: never asked again
+        self.down_peers: dict[str, float] = {}  # peer URL -> until when it is not asked (it dropped or stalled)
 
     async def __aenter__(self) -> WeightClient:
         return self
@@ -188,6 +204,19 @@ class WeightClient:
         await self._http.aclose()
         if self._bulk_http is not None:
             await self._bulk_http.close()
+        for reader in (self._range_reader, self._peer_reader):
+            if reader is not None:
+                await reader.close()
+
+    def _ranges(self, base_url: str) -> RangeReader:
+        """The weight-server's reader, or (any other base URL) the peers' one, with the shorter stall timeout."""
+        if base_url != self._base_url:
+            if self._peer_reader is None:
+                self._peer_reader = RangeReader(self._headers, self._tls, self._peer_timeout, keep=self.streams + 2)
+            return self._peer_reader
+        if self._range_reader is None:
+            self._range_reader = RangeReader(self._headers, self._tls, self._timeout, keep=self.streams + 2)
+        return self._range_reader
 
     def _bulk(self) -> aiohttp.ClientSession:
         if self._bulk_http is None:
@@ -300,8 +329,10 @@ class WeightClient:
         try:
             if fanning:
                 peers = [s for s in await self.fanout.sources(m) if s.url and s.url not in self.bad_peers]
-            fanned = _PeerPull(peers, set(), kept)
+            now = time.monotonic()
+            fanned = _PeerPull(peers, {url for url, until in self.down_peers.items() if until > now}, kept)
             await asyncio.gather(*(self._fetch_chunk(m, c, buf, stats, gate, fanned) for c in m.chunks))
+            self.down_peers = {url: until for url, until in self.down_peers.items() if until > now}
         except BaseException:
             if kept is not None:
                 kept.abort()
@@ -328,9 +359,7 @@ class WeightClient:
     ) -> None:
         """Fetch one chunk from the peers (each tried once), else from the weight-server; keep it for other peers."""
         if not await self._chunk_from_peers(m, chunk, buf, stats, gate, fanned):
-            await self._chunk_from_server(m, chunk, buf, stats, gate)
-        if fanned.kept is not None:
-            await fanned.kept.chunk_verified(chunk, memoryview(buf)[chunk.offset : chunk.offset + chunk.length])
+            await self._chunk_from_server(m, chunk, buf, stats, gate, fanned.kept)
 
     async def _chunk_from_peers(
         self,
@@ -354,11 +383,12 @@ class WeightClient:
             except _ConnectionLostError:
                 stats.peer_failures += 1
                 fanned.down.add(source.url)
+                self.down_peers[source.url] = time.monotonic() + PEER_DOWN_S  # later pulls skip it too
                 continue
             except (_RetryableError, WeightServerError):  # 503: it does not hold the chunk (yet); 4xx: refused
                 stats.peer_failures += 1
                 continue
-            if await _chunk_matches(buf, chunk):
+            if await _chunk_matches(buf, chunk, fanned.kept):
                 stats.peer_bytes += chunk.length
                 return True
             stats.peer_failures += 1
@@ -368,10 +398,17 @@ class WeightClient:
         return False
 
     async def _chunk_from_server(
-        self, m: Manifest, chunk: ChunkInfo, buf: bytearray, stats: PullStats, gate: asyncio.Semaphore
+        self,
+        m: Manifest,
+        chunk: ChunkInfo,
+        buf: bytearray,
+        stats: PullStats,
+        gate: asyncio.Semaphore,
+        kept: CachedPayload | None,
     ) -> None:
         """Fetch one chunk (holding one of the `streams` slots) and verify it (slot released: the next chunk's
-        bytes flow while this one is hashed), retrying with backoff and resuming after the bytes received."""
+        bytes flow while this one is hashed), retrying with backoff and resuming after the bytes received; keep it
+        for peers in `kept`."""
         held = [0]  # bytes of this chunk already in buf, updated as they arrive; a retry resumes after them
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.retries),
@@ -388,7 +425,7 @@ class WeightClient:
                             stats.resumed_offsets.append(chunk.offset + held[0])
                     async with gate:
                         await self._fetch_from(m, chunk, buf, held, stats, self._base_url)
-                    if not await _chunk_matches(buf, chunk):
+                    if not await _chunk_matches(buf, chunk, kept):
                         held[0] = 0
                         raise _ChunkMismatchError(f"chunk {chunk.index} sha256 mismatch")
         except _RetryableError as err:
@@ -409,20 +446,20 @@ class WeightClient:
             return
         stats.requests += 1
         url = base_url + routes.api(m.payload_path)  # as httpx joins base_url and path
+        view = memoryview(buf)[start : end + 1]
         try:
-            async with self._bulk().get(url, headers={"Range": f"bytes={start}-{end}"}) as resp:
-                if resp.status >= 500:
-                    raise _RetryableError(f"HTTP {resp.status}")
-                if resp.status != 206:
-                    _raise_status(resp.status, await resp.read(), resp.reason)
-                    raise WeightServerError(resp.status, f"expected 206 for a ranged read, got {resp.status}")
-                async for piece in resp.content.iter_chunked(READ_PIECE):
-                    n = min(len(piece), chunk.length - held[0])
-                    pos = chunk.offset + held[0]
-                    buf[pos : pos + n] = piece[:n] if n < len(piece) else piece
-                    held[0] += n
-        except (aiohttp.ClientError, TimeoutError) as err:  # dropped connection, timeout, truncated body
-            raise _ConnectionLostError(f"{type(err).__name__}: {err}") from None
+            reply = await self._ranges(base_url).get_into(url, start, end, view)
+        except RangeConnectionError as err:  # dropped connection, timeout, truncated or malformed answer
+            held[0] += err.received
+            raise _ConnectionLostError(str(err)) from None
+        finally:
+            view.release()
+        held[0] += reply.received
+        if reply.status >= 500:
+            raise _RetryableError(f"HTTP {reply.status}")
+        if reply.status != 206:
+            _raise_status(reply.status, reply.body, reply.reason)
+            raise WeightServerError(reply.status, f"expected 206 for a ranged read, got {reply.status}")
         if held[0] < chunk.length:
             raise _RetryableError(f"short read: {held[0]} of {chunk.length} bytes")
 
@@ -532,11 +569,21 @@ async def _file_blocks(path: Path) -> AsyncIterator[bytes]:
         f.close()
 
 
-async def _chunk_matches(buf: bytearray, chunk: ChunkInfo) -> bool:
-    """Whether the chunk's bytes in buf match its sha256; off the event loop (hashlib releases the GIL), so the
-    other streams keep reading meanwhile."""
+async def _chunk_matches(buf: bytearray, chunk: ChunkInfo, kept: CachedPayload | None = None) -> bool:
+    """Whether the chunk's bytes in buf match its sha256; when they do and `kept` is given, also written to the peer
+    cache. One trip off the event loop for both (hashlib and the write release the GIL), so the other streams keep
+    reading meanwhile; two trips per chunk showed as a sixth of a relay's Python time in the fan-out profile."""
     view = memoryview(buf)[chunk.offset : chunk.offset + chunk.length]
-    return await asyncio.to_thread(lambda: hashlib.sha256(view).hexdigest()) == chunk.sha256
+
+    def check() -> tuple[bool, OSError | None]:
+        if hashlib.sha256(view).hexdigest() != chunk.sha256:
+            return False, None
+        return True, kept.write(chunk, view) if kept is not None else None
+
+    matches, error = await asyncio.to_thread(check)
+    if matches and kept is not None:
+        kept.written(chunk, error)
+    return matches
 
 
 def _rotate(peers: list[Source], index: int) -> list[Source]:

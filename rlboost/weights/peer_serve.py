@@ -12,7 +12,8 @@ the puller goes to another source); a payload it does not hold is a 404. Reads n
 one is given. Only chunks whose sha256 matched the manifest are ever served, and pullers check them again.
 
 The bytes are copied to a file per payload as each chunk is verified: the pulled buffer itself is not kept,
-because the engine's tensors are views of a snapshot's buffer and later deltas change them in place.
+because the engine's tensors are views of a snapshot's buffer and later deltas change them in place. Ranges go out
+with sendfile, from the page cache to the socket without passing through Python.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from rlboost.wire import weight_routes as routes
 from rlboost.wire.weights_io import ChunkInfo, Manifest
 
 log = logging.getLogger(__name__)
-SERVE_BLOCK = 1 << 20
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
 
 
@@ -48,15 +48,28 @@ class CachedPayload:
         self._changed = asyncio.Event()
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.ftruncate(self._fd, manifest.total_bytes)
+        self._file = os.fdopen(os.dup(self._fd), "rb", buffering=0)  # what sendfile reads from
 
     async def chunk_verified(self, chunk: ChunkInfo, data: memoryview) -> None:
         """Keep a verified chunk's bytes (a copy, written off the event loop) and serve them from now on."""
+        self.written(chunk, await asyncio.to_thread(self.write, chunk, data))
+
+    def write(self, chunk: ChunkInfo, data: memoryview) -> OSError | None:
+        """Blocking (a worker thread, e.g. the one that just verified the chunk): copy its bytes to the file."""
+        if self.failed:
+            return None
+        try:
+            os.pwrite(self._fd, data, chunk.offset)
+        except OSError as err:
+            return err
+        return None
+
+    def written(self, chunk: ChunkInfo, error: OSError | None) -> None:
+        """On the event loop, after `write`: the chunk is served from now on."""
         if self.failed:
             return
-        try:
-            await asyncio.to_thread(os.pwrite, self._fd, data, chunk.offset)
-        except OSError as err:  # a full disk stops the serving of this payload, never the worker's own pull
-            log.warning("peer cache write failed; not serving this payload", extra={"error": str(err)})
+        if error is not None:  # a full disk stops the serving of this payload, never the worker's own pull
+            log.warning("peer cache write failed; not serving this payload", extra={"error": str(error)})
             self.abort()
             return
         self.done[chunk.index] = True
@@ -89,12 +102,16 @@ class CachedPayload:
             await wait_event(self._changed, deadline - loop.time())
         return True
 
-    def read(self, start: int, end: int) -> bytes:
-        return os.pread(self._fd, end - start + 1, start)
+    async def send(self, transport: asyncio.BaseTransport, start: int, end: int) -> None:
+        """Bytes start..end to the socket by sendfile: page cache to socket in the kernel, no copy through Python
+        and no thread per block (asyncio falls back to reads and writes where the transport cannot, e.g. TLS)."""
+        await asyncio.get_running_loop().sendfile(transport, self._file, start, end - start + 1)  # type: ignore[arg-type]
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             os.close(self._fd)
+        with contextlib.suppress(OSError):
+            self._file.close()
         self.path.unlink(missing_ok=True)
 
 
@@ -197,10 +214,10 @@ class PeerServer:
             resp.headers["Content-Range"] = f"bytes {start}-{end}/{size}"
         resp.content_length = end - start + 1
         resp.content_type = "application/octet-stream"
-        await resp.prepare(request)
-        for pos in range(start, end + 1, SERVE_BLOCK):
-            block = await asyncio.to_thread(entry.read, pos, min(end, pos + SERVE_BLOCK - 1))
-            await resp.write(block)
+        await resp.prepare(request)  # the status line and headers go out now, ahead of the file's bytes
+        if request.transport is None:
+            raise ConnectionResetError("the puller went away")
+        await entry.send(request.transport, start, end)
         await resp.write_eof()
         self.bytes_served += end - start + 1
         if self.on_served is not None:

@@ -67,6 +67,8 @@ def test_bad_flags_name_the_flag() -> None:
     assert res.returncode == 2 and "--chaos-step-seconds: must be > 0" in res.stderr
     res = rlboost("local", "--chaos-targets", "nats")
     assert res.returncode == 2 and "add --chaos-kill-every S" in res.stderr
+    res = rlboost("local", "--chaos-kill-every", "1", "--chaos-signal", "STOP", "--chaos-targets", "spot,nats")
+    assert res.returncode == 2 and "--chaos-signal STOP: only spot workers are frozen" in res.stderr
     res = rlboost("local", "--config", "/nonexistent.yaml")
     assert res.returncode == 2 and "config file not found: /nonexistent.yaml" in res.stderr
 

@@ -4,8 +4,10 @@ that lies is caught by the chunk hash, counted and avoided (a real peer process)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 
@@ -44,6 +46,21 @@ async def peer(server: ThreadServer, tmp_path, name: str, zone: str = "z", regio
     fanout = PeerFanout(client, name, tmp_path / name, zone=zone, region=region, token=TOKEN)
     await fanout.start("127.0.0.1", 0)
     return client, fanout
+
+
+@contextlib.asynccontextmanager
+async def liar_process(server: ThreadServer, tmp_path, bad_chunk: int):
+    """tests/rlboost/corrupt_peer.py as its own process, registered and serving; yields (process, its URL)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "tests.rlboost.corrupt_peer", server.url, "0", str(bad_chunk), str(tmp_path / "liar")]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
+        assert line.startswith("serving "), line
+        yield proc, line.split()[1]
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
 
 
 async def close(*pairs) -> None:
@@ -92,13 +109,7 @@ async def test_peer_reads_need_the_worker_token(server, tmp_path) -> None:
 async def test_a_peer_that_serves_a_corrupt_chunk_is_detected_counted_and_avoided(server, tmp_path) -> None:
     """The liar is a real process (tests/rlboost/corrupt_peer.py) serving one flipped byte in chunk 3."""
     payload = await upload(server, CHUNK * 8)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = [sys.executable, "-m", "tests.rlboost.corrupt_peer", server.url, "0", "3", str(tmp_path / "liar")]
-    liar = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    try:
-        line = await asyncio.wait_for(asyncio.to_thread(liar.stdout.readline), 30)
-        assert line.startswith("serving "), line
-        liar_url = line.split()[1]
+    async with liar_process(server, tmp_path, 3) as (_, liar_url):
         rejected: list[str] = []
         client, fanout = await peer(server, tmp_path, "honest")
         client.on_peer_rejected = rejected.append
@@ -110,9 +121,6 @@ async def test_a_peer_that_serves_a_corrupt_chunk_is_detected_counted_and_avoide
             assert client.last_pull.peer_bytes == 0 and rejected == [liar_url]  # not asked again
         finally:
             await close((client, fanout))
-    finally:
-        liar.kill()
-        liar.communicate(timeout=10)
 
 
 async def test_a_dead_peer_costs_a_retry_not_the_sync(server, tmp_path) -> None:
@@ -127,6 +135,27 @@ async def test_a_dead_peer_costs_a_retry_not_the_sync(server, tmp_path) -> None:
         assert second.last_pull.peer_bytes == 0 and second.last_pull.peer_failures >= 1
     finally:
         await close((first, first_fanout), (second, second_fanout))
+
+
+async def test_a_frozen_peer_costs_the_peer_timeout_not_the_servers(server, tmp_path) -> None:
+    """A peer frozen with its socket open (SIGSTOP: a VM gone without a TCP reset; the kernel still accepts
+    connections for it) sends no byte: its chunk goes to the weight-server after `peer_timeout`, not after the
+    server's 60 s read timeout, and later pulls skip it. The peer is a real process (tests/rlboost/corrupt_peer.py),
+    frozen before any read."""
+    payload = await upload(server, CHUNK * 2)
+    async with liar_process(server, tmp_path, 0) as (frozen, frozen_url):
+        frozen.send_signal(signal.SIGSTOP)
+        client = WeightClient(server.url, token=TOKEN, streams=4, peer_timeout=1.0)
+        fanout = PeerFanout(client, "puller", tmp_path / "puller", zone="z", region="r", token=TOKEN)
+        await fanout.start("127.0.0.1", 0)
+        try:  # the deadline catches a pull held for the server's read timeout (60 s)
+            assert await asyncio.wait_for(client.pull(0), 30) == payload
+            assert client.last_pull.peer_bytes == 0 and client.last_pull.peer_failures >= 1
+            # the directory lists it until its heartbeat expires; this client's next pulls do not wait on it again
+            assert await asyncio.wait_for(client.pull(0), 30) == payload
+            assert client.last_pull.peer_failures == 0 and list(client.down_peers) == [frozen_url]
+        finally:
+            await close((client, fanout))
 
 
 async def test_a_puller_can_serve_the_payload_before_it_learns_its_sources(server, tmp_path) -> None:

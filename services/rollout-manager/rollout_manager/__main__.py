@@ -101,7 +101,7 @@ async def serve(args: ManagerOptions, started: list | None = None) -> int:
                 args.nats_url,
                 args.namespace,
                 args.job,
-                manager.state.drain,
+                lambda node, workers, reason: manager.state.drain(node, workers, reason, manager.clock()),
                 manager.kick,
                 nats_options=connect_options(args.credentials_dir, "manager"),
             )

@@ -20,6 +20,7 @@ from .carry_over import CarryOver, switch_version, version_spans
 from .effects import Effects
 from .fleet import Fleet
 from .leases import Leases
+from .preemption_costs import PreemptionCosts
 from .records import MAX_LOGPROB, MIN_LOGPROB, Phase, Request, Worker, invalid_output
 from .speed_placement import SpeedPlacement
 from .status import Tally
@@ -52,6 +53,7 @@ class RequestLifecycle:
         self.book, self.fleet, self.leases, self.effects = book, fleet, leases, effects
         self.carry, self.speed, self.tally, self.policy = carry, speed, tally, policy
         self._refusals_logged: set[tuple[str, str]] = set()  # (worker, problem): invalid output is logged once
+        self.costs = PreemptionCosts()  # what each preemption cost (issue 34)
 
     # ---- chunks ------------------------------------------------------------------------------------
 
@@ -97,6 +99,8 @@ class RequestLifecycle:
             return
         if c.token_ids:
             req.progress_at = now
+            if req.id in self.costs.moved:  # the first tokens after a preemption moved it
+                self.costs.resumed(req, w, now)
             self._keep_tokens(w, req, c)
             budget = req.sampling.max_new_tokens
             if len(req.tokens) > budget:  # never deliver more than the response budget
@@ -104,7 +108,9 @@ class RequestLifecycle:
         if aborted and c.error:  # the request failed on this worker by itself (the others of its batch go on)
             self._failed_on_worker(w, req, c.error, c.invalid_input, now)
         elif aborted:
-            self.migrate(req, req.revoke_reason if req.phase is Phase.REVOKING else MigrationReason.DRAINED, now)
+            reason = req.revoke_reason if req.phase is Phase.REVOKING else MigrationReason.DRAINED
+            self.migrate(req, reason, now, source=w, flushed=True)
+            self.costs.worker_done(w, now)
         elif len(req.tokens) >= req.sampling.max_new_tokens and not c.finished:
             self.finish(req, "length", now)
         elif c.finished:
@@ -178,7 +184,8 @@ class RequestLifecycle:
             reason = MigrationReason.DRAINED
         held = [self.book.requests[rid] for rid in w.running]
         for req in held:
-            self.migrate(req, reason, now)
+            self.migrate(req, reason, now, source=w)
+        self.costs.worker_done(w, now, left=True)
         return len(held)
 
     def expire(self, w: Worker, now: float) -> None:
@@ -190,14 +197,26 @@ class RequestLifecycle:
         if held:  # if it is a zombie rather than dead, tell it to stop
             self.effects.box(w.id).revoke.setdefault("lease_expired", []).extend(r.id for r in held)
         for req in held:
-            self.migrate(req, MigrationReason.LEASE_EXPIRED, now)
+            self.migrate(req, MigrationReason.LEASE_EXPIRED, now, source=w)
+        self.costs.worker_done(w, now)
 
     # ---- leaving the worker ------------------------------------------------------------------------
 
-    def migrate(self, req: Request, reason: MigrationReason, now: float, final: bool = False) -> None:
+    def migrate(
+        self,
+        req: Request,
+        reason: MigrationReason,
+        now: float,
+        final: bool = False,
+        source: Worker | None = None,
+        flushed: bool = False,
+    ) -> None:
         """Back to pending with every token received, first in line; or finished if nothing is left. A failed
-        attempt past rollout.maxRequestAttempts (or `final`) reports the request failed instead."""
+        attempt past rollout.maxRequestAttempts (or `final`) reports the request failed instead. `source`: the
+        worker it leaves, where a preemption's cost is counted (preemption_costs.py); `flushed`: by its last chunk."""
         worker = req.worker
+        if source is not None:
+            self.costs.handed_back(source, req, reason, now, flushed)
         if worker is not None:
             self.leases.release(req, now)
         self.tally.migrations += 1
@@ -222,6 +241,7 @@ class RequestLifecycle:
     def give_up(self, req: Request, reason: MigrationReason, now: float) -> None:
         """The request used up rollout.maxRequestAttempts: drop it (delivered as 'failed') or fail its step."""
         self.tally.failed_requests += 1
+        self.costs.forget(req.id)
         metrics.FAILED_REQUESTS.labels(reason.value).inc()
         why = (
             f"request {req.id} failed {req.failed_attempts} attempts (rollout.maxRequestAttempts); last: {reason.value}"
@@ -249,6 +269,7 @@ class RequestLifecycle:
         """The response is complete: delivered (through the carry-over: a carried one may wait for its next step;
         a model turn of an agentic episode goes back to its env-runner)."""
         self.speed.note_length(req)
+        self.costs.forget(req.id)
         last = req.worker
         if req.worker is not None:
             self.leases.release(req, now)

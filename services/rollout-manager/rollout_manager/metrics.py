@@ -122,6 +122,36 @@ STARVED_SECONDS = Gauge(
     "version); 0 while work can go on. Past 30 s the manager logs why, every 30 s.",
 )
 
+# what each preemption cost (issue 34; preemption_costs.py)
+PREEMPTIONS = Counter(
+    "rlboost_manager_preemptions_total",
+    "Preempted workers, by kind: 'notice' (drained after a notice) or 'silent' (stream broken, lease expired)",
+    ["kind"],
+)
+NOTICE_TO_DRAINED_SECONDS = Histogram(
+    "rlboost_manager_preemption_notice_to_drained_seconds",
+    "From a drain notice to the worker's last running request handed back",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+PREEMPTED_TOKENS = Counter(
+    "rlboost_manager_preempted_tokens_total",
+    "Tokens preempted workers had generated of their running responses: 'in_flight' (kept + lost), 'kept' (received, "
+    "the final flush included), 'lost' (generated and never sent, generated again by the next worker: 0 after a "
+    "flush, else estimated from the worker's decode rate)",
+    ["kind", "what"],
+)
+MIGRATION_RESUME_SECONDS = Histogram(
+    "rlboost_manager_migration_resume_seconds",
+    "From a request's hand-back by a preempted worker to its next token from another worker",
+    ["reason"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+PREEMPTION_STALLED_SECONDS = Counter(
+    "rlboost_manager_preemption_stalled_request_seconds_total",
+    "Request-seconds from a moved request's last token kept to its next token on another worker (slot-seconds "
+    "preemptions cost, a silent death's detection included)",
+)
+
 
 def zero_counters() -> None:
     """Export the migration and preemption-notice counters at 0 for every reason from the start: a dashboard panel
@@ -132,6 +162,10 @@ def zero_counters() -> None:
         MIGRATIONS.labels(reason.value)
     for result in ("matched", "no_match", "invalid"):
         PREEMPTION_NOTICES.labels(result)
+    for kind in ("notice", "silent"):  # what preemptions cost (issue 34)
+        PREEMPTIONS.labels(kind)
+        for what in ("in_flight", "kept", "lost"):
+            PREEMPTED_TOKENS.labels(kind, what)
 
 
 zero_counters()

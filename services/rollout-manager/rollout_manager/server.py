@@ -111,6 +111,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         self.watchdog = LoopWatchdog(max_lag_s=health_max_lag_s)
         self.cadence = CadenceTracker(rollout)  # the workers' chunk bounds, stretched with the fleet
         metrics.CHUNK_MAX_MS.set(self.cadence.current.max_ms)
+        self._preemption_flush_bounds()
         self._received = {kind: metrics.WORKER_MESSAGES.labels(kind) for kind in _WORKER_MESSAGE_KINDS}
 
     # ---- lifecycle ---------------------------------------------------------------------------------
@@ -187,6 +188,7 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         if bounds is None:
             return
         metrics.CHUNK_MAX_MS.set(bounds.max_ms)
+        self._preemption_flush_bounds()
         log.info(
             "chunk cadence changed",
             extra={"workers": len(self._conns), "chunk_max_ms": bounds.max_ms, "chunk_max_tokens": bounds.max_tokens},
@@ -196,6 +198,11 @@ class RolloutManagerServer(pb_grpc.RolloutManagerServicer):
         )
         for conn in self._conns.values():
             conn.queue.put_nowait(msg)
+
+    def _preemption_flush_bounds(self) -> None:
+        """A killed worker's unsent tokens are bounded by the cadence it flushed at (preemption_costs.py)."""
+        bounds = self.cadence.current
+        self.state.lifecycle.costs.flush_bounds = (bounds.max_tokens, bounds.max_ms / 1000)
 
     def _run_policies(self) -> None:
         now = self.clock()

@@ -183,11 +183,20 @@ class ManagerState:
 
     def on_drain_notice(self, worker_id: str, now: float) -> None:
         """The worker announced it is going away (SIGTERM): no new work; its requests migrate when it stops."""
+        w = self.fleet.workers.get(worker_id)
+        fresh = w is not None and not w.draining  # a second notice (NATS, then SIGTERM) is the same preemption
         self.fleet.on_drain_notice(worker_id, now)
+        if fresh:
+            self.lifecycle.costs.notice(w, self.book.requests, now, "worker")
 
-    def drain(self, node: str, worker_ids: list[str], reason: str) -> list[str]:
-        """A preemption notice: mark matching workers draining and send them DrainCommand. Returns their ids."""
-        return self.fleet.drain(node, worker_ids, reason)
+    def drain(self, node: str, worker_ids: list[str], reason: str, now: float | None = None) -> list[str]:
+        """A preemption notice: mark matching workers draining and send them DrainCommand. Returns their ids.
+        `now`: the server's clock, from which the notice's cost is counted (None: not counted)."""
+        fresh = {w.id for w in self.fleet.workers.values() if not w.draining}
+        drained = self.fleet.drain(node, worker_ids, reason)
+        for wid in fresh.intersection(drained) if now is not None else ():
+            self.lifecycle.costs.notice(self.fleet.workers[wid], self.book.requests, now, "manager")
+        return drained
 
     def on_chunks(
         self, worker_id: str, chunks: list[TokenChunk], now: float, bounds: TokenBounds | None = None
@@ -259,6 +268,7 @@ class ManagerState:
         self.episodes.cancel(ids, now)  # an episodes step's ids are episodes: they go, with their turns
         for rid in ids:
             self.leases.drop(rid, now)
+            self.lifecycle.costs.forget(rid)
         self.effects.dirty = True
         return len(ids)
 

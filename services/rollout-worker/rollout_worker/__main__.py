@@ -164,9 +164,10 @@ class _Stop:
 async def _start(args: WorkerOptions, auth, pool_spec: PoolSpec, opened: _Opened):
     """Load the engine and the newest weights, subscribe to announcements; the session, ready to register."""
     from rollout_worker.session import WorkerSession
+    from rollout_worker.startup import StartupClock
     from rollout_worker.weights import WeightPuller
 
-    engine, puller, version = opened.engine, None, 0
+    engine, puller, version, clock = opened.engine, None, 0, StartupClock()
     if args.weight_server:
         from rlboost.weights.client import WeightClient
 
@@ -184,11 +185,12 @@ async def _start(args: WorkerOptions, auth, pool_spec: PoolSpec, opened: _Opened
         model_dir = args.model_dir
         if needs_assets(model_dir):
             model_dir = opened.pulled_dir = model_dir or tempfile.mkdtemp(prefix="rlboost-model-")
-            await _pull_assets(client, args.weight_server, model_dir, args.startup_timeout)
-        version = await _start_beside_first_pull(engine, model_dir, puller, args.startup_timeout)
+            await clock.timed("assets", _pull_assets(client, args.weight_server, model_dir, args.startup_timeout))
+        version = await _start_beside_first_pull(engine, model_dir, puller, args.startup_timeout, clock)
     else:
-        await engine.start(args.model_dir)
+        await clock.timed("engine", engine.start(args.model_dir))
     session = WorkerSession(args, engine, puller.pull if puller else None, auth)
+    session.startup = clock
     if args.nats_url:
         opened.nats = await _subscribe_weights(args, session)
         if args.pool == "reserved" and args.spec.trainer.colocate_reserved:
@@ -198,6 +200,7 @@ async def _start(args: WorkerOptions, auth, pool_spec: PoolSpec, opened: _Opened
     from rollout_worker import metrics
 
     metrics.WEIGHT_VERSION.set(engine.weight_version)
+    clock.ready(args.worker_id)
     log.info(
         "worker ready",
         extra={
@@ -323,12 +326,13 @@ async def _pull_assets(client, url: str, model_dir: str, timeout: float) -> None
     log.info("model assets pulled", extra={"model_dir": model_dir, "assets": sorted(p.name for p in written)})
 
 
-async def _start_beside_first_pull(engine, model_dir: str, puller, timeout: float) -> int:
+async def _start_beside_first_pull(engine, model_dir: str, puller, timeout: float, clock) -> int:
     """Load the engine from the model directory while the newest version is awaited and pulled, then apply it;
     returns that version. A new spot worker's model load and first download overlap instead of adding up (an
-    engine whose start blocks the loop, as SGLang's does, simply runs them one after the other)."""
-
-    loading, pulling = asyncio.create_task(engine.start(model_dir)), asyncio.create_task(puller.pull_first(timeout))
+    engine whose start blocks the loop, as SGLang's does, simply runs them one after the other). `clock`: a
+    StartupClock, which records the seconds of each."""
+    loading = asyncio.create_task(clock.timed("engine", engine.start(model_dir)))
+    pulling = asyncio.create_task(clock.timed("weights", puller.pull_first(timeout)))
     try:
         await asyncio.gather(loading, pulling)  # the first failure, of either, ends the wait at once
     except BaseException:

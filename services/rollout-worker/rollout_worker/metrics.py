@@ -93,3 +93,12 @@ RELEASE_RSS_BYTES = Gauge(
     ["phase"],
 )
 RELEASES = Counter("rlboost_worker_memory_releases_total", "Colocation commands handled, by action.", ["action"])
+
+# a new worker's start-up split into its parts (issue 34; startup.py)
+STARTUP_SECONDS = Gauge(
+    "rlboost_worker_startup_seconds",
+    "Start-up, by part: 'process' (interpreter, imports), 'assets', 'engine', 'weights' (each its own seconds; engine "
+    "and weights overlap), 'ready' "
+    "(process start to current weights held) and 'first_assignment' (process start to the first request)",
+    ["part"],
+)

@@ -50,6 +50,7 @@ from rollout_worker.errors import ManagerUnreachableError, NotConnectedError, de
 from rollout_worker.held import HeldResponses
 from rollout_worker.link import ManagerLink
 from rollout_worker.registration import Registration
+from rollout_worker.startup import StartupClock
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class WorkerSession:
         self._errors = RepeatedLog(log)  # a failure repeated per request logs one line with a count
         self.held = HeldResponses(engine.capacity, KEEP_FINISHED_S)  # responses a restarted manager adopts
         self.registration = Registration(options, engine, self.held)
+        self.startup: StartupClock | None = None  # the start-up's parts; the first assignment is its last (startup.py)
 
     # ---- public ------------------------------------------------------------------------------
 
@@ -226,6 +228,8 @@ class WorkerSession:
     def _handle(self, link: ManagerLink, msg: pb.ManagerMessage) -> None:
         kind = msg.WhichOneof("body")
         if kind == "assign":
+            if self.startup is not None:
+                self.startup.assigned(self.options.worker_id)
             for a in msg.assign.assignments:
                 try:
                     self._assign(link, assignment_from_pb(a))
