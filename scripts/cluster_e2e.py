@@ -100,6 +100,8 @@ class Lane:
         self.notes: list[str] = []
         self.chaos_log: list[str] = []
         self.node_deadline = 0.0
+        self.node_deleted = False
+        self.chaos_stage = 0  # the next of chaos_tick's faults
         self.restarts_seen: dict[str, int] = {}  # every pod of the run: the most restarts seen
         self.dashboard_check: dict[str, Any] = {}  # when and how the dashboard was judged (for the summary)
         self.halfway_all_ready = False  # a poll saw the RLJob's status half-way with every pod Ready (diagnostic)
@@ -425,33 +427,46 @@ class Lane:
     # --- chaos (--chaos)
 
     def chaos_tick(self, step: int, pods: dict[str, dict[str, Any]]) -> None:
-        """--chaos, one fault per finished step from step 1: delete a Ready spot pod (kubectl delete pod), SIGKILL the
-        leader operator replica (restarted: it stands by), SIGKILL the trainer's container, taint a spot node with
-        GKE's preemption taint and delete the Node 30 s later. `step`: the last step the trainer reported over NATS
-        (the RLJob's status.step can lag far behind it: in two lane runs it stayed at 3 while the trainer finished,
-        and the job ended before the taint)."""
+        """--chaos, one fault per finished step from step 1: delete a Ready spot pod (kubectl delete pod), taint a
+        spot node with GKE's preemption taint (the Node is deleted 30 s later), SIGKILL the trainer's container,
+        then, once the drain notice reached the manager (or the node is gone), SIGKILL the leader operator replica
+        (restarted: it stands by; the job cannot reach Succeeded before the standby leads). The taint comes before
+        the leader's kill: a notice needs a leader, and a takeover (up to the Lease's 60 s) outlasted the rest of
+        the job on a quiet machine. `step`: the last step the trainer reported over NATS (the RLJob's status.step
+        can lag far behind it: in two lane runs it stayed at 3 while the trainer finished)."""
         if not self.args.chaos:
             return
-        stage = len(self.chaos_log)
+        self._delete_tainted_node(step)
+        stage = self.chaos_stage
         spot = [n for n, p in pods.items() if "-workers-spot-" in n and p["ready"]]
         if stage == 0 and step >= 1 and spot:
             self.http.delete(f"/api/v1/namespaces/{self.namespace}/pods/{spot[0]}")
             self.chaos_event(f"step {step}: deleted spot pod {spot[0]} (kubectl delete pod)")
-        elif stage == 1 and step >= 2 and self.operators is not None:
-            self.chaos_event(f"step {step}: {self.operators.kill_leader()}")
-        elif stage == 2 and step >= 3:
-            trainer = f"{self.run_id}-{self.job}-trainer-0"
-            run("podman", "kill", "--signal", "KILL", trainer, check=False)
-            self.chaos_event(f"step {step}: SIGKILL to the trainer's container {trainer}")
-        elif stage == 3 and step >= 4 and self.args.spot_nodes:
+        elif stage == 1 and step >= 2 and self.args.spot_nodes:
             node = "lane-spot-0"
             taint = {"key": PREEMPTION_TAINT, "value": "true", "effect": "NoSchedule"}
             self.http.patch(f"/api/v1/nodes/{node}", json={"spec": {"taints": [taint]}}, headers=MERGE)
             self.chaos_event(f"step {step}: tainted {node} with {PREEMPTION_TAINT} (GKE: 30 s to shutdown)")
             self.node_deadline = time.monotonic() + 30
-        elif stage == 4 and time.monotonic() >= self.node_deadline:
-            notices = counter(manager_metrics(self), "rlboost_manager_preemption_notices_total")
+        elif stage == 2 and step >= 3:
+            trainer = f"{self.run_id}-{self.job}-trainer-0"
+            run("podman", "kill", "--signal", "KILL", trainer, check=False)
+            self.chaos_event(f"step {step}: SIGKILL to the trainer's container {trainer}")
+        elif stage == 3 and self.operators is not None and (self.node_deleted or self._manager_notices() >= 1):
+            self.chaos_event(f"step {step}: {self.operators.kill_leader()}")
+        else:
+            return
+        self.chaos_stage += 1
+
+    def _manager_notices(self) -> float:
+        return counter(manager_metrics(self), "rlboost_manager_preemption_notices_total") or 0.0
+
+    def _delete_tainted_node(self, step: int) -> None:
+        """The tainted spot node goes away 30 s after its taint, as GKE's VM does."""
+        if self.node_deadline and not self.node_deleted and time.monotonic() >= self.node_deadline:
+            notices = self._manager_notices()
             self.http.delete("/api/v1/nodes/lane-spot-0")
+            self.node_deleted = True
             self.chaos_event(
                 f"step {step}: deleted Node lane-spot-0 (the VM went away); manager notices so far {notices}"
             )
