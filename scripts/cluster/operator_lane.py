@@ -151,8 +151,8 @@ class OperatorReplicas:
         return f"SIGKILL to the leader operator replica {leader.pod_name} (restarted: it stands by)"
 
     def note_successor(self) -> None:
-        """After a kill, the first replica that writes the Lease as its own: the standby, within leaseDurationSeconds
-        (the killed one, restarted under a new identity, stands by)."""
+        """After a kill, the first replica that writes the Lease as its own once it expired: the standby, or the killed
+        one restarted under a new identity (they race, as on a cluster)."""
         if self.killed and self.successor is None and self.holder() not in ("", self.killed_identity):
             leader = self.leader()
             self.successor = leader.pod_name if leader is not None else None
