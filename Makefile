@@ -80,7 +80,7 @@ lock:
 # impossible model source (Failed naming spec.model). Root and podman; installs what it needs.
 test-cluster: $(STAMP)
 	bash scripts/cluster/setup.sh
-	timeout 1800 $(PY) -m pytest -m cluster tests/cluster/test_cluster_e2e.py -p no:cacheprovider $(PYTEST_ARGS)
+	timeout 2400 $(PY) -m pytest -m cluster tests/cluster/test_cluster_e2e.py -p no:cacheprovider $(PYTEST_ARGS)
 
 # Only the faulted run and the uninterrupted one it is compared with (part of test-cluster)
 test-cluster-chaos: $(STAMP)

@@ -117,3 +117,25 @@ def scrape(text: str, prefix: str = "rlboost_manager_preempt") -> dict[str, floa
             key, _, value = line.rpartition(" ")
             out[key] = float(value)
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Read an earlier run's figures again, without running anything: `python bench/preemption_figures.py RUN_DIR`."""
+    import argparse
+
+    p = argparse.ArgumentParser(description="The preemption figures of one `rlboost local` run directory, as JSON.")
+    p.add_argument("run_dir", type=Path, help="the run directory (its logs/rollout-manager.log and logs/)")
+    p.add_argument("--slots", type=int, default=0, help="request slots of the run's workers (per-step share lost)")
+    args = p.parse_args(argv)
+    manager_log = args.run_dir / "logs" / "rollout-manager.log"
+    if not manager_log.is_file():
+        p.error(f"{manager_log} not found: give the run directory of an `rlboost local` run")
+    out = {"preemptions": preemptions(manager_log), "startups": startups(args.run_dir / "logs")}
+    if args.slots:
+        out["steps"] = steps_lost(manager_log, args.slots)
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -84,3 +84,25 @@ def _timeline(ax, runs: list[dict]) -> None:
     ax.set_xlabel("seconds from the notice / the worker's last message")
     ax.set_ylabel("moved request")
     ax.set_title("one preemption of each kind: each moved request's stall", fontsize=10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Draw the PNG again from a `preemption_bench.py --json` file: `python bench/preemption_plot.py RESULT.json OUT.png`."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(description="The preemption bench's plot, from its --json output.")
+    p.add_argument("result", type=Path, help="what `bench/preemption_bench.py --json PATH` wrote")
+    p.add_argument("png", type=Path, help="the PNG to write")
+    args = p.parse_args(argv)
+    try:
+        runs = json.loads(args.result.read_text())["runs"]
+    except (OSError, ValueError, KeyError) as err:
+        p.error(f"{args.result}: not a preemption_bench.py --json result ({err})")
+    plot(runs, args.png)
+    print(f"wrote {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

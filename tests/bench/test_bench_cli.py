@@ -42,8 +42,26 @@ def _imported_names(bench: Path) -> list[tuple[str, str]]:
     ]
 
 
+def _top_level_names(path: Path) -> set[str]:
+    """Names a module file defines at its top level (functions, classes, assignments, imports)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
 def _resolves(module: str, name: str) -> bool:
-    """`from module import name` would work: `name` is a submodule of the package or an attribute of the module."""
+    """`from module import name` would work: `name` is a submodule of the package or an attribute of the module (a
+    sibling bench module, imported from beside the bench, is read without being run)."""
+    sibling = ROOT / "bench" / f"{module}.py"
+    if sibling.is_file():
+        return name in _top_level_names(sibling)
     spec = importlib.util.find_spec(module)
     if spec is None:
         return False
