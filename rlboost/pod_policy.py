@@ -312,6 +312,10 @@ _REFUSED_POD_FIELDS = {
 }
 
 
+AFFINITY_KINDS = ("nodeAffinity", "podAffinity", "podAntiAffinity")
+AFFINITY_WHEN = ("requiredDuringSchedulingIgnoredDuringExecution", "preferredDuringSchedulingIgnoredDuringExecution")
+
+
 class OverlayPodSpec(PassThrough):
     """Changes to the pod's spec: lists merged by name (containers, initContainers, volumes), tolerations and
     topology constraints appended, affinity terms added to the operator's, nodeSelector merged, any other field
@@ -344,6 +348,24 @@ class OverlayPodSpec(PassThrough):
                 if data.get(key, data.get(field)) is not None:
                     raise SpecFieldError(key, f"podTemplate.spec.{key} is the operator's; {fix}")
         return data
+
+    @field_validator("affinity")
+    @classmethod
+    def _affinity_shape(cls, affinity: dict[str, Any]) -> dict[str, Any]:
+        """Kubernetes' Affinity shape, which the operator's merge reads (overlay.py)."""
+        for kind, terms in affinity.items():
+            if kind not in AFFINITY_KINDS or not isinstance(terms, dict):
+                raise ValueError(f"affinity.{kind}: an object under one of {', '.join(AFFINITY_KINDS)}")
+            for when, value in terms.items():
+                node_required = kind == "nodeAffinity" and when == AFFINITY_WHEN[0]
+                if node_required:
+                    fits = isinstance(value, dict) and isinstance(value.get("nodeSelectorTerms", []), list)
+                else:
+                    fits = when in AFFINITY_WHEN and isinstance(value, list)
+                if not fits:
+                    shape = "an object with a list nodeSelectorTerms" if node_required else "a list of terms"
+                    raise ValueError(f"affinity.{kind}.{when}: one of {', '.join(AFFINITY_WHEN)}, {shape}")
+        return affinity
 
     @model_validator(mode="after")
     def _distinct(self) -> OverlayPodSpec:

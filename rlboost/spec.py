@@ -7,6 +7,7 @@ CRD's OpenAPI schema. Load a file with `load_job_spec(path)`; errors name the fi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
@@ -143,6 +144,26 @@ _RG_CONFIG_SCHEMA = {
 }
 
 
+def json_values(value: Any, field: str, depth: int = 0) -> Any:
+    """`value` if it is plain JSON (strings as keys, finite numbers, at most 32 levels), which the CRD stores and a
+    dump reads back unchanged; else a ValueError naming `field` (a non-finite number would come back as another)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{field}: {value} is not a JSON number; give a finite number")
+    if depth > 32:
+        raise ValueError(f"{field}: nested deeper than 32 levels")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"{field}: key {key!r} is not a string")
+            json_values(item, f"{field}.{key}", depth + 1)
+    elif isinstance(value, list):
+        for n, item in enumerate(value):
+            json_values(item, f"{field}.{n}", depth + 1)
+    elif value is not None and not isinstance(value, str | int | float):
+        raise ValueError(f"{field}: {type(value).__name__} is not a JSON value")
+    return value
+
+
 class ReasoningGymSpec(SpecModel):
     """reasoning-gym's procedural tasks as the prompts (PyPI `reasoning-gym`): generated from a seed, no network, each
     scored by the task's own `score_answer` (the `reasoning_gym` reward)."""
@@ -166,7 +187,7 @@ class ReasoningGymSpec(SpecModel):
         clash = sorted({"size", "seed"} & set(config))
         if clash:
             raise ValueError(f"task.dataset.reasoningGym.config: set {', '.join(clash)} as reasoningGym's own field")
-        return config
+        return json_values(config, "task.dataset.reasoningGym.config")
 
 
 class DatasetSpec(SpecModel):
@@ -380,6 +401,11 @@ class EnvironmentSpec(SpecModel):
     def field(self) -> str:
         """The field that names the environment, for messages."""
         return "task.environment.verifiers" if self.verifiers else "task.environment.name"
+
+    @field_validator("args")
+    @classmethod
+    def _json_args(cls, args: dict[str, Any]) -> dict[str, Any]:
+        return json_values(args, "task.environment.args")
 
     @field_validator("name")
     @classmethod

@@ -67,3 +67,18 @@ def test_responses_are_scored_by_reasoning_gym_in_the_reward_sandbox():
         results = sandbox.score(items)
     assert [r.value for r in results] == [1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
     assert results[-1].failure == "exception"  # a prompt reasoning-gym did not make: no score, said so
+
+
+def test_non_json_values_in_config_or_environment_args_are_refused_naming_the_field():
+    """A non-finite number would not survive the CRD's round trip (the fuzz test found it): refused, field named."""
+    import pytest
+
+    from rlboost.spec import JobSpecError, parse_job_spec
+
+    bad = [
+        ({"dataset": {"reasoningGym": {"name": "chain_sum", "config": {"x": float("inf")}}}}, "reasoningGym.config.x"),
+        ({"environment": {"name": "calculator", "args": {"a": [1, float("nan")]}}}, "environment.args.a.1"),
+    ]
+    for task, field in bad:
+        with pytest.raises(JobSpecError, match=field):
+            parse_job_spec({"task": task})
