@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from rlboost.nats_server import NatsServer, free_port
+
+# The fuzzers run one fixed sequence of inputs in `make test` (a failure reproduces; no run fails on a draw nobody
+# can find again); HYPOTHESIS_PROFILE=explore draws new inputs each run, to look for more (two real bugs were found
+# that way: see the fuzz tests' history).
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session", autouse=True)
