@@ -112,8 +112,6 @@ def progress(completed: int, total: int, step_seconds: float | None = None) -> d
         "progress": f"{completed}/{total}",
         "progressPercentage": min(100, completed * 100 // total) if total > 0 else 0,
     }
-    if step_seconds is not None and not math.isfinite(step_seconds):
-        step_seconds = None  # a step report's seconds are parsed, not trusted: no estimate rather than a crash
     if step_seconds is not None or not left:
         out["estimatedRemainingSeconds"] = round(left * (step_seconds or 0.0))
     return out

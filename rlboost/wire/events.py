@@ -8,10 +8,11 @@ from there.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 STATUS_STREAM = "RLBOOST_STATUS"  # JetStream stream the operator keeps each job's newest step report and `done` in
 TRAINER_INBOX = "_INBOX.trainer"  # the trainer's reply subjects (nats.connect inbox_prefix): the stream's acks
@@ -232,6 +233,15 @@ class StepReport(BaseModel):
         "'budget': cut or not started within task.rewardStepBudgetSeconds, 'crash', 'cpu', 'memory', ...): "
         "scored 0, left out of reward_mean and of their group's baseline.",
     )
+
+    @model_validator(mode="after")
+    def _finite_seconds(self) -> StepReport:
+        """Durations are measured, so finite: a non-finite one is a malformed report (a NaN loss is not)."""
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if name.endswith("_seconds") and isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{name}: {value} is not a duration; a step report's seconds are finite")
+        return self
 
 
 def step_gauges() -> dict[str, tuple[str, str]]:

@@ -131,3 +131,14 @@ def test_the_operator_status_patch_is_strict_json(case: tuple[type[BaseModel], b
     else:
         patch = status.done_status(msg, {}, now)
     json.dumps(patch, allow_nan=False)  # ValueError here: the API server would refuse the patch
+
+
+def test_a_step_report_with_non_finite_seconds_is_refused_at_parse():
+    """Found by the status-patch fuzz test: `rollout_seconds: Infinity` parsed and crashed the operator's time-left
+    estimate; durations are measured, so a non-finite one is a malformed report (a NaN loss stays reportable)."""
+    base = b'"step": 0, "weight_version": 1, "weights_checksum": "c", "reward_mean": NaN, "tokens": 10, '
+    for seconds in (b"Infinity", b"NaN"):
+        bad = b"{" + base + b'"rollout_seconds": ' + seconds + b', "train_seconds": 1.0, "sync_seconds": 0.5}'
+        assert _parse(StepReport, bad) is None
+    good = b"{" + base + b'"rollout_seconds": 2.0, "train_seconds": 1.0, "sync_seconds": 0.5}'
+    assert _parse(StepReport, good) is not None
