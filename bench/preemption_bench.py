@@ -15,7 +15,7 @@ response, and the runner starts a new one in its place.
 * `silent`: SIGKILL. No notice: the manager sees the stream break and moves the requests with the tokens it holds.
 * `expired`: SIGSTOP (`--chaos-signal STOP`). The worker freezes with its connections open, as a VM that vanished
   without a TCP reset: the manager finds it by lease expiry (`rollout.leaseTimeoutMs`) and moves its requests; a new
-  worker replaces it at once. The manager records it as a `silent` preemption.
+  worker replaces it at once. The manager records it as an `expired` preemption.
 * `--trace`: a Bamboo trace replayed by the job's progress as well (`--trace-step-seconds`): workers the trace
   takes away are killed (SIGKILL).
 
@@ -23,7 +23,9 @@ Figures, from the manager's structured logs (bench/preemption_figures.py) and it
 runs): per preemption, notice -> drained seconds, tokens streamed / in flight / kept / lost (= regenerated), and
 per moved request `resume_s` (hand-back -> next token on another worker) and `stalled_s` (last token kept -> next
 token); per new spot worker, process start -> model assets / engine / weights -> ready -> first request
-(`first_token_s`); per step, slot-seconds lost to preemptions and their share of the step's slot-seconds.
+(`first_token_s`); per step, slot-seconds lost to preemptions and their share of the step's slot-seconds, as the
+product reports them (the step reports' `preempted_slot_seconds`, `preempted_slot_share`), with the same recomputed
+from the logs over the manager's rollout windows beside them (`steps_from_logs`, `slot_s_lost_agree`).
 `--json PATH` writes them all with the machine, date and load; `--plot PATH` a PNG of the distributions and one
 preemption's timeline.
 """
@@ -48,7 +50,7 @@ import preemption_figures as figures  # noqa: E402  (beside this file)
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "local-preemption.yaml"
 SIGNALS = {"notice": "TERM", "silent": "KILL", "expired": "STOP"}
-PREEMPTION_KIND = {"notice": "notice", "silent": "silent", "expired": "silent"}  # the manager's kind of each run's
+PREEMPTION_KIND = {"notice": "notice", "silent": "silent", "expired": "expired"}  # the manager's kind of each run's
 RUN_TIMEOUT_S = 600  # a few minutes on 2 loaded cores; a hung run must not hold the bench
 POLL_S = 0.5  # progress display and /metrics scrapes (display only: figures come from the logs)
 
@@ -140,7 +142,8 @@ def collect(kind: str, run_dir: Path, report_path: Path, metrics: dict[str, floa
         "new_workers": [
             {**w, "replacement": w.get("started_at", 0.0) > first_step} for w in figures.startups(run_dir / "logs")
         ],
-        "steps": figures.steps_lost(manager_log, slots_of(run_dir)),
+        "steps": figures.steps_reported(report),
+        "steps_from_logs": figures.steps_lost(manager_log, slots_of(run_dir)),
         "metrics": metrics,
         "run_tokens_lost": report.get("tokens_lost"),  # fencing: tokens the trainer would have lost (must be 0)
         "run_tokens_regenerated": report.get("tokens_regenerated"),
@@ -170,6 +173,8 @@ def summary(runs: list[dict]) -> dict:
             "slot_share_lost": _stats([s["share"] for s in run["steps"] if s["slot_s_lost"] > 0]),
             "slot_share_lost_mean": statistics.fmean([s["share"] for s in run["steps"]] or [0.0]),
             "metrics_agree": _metrics_agree(run, ps),
+            "slot_s_lost": round(sum(s["slot_s_lost"] for s in run["steps"]), 3),
+            "slot_s_lost_from_logs": round(sum(s["slot_s_lost"] for s in run["steps_from_logs"]), 3),
         }
     return out
 

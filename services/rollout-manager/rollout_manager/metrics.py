@@ -212,6 +212,8 @@ def zero_counters() -> None:
             PREEMPTED_TOKENS.labels(kind, what)
     for kind in PREEMPTION_KINDS[1:]:
         PREEMPTION_DETECTED_SECONDS.labels(kind)
+    for reason in (MigrationReason.DRAINED, MigrationReason.STREAM_BROKEN, MigrationReason.LEASE_EXPIRED):
+        MIGRATION_RESUME_SECONDS.labels(reason.value)  # the reasons a preemption hands a request back for
 
 
 zero_counters()
