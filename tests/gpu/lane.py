@@ -19,9 +19,18 @@ MARGIN_S = 20  # pytest's start (torch's import) and end
 _STARTED = time.monotonic()  # this module is imported while pytest collects the lane
 
 
+RUN_TIMEOUT_MAX_S = 120  # what a run may take when the jobs before it left time over
+
+
 def lane_left() -> float:
     """Seconds left of the lane's LANE_S for a test that starts now."""
     return LANE_S - MARGIN_S - (time.monotonic() - _STARTED)
+
+
+def run_timeout_left(kinds: tuple[str, ...] = KINDS) -> float:
+    """Each run's bound: the lane's time left shared by the runs (at least RUN_TIMEOUT_S when the learning job took its
+    whole bound: tests/gpu/test_lane_budget.py), at most RUN_TIMEOUT_MAX_S."""
+    return min(RUN_TIMEOUT_MAX_S, (lane_left() - bench_timeout(kinds, 0.0)) / len(kinds))
 
 
 def bench_timeout(kinds: tuple[str, ...] = KINDS, run_timeout: float = RUN_TIMEOUT_S) -> float:
