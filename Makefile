@@ -87,11 +87,13 @@ test-cluster-chaos: $(STAMP)
 	bash scripts/cluster/setup.sh
 	timeout 1800 $(PY) -m pytest -m cluster tests/cluster/test_cluster_e2e.py -k faults -p no:cacheprovider $(PYTEST_ARGS)
 
-# The GPU lane: the CPU example's shape on a GPU (SGLang on CUDA, NCCL, bf16). Skips, saying why, without a GPU.
-# Run it in the environment that has CUDA torch and sglang (e.g. `pip install -c requirements/lock.txt '.[dev]'
-# 'rlboost[sglang]'` on the GPU machine): PY=that/python make test-gpu
+# The GPU lane (tests/gpu): the default job learning on CUDA (torch engine, NCCL, bf16), what a preemption costs on
+# CUDA (bench/preemption_bench.py --device cuda: notice, silent, expired; tokens/s per worker), and the CPU example's
+# shape with SGLang on CUDA. Each skips, saying why, without a GPU (or SGLang). Under 8 minutes on one H100: every run
+# is bounded (tests/gpu/lane.py), the whole at 465 s. -s: the figures print. Run it in the environment that has CUDA
+# torch (and sglang: `pip install -c requirements/lock.txt '.[dev]' 'rlboost[sglang]'`): PY=that/python make test-gpu
 test-gpu: $(STAMP)
-	$(PY) -m pytest -m gpu tests/gpu -p no:cacheprovider -rs $(PYTEST_ARGS)
+	timeout 465 $(PY) -m pytest -m gpu tests/gpu -p no:cacheprovider -rs -s $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

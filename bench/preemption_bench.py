@@ -4,6 +4,7 @@
     python bench/preemption_bench.py --steps 6 --json preemption.json --plot preemption.png
     python bench/preemption_bench.py --kinds silent \\
         --trace ../shared/traces/bamboo/aws-spot-instances-p2-xlarge-2020-11-20-to-2020-11-23.csv
+    python bench/preemption_bench.py --device cuda --kinds notice,silent,expired --steps 5 --run-timeout 85  # GPU lane
 
 Each kind is one run of `--config` (default examples/local-preemption.yaml: its tiny model, 1 reserved + 2 spot
 workers of capacity 8; responses of `--max-new-tokens`), with chaos on the spot pool, paced by the job's progress
@@ -15,7 +16,7 @@ response, and the runner starts a new one in its place.
 * `silent`: SIGKILL. No notice: the manager sees the stream break and moves the requests with the tokens it holds.
 * `expired`: SIGSTOP (`--chaos-signal STOP`). The worker freezes with its connections open, as a VM that vanished
   without a TCP reset: the manager finds it by lease expiry (`rollout.leaseTimeoutMs`) and moves its requests; a new
-  worker replaces it at once. The manager records it as a `silent` preemption.
+  worker replaces it at once. The manager records it as an `expired` preemption.
 * `--trace`: a Bamboo trace replayed by the job's progress as well (`--trace-step-seconds`): workers the trace
   takes away are killed (SIGKILL).
 
@@ -23,7 +24,12 @@ Figures, from the manager's structured logs (bench/preemption_figures.py) and it
 runs): per preemption, notice -> drained seconds, tokens streamed / in flight / kept / lost (= regenerated), and
 per moved request `resume_s` (hand-back -> next token on another worker) and `stalled_s` (last token kept -> next
 token); per new spot worker, process start -> model assets / engine / weights -> ready -> first request
-(`first_token_s`); per step, slot-seconds lost to preemptions and their share of the step's slot-seconds.
+(`first_token_s`); per step, slot-seconds lost to preemptions and their share of the step's slot-seconds, as the
+product reports them (the step reports' `preempted_slot_seconds`, `preempted_slot_share`), with the same recomputed
+from the logs over the manager's rollout windows beside them (`steps_from_logs`, `slot_s_lost_agree`).
+Beside them, tokens/s per worker by pool (`tokens_per_s_per_worker`: each step's `pool_tokens_per_second` over its
+`pool_workers`, the median over the steps). `--device cuda` runs the trainer (NCCL) and every worker (torch engine)
+on the CUDA GPU, all sharing it, as examples/local-gpu-torch.yaml does: `make test-gpu` runs it so (tests/gpu).
 `--json PATH` writes them all with the machine, date and load; `--plot PATH` a PNG of the distributions and one
 preemption's timeline.
 """
@@ -48,17 +54,24 @@ import preemption_figures as figures  # noqa: E402  (beside this file)
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "local-preemption.yaml"
 SIGNALS = {"notice": "TERM", "silent": "KILL", "expired": "STOP"}
-PREEMPTION_KIND = {"notice": "notice", "silent": "silent", "expired": "silent"}  # the manager's kind of each run's
-RUN_TIMEOUT_S = 600  # a few minutes on 2 loaded cores; a hung run must not hold the bench
+PREEMPTION_KIND = {"notice": "notice", "silent": "silent", "expired": "expired"}  # the manager's kind of each run's
+RUN_TIMEOUT_S = 600  # a few minutes on 2 loaded cores; a hung run must not hold the bench (--run-timeout)
+# --device cuda: the trainer on NCCL and each pool's workers on the torch engine, one GPU each (all share the one GPU)
+CUDA = {"trainer": {"backend": "nccl", "gpusPerRank": 1}, "pool": {"engine": "torch", "gpusPerWorker": 1}}
 POLL_S = 0.5  # progress display and /metrics scrapes (display only: figures come from the logs)
 
 
-def job_config(out: Path, config: Path, max_new_tokens: int) -> Path:
-    """`config` (a job spec) with `max_new_tokens`-token responses (long enough to be preempted mid-response)."""
+def job_config(out: Path, config: Path, max_new_tokens: int, device: str = "cpu") -> Path:
+    """`config` (a job spec) with `max_new_tokens`-token responses (long enough to be preempted mid-response), its
+    trainer and workers on `device` (cpu: as the spec says)."""
     import yaml
 
     spec = yaml.safe_load(config.read_text())
     spec.setdefault("algorithm", {})["maxNewTokens"] = max_new_tokens
+    if device == "cuda":
+        spec.setdefault("trainer", {}).update(CUDA["trainer"])
+        for pool in ("reserved", "spot"):
+            spec.setdefault("rollout", {}).setdefault(pool, {}).update(CUDA["pool"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     return out / "job.yaml"
@@ -71,7 +84,7 @@ def local_command(kind: str, out: Path, args: argparse.Namespace) -> list[str]:
         "rlboost.cli.main",
         "local",
         "--config",
-        str(job_config(out, args.config, args.max_new_tokens)),
+        str(job_config(out, args.config, args.max_new_tokens, args.device)),
     ]
     cmd += ["--steps", str(args.steps), "--temperature", "0", "--run-dir", str(out / "run")]
     cmd += ["--json-report", str(out / "report.json"), "--seed", str(args.seed)]
@@ -99,11 +112,15 @@ def run_kind(kind: str, out: Path, args: argparse.Namespace, progress) -> dict:
     metrics: dict[str, float] = {}
     with log.open("w") as sink:
         proc = subprocess.Popen(local_command(kind, out, args), cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + RUN_TIMEOUT_S
+        deadline = time.monotonic() + args.run_timeout
         while proc.poll() is None:
             if time.monotonic() > deadline:
-                proc.kill()
-                raise SystemExit(f"{kind}: rlboost local ran past {RUN_TIMEOUT_S} s; see {log}")
+                proc.terminate()  # rlboost local stops its children on SIGTERM
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                raise SystemExit(f"{kind}: rlboost local ran past --run-timeout {args.run_timeout:g} s; see {log}")
             metrics = _scrape_manager(run_dir) or metrics
             manager_log = run_dir / "logs" / "rollout-manager.log"
             done = len(figures.step_windows(manager_log))
@@ -140,7 +157,9 @@ def collect(kind: str, run_dir: Path, report_path: Path, metrics: dict[str, floa
         "new_workers": [
             {**w, "replacement": w.get("started_at", 0.0) > first_step} for w in figures.startups(run_dir / "logs")
         ],
-        "steps": figures.steps_lost(manager_log, slots_of(run_dir)),
+        "steps": figures.steps_reported(report),
+        "tokens_per_s_per_worker": tokens_per_worker(report.get("steps", [])),
+        "steps_from_logs": figures.steps_lost(manager_log, slots_of(run_dir)),
         "metrics": metrics,
         "run_tokens_lost": report.get("tokens_lost"),  # fencing: tokens the trainer would have lost (must be 0)
         "run_tokens_regenerated": report.get("tokens_regenerated"),
@@ -170,8 +189,23 @@ def summary(runs: list[dict]) -> dict:
             "slot_share_lost": _stats([s["share"] for s in run["steps"] if s["slot_s_lost"] > 0]),
             "slot_share_lost_mean": statistics.fmean([s["share"] for s in run["steps"]] or [0.0]),
             "metrics_agree": _metrics_agree(run, ps),
+            "tokens_per_s_per_worker": run["tokens_per_s_per_worker"],
+            "slot_s_lost": round(sum(s["slot_s_lost"] for s in run["steps"]), 3),
+            "slot_s_lost_from_logs": round(sum(s["slot_s_lost"] for s in run["steps_from_logs"]), 3),
         }
     return out
+
+
+def tokens_per_worker(steps: list[dict]) -> dict[str, float]:
+    """Per pool: the median over the steps of its tokens/s per worker (pool_tokens_per_second / pool_workers: the
+    step reports' figures, over the whole step, training included)."""
+    rates: dict[str, list[float]] = {}
+    for s in steps:
+        for pool, tps in (s.get("pool_tokens_per_second") or {}).items():
+            workers = (s.get("pool_workers") or {}).get(pool, 0)
+            if workers:
+                rates.setdefault(pool, []).append(tps / workers)
+    return {pool: round(statistics.median(xs), 1) for pool, xs in sorted(rates.items())}
 
 
 def _metrics_agree(run: dict, ps: list[dict]) -> bool | None:
@@ -192,6 +226,23 @@ def _stats(values: list) -> dict:
     if not xs:
         return {"n": 0}
     return {"n": len(xs), "median": statistics.median(xs), "max": xs[-1]}
+
+
+def no_cuda() -> str | None:
+    """Why the workers cannot run on CUDA here, or None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"no CUDA GPU here (torch {torch.__version__}: torch.cuda.is_available() is False)"
+    return None
+
+
+def device_name(device: str) -> str:
+    if device != "cuda":
+        return "cpu"
+    import torch
+
+    return f"cuda: {torch.cuda.get_device_name(0)}"
 
 
 def machine() -> dict:
@@ -218,6 +269,7 @@ def print_tables(runs: list[dict], summ: dict, console) -> None:
         "new worker→1st request s",
         "slot share lost, steps hit",
         "/metrics = logs",
+        "tokens/s per worker",
     ):
         t.add_column(col, justify="right")
     for kind, s in summ.items():
@@ -233,6 +285,7 @@ def print_tables(runs: list[dict], summ: dict, console) -> None:
             _fmt(s["first_token_s"]),
             _fmt(s["slot_share_lost"], pct=True),
             str(s["metrics_agree"]),
+            ", ".join(f"{pool} {tps:g}" for pool, tps in s["tokens_per_s_per_worker"].items()) or "-",
         )
     console.print(t)
     w = Table(title="New spot workers: process start → parts → first request (s)")
@@ -262,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", type=Path, help="a Bamboo spot trace to replay as well (by the job's progress)")
     p.add_argument("--trace-step-seconds", type=float, default=100.0, help="trace seconds per step of progress")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the trainer and workers run")
+    p.add_argument(
+        "--run-timeout", type=float, default=RUN_TIMEOUT_S, help="seconds each kind's run may take (then it stops)"
+    )
     p.add_argument("--out", type=Path, help="where the runs go (default: a temporary directory)")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.add_argument("--plot", type=Path, help="write a PNG of the distributions and one preemption's timeline")
@@ -273,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--config {args.config}: no such file")
     if args.trace is not None and not args.trace.is_file():
         p.error(f"--trace {args.trace}: no such file (Bamboo traces: /work/shared/traces/bamboo/)")
+    if args.device == "cuda" and (problem := no_cuda()):
+        p.error(f"--device cuda: {problem}")
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
 
@@ -284,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     summ = summary(runs)
     print_tables(runs, summ, console)
     result = {**before, "load_after": os.getloadavg(), "steps": args.steps, "trace": str(args.trace or "")}
+    result |= {"device": device_name(args.device)}
     result |= {"max_new_tokens": args.max_new_tokens, "summary": summ, "runs": runs}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

@@ -4,6 +4,10 @@ The rollout-manager logs one "preemption cost" line per preempted worker and one
 request a preemption moved (services/rollout-manager/rollout_manager/preemption_costs.py); each worker logs its
 "start-up" split and its "first assignment" (services/rollout-worker/rollout_worker/startup.py); the manager's
 "rollout step started" / "rollout step delivered" lines bound each step. Every line is JSON with a wall-clock `ts`.
+
+The per-step share lost is the product's own figure (`steps_reported`: the trainer's step reports, whose
+`preempted_slot_seconds` / `rollout_slot_seconds` come from the manager's ledger); `steps_lost` recomputes it from the
+logs over the manager's rollout windows, a cross-check.
 """
 
 from __future__ import annotations
@@ -107,6 +111,22 @@ def steps_lost(manager_log: Path, slots: int) -> list[dict]:
             {"step": step, "step_s": round(span, 3), "slot_s_lost": round(lost, 3), "share": lost / (span * slots)}
         )
     return out
+
+
+def steps_reported(report: dict) -> list[dict]:
+    """Per step, as the product reports it (`rlboost local --json-report`'s steps[], the lines of steps.jsonl): the
+    slot-seconds preemptions cost since the previous step and their share of the fleet's slot-seconds."""
+    return [
+        {
+            "step": s["step"],
+            "step_s": round(s["rollout_seconds"] + s["train_seconds"] + s["sync_seconds"], 3),
+            "preemptions": s.get("preemptions", 0),
+            "slot_s_lost": round(s.get("preempted_slot_seconds", 0.0), 3),
+            "slot_s": round(s.get("rollout_slot_seconds", 0.0), 3),
+            "share": s.get("preempted_slot_share", 0.0),
+        }
+        for s in report.get("steps", [])
+    ]
 
 
 def scrape(text: str, prefix: str = "rlboost_manager_preempt") -> dict[str, float]:

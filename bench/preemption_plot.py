@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-COLORS = {"notice": "tab:blue", "silent": "tab:red", "expired": "tab:orange"}  # "expired": a run's kind only
+COLORS = {"notice": "tab:blue", "silent": "tab:red", "expired": "tab:orange"}
 
 
 def plot(runs: list[dict], path: Path) -> None:
@@ -17,7 +17,7 @@ def plot(runs: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     preempted = [p for r in runs for p in r["preemptions"] if p["requests"]]  # by the preemption's kind
-    by_kind = {k: [p for p in preempted if p["kind"] == k] for k in ("notice", "silent")}
+    by_kind = {k: [p for p in preempted if p["kind"] == k] for k in COLORS}
     panels = [
         (
             "resume_s: hand-back → next token (s)",
@@ -67,7 +67,7 @@ def _timeline(ax, runs: list[dict]) -> None:
     its last token kept to its next token on another worker. t = 0 at the notice, or at the silent worker's last
     message (its death, as near as the manager can tell); the dotted line is the hand-back."""
     row = 0
-    for kind in ("notice", "silent"):
+    for kind in COLORS:
         p = next((p for r in runs for p in r["preemptions"] if p["kind"] == kind and p["resumed_at"]), None)
         if p is None:
             continue

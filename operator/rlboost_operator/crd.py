@@ -186,6 +186,9 @@ def status_schema() -> dict[str, Any]:
             "costPerHour": _num("USD per hour at the current accelerator counts and the job's prices."),
             "costSoFar": _num("USD spent since the job started running."),
             "costEfficiency": _num("Response tokens per USD at the last step."),
+            "preemptedSlotShare": _num(
+                "Share of the last step's rollout slot-seconds lost to preemptions (StepReport.preempted_slot_share)."
+            ),
             "observedGeneration": _num("The RLJob's metadata.generation the operator last reconciled.", "integer"),
             **progress_schema(),
             **queueing_schema(),

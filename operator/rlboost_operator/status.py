@@ -169,6 +169,7 @@ def step_status(
         "costPerHour": _json_number(rate, 6),
         "costSoFar": _json_number(so_far, 6),
         "costEfficiency": _json_number(cost_efficiency(tps, rate), 3),
+        "preemptedSlotShare": _json_number(report.preempted_slot_share, 4),
         "updatedAt": now_iso(now),
         "conditions": budget_condition(
             set_condition(

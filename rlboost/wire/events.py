@@ -233,6 +233,30 @@ class StepReport(BaseModel):
         "'budget': cut or not started within task.rewardStepBudgetSeconds, 'crash', 'cpu', 'memory', ...): "
         "scored 0, left out of reward_mean and of their group's baseline.",
     )
+    # ---- what preemptions cost (issue 34): the rollout-manager's ledger (rollout_manager/preemption_costs.py),
+    # read from its status after each step, as differences since the previous step ----
+    preemptions: int = Field(
+        0,
+        ge=0,
+        description="Rollout workers preempted since the previous step while holding running requests "
+        "(after a notice, a silent death or an expired lease).",
+    )
+    preempted_slot_seconds: float = gauge(
+        0.0,
+        "Request slot-seconds lost to preemptions since the previous step: each moved request's time from its last "
+        "token kept to its next token on another worker (a silent death's detection included).",
+        ge=0,
+    )
+    rollout_slot_seconds: float = gauge(
+        0.0, "Request slot-seconds the rollout workers held since the previous step (their capacity x time).", ge=0
+    )
+    preempted_slot_share: float = gauge(
+        0.0,
+        "preempted_slot_seconds / rollout_slot_seconds: the share of the step's rollout capacity preemptions cost "
+        "(capped at 1).",
+        ge=0,
+        le=1,
+    )
 
     @model_validator(mode="after")
     def _finite_seconds(self) -> StepReport:

@@ -234,3 +234,7 @@ class ManagerStatus:
     busy_seconds: dict[str, float] = field(default_factory=dict)
     runners: list[RunnerStatus] = field(default_factory=list)  # agentic episodes: the env-runners
     episodes: EpisodeCounts = field(default_factory=EpisodeCounts)
+    # what preemptions cost (issue 34), since start; the trainer's step report takes the differences
+    preemptions: int = 0  # preempted workers (notice, silent, expired)
+    preempted_slot_seconds: float = 0.0  # request-seconds moved requests stalled (last token kept -> next token)
+    slot_seconds: float = 0.0  # request slot-seconds of the registered workers (capacity x time)

@@ -543,6 +543,9 @@ def status_to_pb(s: ManagerStatus) -> pb.StatusReply:
         runner_episode_seconds=s.episodes.runner_episode_seconds,
         runner_capacity_seconds=s.episodes.runner_capacity_seconds,
         episodes_carried=s.episodes.carried,
+        preemptions=s.preemptions,
+        preempted_slot_seconds=s.preempted_slot_seconds,
+        slot_seconds=s.slot_seconds,
     )
 
 
@@ -587,6 +590,9 @@ def status_from_pb(m: pb.StatusReply) -> ManagerStatus:
             m.runner_capacity_seconds,
             carried=m.episodes_carried,
         ),
+        preemptions=m.preemptions,
+        preempted_slot_seconds=m.preempted_slot_seconds,
+        slot_seconds=m.slot_seconds,
     )
 
 

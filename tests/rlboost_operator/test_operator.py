@@ -358,8 +358,13 @@ def test_inconsistent_rljob_fails_with_a_condition_and_no_children(operator):
         assert f"spec.{field}" in cond["message"], cond
         assert api.get("Deployment", NS, f"{name}-manager") is None
         assert api.get("Secret", NS, f"{name}-credentials") is None
-    events = [e for e in api.list("Event", NS) if e.get("reason") == "InvalidSpec"]
-    assert {e["involvedObject"]["name"] for e in events} >= {"toomany", "badreward", "minmax"}
+    # kopf posts Events from a background task after the handler returned (kopf.warn only queues them), so a job
+    # whose status is already Failed may not have its Event yet: wait for them, as for the status (one read here
+    # failed once, on the job reconciled last)
+    invalid = lambda: [e for e in api.list("Event", NS) if e.get("reason") == "InvalidSpec"]  # noqa: E731
+    jobs = {"toomany", "badreward", "minmax"}
+    wait_until(lambda: {e["involvedObject"]["name"] for e in invalid()} >= jobs, timeout=20, what="the Events")
+    events = invalid()
     assert any("spec.task.reward" in e["message"] for e in events), json.dumps(events)[:500]
 
 

@@ -113,8 +113,9 @@ def test_spec_suspend_waits_for_the_trainers_checkpoint_then_scales_every_child_
     st = status_of(api, "pause")
     assert st["suspension"]["checkpointedSteps"] == 7 and st["suspension"]["reason"] == "Suspended"
     assert condition(st, "Suspended")["status"] == "True" and st["costPerHour"] == 0.0
-    events = [e for e in api.list("Event", NS) if e.get("reason") == "Suspended"]
-    assert events and "after step 7 (checkpointed)" in events[0]["message"]
+    # the Event is posted by kopf's background poster after the status: waited for, not read once
+    events = wait_until(lambda: suspended_events(api, "pause"), timeout=20, what="the Suspended Event")
+    assert "after step 7 (checkpointed)" in events[0]["message"]
     api.patch("RLJob", NS, "pause", {"spec": {"suspend": False}})
     wait_until(lambda: status_of(api, "pause").get("phase") == "Pending", timeout=60, what="resumed")
     wait_until(lambda: replicas(api, "pause") == running, timeout=60, what="every child back")
@@ -139,12 +140,13 @@ def test_a_suspension_with_no_trainer_answering_stops_after_the_grace(operator, 
     api.patch("RLJob", NS, "gone", {"spec": {"suspend": True}})
     wait_until(lambda: status_of(api, "gone").get("phase") == "Suspended", timeout=60, what="Suspended")
     assert set(replicas(api, "gone").values()) == {0}
-    assert (
-        "without a confirmed checkpoint"
-        in [
-            e for e in api.list("Event", NS) if e["involvedObject"]["name"] == "gone" and e.get("reason") == "Suspended"
-        ][0]["message"]
-    )
+    events = wait_until(lambda: suspended_events(api, "gone"), timeout=20, what="the Suspended Event")
+    assert "without a confirmed checkpoint" in events[0]["message"]
+
+
+def suspended_events(api, job: str) -> list[dict]:
+    """The job's Suspended Events (kopf posts them in the background, after the status is written)."""
+    return [e for e in api.list("Event", NS) if e["involvedObject"]["name"] == job and e.get("reason") == "Suspended"]
 
 
 # --- Kueue -------------------------------------------------------------------------------------------------

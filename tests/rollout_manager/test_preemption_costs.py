@@ -157,7 +157,7 @@ def test_silent_death_lease_expiry_is_detected_after_the_lease_and_caps_the_loss
     assert not _costs(caplog, "preemption cost")  # 0.9 s silent: its lease (1 s) still holds
     st.tick(2.5)  # 1.3 s silent: the lease expired
     (cost,) = _costs(caplog, "preemption cost")
-    assert (cost.kind, cost.detected_after_s, cost.tokens_streamed, cost.tokens_kept) == ("silent", 1.3, 6, 6)
+    assert (cost.kind, cost.detected_after_s, cost.tokens_streamed, cost.tokens_kept) == ("expired", 1.3, 6, 6)
     assert cost.tokens_lost == BUDGET - 6  # 20 tokens/s x 1.3 s, capped by what the response may still add
     assert cost.tokens_in_flight == BUDGET
     st.on_heartbeat("a", 0, 2.6)  # a zombie, not dead: it speaks again, takes the request back and goes on
@@ -187,3 +187,64 @@ def test_a_cancelled_step_forgets_its_moved_requests() -> None:
     assert rid in st.lifecycle.costs.moved
     st.cancel_step(0, 1.4)
     assert not st.lifecycle.costs.moved
+
+
+def _histogram(name: str, kind: str) -> tuple[float, float]:
+    """(count, sum) of a per-preemption histogram of `kind`."""
+    return _metric(f"{name}_count", kind=kind), _metric(f"{name}_sum", kind=kind)
+
+
+def test_each_preemption_is_observed_in_histograms_by_kind() -> None:
+    in_flight = _histogram("rlboost_manager_preemption_tokens_in_flight", "silent")
+    regenerated = _histogram("rlboost_manager_preemption_tokens_regenerated", "silent")
+    detected = _histogram("rlboost_manager_preemption_detected_after_seconds", "silent")
+    st = _state()
+    rid, epoch = _second(st, 1.0)
+    st.on_chunks("a", [_chunk(rid, epoch, 0, 4)], 1.2)
+    st.remove_worker("a", MigrationReason.STREAM_BROKEN, 1.4)  # 4 streamed, 4 estimated lost (as above)
+    assert _histogram("rlboost_manager_preemption_tokens_in_flight", "silent") == (in_flight[0] + 1, in_flight[1] + 8)
+    assert _histogram("rlboost_manager_preemption_tokens_regenerated", "silent") == (
+        regenerated[0] + 1,
+        regenerated[1] + 4,
+    )
+    count, total = _histogram("rlboost_manager_preemption_detected_after_seconds", "silent")
+    assert (count, total) == (detected[0] + 1, pytest.approx(detected[1] + 0.2))
+
+
+def test_an_expired_lease_is_its_own_kind_in_the_metrics() -> None:
+    expired = _metric("rlboost_manager_preemptions_total", kind="expired")
+    silent = _metric("rlboost_manager_preemptions_total", kind="silent")
+    st = _state()
+    rid, epoch = _second(st, 1.0)
+    st.on_chunks("a", [_chunk(rid, epoch, 0, 6)], 1.2)
+    st.tick(2.5)  # 1.3 s silent: the lease (1 s) expired
+    assert _metric("rlboost_manager_preemptions_total", kind="expired") == expired + 1
+    assert _metric("rlboost_manager_preemptions_total", kind="silent") == silent
+    count, total = _histogram("rlboost_manager_preemption_detected_after_seconds", "expired")
+    assert count >= 1 and total >= 1.3
+
+
+def test_status_carries_the_slot_seconds_lost_and_held_as_they_accrue() -> None:
+    """The status the trainer reads after each step: preempted slot-seconds grow while a moved request waits (its
+    stall counted up to the read), stop at its next token; the fleet's slot-seconds are capacity x time."""
+    st = _state()  # `a` (capacity 1) registered at 0
+    rid, epoch = _second(st, 1.0)
+    st.on_chunks("a", [_chunk(rid, epoch, 0, 4)], 1.2)
+    before = st.status(1.2)
+    assert (before.preemptions, before.preempted_slot_seconds, before.slot_seconds) == (0, 0.0, pytest.approx(1.2))
+    st.remove_worker("a", MigrationReason.STREAM_BROKEN, 1.4)
+    waiting = st.status(1.5)  # stalled since its last token at 1.2; no worker holds a slot now
+    assert waiting.preemptions == 1
+    assert (waiting.preempted_slot_seconds, waiting.slot_seconds) == (pytest.approx(0.3), pytest.approx(1.4))
+    _resume_on_b(st, rid, held=4, at=1.6, token_at=1.7)  # `b` (capacity 1) from 1.6; the next token at 1.7
+    after = st.status(3.0)
+    assert (after.preempted_slot_seconds, after.slot_seconds) == (pytest.approx(0.5), pytest.approx(1.4 + 1.4))
+
+
+def test_a_moved_request_that_never_resumes_keeps_its_stall_counted() -> None:
+    st = _state()
+    rid, epoch = _second(st, 1.0)
+    st.on_chunks("a", [_chunk(rid, epoch, 0, 3)], 1.2)
+    st.remove_worker("a", MigrationReason.STREAM_BROKEN, 1.3)
+    st.cancel_step(0, 1.4)  # the trainer went away: the request is dropped before it resumed
+    assert st.status(5.0).preempted_slot_seconds == pytest.approx(0.2)  # 1.2 -> 1.4, not growing after the drop

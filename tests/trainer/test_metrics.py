@@ -31,6 +31,7 @@ RECORD_ONLY = {
     "carried_over",  # partial rollout: the manager counts carries (rlboost_manager_carried_requests_total)
     "stale_tokens",
     "spot_busy_fraction",
+    "preemptions",  # rlboost_trainer_preemptions_total (and the manager's rlboost_manager_preemptions_total)
     # agentic episodes: the env-runners count these (rlboost_env_runner_tool_calls_total, ..._tool_failures_total,
     # ..._environment_failures_total, ..._turns_per_episode)
     "episode_turns_max",

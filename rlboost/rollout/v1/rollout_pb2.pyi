@@ -395,7 +395,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., node: _Optional[str] = ..., weight_version: _Optional[int] = ..., running: _Optional[int] = ..., capacity: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., draining: _Optional[bool] = ..., memory_released: _Optional[bool] = ..., inflight_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., weight_sync_s: _Optional[float] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("workers", "pending", "running", "finished", "migrations", "tokens_received", "tokens_lost", "tokens_regenerated", "migrations_by_reason", "busy_seconds", "runners", "episodes_pending", "episodes_running", "episodes_in_tools", "idle_slot_seconds_in_tools", "episodes_finished", "episodes_failed", "runner_episode_seconds", "runner_capacity_seconds", "episodes_carried")
+    __slots__ = ("workers", "pending", "running", "finished", "migrations", "tokens_received", "tokens_lost", "tokens_regenerated", "migrations_by_reason", "busy_seconds", "runners", "episodes_pending", "episodes_running", "episodes_in_tools", "idle_slot_seconds_in_tools", "episodes_finished", "episodes_failed", "runner_episode_seconds", "runner_capacity_seconds", "episodes_carried", "preemptions", "preempted_slot_seconds", "slot_seconds")
     class MigrationsByReasonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -430,6 +430,9 @@ class StatusReply(_message.Message):
     RUNNER_EPISODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RUNNER_CAPACITY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     EPISODES_CARRIED_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_SLOT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SLOT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     pending: int
     running: int
@@ -450,7 +453,10 @@ class StatusReply(_message.Message):
     runner_episode_seconds: float
     runner_capacity_seconds: float
     episodes_carried: int
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., pending: _Optional[int] = ..., running: _Optional[int] = ..., finished: _Optional[int] = ..., migrations: _Optional[int] = ..., tokens_received: _Optional[int] = ..., tokens_lost: _Optional[int] = ..., tokens_regenerated: _Optional[int] = ..., migrations_by_reason: _Optional[_Mapping[str, int]] = ..., busy_seconds: _Optional[_Mapping[str, float]] = ..., runners: _Optional[_Iterable[_Union[RunnerStatus, _Mapping]]] = ..., episodes_pending: _Optional[int] = ..., episodes_running: _Optional[int] = ..., episodes_in_tools: _Optional[int] = ..., idle_slot_seconds_in_tools: _Optional[float] = ..., episodes_finished: _Optional[int] = ..., episodes_failed: _Optional[int] = ..., runner_episode_seconds: _Optional[float] = ..., runner_capacity_seconds: _Optional[float] = ..., episodes_carried: _Optional[int] = ...) -> None: ...
+    preemptions: int
+    preempted_slot_seconds: float
+    slot_seconds: float
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., pending: _Optional[int] = ..., running: _Optional[int] = ..., finished: _Optional[int] = ..., migrations: _Optional[int] = ..., tokens_received: _Optional[int] = ..., tokens_lost: _Optional[int] = ..., tokens_regenerated: _Optional[int] = ..., migrations_by_reason: _Optional[_Mapping[str, int]] = ..., busy_seconds: _Optional[_Mapping[str, float]] = ..., runners: _Optional[_Iterable[_Union[RunnerStatus, _Mapping]]] = ..., episodes_pending: _Optional[int] = ..., episodes_running: _Optional[int] = ..., episodes_in_tools: _Optional[int] = ..., idle_slot_seconds_in_tools: _Optional[float] = ..., episodes_finished: _Optional[int] = ..., episodes_failed: _Optional[int] = ..., runner_episode_seconds: _Optional[float] = ..., runner_capacity_seconds: _Optional[float] = ..., episodes_carried: _Optional[int] = ..., preemptions: _Optional[int] = ..., preempted_slot_seconds: _Optional[float] = ..., slot_seconds: _Optional[float] = ...) -> None: ...
 
 class RunnerStatus(_message.Message):
     __slots__ = ("runner_id", "node", "capacity", "running", "in_tools", "draining", "episodes_done")

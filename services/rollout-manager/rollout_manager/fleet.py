@@ -1,6 +1,6 @@
 """The workers the manager knows: their records, which of them have a free slot, the weight versions they hold, the
-pools whose new work is stopped (offload), what they say about themselves (heartbeats, versions, drain), and the
-seconds each pool spent busy.
+pools whose new work is stopped (offload), what they say about themselves (heartbeats, versions, drain), the
+seconds each pool spent busy, and the request slot-seconds the fleet held (capacity x time).
 
 Bookkeeping only: what becomes of the requests a worker holds when it leaves or goes silent is lifecycle.py's.
 """
@@ -11,6 +11,7 @@ from collections import Counter
 
 from rlboost.wire.rollout_io import Pool, WorkerRegistration
 
+from . import metrics
 from .effects import Effects
 from .records import Worker
 from .speeds import observe_sync
@@ -31,12 +32,17 @@ class Fleet:
         # Seconds each pool's workers held at least one request, of busy spells that ended (open spells are added
         # at status time): kept on hold/let_go, not per token, so the spot scaler's busy share costs nothing.
         self._busy_s: Counter[str] = Counter()
+        # Request slots registered now (their capacities), and their slot-seconds up to _slots_at (the share of a
+        # step's slot-seconds preemptions cost: preemption_costs.py)
+        self._slots, self._slot_s, self._slots_at = 0, 0.0, None
 
     # ---- joining and leaving -----------------------------------------------------------------------
 
     def add(self, reg: WorkerRegistration, now: float) -> Worker:
         """A worker joined (its id is not registered: a re-joining one was removed first)."""
         self._registrations += 1
+        self.slot_seconds(now)
+        self._slots += reg.capacity
         w = Worker(reg=reg, version=reg.weight_version, last_seen=now, seq=self._registrations)
         self.workers[reg.worker_id] = w
         self.free[reg.worker_id] = None
@@ -51,6 +57,8 @@ class Fleet:
         if w is None:
             return None
         self.end_busy(w, now)
+        self.slot_seconds(now)
+        self._slots -= w.reg.capacity
         self.free.pop(worker_id, None)
         self.versions[w.version] -= 1
         self.effects.dirty = True
@@ -175,3 +183,13 @@ class Fleet:
             if w.busy_since is not None:
                 out[str(w.reg.pool)] += max(0.0, now - w.busy_since)
         return out
+
+    def slot_seconds(self, now: float | None) -> float:
+        """Request slot-seconds of the registered workers since start, up to `now` (None: up to the last change)."""
+        if now is not None and self._slots_at is not None and now > self._slots_at:
+            grown = self._slots * (now - self._slots_at)
+            self._slot_s += grown
+            metrics.FLEET_SLOT_SECONDS.inc(grown)
+        if now is not None and (self._slots_at is None or now > self._slots_at):
+            self._slots_at = now
+        return self._slot_s

@@ -241,7 +241,7 @@ class RequestLifecycle:
     def give_up(self, req: Request, reason: MigrationReason, now: float) -> None:
         """The request used up rollout.maxRequestAttempts: drop it (delivered as 'failed') or fail its step."""
         self.tally.failed_requests += 1
-        self.costs.forget(req.id)
+        self.costs.forget(req.id, now)
         metrics.FAILED_REQUESTS.labels(reason.value).inc()
         why = (
             f"request {req.id} failed {req.failed_attempts} attempts (rollout.maxRequestAttempts); last: {reason.value}"
@@ -269,7 +269,7 @@ class RequestLifecycle:
         """The response is complete: delivered (through the carry-over: a carried one may wait for its next step;
         a model turn of an agentic episode goes back to its env-runner)."""
         self.speed.note_length(req)
-        self.costs.forget(req.id)
+        self.costs.forget(req.id, now)
         last = req.worker
         if req.worker is not None:
             self.leases.release(req, now)

@@ -125,7 +125,8 @@ STARVED_SECONDS = Gauge(
 # what each preemption cost (issue 34; preemption_costs.py)
 PREEMPTIONS = Counter(
     "rlboost_manager_preemptions_total",
-    "Preempted workers, by kind: 'notice' (drained after a notice) or 'silent' (stream broken, lease expired)",
+    "Preempted workers, by kind: 'notice' (drained after a notice), 'silent' (stream broken) or 'expired' (went quiet, "
+    "lease expired)",
     ["kind"],
 )
 NOTICE_TO_DRAINED_SECONDS = Histogram(
@@ -151,6 +152,47 @@ PREEMPTION_STALLED_SECONDS = Counter(
     "Request-seconds from a moved request's last token kept to its next token on another worker (slot-seconds "
     "preemptions cost, a silent death's detection included)",
 )
+# per preemption, by kind (notice | silent | expired), as distributions (preemption_costs.py)
+PREEMPTION_KINDS = ("notice", "silent", "expired")
+TOKEN_BUCKETS = (0, 1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
+PREEMPTION_DETECTED_SECONDS = Histogram(
+    "rlboost_manager_preemption_detected_after_seconds",
+    "A silent or expired death: from the worker's last message to its requests handed back (about 0 when its "
+    "stream broke; the lease timeout when it went quiet)",
+    ["kind"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+)
+PREEMPTION_TOKENS_IN_FLIGHT = Histogram(
+    "rlboost_manager_preemption_tokens_in_flight",
+    "Per preempted worker: tokens it had generated of its running responses at the notice or death (kept + lost)",
+    ["kind"],
+    buckets=TOKEN_BUCKETS,
+)
+PREEMPTION_TOKENS_REGENERATED = Histogram(
+    "rlboost_manager_preemption_tokens_regenerated",
+    "Per preempted worker: tokens it generated and never sent, which the next worker generates again (0 after a "
+    "notice's flush; a death's estimated from its decode rate)",
+    ["kind"],
+    buckets=TOKEN_BUCKETS,
+)
+FLEET_SLOT_SECONDS = Counter(
+    "rlboost_manager_slot_seconds_total",
+    "Request slot-seconds of the registered workers (capacity x time): the denominator of the share preemptions "
+    "cost (rlboost_manager_preemption_stalled_request_seconds_total over it)",
+)
+
+
+def observe_preemption(kind: str, drained: float | None, detected: float | None, kept: int, lost: int) -> None:
+    """One preempted worker's record closed: its counts and distributions."""
+    PREEMPTIONS.labels(kind).inc()
+    if drained is not None:
+        NOTICE_TO_DRAINED_SECONDS.observe(drained)
+    if detected is not None:
+        PREEMPTION_DETECTED_SECONDS.labels(kind).observe(detected)
+    for what, n in (("in_flight", kept + lost), ("kept", kept), ("lost", lost)):
+        PREEMPTED_TOKENS.labels(kind, what).inc(n)
+    PREEMPTION_TOKENS_IN_FLIGHT.labels(kind).observe(kept + lost)
+    PREEMPTION_TOKENS_REGENERATED.labels(kind).observe(lost)
 
 
 def zero_counters() -> None:
@@ -162,10 +204,16 @@ def zero_counters() -> None:
         MIGRATIONS.labels(reason.value)
     for result in ("matched", "no_match", "invalid"):
         PREEMPTION_NOTICES.labels(result)
-    for kind in ("notice", "silent"):  # what preemptions cost (issue 34)
+    for kind in PREEMPTION_KINDS:  # what preemptions cost (issue 34)
         PREEMPTIONS.labels(kind)
+        PREEMPTION_TOKENS_IN_FLIGHT.labels(kind)
+        PREEMPTION_TOKENS_REGENERATED.labels(kind)
         for what in ("in_flight", "kept", "lost"):
             PREEMPTED_TOKENS.labels(kind, what)
+    for kind in PREEMPTION_KINDS[1:]:
+        PREEMPTION_DETECTED_SECONDS.labels(kind)
+    for reason in (MigrationReason.DRAINED, MigrationReason.STREAM_BROKEN, MigrationReason.LEASE_EXPIRED):
+        MIGRATION_RESUME_SECONDS.labels(reason.value)  # the reasons a preemption hands a request back for
 
 
 zero_counters()

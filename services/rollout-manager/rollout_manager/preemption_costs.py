@@ -2,10 +2,11 @@
 it moved, as log lines and Prometheus metrics that bench/preemption_bench.py and dashboards read.
 
 A preemption is a worker holding running requests that drains after a notice (`notice`: its SIGTERM's DrainNotice, or the DrainCommand of a
-NATS preemption notice) or leaves without one (`silent`: its stream broke, or its lease expired). Per worker:
+NATS preemption notice) or leaves without one: `silent` (its stream broke) or `expired` (it went quiet with its
+connections open, and its lease expired). Per worker:
 
 - `notice_to_drained_s`: notice to the moment its last running request was handed back (notice only);
-- `detected_after_s`: a silent death's seconds from the worker's last message to its requests' hand-back (the
+- `detected_after_s`: a silent or expired death's seconds from the worker's last message to its requests' hand-back (the
   lease timeout for a worker that went silent; about 0 when its stream broke);
 - `tokens_streamed`: tokens of its running responses the manager had received from it at the notice (or death);
 - `tokens_in_flight`: tokens it had generated of its running responses, received or not: kept + lost (a notice's
@@ -22,6 +23,10 @@ NATS preemption notice) or leaves without one (`silent`: its stream broke, or it
 Per request it moved: `resume_s`, the seconds from its hand-back until another worker streamed its next token, and
 `stalled_s`, from its last token kept to that next token (a silent death's detection included): slot-seconds the
 preemption cost, summed in `rlboost_manager_preemption_stalled_request_seconds_total`.
+
+Per step (the StepReport's `preempted_slot_seconds`): `slot_seconds_lost(now)` is that stall summed since start, the
+stalls still open counted up to `now` and a moved request that finishes or is dropped before it resumes counted up
+to then, so the difference of two reads is the request-seconds lost between them.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ class _Preempted:
 
     worker_id: str
     pool: str
-    kind: str  # notice | silent
+    kind: str  # notice | silent | expired
     notice_at: float | None
     last_seen: float  # the worker's last message when the record opened (a silent death's detection runs from it)
     tokens_streamed: int = 0
@@ -72,6 +77,8 @@ class PreemptionCosts:
         # (chunk_max_tokens, chunk_max_ms / 1000) the workers flush at: at most this much of a response is unsent
         # (0: unknown, no cap). The server sets it from its chunk cadence.
         self.flush_bounds: tuple[int, float] = (0, 0.0)
+        self.preemptions = 0  # preempted workers since start (their records closed)
+        self._stalled_s = 0.0  # request-seconds of stalls that ended (resumed, or forgotten with a clock)
 
     def notice(self, w: Worker, requests: dict[str, Request], now: float, source: str) -> None:
         """A drain notice for `w` (`source`: worker = its SIGTERM, manager = a NATS notice): the clock starts."""
@@ -89,9 +96,10 @@ class PreemptionCosts:
             return
         p = self._open.get(w.id)
         if p is None:
-            p = self._open[w.id] = _Preempted(w.id, w.reg.pool.value, "silent", None, w.last_seen)
+            kind = "expired" if reason is MigrationReason.LEASE_EXPIRED else "silent"
+            p = self._open[w.id] = _Preempted(w.id, w.reg.pool.value, kind, None, w.last_seen)
         streamed = _streamed(req)
-        if p.kind == "silent":
+        if p.kind != "notice":
             p.tokens_streamed += streamed
         if not flushed:
             p.lost += self._unsent(w, req, now)
@@ -120,6 +128,7 @@ class PreemptionCosts:
         resume_s, stalled_s = max(0.0, now - m.at), max(0.0, now - m.progress_at)
         metrics.MIGRATION_RESUME_SECONDS.labels(m.reason).observe(resume_s)
         metrics.PREEMPTION_STALLED_SECONDS.inc(stalled_s)
+        self._stalled_s += stalled_s
         log.info(
             "moved request resumed",
             extra={
@@ -131,20 +140,25 @@ class PreemptionCosts:
             },
         )
 
-    def forget(self, request_id: str) -> None:
-        """The request finished, was given up or dropped: it will not resume."""
-        self.moved.pop(request_id, None)
+    def forget(self, request_id: str, now: float | None = None) -> None:
+        """The request finished, was given up or dropped: it will not resume (its stall until `now` was lost)."""
+        m = self.moved.pop(request_id, None)
+        if m is not None and now is not None:
+            self._stalled_s += max(0.0, now - m.progress_at)
+
+    def slot_seconds_lost(self, now: float | None) -> float:
+        """Request-seconds moved requests spent stalled since start, open stalls up to `now` (None: ended ones)."""
+        if now is None:
+            return self._stalled_s
+        return self._stalled_s + sum(max(0.0, now - m.progress_at) for m in self.moved.values())
 
     def _close(self, worker_id: str, now: float) -> None:
         p = self._open.pop(worker_id)
         drained = None if p.notice_at is None else round(now - p.notice_at, 4)
-        detected = round(max(0.0, now - p.last_seen), 4) if p.kind == "silent" else None
+        detected = round(max(0.0, now - p.last_seen), 4) if p.kind != "notice" else None
         lost = round(p.lost)
-        metrics.PREEMPTIONS.labels(p.kind).inc()
-        if drained is not None:
-            metrics.NOTICE_TO_DRAINED_SECONDS.observe(drained)
-        for what, n in (("in_flight", p.tokens_kept + lost), ("kept", p.tokens_kept), ("lost", lost)):
-            metrics.PREEMPTED_TOKENS.labels(p.kind, what).inc(n)
+        self.preemptions += 1
+        metrics.observe_preemption(p.kind, drained, detected, p.tokens_kept, lost)
         log.info(
             "preemption cost",
             extra={

@@ -156,6 +156,9 @@ class ManagerState:
         status = manager_status(self.fleet, self.book, self.tally, now)
         status.runners = self.runners.status(self.episodes.in_tools_by_runner())
         status.episodes = self.episodes.status()
+        costs = self.lifecycle.costs  # what preemptions cost (issue 34)
+        status.preemptions, status.slot_seconds = costs.preemptions, self.fleet.slot_seconds(now)
+        status.preempted_slot_seconds = costs.slot_seconds_lost(now)
         return status
 
     # ---- workers -----------------------------------------------------------------------------------
@@ -268,7 +271,7 @@ class ManagerState:
         self.episodes.cancel(ids, now)  # an episodes step's ids are episodes: they go, with their turns
         for rid in ids:
             self.leases.drop(rid, now)
-            self.lifecycle.costs.forget(rid)
+            self.lifecycle.costs.forget(rid, now)
         self.effects.dirty = True
         return len(ids)
 

@@ -88,5 +88,6 @@ class Gauges:
         for pool in Pool:
             metrics.WORKERS.labels(pool.value).set(pools.get(pool.value, 0))
             metrics.WORKERS_MEMORY_RELEASED.labels(pool.value).set(released.get(pool.value, 0))
+        fleet.slot_seconds(now)  # rlboost_manager_slot_seconds_total grows with the fleet, not only on its changes
         metrics.QUEUE_DEPTH.labels("pending").set(book.pending_total)
         metrics.QUEUE_DEPTH.labels("running").set(book.held_total)

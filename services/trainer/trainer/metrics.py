@@ -21,6 +21,10 @@ WORKERS_LOST = Counter(
     "rlboost_trainer_workers_lost_total",
     "Rollout workers gone from the manager between steps (preempted, crashed, drained), as the steps reported them",
 )
+PREEMPTIONS = Counter(
+    "rlboost_trainer_preemptions_total",
+    "Rollout workers preempted while holding requests (the manager's ledger), as the steps reported them",
+)
 # Counted as they happen, during the step.
 TRAJECTORIES = Counter("rlboost_trainer_trajectories_total", "Trajectories received from the rollout-manager")
 ROLLOUT_REATTACHES = Counter(
@@ -102,6 +106,7 @@ def export_step(report: StepReport) -> None:
     for stat in ("p50", "p90", "max"):
         RESPONSE_LENGTH.labels(stat).set(report.response_length.get(stat, 0.0))
     WORKERS_LOST.inc(report.workers_lost)
+    PREEMPTIONS.inc(report.preemptions)
     if report.validation is not None:
         export_validation(report.validation)
     STEP.set(report.step + 1)

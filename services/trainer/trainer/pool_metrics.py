@@ -8,6 +8,8 @@ step's responses, for the step report and so for every tracking backend (spec.lo
   at the rate of its end, since this trainer process started);
 - the spot pool's busy fraction: the growth of the manager's busy seconds of the spot pool (time each worker held at
   least one request) over spot workers x the time between the two status reads (the busy spot scaler's input);
+- what preemptions cost (issue 34): the growth of the manager's preemptions, of its preempted slot-seconds (moved
+  requests' stalls) and of its fleet's slot-seconds, and the share of the one in the other;
 - response length percentiles of the step's samples.
 """
 
@@ -31,6 +33,7 @@ class PoolStep:
     migrations: int = 0
     cost_so_far: float = 0.0
     spot_busy_fraction: float = 0.0
+    preemption: dict[str, float] = field(default_factory=dict)  # the StepReport's preemption fields
 
 
 class PoolMeter:
@@ -43,6 +46,7 @@ class PoolMeter:
         self._cost = 0.0
         self._rate = self.cost_per_hour({})
         self._spot_busy_s = 0.0  # the manager's spot busy seconds at the previous read
+        self._preempted = (0, 0.0, 0.0)  # the manager's preemptions, preempted and fleet slot-seconds, previous read
 
     def cost_per_hour(self, workers: dict[str, int]) -> float:
         """USD per hour: the trainer's and reserved workers' accelerators at the reserved price, spot's at spot's."""
@@ -67,7 +71,20 @@ class PoolMeter:
         self._at = now
         rates = {pool: n / elapsed for pool, n in grown.items()}
         busy = self._spot_busy(status, workers.get("spot", 0), elapsed)
-        return PoolStep(rates, workers, lost, status.migrations, self._cost, busy)
+        return PoolStep(rates, workers, lost, status.migrations, self._cost, busy, self._preemption(status))
+
+    def _preemption(self, status: ManagerStatus) -> dict[str, float]:
+        """What preemptions cost since the previous read (a restarted manager, whose totals fell, counts anew)."""
+        now = (status.preemptions, status.preempted_slot_seconds, status.slot_seconds)
+        before = self._preempted if all(a >= b for a, b in zip(now, self._preempted, strict=True)) else (0, 0.0, 0.0)
+        self._preempted = now
+        n, lost, slots = (a - b for a, b in zip(now, before, strict=True))
+        return {
+            "preemptions": int(n),
+            "preempted_slot_seconds": lost,
+            "rollout_slot_seconds": slots,
+            "preempted_slot_share": min(1.0, lost / slots) if slots > 0 else 0.0,
+        }
 
     def _spot_busy(self, status: ManagerStatus, spot_workers: int, elapsed: float) -> float:
         """Busy share of the spot workers' time since the previous read, 0..1 (0 without spot workers)."""

@@ -110,6 +110,7 @@ class StepReporter:
             migrations=pools.migrations,
             cost_so_far=pools.cost_so_far,
             spot_busy_fraction=pools.spot_busy_fraction,
+            **pools.preemption,
             prompts_skipped=counts.skipped,
             data_epoch=data_epoch,
             carried_over=counts.carried_over,
