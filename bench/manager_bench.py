@@ -374,7 +374,11 @@ def _start_manager(port: int, metrics_port: int, args, tmp: Path) -> subprocess.
         f"  lease_timeout_ms: {args.lease_timeout_ms}\n"
         f"  chunk_max_tokens: {args.chunk_tokens}\n"
         f"  chunk_max_ms: {args.chunk_ms}\n"
-        + (f"  max_chunk_messages_per_s: {args.max_chunk_messages_per_s}\n" if args.max_chunk_messages_per_s else "")
+        + (
+            f"  max_chunk_messages_per_s: {args.max_chunk_messages_per_s}\n"
+            if args.max_chunk_messages_per_s is not None
+            else ""
+        )
     )  # the knob only when set: a baseline manager (--manager-tree) predates it
     cmd = [sys.executable, "-m", "rollout_manager", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--metrics-port", str(metrics_port), "--nats-url", "", "--config", str(cfg), "--log-level", "WARNING"]
@@ -653,7 +657,7 @@ def _print_table(r: dict) -> None:
         "offered / written by loadgen",
         f"{c['offered_tokens_per_s'] / 1e6:.2f} / {r['sent_tokens_per_s'] / 1e6:.3f} M tok/s",
         f"{c['tokens_per_s_per_request']:.0f} tok/s per request; spec {c['chunk_tokens']} tok / {c['chunk_ms']} ms, "
-        f"maxChunkMessagesPerS {c['max_chunk_messages_per_s']}",
+        f"maxChunkMessagesPerS {c['max_chunk_messages_per_s'] if c['max_chunk_messages_per_s'] is not None else 'default'}",
     )
     per_msg = r["tokens_per_chunk_batch"]
     t.add_row(
@@ -717,8 +721,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-chunk-messages-per-s",
         type=int,
-        default=0,
-        help="the spec's rollout.maxChunkMessagesPerS (0: the fixed cadence; a baseline manager ignores it)",
+        default=None,
+        help="the spec's rollout.maxChunkMessagesPerS (default: the spec's default; 0: the fixed cadence; a baseline "
+        "manager ignores it)",
     )
     p.add_argument("--max-new-tokens", type=int, default=1024, help="response length of every request")
     p.add_argument("--procs", type=int, default=1, choices=(1, 2), help="load-generator processes")

@@ -11,6 +11,7 @@ import httpx
 from rlboost.nats_server import free_port, wait_for_port
 from rlboost.wire.weights_io import HEADER_CHECKSUM
 from tests.weight_server.servers import TOKEN, spawn
+from weight_server.__main__ import bind
 
 
 def flags(tmp_path, port: int, nats_url: str, data_dir=None) -> list[str]:
@@ -123,3 +124,26 @@ def test_waits_for_a_nats_that_starts_after_it(tmp_path) -> None:
             if stream is not None:
                 stream.close()
     assert any('"msg": "connected to NATS"' in ln for ln in lines)
+
+
+async def test_served_connections_have_nagle_off() -> None:
+    """The listening socket says TCP, so asyncio sets TCP_NODELAY on every accepted connection: with Nagle on, each
+    keep-alive request after a connection's first waited ~40 ms for the client's delayed ACK (measured: 44 ms per
+    /healthz on one connection, 1 ms on a new one)."""
+    import asyncio
+
+    accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    class Probe(asyncio.Protocol):
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            sock = transport.get_extra_info("socket")
+            accepted.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+    server = await asyncio.get_running_loop().create_server(Probe, sock=bind("127.0.0.1", 0))
+    port = server.sockets[0].getsockname()[1]
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        assert await asyncio.wait_for(accepted, 10) != 0
+    finally:
+        writer.close()
+        server.close()

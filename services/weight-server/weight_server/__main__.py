@@ -106,7 +106,10 @@ def check_data_dir(path: str) -> Path:
 def bind(host: str, port: int) -> socket.socket:
     """Bind the listening socket ourselves so a port in use is one clear line, not a uvicorn traceback."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not the default 0: asyncio turns Nagle off (TCP_NODELAY) only on accepted sockets whose proto says
+    # TCP. Without it every keep-alive request after a connection's first waited ~40 ms (the response's body write
+    # held back by Nagle until the client's delayed ACK of its headers): a manifest fetch, a peer query, a 401.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
