@@ -51,6 +51,7 @@ of 32, one AdamW step) is the same.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -265,6 +266,7 @@ def run_rlboost(steps: int, work: Path, cores: list[int]) -> dict:
         "final_weights_checksum": json.loads(report.read_text()).get("final_weights_checksum", ""),
         "cpu_seconds_per_step": cpu,
         "step_split_s": step_split(records[1:]),
+        "step_timeline_ms": step_timeline(run_dir / "logs"),
     }
 
 
@@ -273,6 +275,47 @@ def step_split(records: list[dict]) -> dict:
     keys = ("rollout_seconds", "train_seconds", "sync_seconds", "train_compute_seconds", "trainer_idle_seconds")
     keys += ("first_trajectory_seconds",)
     return {k: round(statistics.median(r[k] for r in records), 4) for k in keys}
+
+
+# A step's events in the services' structured logs: (name in the timeline, service, log message, first or last of
+# the step's lines). A step runs from the trainer's "step done" of the step before to its own.
+EVENTS = (
+    ("manager_has_request", "rollout-manager", "rollout step started", "first"),
+    ("first_worker_pulled", "rollout-worker", "pulled weights", "first"),
+    ("last_worker_applied", "rollout-worker", "weights updated in place", "last"),
+    ("manager_delivered_all", "rollout-manager", "rollout step delivered", "first"),
+    ("trainer_stepped_and_extracted", "trainer", "state extracted", "first"),
+    ("trainer_uploaded", "trainer", "weights uploaded", "first"),
+    ("step_done", "trainer", "step done", "first"),
+)
+
+
+def step_timeline(logs: Path) -> dict:
+    """Median milliseconds from a step's start to each of its EVENTS, over the steps after the first two and
+    before the last (steady state), with the workers' pull seconds: where a step's wall time goes."""
+    rows = []
+    for path in logs.glob("*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    rows.append(json.loads(line))
+    done = sorted(r["ts"] for r in rows if r.get("msg") == "step done")
+    spans = list(zip(done[2:-2], done[3:-1], strict=True))
+    out: dict = {}
+    for name, service, msg, which in EVENTS:
+        offsets = []
+        for start, end in spans:
+            ts = [
+                r["ts"] for r in rows if r.get("service") == service and r.get("msg") == msg and start < r["ts"] <= end
+            ]
+            if ts:
+                offsets.append(((min(ts) if which == "first" else max(ts)) - start) * 1000)
+        if offsets:
+            out[name] = round(statistics.median(offsets), 1)
+    pulls = [r["seconds"] * 1000 for r in rows if r.get("msg") == "pulled weights" and "seconds" in r]
+    if pulls:
+        out["worker_pull_ms_median"] = round(statistics.median(pulls), 1)
+    return out
 
 
 ROLES = (  # a process's role, by what its command line holds (first match)
@@ -361,7 +404,11 @@ def summary(raw: dict) -> dict:
         "steps_timed": len(times),
         "wall_seconds": round(raw["wall_seconds"], 2),
         "threads": raw["threads"],
-        **{k: raw[k] for k in ("final_weights_checksum", "cpu_seconds_per_step", "step_split_s") if k in raw},
+        **{
+            k: raw[k]
+            for k in ("final_weights_checksum", "cpu_seconds_per_step", "step_split_s", "step_timeline_ms")
+            if k in raw
+        },
     }
 
 
