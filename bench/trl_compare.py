@@ -238,13 +238,14 @@ def child_env() -> dict[str, str]:
     return {**CPU_NUMERICS_ENV, **os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
 
 
-def run_rlboost(steps: int, work: Path, cores: list[int]) -> dict:
+def run_rlboost(steps: int, work: Path, cores: list[int], config: str = "") -> dict:
     """`rlboost local --steps N` on the embedded default; the step wall times from the trainer's step records, and
     the CPU seconds per step of each of its processes (sampled while it runs)."""
     run_dir, report = work / "rlboost-run", work / "rlboost.json"
     metrics = run_dir / "tracking" / "metrics.jsonl"
     cmd = [sys.executable, "-m", "rlboost.cli.main", "local", "--steps", str(steps)]
     cmd += ["--run-dir", str(run_dir), "--json-report", str(report)]
+    cmd += ["--config", str(Path(config).resolve())] if config else []
     t0 = time.perf_counter()
     with open(work / "rlboost.log", "w") as log:
         proc = subprocess.Popen(
@@ -436,7 +437,7 @@ def compare(args: argparse.Namespace) -> dict:
         model_dir()  # created once, before either side is timed
         for side in sides:
             if side == "rlboost":
-                run = lambda: run_rlboost(args.steps, work, cores)  # noqa: E731
+                run = lambda: run_rlboost(args.steps, work, cores, args.rlboost_config)  # noqa: E731
             else:
                 run = lambda: run_trl(args.steps, threads, work, cores)  # noqa: E731
             result[side] = measured(side, run)
@@ -456,6 +457,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=12, help="steps per side (step 0, start-up, is not timed)")
     p.add_argument("--cores", type=int, default=0, help="pin both sides to this many cores (0: all allowed)")
     p.add_argument("--trl-threads", type=int, default=0, help="TRL's torch threads (0: one per core of --cores)")
+    p.add_argument(
+        "--rlboost-config",
+        default="",
+        metavar="YAML",
+        help="rlboost's job spec instead of the embedded default (e.g. examples/local-overlap.yaml); TRL's side stays "
+        "the default job",
+    )
     p.add_argument("--only", choices=["both", "rlboost", "trl"], default="both", help="run one side only")
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON")
     p.add_argument("--_trl-child", dest="trl_child", metavar="OUT", help=argparse.SUPPRESS)
