@@ -40,7 +40,9 @@ def _raw(step_s: float, cpu: dict[str, float]) -> dict:
 def test_json_has_both_sides_step_times_and_their_details(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bench = _bench()
     monkeypatch.setattr(bench, "model_dir", lambda: tmp_path)
-    monkeypatch.setattr(bench, "run_rlboost", lambda steps, work, cores: _raw(0.2, {"trainer": 0.3, "total": 0.5}))
+    monkeypatch.setattr(
+        bench, "run_rlboost", lambda steps, work, cores, config: _raw(0.2, {"trainer": 0.3, "total": 0.5})
+    )
     monkeypatch.setattr(bench, "run_trl", lambda steps, threads, work, cores: _raw(0.4, {"trl": 0.4}))
     out = tmp_path / "trl.json"
     assert bench.main(["--steps", "4", "--cores", "1", "--json", str(out)]) == 0
