@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates requirements/lock.txt: one resolution of every extra (manager, weight-server, worker, trainer,
-# operator, local, dev) for CPython 3.11 on x86-64 Linux, with requirements/pins.in's pins.
+# operator, local, dev, compare) for CPython 3.11 on x86-64 Linux, with requirements/pins.in's pins.
 # The lock is a constraints file: every Dockerfile and the Makefile's venv install with
 # `pip install -c requirements/lock.txt '.[extra]'`, so each image gets exactly its extra's packages, at the
 # versions CI tested. sglang is not in it (it pins its own CUDA torch; see docker/rollout-worker-sglang.Dockerfile).
@@ -16,7 +16,7 @@ LOCK=requirements/lock.txt
 out=$LOCK
 [[ ${1:-} == --check ]] && out=$(mktemp)
 UV_CUSTOM_COMPILE_COMMAND="scripts/lock.sh" "$UV" pip compile pyproject.toml \
-  --extra manager --extra weight-server --extra worker --extra trainer --extra operator --extra local --extra dev \
+  --extra manager --extra weight-server --extra worker --extra trainer --extra operator --extra local --extra dev --extra compare \
   --constraint requirements/pins.in \
   --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
   --no-emit-package rlboost --no-header --annotation-style line --quiet \

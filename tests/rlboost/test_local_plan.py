@@ -8,7 +8,8 @@ from pathlib import Path
 import yaml
 
 from rlboost.cpu_numerics import CPU_NUMERICS_ENV
-from rlboost.local.plan import LocalOptions, build_plan, initial_spot_workers
+from rlboost.local import plan as plan_module
+from rlboost.local.plan import LocalOptions, build_plan, initial_spot_workers, trainer_threads
 from rlboost.local.progress import ProgressState, sparkline
 from rlboost.local.report import LocalReport, counters_from_status, plot_rewards, write_report
 from rlboost.spec import JobSpec, load_job_spec
@@ -111,6 +112,18 @@ def test_every_torch_process_gets_the_pinned_cpu_numerics(tmp_path: Path) -> Non
     two_ranks = JobSpec.model_validate({"trainer": {"ranks": 2}})
     ranks = build_plan(two_ranks, plan.options, lambda: next(ports), nats_binary="/bin/nats-server").children
     assert [c.env["ATEN_CPU_CAPABILITY"] for c in ranks if c.role == "trainer"] == ["avx2", "avx2"]
+
+
+def test_a_single_rank_trainer_takes_the_cores_the_workers_leave(tmp_path: Path, monkeypatch) -> None:
+    """One torch thread per worker beside it, the rest to the trainer (at least one): on 2 cores with the default
+    3 workers, 1 (a second one spun while the workers wanted the cores: docs/benchmarks.md)."""
+    assert [trainer_threads(JobSpec(), cores) for cores in (1, 2, 4, 16)] == [1, 1, 1, 13]
+    monkeypatch.setattr(plan_module, "available_cores", lambda: 8)
+    plan = _plan(tmp_path)
+    assert plan.child("trainer").env["OMP_NUM_THREADS"] == "5"
+    assert plan.restart_of("trainer")[0].env["OMP_NUM_THREADS"] == "5"
+    workers = [c.env["OMP_NUM_THREADS"] for c in plan.children if c.role == "rollout-worker"]
+    assert workers == ["1", "1", "1"]
 
 
 def test_examples_local_yaml_equals_the_embedded_default() -> None:

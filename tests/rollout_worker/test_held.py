@@ -57,3 +57,17 @@ def test_a_held_response_carries_its_assignments_ticket_and_lease_epoch():
     held.add(a, [5], [-0.3])
     (h,) = held.report(now=0.0)
     assert (h.ticket, h.lease_epoch) == ("ab" * 32, 4)  # what the restarted manager checks against this worker
+
+
+def test_finished_responses_are_forgotten_in_finishing_order_and_a_restart_is_kept():
+    held = HeldResponses(capacity=1, keep_finished_s=10.0)
+    for n in range(100):  # one finishes each second: those older than 10 s go as the next ones finish
+        a = _assignment(f"r{n}", [])
+        held.start(a)
+        held.end(a, finished=True, reason="stop", lost=False, now=float(n))
+    assert len(held) == 11  # r89..r99 (finished within the last 10 s of t = 99)
+    again = _assignment("r95", [])  # restarted under a new lease after it finished: running, not forgotten
+    held.start(again)
+    held.end(_assignment("late", []), finished=True, reason="stop", lost=False, now=200.0)  # unknown: ignored
+    held.report(now=200.0)
+    assert len(held) == 1 and held.report(now=200.0) == []  # r95 runs (not reported), the finished ones are gone

@@ -12,6 +12,7 @@ that never went away ignores what it already has.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from rlboost.wire.rollout_io import Assignment, HeldResponse
@@ -36,6 +37,9 @@ class HeldResponses:
         self.limit = MAX_HELD_PER_CAPACITY * max(1, capacity)  # what the manager accepts in one Register
         self.keep_finished_s = keep_finished_s
         self._responses: dict[str, _Response] = {}
+        # (finished_at, request id) in finishing order: forgetting the old ones reads only those, not every response
+        # held (a scan per finished request cost a tenth of a CPU worker's time at ~5,000 responses held)
+        self._finished: deque[tuple[float, str]] = deque()
 
     def __len__(self) -> int:
         return len(self._responses)
@@ -60,6 +64,7 @@ class HeldResponses:
             return
         if finished:
             r.state, r.finish_reason, r.finished_at = "finished", reason, now
+            self._finished.append((now, a.request_id))
             self._forget_old(now)
         elif lost:
             r.state = "paused"
@@ -87,13 +92,13 @@ class HeldResponses:
         return r if r is not None and r.assignment is a else None  # a later lease of the request replaced it
 
     def _forget_old(self, now: float) -> None:
-        old = [
-            k
-            for k, r in self._responses.items()
-            if r.state == "finished" and now - r.finished_at > self.keep_finished_s
-        ]
-        for k in old:
-            del self._responses[k]
+        """Forget the responses finished more than keep_finished_s ago (the oldest are first in `_finished`; an
+        entry whose request was cleared or started again since is skipped)."""
+        while self._finished and now - self._finished[0][0] > self.keep_finished_s:
+            at, key = self._finished.popleft()
+            r = self._responses.get(key)
+            if r is not None and r.state == "finished" and r.finished_at == at:
+                del self._responses[key]
 
 
 def _held(r: _Response) -> HeldResponse:

@@ -197,7 +197,7 @@ class PolicyEngine:
         self, batch: MicroBatch, num_sequences: int, old: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, LossStats, torch.Tensor]:
         out = self.engine(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-        logp = token_logprobs(out.logits, batch.input_ids, self.temperature)
+        logp = token_logprobs(out.logits, batch.input_ids, self.temperature, where=batch.loss_mask() > 0)
         ref_logp = self.reference_logprobs(batch) if self.objective.kl_in_loss else None
         return self.objective.loss(out.logits, logp, batch, num_sequences, old=old, ref_logp=ref_logp)
 

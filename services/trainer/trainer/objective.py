@@ -25,6 +25,7 @@ from trainer.grpo import (
     aggregate,
     behaviour_logprobs,
     clipped_policy_loss,
+    entropy,
     kl_estimate,
     token_entropy,
 )
@@ -122,8 +123,8 @@ class Objective:
             ent = token_entropy(logits, alg.temperature)
             stats.entropy_sum = float(ent.detach()[on].sum().item())
             return loss - alg.entropy_coef * aggregate(ent, mask, num_sequences, **self.aggregation())  # type: ignore[arg-type]
-        with torch.no_grad():  # a diagnostic only: no graph through the full-vocabulary entropy
-            stats.entropy_sum = float(token_entropy(logits.detach(), alg.temperature)[on].sum().item())
+        with torch.no_grad():  # a diagnostic only: no graph, and only at the loss's tokens, not every prompt position
+            stats.entropy_sum = float(entropy(logits.detach()[:, :-1, :][on], alg.temperature).sum().item())
         return loss
 
     @torch.no_grad()
