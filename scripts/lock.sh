@@ -14,7 +14,9 @@ cd "$(dirname "$0")/.."
 UV=${UV:-uv}
 LOCK=requirements/lock.txt
 out=$LOCK
-[[ ${1:-} == --check ]] && out=$(mktemp)
+# --check resolves into a copy of the lock: uv keeps an output file's pins where they still fit, so the check fails
+# on a changed pyproject.toml or pins.in, not on whatever PyPI released since
+[[ ${1:-} == --check ]] && out=$(mktemp) && cp "$LOCK" "$out"
 UV_CUSTOM_COMPILE_COMMAND="scripts/lock.sh" "$UV" pip compile pyproject.toml \
   --extra manager --extra weight-server --extra worker --extra trainer --extra operator --extra local --extra dev --extra compare \
   --constraint requirements/pins.in \
