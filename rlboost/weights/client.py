@@ -44,7 +44,7 @@ from rlboost.weights.peer_serve import CachedPayload, PayloadCache
 from rlboost.weights.range_get import RangeConnectionError, RangeReader
 from rlboost.weights.signing import ASSET_MANIFEST, ManifestVerifier, WeightsRejectedError
 from rlboost.wire import weight_routes as routes
-from rlboost.wire.peers_io import HEADER_IDENTITY, PeerRegistration, Source, SourceList, SourcesRequest
+from rlboost.wire.peers_io import HEADER_IDENTITY, PeerRegistration, Source, SourceList, SourcesRequest, StalledPeer
 from rlboost.wire.weights_io import (
     HEADER_BASE_VERSION,
     HEADER_CHECKSUM,
@@ -107,6 +107,11 @@ class PeerSources(Protocol):
 
     def held_changed(self) -> None:
         """A payload became whole (peers may be told now)."""
+        ...
+
+    def peer_stalled(self, source: Source) -> None:
+        """A peer sent no byte within the peer timeout or could not be reached (the directory may be told, so
+        that new workers do not wait on it too)."""
         ...
 
 
@@ -282,6 +287,11 @@ class WeightClient:
         body = SourcesRequest(worker=worker, path=path).model_dump_json()
         return SourceList.model_validate_json((await self._call("POST", routes.SOURCES, body, identity)).content)
 
+    async def report_stalled(self, worker: str, peer: str, identity: str = "") -> None:
+        """Tell the directory that `peer` sent `worker` nothing within its peer timeout (or could not be reached):
+        it is offered to no one until it heartbeats again."""
+        await self._call("POST", routes.STALLED, StalledPeer(worker=worker, peer=peer).model_dump_json(), identity)
+
     async def _call(self, method: str, path: str, body: str | None = None, identity: str = "") -> httpx.Response:
         headers = {"Content-Type": "application/json"} if body is not None else {}
         if identity:
@@ -382,6 +392,8 @@ class WeightClient:
                     await self._fetch_from(m, chunk, buf, held, stats, source.url)
             except _ConnectionLostError:
                 stats.peer_failures += 1
+                if source.url not in fanned.down and self.fanout is not None and source.worker:
+                    self.fanout.peer_stalled(source)  # once per pull: new workers skip it too (issue 34)
                 fanned.down.add(source.url)
                 self.down_peers[source.url] = time.monotonic() + PEER_DOWN_S  # later pulls skip it too
                 continue

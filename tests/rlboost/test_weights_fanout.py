@@ -158,6 +158,41 @@ async def test_a_frozen_peer_costs_the_peer_timeout_not_the_servers(server, tmp_
             await close((client, fanout))
 
 
+async def test_a_frozen_peer_is_reported_and_the_next_new_worker_does_not_try_it(server, tmp_path) -> None:
+    """A peer frozen with its socket open (a real process, SIGSTOPped) stalls the first puller sent to it for the
+    peer timeout; that puller tells the directory, and a second, new worker (its own client: nothing learned
+    locally) is not offered the frozen peer: it pulls from the first puller, without a failed try. Without the
+    report, the directory listed the frozen peer until its heartbeat expired (30 s), and each new worker waited
+    on it for its peer timeout (10 s by default)."""
+    payload = await upload(server, CHUNK * 2)
+    async with liar_process(server, tmp_path, 0) as (frozen, frozen_url):
+        frozen.send_signal(signal.SIGSTOP)
+        first = WeightClient(server.url, token=TOKEN, streams=4, peer_timeout=1.0)
+        first_fanout = PeerFanout(first, "first", tmp_path / "first", zone="z", region="r", token=TOKEN)
+        await first_fanout.start("127.0.0.1", 0)
+        second, second_fanout = await peer(server, tmp_path, "second")
+        told = second_fanout.sources
+        offered: list[str] = []
+
+        async def sources(m):
+            found = await told(m)
+            offered.extend(s.worker for s in found if s.worker)
+            return found
+
+        second_fanout.sources = sources
+        try:
+            assert await asyncio.wait_for(first.pull(0), 30) == payload
+            assert first.last_pull.peer_failures >= 1 and frozen_url in first.down_peers
+            await first_fanout.reports_sent()
+            assert server.app.state.peers.peers["liar"].stalled_by == "first"  # the directory knows
+            await first_fanout._register()  # holds the payload now (its heartbeat's news, without the wait)
+            assert await asyncio.wait_for(second.pull(0), 30) == payload
+            assert offered == ["first"] and second.last_pull.peer_failures == 0
+            assert second.last_pull.peer_bytes == len(payload)  # all of it from the first puller
+        finally:
+            await close((first, first_fanout), (second, second_fanout))
+
+
 async def test_a_puller_can_serve_the_payload_before_it_learns_its_sources(server, tmp_path) -> None:
     """The directory names a puller to those who ask after it as soon as it has asked, so the puller must already
     hold the payload's (empty) cache entry then: a peer without one answers 404, and every puller sent to it in

@@ -30,7 +30,7 @@ from rlboost.observability import LoopWatchdog
 from rlboost.weights.peers import DirectoryFull, PeerDirectory
 from rlboost.wire import weight_routes as routes
 from rlboost.wire.events import WeightsAnnounced
-from rlboost.wire.peers_io import WORKER_ID_PATTERN, PeerRegistration, SourceList, SourcesRequest
+from rlboost.wire.peers_io import WORKER_ID_PATTERN, PeerRegistration, SourceList, SourcesRequest, StalledPeer
 from rlboost.wire.weights_io import (
     HEADER_BASE_VERSION,
     HEADER_CHECKSUM,
@@ -207,6 +207,16 @@ def create_app(
         metrics.peers.set(len(peers.peers))
         metrics.source_answers.labels("relay" if found.relay else "peers").inc()
         return found
+
+    @app.post(routes.api(routes.STALLED))
+    async def stalled(request: Request) -> Response:
+        check_read(request)
+        report = _parse(StalledPeer, await _read_bounded(request, MAX_PEER_BODY, "stalled peer report"))
+        peer_access.check(request, report.worker)  # a puller reports as itself
+        if peers.report_stalled(report.worker, report.peer):
+            metrics.peer_stalled.inc()
+            log.info("peer reported stalled", extra={"peer": report.peer, "reporter": report.worker})
+        return Response(status_code=204)
 
     @app.get(routes.api(routes.SYNC))
     async def sync(request: Request) -> list[Manifest]:
