@@ -19,6 +19,7 @@ with sendfile, from the page cache to the socket without passing through Python.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import hmac
 import logging
@@ -46,6 +47,8 @@ class CachedPayload:
         self.done = [False] * len(manifest.chunks)
         self.complete = self.failed = False
         self._waiters: dict[int, list[asyncio.Future[None]]] = {}  # chunk index -> requests waiting for it
+        starts = [c.offset for c in manifest.chunks]
+        self._starts = starts if starts == sorted(starts) else None  # for covers' bisection
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.ftruncate(self._fd, manifest.total_bytes)
         self._file = os.fdopen(os.dup(self._fd), "rb", buffering=0)  # what sendfile reads from
@@ -96,8 +99,15 @@ class CachedPayload:
                 future.set_result(None)
 
     def covers(self, start: int, end: int) -> list[int]:
-        """Indexes of the chunks overlapping bytes start..end (inclusive)."""
-        return [c.index for c in self.manifest.chunks if c.offset <= end and c.offset + c.length > start]
+        """Indexes of the chunks overlapping bytes start..end (inclusive). Chunks in offset order (the weight-server's
+        are) are found by bisection: a scan of every chunk per request grows with the model (4,096 chunks for 16 GB
+        at the default 4 MiB), and showed in the fan-out profile at 64."""
+        chunks = self.manifest.chunks
+        if self._starts is None:
+            lo, hi = 0, len(chunks)
+        else:
+            lo, hi = max(0, bisect.bisect_right(self._starts, start) - 1), bisect.bisect_right(self._starts, end)
+        return [c.index for c in chunks[lo:hi] if c.offset <= end and c.offset + c.length > start]
 
     async def wait_for(self, indexes: list[int], wait_s: float) -> bool:
         """Whether every chunk in `indexes` is verified, waiting up to `wait_s` for the pull to bring them. A waiter

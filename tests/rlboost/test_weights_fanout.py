@@ -212,3 +212,19 @@ async def test_a_puller_can_serve_the_payload_before_it_learns_its_sources(serve
         assert entry_when_asking and entry_when_asking[0] is not None
     finally:
         await close((client, fanout))
+
+
+def test_a_range_covers_exactly_the_chunks_it_overlaps(tmp_path) -> None:
+    """The peer server waits for (and serves) the chunks a range overlaps, found by bisection over the offsets."""
+    from rlboost.weights.peer_serve import CachedPayload
+    from rlboost.wire.weights_io import ChunkInfo, Manifest
+
+    chunks = [ChunkInfo(index=i, offset=i * 10, length=10, sha256="0" * 64) for i in range(5)]
+    m = Manifest(version=0, kind="full", total_bytes=50, sha256="0" * 64, chunk_bytes=10, chunks=chunks, checksum="c")
+    entry = CachedPayload(m, tmp_path / "p")
+    try:
+        assert entry.covers(0, 49) == [0, 1, 2, 3, 4]
+        assert entry.covers(9, 10) == [0, 1] and entry.covers(10, 19) == [1] and entry.covers(35, 35) == [3]
+        assert entry.covers(49, 49) == [4]
+    finally:
+        entry.close()
