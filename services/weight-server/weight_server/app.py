@@ -52,7 +52,7 @@ from .deadlines import BODY_TIMEOUT_S, BodyDeadline
 from .errors import ErrorKind, StoreError
 from .metrics import WeightServerMetrics
 from .peer_access import PeerAccess
-from .store import READ_BLOCK, Upload, VersionStore
+from .store import READ_BLOCK, Upload, VersionStore, read_if_cached
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +278,9 @@ def create_app(
         if end - start + 1 <= READ_BLOCK:  # a chunk's range: streamed, it cost a thread trip per block, one more to
             # end the stream and a disconnect-listening task per answer (issue 34's fan-out profile); read at once,
             # it holds no more memory than one streamed block
-            data = await anyio.to_thread.run_sync(lambda: b"".join(store.read_range(m.version, start, end, path)))
+            data = read_if_cached(path, start, end) or await anyio.to_thread.run_sync(
+                lambda: b"".join(store.read_range(m.version, start, end, path))
+            )
             served.inc(len(data))
             return Response(data, status_code=status, headers=headers, media_type="application/octet-stream")
         return StreamingResponse(body(), status_code=status, headers=headers, media_type="application/octet-stream")
