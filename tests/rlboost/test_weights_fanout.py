@@ -14,7 +14,7 @@ import sys
 import httpx
 import pytest
 
-from rlboost.weights.client import WeightClient
+from rlboost.weights.client import PEER_STALL_S, WeightClient
 from rlboost.weights.fanout import PeerFanout
 from tests.weight_server.servers import ROOT, TOKEN, ThreadServer
 
@@ -41,8 +41,10 @@ async def upload(server: ThreadServer, nbytes: int) -> bytes:
     return payload
 
 
-async def peer(server: ThreadServer, tmp_path, name: str, zone: str = "z", region: str = "r"):
-    client = WeightClient(server.url, token=TOKEN, streams=4)
+async def peer(
+    server: ThreadServer, tmp_path, name: str, zone: str = "z", region: str = "r", peer_timeout: float = PEER_STALL_S
+):
+    client = WeightClient(server.url, token=TOKEN, streams=4, peer_timeout=peer_timeout)
     fanout = PeerFanout(client, name, tmp_path / name, zone=zone, region=region, token=TOKEN)
     await fanout.start("127.0.0.1", 0)
     return client, fanout
@@ -145,9 +147,7 @@ async def test_a_frozen_peer_costs_the_peer_timeout_not_the_servers(server, tmp_
     payload = await upload(server, CHUNK * 2)
     async with liar_process(server, tmp_path, 0) as (frozen, frozen_url):
         frozen.send_signal(signal.SIGSTOP)
-        client = WeightClient(server.url, token=TOKEN, streams=4, peer_timeout=1.0)
-        fanout = PeerFanout(client, "puller", tmp_path / "puller", zone="z", region="r", token=TOKEN)
-        await fanout.start("127.0.0.1", 0)
+        client, fanout = await peer(server, tmp_path, "puller", peer_timeout=1.0)
         try:  # the deadline catches a pull held for the server's read timeout (60 s)
             assert await asyncio.wait_for(client.pull(0), 30) == payload
             assert client.last_pull.peer_bytes == 0 and client.last_pull.peer_failures >= 1
@@ -167,9 +167,7 @@ async def test_a_frozen_peer_is_reported_and_the_next_new_worker_does_not_try_it
     payload = await upload(server, CHUNK * 2)
     async with liar_process(server, tmp_path, 0) as (frozen, frozen_url):
         frozen.send_signal(signal.SIGSTOP)
-        first = WeightClient(server.url, token=TOKEN, streams=4, peer_timeout=1.0)
-        first_fanout = PeerFanout(first, "first", tmp_path / "first", zone="z", region="r", token=TOKEN)
-        await first_fanout.start("127.0.0.1", 0)
+        first, first_fanout = await peer(server, tmp_path, "first", peer_timeout=1.0)
         second, second_fanout = await peer(server, tmp_path, "second")
         told = second_fanout.sources
         offered: list[str] = []
