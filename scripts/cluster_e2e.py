@@ -697,7 +697,9 @@ def _wait_for_job(
             return status
         halfway = int(status.get("step") or 0) >= max(1, total // 2) and status.get("phase") == "Running"
         lane.halfway_all_ready = lane.halfway_all_ready or (halfway and ready == len(pods))
-        if not pods and time.monotonic() - started > lane.args.no_pods_after and not lane.args.kueue:
+        # only while no pod has ever run: pods gone mid-job (the chaos' operator kill) are the operator's to recover
+        never_ran = not pods and not lane.restarts_seen
+        if never_ran and time.monotonic() - started > lane.args.no_pods_after and not lane.args.kueue:
             say(
                 f"stopping: no pod {lane.args.no_pods_after:.0f}s after the RLJob was applied (the operator's log says why)"
             )

@@ -1,6 +1,6 @@
 """The end of a job (its trainer's `done`, trainer.backoffLimit exceeded, a model fetch that gave up): its workloads
-scaled to zero, then how it ended and that it stopped written to its status, and Events posted. Its PVCs, Secrets,
-ConfigMap and status are kept, and every later reconcile keeps it at zero (lifecycle.py)."""
+written to its status (how it ended, and that it stopped), then its workloads scaled to zero, and Events posted. Its
+PVCs, Secrets, ConfigMap and status are kept, and every later reconcile keeps it at zero (lifecycle.py)."""
 
 from __future__ import annotations
 
@@ -22,16 +22,18 @@ async def end_job(
     event: tuple[str, str],
     ok: bool,
 ) -> None:
-    """A job ended: scale its workloads to zero, then write how it ended and that it stopped, and post Events.
-    Called with the job's status lock held. Scaling first: if it fails, the status does not claim it happened
-    (and the trainer, restarted by its StatefulSet, re-publishes `done`, which tries again)."""
+    """A job ended: write how it ended and that it stopped, then scale its workloads to zero, and post Events.
+    Called with the job's status lock held. The status first: it is the record of the end, and a finished status
+    is what every later reconcile keeps at zero (lifecycle.py), so an operator killed between the two writes
+    leaves a job that ends at zero once the next leader reconciles it. Scaling first had left, in the cluster
+    lane's chaos, a job at zero whose status still said Running: nothing would publish `done` again."""
     meta = current.get("metadata") or {}
     namespace, job = meta.get("namespace") or "default", meta.get("name") or ""
     sizer.drop(namespace, job)  # no more spot rescaling
-    await scale_to_zero(kube, namespace, job, rljob_variants(current))
     previous, generation = current.get("status") or {}, status.generation(current)
     patch = {**outcome, **status.stopped_status({**previous, **outcome}, reason, generation=generation)}
     await kube.patch("RLJob", namespace, job, {"status": patch}, sub="status")
+    await scale_to_zero(kube, namespace, job, rljob_variants(current))
     target = {"apiVersion": "rlboost.io/v1alpha1", "kind": "RLJob", "metadata": meta}
     (kopf.info if ok else kopf.warn)(target, reason=event[0], message=event[1])
     kopf.info(target, reason="ScaledToZero", message=patch["conditions"][-1]["message"])

@@ -2,7 +2,9 @@
 
 Runs scripts/cluster_e2e.py (which builds missing images with `make images`) four times and checks its summaries.
 Every run has the operator as the chart deploys it by default: its Deployment rendered by real Helm, 2 replicas
-electing a leader on a Lease (scripts/cluster/operator_lane.py), and the chart's CRD.
+electing a leader on a Lease (scripts/cluster/operator_lane.py), and the chart's CRD. The three runs whose
+checksums are compared run the examples' job with `steps` at LANE_STEPS (lane_manifest), so that the faults and the
+Kueue scenario, scheduled by step, land while it runs.
 - examples/rljob-platform.yaml with `--platform` (issue 29): the job of examples/rljob.yaml as a platform team's
   cluster runs it: every node tainted team=ml:NoSchedule, a PriorityClass, the Secrets it names. Succeeded, every
   pod Ready with no restart, rewards reported, no sample lost, every panel of the Grafana dashboard drew data while
@@ -48,6 +50,7 @@ SHM_BYTES = 256 << 20  # the platform example's /dev/shm (trainer, reserved work
 PROTECTED = ("-trainer-", "-manager-", "-weights-")  # pods with a budget and do-not-disrupt
 # Seconds per lane run (set-up, the job, tear-down); together under make test-cluster's 30 minutes.
 PLAIN_S, CHAOS_S, BAD_MODEL_S, KUEUE_S = 750, 750, 300, 1200
+LANE_STEPS = 120  # the examples' 40 steps, three times over (see lane_manifest)
 LANE_RESERVE_S = 150  # of each run's time: network, NATS, the API, the operator's image, tear-down
 BAD_URI = "s3://rlboost-lane-no-such-bucket/models/tiny"
 SUMMARIES = ROOT / "build" / "cluster"  # each run's summary, kept for a look (and docs/benchmarks.md)
@@ -74,6 +77,20 @@ def run_lane(out: Path, *flags: str, timeout: int, rljob: Path = EXAMPLE) -> dic
     return json.loads(out.read_text())
 
 
+def lane_manifest(src: Path, name: str, labels: dict[str, str] | None = None) -> Path:
+    """`src` with LANE_STEPS steps (and `labels`), written under SUMMARIES: every run the checksums are compared
+    across runs the same job, long enough that the chaos and the Kueue scenario act while it runs (at the example's
+    40 steps the job now finishes in ~20 s, before the faults the lane schedules by step)."""
+    job = yaml.safe_load(src.read_text())
+    job["spec"]["algorithm"]["steps"] = LANE_STEPS
+    if labels:
+        job["metadata"]["labels"] = labels
+    SUMMARIES.mkdir(parents=True, exist_ok=True)
+    out = SUMMARIES / name
+    out.write_text(yaml.safe_dump(job))
+    return out
+
+
 def where(summary: dict) -> str:
     keys = (
         "phase",
@@ -96,7 +113,8 @@ def plain() -> dict:
     problem = podman_problem()
     if problem:
         pytest.skip(problem)
-    return run_lane(SUMMARIES / "plain.json", "--platform", timeout=PLAIN_S, rljob=PLATFORM)
+    manifest = lane_manifest(PLATFORM, "platform.yaml")
+    return run_lane(SUMMARIES / "plain.json", "--platform", timeout=PLAIN_S, rljob=manifest)
 
 
 @pytest.mark.cluster
@@ -156,7 +174,7 @@ def test_each_pod_got_its_components_identity_env_shm_priority_and_protection(pl
 @pytest.mark.cluster
 @pytest.mark.timeout(PLAIN_S + CHAOS_S + 60)
 def test_faults_lose_no_sample_and_end_on_the_uninterrupted_checksum(plain: dict) -> None:
-    chaos = run_lane(SUMMARIES / "chaos.json", "--chaos", timeout=CHAOS_S)
+    chaos = run_lane(SUMMARIES / "chaos.json", "--chaos", timeout=CHAOS_S, rljob=lane_manifest(EXAMPLE, "chaos.yaml"))
     assert chaos["phase"] == "Succeeded", f"the faulted job did not succeed:\n{where(chaos)}"
     assert len(chaos["chaos"]) >= 4, chaos["chaos"]  # pod deleted, leader and trainer killed, node tainted (deleted)
     operator = chaos["operator"]
@@ -193,13 +211,9 @@ def test_an_impossible_model_source_fails_the_rljob_naming_spec_model(tmp_path: 
 
 @pytest.mark.cluster
 @pytest.mark.timeout(PLAIN_S + KUEUE_S + 60)
-def test_a_queued_job_paused_and_preempted_mid_run_ends_on_the_uninterrupted_checksum(
-    plain: dict, tmp_path: Path
-) -> None:
-    job = yaml.safe_load(EXAMPLE.read_text())
-    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "lane-queue", "team": "rl"}
-    manifest = tmp_path / "queued.yaml"
-    manifest.write_text(yaml.safe_dump(job))
+def test_a_queued_job_paused_and_preempted_mid_run_ends_on_the_uninterrupted_checksum(plain: dict) -> None:
+    labels = {"kueue.x-k8s.io/queue-name": "lane-queue", "team": "rl"}
+    manifest = lane_manifest(EXAMPLE, "queued.yaml", labels)
     summary = run_lane(SUMMARIES / "kueue.json", "--kueue", timeout=KUEUE_S, rljob=manifest)
     kueue = summary["kueue"]
     assert summary["phase"] == "Succeeded", f"the queued job did not succeed:\n{where(summary)}\n{json.dumps(kueue)}"
