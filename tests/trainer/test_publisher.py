@@ -249,11 +249,17 @@ async def test_a_dense_update_is_never_encoded_as_a_delta_only_to_be_dropped(tmp
     """Through the real publisher and weight-server: dense updates publish snapshots without one delta encode
     (the periodic snapshot's companion included), byte for byte the snapshot of the state; once the updates are
     sparse again, deltas are encoded and sent."""
+    from prometheus_client import REGISTRY
+
     import trainer.publisher as publisher
     from rlboost.weights.safetensors_io import state_to_bytes
     from tests.weight_server.servers import TOKEN as WS_TOKEN
     from tests.weight_server.servers import ThreadServer
 
+    def choices(outcome: str) -> float:
+        return REGISTRY.get_sample_value("rlboost_trainer_delta_choices_total", {"outcome": outcome}) or 0.0
+
+    before = {o: choices(o) for o in ("sent", "too_large", "not_encoded")}
     encodes = []
     real = publisher.encode_delta
     monkeypatch.setattr(publisher, "encode_delta", lambda *a: encodes.append(a[3]) or real(*a))
@@ -270,21 +276,25 @@ async def test_a_dense_update_is_never_encoded_as_a_delta_only_to_be_dropped(tmp
                 out = await pub.publish(v, state)
                 state = _rl_step(state, v)
             assert (out.kind, encodes, pub.deltas_not_encoded) == ("delta", [7, 8], 6)
+            assert {o: choices(o) - n for o, n in before.items()} == {"sent": 2, "too_large": 0, "not_encoded": 6}
             assert state_checksum(await _replay(client, 8)) == out.checksum
 
 
 async def test_steps_do_not_ask_the_weight_server_for_its_versions(tmp_path):
     """The version list is asked once, then only after an upload error (here: another writer took version 3)."""
+    from prometheus_client import REGISTRY
+
     from tests.weight_server.servers import TOKEN as WS_TOKEN
     from tests.weight_server.servers import ThreadServer
 
+    listed = REGISTRY.get_sample_value("rlboost_trainer_version_listings_total") or 0.0
     with ThreadServer(tmp_path / "ws") as ws:
         async with ListingClient(ws.url, token=WS_TOKEN) as client:
             pub, state = WeightPublisher(client, mode="full"), _big_state()
             for v in range(3):
                 assert (await pub.publish(v, state, skip_if_present=True)).uploaded
                 state = _rl_step(state, v)
-            assert client.listings == 1
+            assert client.listings == 1 == REGISTRY.get_sample_value("rlboost_trainer_version_listings_total") - listed
             await WeightPublisher(client, mode="full").publish(3, state)
             with pytest.raises(Exception, match="409|exists"):
                 await pub.publish(3, _rl_step(state, 3), skip_if_present=True)

@@ -58,6 +58,7 @@ from rlboost.models.layout import asset_files
 from rlboost.weights.checksum import state_checksum
 from rlboost.weights.safetensors_io import state_to_bytes, to_publish_dtype
 from rlboost.weights.signing import ASSET_MANIFEST, ManifestSigner
+from trainer import metrics
 
 log = logging.getLogger(__name__)
 
@@ -244,6 +245,7 @@ class WeightPublisher:
 
     async def held_versions(self) -> list[int]:
         """The weight-server's versions, asked of it (and remembered for `publish(skip_if_present=True)`)."""
+        metrics.VERSION_LISTINGS.inc()
         listing = await with_retries("versions", self.client.versions)
         versions = list(getattr(listing, "versions", listing) or [])
         self._held = set(versions)
@@ -354,9 +356,11 @@ class WeightPublisher:
         limit = DELTA_MAX_FRACTION * _dense_bytes(bf16)
         if self._count_first and await asyncio.to_thread(delta_exceeds, self.last_state, bf16, limit):
             self.deltas_not_encoded += 1
+            metrics.DELTA_CHOICES.labels(outcome="not_encoded").inc()
             return None
         payload = await asyncio.to_thread(encode_delta, self.last_state, bf16, base, version)
         self._count_first = len(payload) > limit
+        metrics.DELTA_CHOICES.labels(outcome="too_large" if self._count_first else "sent").inc()
         return None if self._count_first else payload
 
     async def _encode_companion(self, bf16: dict[str, torch.Tensor], base: int, version: int) -> bytes | None:
@@ -386,7 +390,11 @@ class WeightPublisher:
             raise checksum
         if isinstance(payload, BaseException) or payload is None:
             why = f"{type(payload).__name__}: {payload}" if isinstance(payload, BaseException) else "delta too large"
-            log.info("publishing a full snapshot instead of a delta", extra={"weight_version": version, "why": why})
+            counted = {"deltas_not_encoded": self.deltas_not_encoded}  # too large by a count, never encoded
+            log.info(
+                "publishing a full snapshot instead of a delta",
+                extra={"weight_version": version, "why": why, **counted},
+            )
             payload = await asyncio.to_thread(encode_full, bf16)
             return _Encoded(bf16, checksum, "full", payload, None, time.monotonic() - t0)
         return _Encoded(bf16, checksum, "delta", payload, base, time.monotonic() - t0)
