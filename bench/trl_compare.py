@@ -316,7 +316,29 @@ def step_timeline(logs: Path) -> dict:
     pulls = [r["seconds"] * 1000 for r in rows if r.get("msg") == "pulled weights" and "seconds" in r]
     if pulls:
         out["worker_pull_ms_median"] = round(statistics.median(pulls), 1)
+    out.update(publish_ms(rows, spans))
     return out
+
+
+def publish_ms(rows: list[dict], spans: list[tuple[float, float]]) -> dict:
+    """The trainer's publish per step, medians in ms: from its state extracted to its upload done (cast, checksum,
+    delta or snapshot, the weight-server's answers), and the encode part of it (`encode_seconds`)."""
+    if not spans:
+        return {}
+    trainer = [r for r in rows if r.get("service") == "trainer"]
+    publish = []
+    for start, end in spans:
+        ts = {m: [r["ts"] for r in trainer if r.get("msg") == m and start < r["ts"] <= end] for m in PUBLISH_SPAN}
+        if all(ts.values()):
+            publish.append((min(ts[PUBLISH_SPAN[1]]) - min(ts[PUBLISH_SPAN[0]])) * 1000)
+    encode = [r["encode_seconds"] * 1000 for r in trainer if "encode_seconds" in r and r["ts"] > spans[0][0]]
+    out = {"trainer_publish_ms_median": round(statistics.median(publish), 1)} if publish else {}
+    if encode:
+        out["trainer_encode_ms_median"] = round(statistics.median(encode), 1)
+    return out
+
+
+PUBLISH_SPAN = ("state extracted", "weights uploaded")  # the trainer's log lines that bound a step's publish
 
 
 ROLES = (  # a process's role, by what its command line holds (first match)

@@ -4,6 +4,7 @@
     blob = rd.encode(base, new, base_version=3, version=4)   # dict[str, torch.Tensor] -> bytes
     out = rd.apply(base, blob)                               # new tensors, bit-identical to `new`
     rd.apply_(base, blob)                                    # in place; validated before any write
+    rd.exceeds(base, new, nbytes)                            # encode() certainly larger than nbytes? (a count)
     rd.inspect(blob).changed_fraction                        # DeltaInfo, per tensor too
     rd.compose(blob_ab, blob_bc)                             # a->c without the weights
     rd.tensor_checksum(raw_bytes)                            # the format's (block-wise xxh3) tensor checksum
@@ -23,7 +24,7 @@ from rlboost.delta.compact import compose, compose_chain
 from rlboost.delta.format import FORMAT_VERSION, DeltaError, DeltaInfo, TensorInfo, inspect, tensor_checksum
 
 if TYPE_CHECKING:
-    from rlboost.delta.api import apply, apply_, encode, warm_up, warm_up_in_background
+    from rlboost.delta.api import apply, apply_, encode, exceeds, warm_up, warm_up_in_background
 
 __all__ = [
     "FORMAT_VERSION",
@@ -35,13 +36,14 @@ __all__ = [
     "compose",
     "compose_chain",
     "encode",
+    "exceeds",
     "inspect",
     "tensor_checksum",
     "warm_up",
     "warm_up_in_background",
 ]
 
-_TORCH_API = {"encode", "apply", "apply_", "warm_up", "warm_up_in_background"}
+_TORCH_API = {"encode", "exceeds", "apply", "apply_", "warm_up", "warm_up_in_background"}
 
 
 def __getattr__(name: str) -> Any:

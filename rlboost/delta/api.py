@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from rlboost.delta.codec import BitArray, apply_arrays, apply_arrays_, encode_arrays, uint_dtype
+from rlboost.delta.codec import BitArray, apply_arrays, apply_arrays_, certainly_exceeds, encode_arrays, uint_dtype
 from rlboost.delta.format import DEFAULT_BLOCK_BYTES, DTYPE_ITEMSIZE, Delta, DeltaError
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -67,6 +67,16 @@ def encode(
     return encode_arrays(bits_base, bits_new, base_version=base_version, version=version, block_bytes=block_bytes)
 
 
+def exceeds(base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], nbytes: float) -> bool:
+    """Whether `encode(base, new)` is certain to be larger than `nbytes`, decided from a count of changed elements
+    without encoding (the tensors with more than a quarter of their elements changed go whole). False when
+    undecided: then only encoding tells. A caller that would drop a delta above `nbytes` can skip the encode."""
+    try:
+        return certainly_exceeds(_bits_of(base), _bits_of(new), nbytes)
+    except DeltaError:  # an unsupported tensor: encode() names it
+        return False
+
+
 def apply(base: Mapping[str, torch.Tensor], delta: bytes) -> dict[str, torch.Tensor]:
     """New tensors (on the base tensors' devices) bit-identical to the delta's target; `base` is untouched."""
     out = apply_arrays(_bits_of(base), delta)
@@ -107,6 +117,7 @@ def warm_up(dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,)) -> float:
         new = {"w": base["w"].clone()}
         new["w"][::7] = 1
         blob = encode(base, new, base_version=0, version=1)
+        exceeds(base, new, 0)  # the changed-element count
         apply_({"w": base["w"].clone()}, bytearray(blob))  # pulled payloads are bytearrays, stored ones bytes
         apply(base, blob)
     return time.monotonic() - start

@@ -345,10 +345,14 @@ def _names(names: list[str]) -> str:
     return ", ".join(repr(n) for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
+def sparse_limit(size: int) -> int:
+    """The most changes a segment of `size` elements may hold and still be sent sparse: past a quarter of the
+    elements changed, sparse rarely wins and its index arrays grow large (the tensor then goes dense)."""
+    return size // 4
+
+
 def _scan_job(pair: _Pair, seg: Segment, block_bytes: int) -> SegScan:
-    # Past a quarter of the elements changed, sparse rarely wins and its index arrays grow large.
-    limit = (seg.stop - seg.start) // 4
-    return _scan.scan_segment(pair.old.bits, pair.new.bits, seg, limit, block_bytes)
+    return _scan.scan_segment(pair.old.bits, pair.new.bits, seg, sparse_limit(seg.stop - seg.start), block_bytes)
 
 
 def encode_arrays(
@@ -393,6 +397,42 @@ def encode_arrays(
         parts.append(payload)
         offset += len(payload)
     return pack(base_version, version, entries, parts, block_bytes)
+
+
+# ---------------------------------------------------------------- size bound before encoding
+_COUNT_CHUNK = 1 << 16  # elements counted per compiled call between the early-exit checks
+
+
+def _certainly_dense(old: np.ndarray, new: np.ndarray) -> bool:
+    """Whether more than sparse_limit(numel) elements differ: then some segment passes its own limit (the segments'
+    limits sum to at most that) and encode_arrays sends the tensor dense, whole. Stops counting as soon as it is
+    decided either way."""
+    need, size, changed = sparse_limit(old.size) + 1, old.size, 0
+    for start in range(0, size, _COUNT_CHUNK):
+        if changed >= need or changed + size - start < need:
+            break
+        changed += _scan._count(old[start : start + _COUNT_CHUNK], new[start : start + _COUNT_CHUNK])
+    return changed >= need
+
+
+def certainly_exceeds(base: Mapping[str, BitArray], new: Mapping[str, BitArray], nbytes: float) -> bool:
+    """Whether encode_arrays(base, new) is certain to be larger than `nbytes`, from a count of changed elements and
+    no encode: the tensors it will send dense, whole, already hold more. False when undecided (or when the states do
+    not match: encode_arrays says how). Biggest tensors first; stops once decided, so on a dense update it reads
+    about a quarter of each tensor it counts."""
+    if set(base) != set(new) or any(
+        base[n].dtype != new[n].dtype or tuple(base[n].shape) != tuple(new[n].shape) for n in new
+    ):
+        return False
+    names = sorted(new, key=lambda n: -new[n].bits.nbytes)
+    dense, left = 0, sum(new[n].bits.nbytes for n in names)
+    for name in names:
+        if dense > nbytes or dense + left <= nbytes:
+            break
+        left -= new[name].bits.nbytes
+        if _certainly_dense(base[name].bits, new[name].bits):
+            dense += new[name].bits.nbytes
+    return dense > nbytes
 
 
 # ---------------------------------------------------------------- apply

@@ -78,3 +78,19 @@ def test_trl_config_is_the_default_job_mapped() -> None:
     assert (config.learning_rate, config.max_grad_norm, config.beta, config.epsilon) == (2e-3, 1.0, 0.0, 0.2)
     assert (config.loss_type, config.scale_rewards, config.num_iterations, config.seed) == ("grpo", "group", 1, 0)
     assert (config.steps_per_generation, config.max_steps, config.shuffle_dataset) == (8, 5, False)
+
+
+def test_the_timeline_has_the_trainers_publish_per_step(tmp_path: Path) -> None:
+    """From the services' log lines (written here as the trainer writes them): per step, "state extracted" to
+    "weights uploaded", and the publisher's encode_seconds, medians over the steady steps."""
+    bench, lines = _bench(), []
+    for step in range(8):
+        t = 10.0 + step
+        lines.append({"service": "trainer", "msg": "step done", "ts": t})
+        lines.append({"service": "trainer", "msg": "state extracted", "ts": t + 0.3})
+        lines.append({"service": "trainer", "msg": "weights published", "ts": t + 0.31, "encode_seconds": 0.002})
+        lines.append({"service": "trainer", "msg": "weights uploaded", "ts": t + 0.3 + 0.01 * step})
+    (tmp_path / "trainer.log").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    timeline = bench.step_timeline(tmp_path)
+    assert timeline["trainer_publish_ms_median"] == pytest.approx(35.0, abs=0.2)  # steps 2-5: 20, 30, 40, 50 ms
+    assert timeline["trainer_encode_ms_median"] == pytest.approx(2.0)

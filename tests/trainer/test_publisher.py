@@ -226,3 +226,79 @@ def _served(url: str, path: str) -> float:
     prefix = f'rlboost_weights_bytes_served_total{{path="{path}"}} '
     lines = [ln for ln in httpx.get(url + "/metrics", timeout=10).text.splitlines() if ln.startswith(prefix)]
     return float(lines[0][len(prefix) :]) if lines else 0.0
+
+
+# ---- no wasted work per step (issue 34, "Step time against TRL") --------------------------------
+class ListingClient(WeightClient):
+    """A real client that counts the version listings it asks the weight-server for."""
+
+    listings = 0
+
+    async def versions(self):  # type: ignore[override]
+        self.listings += 1
+        return await super().versions()
+
+
+def _dense_step(state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    """A high learning rate's step: nearly every bf16 element changes, so every delta is larger than a snapshot."""
+    g = torch.Generator().manual_seed(seed)
+    return {k: (v + torch.randn(v.shape, generator=g) * 1e-2 if v.is_floating_point() else v) for k, v in state.items()}
+
+
+async def test_a_dense_update_is_never_encoded_as_a_delta_only_to_be_dropped(tmp_path, monkeypatch):
+    """Through the real publisher and weight-server: dense updates publish snapshots without one delta encode
+    (the periodic snapshot's companion included), byte for byte the snapshot of the state; once the updates are
+    sparse again, deltas are encoded and sent."""
+    from prometheus_client import REGISTRY
+
+    import trainer.publisher as publisher
+    from rlboost.weights.safetensors_io import state_to_bytes
+    from tests.weight_server.servers import TOKEN as WS_TOKEN
+    from tests.weight_server.servers import ThreadServer
+
+    def choices(outcome: str) -> float:
+        return REGISTRY.get_sample_value("rlboost_trainer_delta_choices_total", {"outcome": outcome}) or 0.0
+
+    before = {o: choices(o) for o in ("sent", "too_large", "not_encoded")}
+    encodes = []
+    real = publisher.encode_delta
+    monkeypatch.setattr(publisher, "encode_delta", lambda *a: encodes.append(a[3]) or real(*a))
+    with ThreadServer(tmp_path / "ws") as ws:
+        async with WeightClient(ws.url, token=WS_TOKEN) as client:
+            pub = WeightPublisher(client, mode="delta", full_every=3)
+            state, kinds = _big_state(), []
+            for v in range(6):
+                kinds.append((await pub.publish(v, state)).kind)
+                assert await client.pull(v) == state_to_bytes(publish_state(state))
+                state = _dense_step(state, v)
+            assert kinds == ["full"] * 6 and encodes == [] and pub.deltas_not_encoded == 5  # v1-5, v3's companion
+            for v in range(6, 9):  # 6: a periodic snapshot, its companion still dense (from 5); 7, 8: sparse
+                out = await pub.publish(v, state)
+                state = _rl_step(state, v)
+            assert (out.kind, encodes, pub.deltas_not_encoded) == ("delta", [7, 8], 6)
+            assert {o: choices(o) - n for o, n in before.items()} == {"sent": 2, "too_large": 0, "not_encoded": 6}
+            assert state_checksum(await _replay(client, 8)) == out.checksum
+
+
+async def test_steps_do_not_ask_the_weight_server_for_its_versions(tmp_path):
+    """The version list is asked once, then only after an upload error (here: another writer took version 3)."""
+    from prometheus_client import REGISTRY
+
+    from tests.weight_server.servers import TOKEN as WS_TOKEN
+    from tests.weight_server.servers import ThreadServer
+
+    listed = REGISTRY.get_sample_value("rlboost_trainer_version_listings_total") or 0.0
+    with ThreadServer(tmp_path / "ws") as ws:
+        async with ListingClient(ws.url, token=WS_TOKEN) as client:
+            pub, state = WeightPublisher(client, mode="full"), _big_state()
+            for v in range(3):
+                assert (await pub.publish(v, state, skip_if_present=True)).uploaded
+                state = _rl_step(state, v)
+            assert client.listings == 1 == REGISTRY.get_sample_value("rlboost_trainer_version_listings_total") - listed
+            await WeightPublisher(client, mode="full").publish(3, state)
+            with pytest.raises(Exception, match="409|exists"):
+                await pub.publish(3, _rl_step(state, 3), skip_if_present=True)
+            assert client.listings == 1
+            assert not (await pub.publish(3, state, skip_if_present=True)).uploaded  # asked again: it is held
+            assert client.listings == 2
+            assert (await pub.publish(4, state, skip_if_present=True)).uploaded and client.listings == 2

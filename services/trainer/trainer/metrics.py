@@ -110,3 +110,16 @@ def export_step(report: StepReport) -> None:
     if report.validation is not None:
         export_validation(report.validation)
     STEP.set(report.step + 1)
+
+
+# ---- the publisher's per-step work (issue 34: no wasted encode, no version listing per step) ----
+DELTA_CHOICES = Counter(
+    "rlboost_trainer_delta_choices_total",
+    "Delta-or-snapshot choices of the weight publisher: sent (encoded, sent), too_large (encoded, dropped), "
+    "not_encoded (a count of changed elements showed it too large)",
+    ["outcome"],
+)
+VERSION_LISTINGS = Counter(
+    "rlboost_trainer_version_listings_total",
+    "Version lists asked of the weight-server (the start, a resume, after an upload error)",
+)

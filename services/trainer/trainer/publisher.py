@@ -8,7 +8,14 @@ weightSync.mode `delta` (the default): version 0, every `full_every`-th version 
 usable base are full safetensors snapshots; every other version is `rlboost.delta.encode(last published
 bf16 state, new bf16 state)` (bit-exact, ~1-2 B per changed element). A delta that is nearly as large as
 the state itself is sent as a snapshot instead, and a delta whose base the server no longer holds is
-re-sent as a snapshot. Mode `full` uploads a snapshot per version.
+re-sent as a snapshot. Mode `full` uploads a snapshot per version. A delta certain to be too large is not even
+encoded: after a delta too large to send (and before the first) the publisher first counts the changed elements
+(`rlboost.delta.exceeds`: the tensors with over a quarter changed go whole), which costs about a quarter of a pass
+over a dense update; the choice is the one encoding would make, byte for byte.
+
+Versions held: the weight-server's version list is asked once (the first `skip_if_present` check, or
+`held_versions()` at the start or on resume) and again only after an upload error; in between the publisher adds
+the versions it uploads itself, so a step asks the server nothing before its upload.
 
 At a periodic snapshot version (every `full_every`-th) the delta from the last published version is
 encoded too (concurrently with the snapshot) and uploaded FIRST: the weight-server holds and announces the
@@ -51,6 +58,7 @@ from rlboost.models.layout import asset_files
 from rlboost.weights.checksum import state_checksum
 from rlboost.weights.safetensors_io import state_to_bytes, to_publish_dtype
 from rlboost.weights.signing import ASSET_MANIFEST, ManifestSigner
+from trainer import metrics
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +192,13 @@ def encode_delta(
     return rd.encode(base, new, base_version=base_version, version=version)
 
 
+def delta_exceeds(base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], nbytes: float) -> bool:
+    """The delta from `base` to `new` is certainly larger than `nbytes` (a count of changed elements, no encode)."""
+    import rlboost.delta as rd
+
+    return rd.exceeds(base, new, nbytes)
+
+
 def _dense_bytes(state: Mapping[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
@@ -208,6 +223,14 @@ class WeightPublisher:
         self.last_state: dict[str, torch.Tensor] | None = None
         self.last: Published | None = None
         self._inflight: asyncio.Task[None] | None = None
+        # Count changed elements before encoding a delta: first, and after a delta too large to send (a dense
+        # update, e.g. a high learning rate, is then never encoded only to be dropped); not after a delta that
+        # was sent, where the count would be an extra pass. `deltas_not_encoded` counts the skipped encodes.
+        self._count_first = True
+        self.deltas_not_encoded = 0
+        # The versions the weight-server holds, as far as this publisher knows: its listing (asked at the start,
+        # and again after an upload error) plus the versions uploaded since; None: ask it before the next check.
+        self._held: set[int] | None = None
 
     @classmethod
     def from_spec(
@@ -221,9 +244,20 @@ class WeightPublisher:
         return cls(client, weight_sync.mode, weight_sync.full_every, overlap, signer)
 
     async def held_versions(self) -> list[int]:
+        """The weight-server's versions, asked of it (and remembered for `publish(skip_if_present=True)`)."""
+        metrics.VERSION_LISTINGS.inc()
         listing = await with_retries("versions", self.client.versions)
-        versions = getattr(listing, "versions", listing)
-        return list(versions or [])
+        versions = list(getattr(listing, "versions", listing) or [])
+        self._held = set(versions)
+        return versions
+
+    async def _is_held(self, version: int) -> bool:
+        """Whether the weight-server holds `version`, from what this publisher knows (asking only when it does
+        not: before its first listing and after an upload error)."""
+        if self._held is None:
+            await self.held_versions()
+        assert self._held is not None
+        return version in self._held
 
     async def publish(
         self, version: int, state: Mapping[str, torch.Tensor], skip_if_present: bool = False
@@ -235,7 +269,7 @@ class WeightPublisher:
         start = time.monotonic()
         enc = await self._encode(version, state)  # overlaps the previous version's upload, if any
         await self.flush()  # uploads stay in order: a delta's base must be on the server first
-        uploaded = not (skip_if_present and version in await self.held_versions())
+        uploaded = not (skip_if_present and await self._is_held(version))
         side = len(enc.companion) if enc.companion is not None else 0
         pub = Published(
             version,
@@ -314,16 +348,29 @@ class WeightPublisher:
         """At a periodic snapshot version: the base of the delta uploaded beside the snapshot."""
         return self._previous(version) if version % self.full_every == 0 else None
 
-    async def _encode_companion(self, bf16: dict[str, torch.Tensor], base: int, version: int) -> bytes | None:
+    async def _delta(self, bf16: dict[str, torch.Tensor], base: int, version: int) -> bytes | None:
+        """The delta from the last published state to `bf16`, or None when it is larger than DELTA_MAX_FRACTION of
+        the state (then a snapshot is sent). Where a count of changed elements already shows that, it is not
+        encoded: the choice, and so every byte sent, is the same as encoding and measuring it."""
         assert self.last_state is not None
+        limit = DELTA_MAX_FRACTION * _dense_bytes(bf16)
+        if self._count_first and await asyncio.to_thread(delta_exceeds, self.last_state, bf16, limit):
+            self.deltas_not_encoded += 1
+            metrics.DELTA_CHOICES.labels(outcome="not_encoded").inc()
+            return None
+        payload = await asyncio.to_thread(encode_delta, self.last_state, bf16, base, version)
+        self._count_first = len(payload) > limit
+        metrics.DELTA_CHOICES.labels(outcome="too_large" if self._count_first else "sent").inc()
+        return None if self._count_first else payload
+
+    async def _encode_companion(self, bf16: dict[str, torch.Tensor], base: int, version: int) -> bytes | None:
         try:
-            payload = await asyncio.to_thread(encode_delta, self.last_state, bf16, base, version)
+            return await self._delta(bf16, base, version)
         except Exception as err:  # the snapshot alone still publishes the version
             log.warning(
                 "no companion delta", extra={"weight_version": version, "error": f"{type(err).__name__}: {err}"}
             )
             return None
-        return payload if len(payload) <= DELTA_MAX_FRACTION * _dense_bytes(bf16) else None
 
     async def _encode(self, version: int, state: Mapping[str, torch.Tensor]) -> _Encoded:
         t0 = time.monotonic()
@@ -338,20 +385,32 @@ class WeightPublisher:
             )
             side = side if companion is not None else None
             return _Encoded(bf16, checksum, "full", payload, None, time.monotonic() - t0, companion, side)
-        assert self.last_state is not None
-        delta_job = asyncio.to_thread(encode_delta, self.last_state, bf16, base, version)
-        checksum, payload = await asyncio.gather(checksum_job, delta_job, return_exceptions=True)
+        checksum, payload = await asyncio.gather(checksum_job, self._delta(bf16, base, version), return_exceptions=True)
         if isinstance(checksum, BaseException):
             raise checksum
-        if isinstance(payload, BaseException) or len(payload) > DELTA_MAX_FRACTION * _dense_bytes(bf16):
+        if isinstance(payload, BaseException) or payload is None:
             why = f"{type(payload).__name__}: {payload}" if isinstance(payload, BaseException) else "delta too large"
-            log.info("publishing a full snapshot instead of a delta", extra={"weight_version": version, "why": why})
+            counted = {"deltas_not_encoded": self.deltas_not_encoded}  # too large by a count, never encoded
+            log.info(
+                "publishing a full snapshot instead of a delta",
+                extra={"weight_version": version, "why": why, **counted},
+            )
             payload = await asyncio.to_thread(encode_full, bf16)
             return _Encoded(bf16, checksum, "full", payload, None, time.monotonic() - t0)
         return _Encoded(bf16, checksum, "delta", payload, base, time.monotonic() - t0)
 
     # ---- upload ------------------------------------------------------------------------------
     async def _upload(self, pub: Published, enc: _Encoded) -> None:
+        """Upload one encoded version, remembered as held; after an error the server is asked again."""
+        try:
+            await self._upload_version(pub, enc)
+        except BaseException:
+            self._held = None
+            raise
+        if self._held is not None:
+            self._held.add(pub.version)
+
+    async def _upload_version(self, pub: Published, enc: _Encoded) -> None:
         """Upload one encoded version; a delta whose base the server lost is re-sent as a snapshot."""
         t0 = time.monotonic()
         if enc.kind == "delta":
@@ -363,7 +422,7 @@ class WeightPublisher:
                 # The server lost the base (restarted on an empty volume, retention): send a snapshot.
                 log.warning("delta base refused; uploading a full snapshot", extra={"weight_version": pub.version})
                 enc.payload, enc.kind, enc.base_version = await asyncio.to_thread(encode_full, enc.bf16), "full", None
-                await self._upload(pub, enc)
+                await self._upload_version(pub, enc)
                 return
         else:
             if enc.companion is not None:
