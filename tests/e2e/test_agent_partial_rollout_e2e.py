@@ -22,7 +22,7 @@ import pytest
 from tests.e2e.local_cli import run_local
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 3
+STEPS = 4  # three step boundaries: a carried episode must outlive the training between steps to change version
 PARTIAL = "\n  maxStaleness: 1\n  partialRollout: true\n  partialRolloutOverProvision: 0.5"
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rlboost.cli.local_cmd import resolve_spec
 from rlboost.cpu_numerics import CPU_NUMERICS_ENV
-from rlboost.local.plan import LocalOptions, build_plan
+from rlboost.local.plan import LocalOptions, available_cores, build_plan, trainer_threads
 from rlboost.spec import JobSpec
 
 
@@ -61,6 +61,7 @@ def test_one_rank_keeps_the_plain_trainer(tmp_path: Path):
         "LOCAL_RANK": "0",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": "1",
+        "OMP_NUM_THREADS": str(trainer_threads(JobSpec(), available_cores())),  # the cores its workers leave
     }
 
 
