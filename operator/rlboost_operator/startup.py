@@ -59,7 +59,7 @@ def zero_counters() -> None:
         NOTICES.labels(reason)
     for reason in ("node-deleted", "node-not-ready", "node-unschedulable"):
         NOTICES.labels(reason)
-    for kind in ("reconcile", "rescale", "nats", "identity"):
+    for kind in ("reconcile", "rescale", "nats", "identity", "status"):
         ERRORS.labels(kind)
     for result in ("ok", "invalid"):
         RECONCILIATIONS.labels(result)

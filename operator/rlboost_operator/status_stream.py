@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 
 from rlboost.spec import JobSpec
-from rlboost.wire.events import DONE, STEPS
+from rlboost.wire.events import DONE, STEPS, StepReport
 from rlboost_operator import children, spot_busy, status
 from rlboost_operator.job_end import end_job, rljob_variants, scale_to_zero
 from rlboost_operator.metrics import ERRORS, READY_WORKERS
@@ -33,6 +33,8 @@ class StatusStream:
         self.api, self.jobs, self.links, self.sizer = api, jobs, links, sizer
         self.subscriptions: dict[JobKey, list[Any]] = {}  # (ns, job) -> its NATS subscriptions
         self.followers: dict[JobKey, asyncio.Task[None]] = {}  # (ns, job) -> still subscribing
+        self.newest: dict[JobKey, StepReport] = {}  # (ns, job) -> the newest step report not yet written
+        self.writers: dict[JobKey, asyncio.Task[None]] = {}  # (ns, job) -> writing its newest reports
 
     # --- following ---------------------------------------------------------------------------------------
 
@@ -85,23 +87,40 @@ class StatusStream:
         self._stop_following(namespace, job)
 
     def _stop_following(self, namespace: str, job: str) -> None:
-        task = self.followers.pop((namespace, job), None)
-        if task is not None:
-            task.cancel()
+        self.newest.pop((namespace, job), None)
+        for tasks in (self.followers, self.writers):
+            task = tasks.pop((namespace, job), None)
+            if task is not None:
+                task.cancel()
 
     def close(self) -> None:
         """Stop every follower still trying (the operator stops; its links close after)."""
-        for namespace, job in list(self.followers):
+        for namespace, job in {*self.followers, *self.writers}:
             self._stop_following(namespace, job)
 
     # --- what the job reports ----------------------------------------------------------------------------
 
     async def on_step(self, namespace: str, job: str, spec: JobSpec, data: bytes) -> None:
-        async with self.jobs.status_lock(namespace, job):
-            await self._write_step(namespace, job, spec, data)
+        """Keep the newest report and return: one writer per job writes whichever is newest when it gets to it.
+        A status write costs several API calls; a job whose steps come faster than that (a tiny model, a loaded
+        API server) had the status minutes behind the trainer, and its backlog held the status lock that a
+        suspension or the job's end waits for (the cluster lane saw step 22 while the trainer was at 112)."""
+        key, report = (namespace, job), STEPS.decode(data)
+        self.newest[key] = superseding(self.newest.get(key), report)
+        writer = self.writers.get(key)
+        if writer is None or writer.done():
+            self.writers[key] = asyncio.create_task(self._write_newest(namespace, job, spec))
 
-    async def _write_step(self, namespace: str, job: str, spec: JobSpec, data: bytes) -> None:
-        report = STEPS.decode(data)
+    async def _write_newest(self, namespace: str, job: str, spec: JobSpec) -> None:
+        while (report := self.newest.pop((namespace, job), None)) is not None:
+            try:
+                async with self.jobs.status_lock(namespace, job):
+                    await self._write_step(namespace, job, spec, report)
+            except Exception as err:  # the next report tries again; this one is superseded by then
+                ERRORS.labels("status").inc()
+                log.warning("step report not written to the status", extra={"job": job, "error": str(err)[:300]})
+
+    async def _write_step(self, namespace: str, job: str, spec: JobSpec, report: StepReport) -> None:
         ref = self.jobs.get(namespace, job)
         spec = ref.spec if ref is not None else spec  # the latest spec: prices may have changed
         kube = self.api.client()
@@ -138,6 +157,9 @@ class StatusStream:
         return out, variants
 
     async def on_done(self, namespace: str, job: str, data: bytes) -> None:
+        writer = self.writers.get((namespace, job))
+        if writer is not None and not writer.done():
+            await asyncio.wait([writer])  # the last reports first (a status that ended takes no later report)
         async with self.jobs.status_lock(namespace, job):
             await self._write_done(namespace, job, data)
 
@@ -154,3 +176,13 @@ class StatusStream:
         outcome = status.done_status(done, previous, generation=status.generation(current))
         event = ("JobSucceeded", f"{done.steps} steps") if done.ok else ("JobFailed", done.error or "trainer failed")
         await end_job(kube, self.sizer, current, outcome, "JobFinished", event, ok=done.ok)
+
+
+def superseding(older: StepReport | None, newer: StepReport) -> StepReport:
+    """The report to write in place of both: the newer one, keeping the older one's validation summary when the
+    newer has none (validation runs every few steps; its result must reach .status.validation)."""
+    if older is None or older.step > newer.step:
+        return newer if older is None else older
+    if newer.validation is None and older.validation is not None:
+        return newer.model_copy(update={"validation": older.validation})
+    return newer
