@@ -181,8 +181,10 @@ class StatusStream:
 def superseding(older: StepReport | None, newer: StepReport) -> StepReport:
     """The report to write in place of both: the newer one, keeping the older one's validation summary when the
     newer has none (validation runs every few steps; its result must reach .status.validation)."""
-    if older is None or older.step > newer.step:
-        return newer if older is None else older
+    if older is None:
+        return newer
+    if older.step > newer.step:  # a late report (a restarted trainer's) never replaces a newer one
+        return older
     if newer.validation is None and older.validation is not None:
         return newer.model_copy(update={"validation": older.validation})
     return newer
