@@ -3,6 +3,7 @@
     .venv/bin/python bench/engine_bench.py --engine torch
     .venv-sglang/bin/python bench/engine_bench.py --engine sglang
     .venv-sglang/bin/python bench/engine_bench.py --engine sglang --model-dir run/model --requests 32
+    python bench/engine_bench.py --device cuda --dtype bfloat16 --requests 8 --tokens 160 --breakdown  # on a GPU
 
 Without --model-dir it builds the tiny Qwen3 of the worker tests. Prints one JSON line of figures.
 """
@@ -36,7 +37,7 @@ async def _run(args: argparse.Namespace) -> dict:
     from rollout_worker.engine.base import read_model_state
 
     model_dir = args.model_dir or str(_tiny_model(Path(tempfile.mkdtemp(prefix="engine-bench-"))))
-    eng = make_engine(args.engine, capacity=args.requests)
+    eng = make_engine(args.engine, capacity=args.requests, dtype=args.dtype, device=args.device)
     if args.engine == "sglang":
         eng.extra_args.update({"max_total_tokens": 32768, "context_length": 2048})
     t0 = time.perf_counter()
@@ -54,6 +55,7 @@ async def _run(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     total = sum(await asyncio.gather(*(one(i) for i in range(args.requests))))
     decode_s = time.perf_counter() - t0
+    breakdown = await _breakdown(eng, one, args) if args.breakdown else None
 
     old = read_model_state(model_dir)
     gen = torch.Generator().manual_seed(0)
@@ -70,6 +72,7 @@ async def _run(args: argparse.Namespace) -> dict:
     await eng.close()
     return {
         "engine": args.engine,
+        "device": args.device,
         "threads": torch.get_num_threads(),
         "startup_s": round(startup, 2),
         "requests": args.requests,
@@ -78,6 +81,47 @@ async def _run(args: argparse.Namespace) -> dict:
         "update_full_s": round(full_s, 4),
         "update_delta_1_tensor_s": round(delta_s, 4),
         "tensors": len(full),
+        "breakdown": breakdown,
+    }
+
+
+def _timed(obj, name: str, totals: dict[str, list[float]], sync) -> None:
+    """Wrap obj.name so each call's wall time (after a device sync) is added to totals[name]."""
+    inner = getattr(obj, name)
+
+    def wrapper(*a, **kw):
+        t0 = time.perf_counter()
+        out = inner(*a, **kw)
+        sync()
+        totals.setdefault(name, []).append(time.perf_counter() - t0)
+        return out
+
+    setattr(obj, name, wrapper)
+
+
+async def _breakdown(eng, one, args: argparse.Namespace) -> dict:
+    """One more batch, each scheduler iteration timed and split into the model's forward and the sampler (the
+    device synchronised after each, so the split is honest; the total is then a little slower than unmeasured)."""
+    import torch
+
+    from rollout_worker.engine import torch_engine
+
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    totals: dict[str, list[float]] = {}
+    _timed(eng, "_iterate", totals, sync)
+    _timed(eng.model, "forward", totals, sync)
+    _timed(torch_engine, "sample_next", totals, sync)
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(args.requests)))
+    wall = time.perf_counter() - t0
+    n = len(totals.get("_iterate", [])) or 1
+    per = {k: round(1000 * sum(v) / n, 3) for k, v in totals.items()}
+    tokens_per_s = round(args.requests * args.tokens / wall, 1)  # the shapes of the timed batch, seen again
+    return {
+        "tokens_per_s": tokens_per_s,
+        "iterations": n,
+        "wall_ms_per_iteration": round(1000 * wall / n, 3),
+        "ms_per_iteration": per,
     }
 
 
@@ -87,6 +131,9 @@ def main() -> None:
     p.add_argument("--model-dir", default="", help="HF model directory (default: the tiny test model)")
     p.add_argument("--requests", type=int, default=16, help="concurrent requests")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per request")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the engine runs (torch engine)")
+    p.add_argument("--dtype", default="float32", help="the engine's dtype (bfloat16 on a GPU)")
+    p.add_argument("--breakdown", action="store_true", help="then time one more batch per iteration: forward, sampler")
     args = p.parse_args()
     if args.engine == "sglang":
         os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")

@@ -4,7 +4,7 @@
     python bench/preemption_bench.py --steps 6 --json preemption.json --plot preemption.png
     python bench/preemption_bench.py --kinds silent \\
         --trace ../shared/traces/bamboo/aws-spot-instances-p2-xlarge-2020-11-20-to-2020-11-23.csv
-    python bench/preemption_bench.py --device cuda --kinds notice,silent,expired --steps 5 --run-timeout 85  # GPU lane
+    python bench/preemption_bench.py --device cuda --kinds notice,silent,expired --steps 4 --timeout 300  # GPU lane
 
 Each kind is one run of `--config` (default examples/local-preemption.yaml: its tiny model, 1 reserved + 2 spot
 workers of capacity 8; responses of `--max-new-tokens`), with chaos on the spot pool, paced by the job's progress
@@ -112,7 +112,7 @@ def run_kind(kind: str, out: Path, args: argparse.Namespace, progress) -> dict:
     metrics: dict[str, float] = {}
     with log.open("w") as sink:
         proc = subprocess.Popen(local_command(kind, out, args), cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + args.run_timeout
+        deadline = min(time.monotonic() + args.run_timeout, args.deadline)
         while proc.poll() is None:
             if time.monotonic() > deadline:
                 proc.terminate()  # rlboost local stops its children on SIGTERM
@@ -120,7 +120,8 @@ def run_kind(kind: str, out: Path, args: argparse.Namespace, progress) -> dict:
                     proc.wait(timeout=15)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-                raise SystemExit(f"{kind}: rlboost local ran past --run-timeout {args.run_timeout:g} s; see {log}")
+                bound = "--timeout (the runs together)" if deadline == args.deadline else "--run-timeout"
+                raise SystemExit(f"{kind}: rlboost local ran past {bound}; see {log}")
             metrics = _scrape_manager(run_dir) or metrics
             manager_log = run_dir / "logs" / "rollout-manager.log"
             done = len(figures.step_windows(manager_log))
@@ -319,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--run-timeout", type=float, default=RUN_TIMEOUT_S, help="seconds each kind's run may take (then it stops)"
     )
+    p.add_argument("--timeout", type=float, help="seconds the runs may take together (a run stops at either bound)")
     p.add_argument("--out", type=Path, help="where the runs go (default: a temporary directory)")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.add_argument("--plot", type=Path, help="write a PNG of the distributions and one preemption's timeline")
@@ -337,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console(width=max(Console().width, 150))  # the tables' columns, also when written to a file
     out = args.out or Path(tempfile.mkdtemp(prefix="preemption-bench-"))
+    args.deadline = time.monotonic() + args.timeout if args.timeout else float("inf")
     before = machine()
     with Progress(SpinnerColumn(), *Progress.get_default_columns(), TimeElapsedColumn(), console=console) as progress:
         runs = [run_kind(kind, out / kind, args, progress) for kind in kinds]

@@ -73,7 +73,12 @@ def test_bench_measures_notice_and_silent_preemptions(tmp_path: Path) -> None:
     """Through the GPU lane's own helper with `--device cpu` (tests/gpu/lane.py): what `make test-gpu` runs on CUDA
     runs here first, on every `make test`."""
     figures = preemption_lane(
-        tmp_path, "cpu", kinds=("notice", "silent"), steps=3, run_timeout=280, extra=("--plot", str(tmp_path / "p.png"))
+        tmp_path,
+        "cpu",
+        kinds=("notice", "silent"),
+        steps=3,
+        runs_timeout=560,
+        extra=("--plot", str(tmp_path / "p.png")),
     )
     assert figures["device"] == "cpu"
     assert set(figures["summary"]) == {"notice", "silent"}
@@ -97,3 +102,12 @@ def test_bench_measures_notice_and_silent_preemptions(tmp_path: Path) -> None:
     hit = [s for run in figures["runs"] for s in run["steps"] if s["preemptions"]]
     assert hit and all(s["slot_s"] > 0 for s in hit)
     assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_the_runs_together_stop_at_timeout(tmp_path: Path) -> None:
+    """--timeout bounds the runs together (the GPU lane gives them what is left of its 8 minutes): a run still going
+    at that bound is stopped and the bench says which bound it passed, in one line."""
+    cmd = [sys.executable, BENCH, "--kinds", "notice,silent", "--steps", "50", "--timeout", "3", "--out", tmp_path]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    assert res.returncode != 0 and "notice: rlboost local ran past --timeout (the runs together)" in res.stderr
+    assert "Traceback" not in res.stderr and not (tmp_path / "silent").exists()

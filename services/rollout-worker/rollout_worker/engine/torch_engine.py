@@ -181,6 +181,8 @@ class TorchEngine(Engine):
         except (OSError, ValueError) as err:
             first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise EngineError(f"cannot load a model from {model_dir}: {first_line}") from None
+        if str(self.device).startswith("cuda"):
+            _avoid_per_shape_attention_plans()
         return model.to(self.device).eval()
 
     def _apply_state(self, state: Mapping[str, torch.Tensor], checksum: str | None = None) -> None:
@@ -507,6 +509,16 @@ class TorchEngine(Engine):
         tokens, logprobs = sample_next(logits, temperature, seed, position, top_p)
         c.last = tokens.to(self.device)
         return list(zip(c.reqs, tokens.tolist(), logprobs.tolist(), strict=True))
+
+
+def _avoid_per_shape_attention_plans() -> None:
+    """Decoding grows the KV length by one each step and the batch changes as requests come and go, so nearly every
+    attention call has a shape not seen before. On an H100 (2026-11-28, bench/engine_bench.py --device cuda) a batch
+    of 8 decoded 160 tokens at 132 tok/s the first time and at ~1,230 tok/s over the same shapes again: ~60 ms of a
+    ~66 ms step went to first-seen shapes. cuDNN's attention builds an execution plan per shape, the likely cost;
+    the other SDPA kernels (flash, memory-efficient, math) need none, so cuDNN's is left out of this process. Not
+    yet confirmed on a GPU: `ENGINE_BENCH=1 scripts/gpu/lane.sh` on the next one lent shows both figures."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def _one_line(err: BaseException) -> str:
