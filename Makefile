@@ -91,9 +91,9 @@ test-cluster-chaos: $(STAMP)
 # CUDA (bench/preemption_bench.py --device cuda: notice, silent, expired; tokens/s per worker), and the CPU example's
 # shape with SGLang on CUDA. Each skips, saying why, without a GPU (or SGLang). Under 8 minutes on one H100: every run
 # is bounded (tests/gpu/lane.py), the whole at 465 s. -s: the figures print. Run it in the environment that has CUDA
-# torch (and sglang: `pip install -c requirements/lock.txt '.[dev]' 'rlboost[sglang]'`): PY=that/python make test-gpu
+# torch (and sglang: `pip install -c requirements/lock.txt '.[dev]' 'rlboost[sglang]'`): make test-gpu PY=that/python
 # (with PY given, no .venv is built: a GPU machine without network runs it so, through scripts/gpu/lane.sh).
-test-gpu: $(if $(filter command line environment,$(origin PY)),,$(STAMP))
+test-gpu: $(if $(filter command line,$(origin PY)),,$(STAMP))
 	timeout 465 $(PY) -m pytest -m gpu tests/gpu -p no:cacheprovider -rs -s $(PYTEST_ARGS)
 
 clean:
