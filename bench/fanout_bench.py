@@ -9,7 +9,9 @@ bridge, and region r > 0 reaches region 0 (the weight-server's) over one veth pa
 machine and is removed at the end.
 
 Writes {"workers", "regions", "payload_bytes", "wave_seconds", "ideal_seconds", "server_egress_bytes_per_version",
-"cross_region_bytes_per_version", "bitexact"} plus the same wave pulled from the weight-server only ("baseline"), the
+"cross_region_bytes_per_version", "bitexact", "pulled_bytes_per_cpu_s", "served_bytes_per_cpu_s" (a peer's serving),
+"server_served_bytes_per_cpu_s" (the weight-server's), "processes" (each one's CPU seconds over the wave, user and
+kernel, from /proc/<pid>/stat, beside the bytes it pulled and served)} plus the same wave pulled from the weight-server only ("baseline"), the
 per-node link, and "ideal_seconds_with_region_link": the ideal when the region link, not a node's, is the narrowest.
 ideal_seconds = payload / node link + per-hop latency x log2(N) (the issue's formula).
 """
@@ -221,6 +223,35 @@ def events(proc: subprocess.Popen, until: str) -> dict:
     raise SystemExit(f"fanout_bench: a node exited before '{until}' (rc {proc.wait()})")
 
 
+def final_stats(proc: subprocess.Popen) -> dict:
+    """A node's payload bytes served so far (it keeps serving after its own pull is done) and the sha256 of the
+    whole payload it pulled (every node's, checked against the uploaded payload's: "bitexact")."""
+    proc.stdin.write("stats\n")
+    proc.stdin.flush()
+    return events(proc, "stats")
+
+
+def per_process(cpu: list[tuple[float, float]], server_served: float, done: list[dict], served: list[int], go: float):
+    """Each process' CPU seconds over the wave beside the payload bytes it pulled and served: the weight-server
+    first (it only serves), then the nodes (each pulls one payload; relays and chain links serve one on), with when
+    each node's pull started and ended (seconds after the release) and how many of its bytes came from peers."""
+    rows: list[dict] = [{"role": "weight-server", "pulled_bytes": 0, "served_bytes": int(server_served)}]
+    rows += [
+        {
+            "role": "node",
+            "pulled_bytes": d["bytes"],
+            "served_bytes": b,
+            "peer_bytes": d["peer_bytes"],
+            "start_s": round(d["t_start"] - go, 3),
+            "done_s": round(d["t_done"] - go, 3),
+        }
+        for d, b in zip(done, served, strict=True)
+    ]
+    for row, (user, kernel) in zip(rows, cpu, strict=True):
+        row.update(user_cpu_s=round(user, 3), kernel_cpu_s=round(kernel, 3), cpu_s=round(user + kernel, 3))
+    return rows
+
+
 def profile(pids: list[int], directory: str, label: str) -> list[subprocess.Popen]:
     """`perf record` of the weight-server and every node during the wave: on-CPU samples only (a sampling profiler of
     Python stacks counts a thread waiting on its queue as much as one working), kernel and native frames included,
@@ -242,7 +273,7 @@ def profile(pids: list[int], directory: str, label: str) -> list[subprocess.Pope
 def wave(box: Sandbox, url: str, server_pid: int, n: int, peers: bool, first_index: int, profile_dir: str = "") -> dict:
     """Start n nodes, let them register, release them at once; the wave ends when the last one is done. CPU: every
     node's and the weight-server's own CPU seconds between the release and the wave's end (the nodes' closing
-    sha256, a bench check, comes after it)."""
+    sha256 of the whole payload, the bench's bit-exactness check, is asked for after the CPU reading)."""
     procs = spawn_nodes(box, url, n, peers, first_index)
     try:
         for p in procs:
@@ -257,17 +288,20 @@ def wave(box: Sandbox, url: str, server_pid: int, n: int, peers: bool, first_ind
             p.stdin.flush()
         done = [events(p, "done") for p in procs]
         cpu = [(u - u0, k - k0) for (u, k), (u0, k0) in zip(map(cpu_seconds, pids), cpu0, strict=True)]
+        stats = [final_stats(p) for p in procs]  # after the CPU reading: the sha256 is the bench's check
         for spy in spies:
             spy.send_signal(signal.SIGINT)  # perf and py-spy write their profiles on SIGINT
             spy.wait(30)
+        server_served = server_egress(url) - egress0
         return {
+            "processes": per_process(cpu, server_served, done, [st["served_bytes"] for st in stats], go),
             "cpu_seconds": sum(u + k for u, k in cpu),
             "user_cpu_seconds": sum(u for u, _ in cpu),
             "server_cpu_seconds": sum(cpu[0]),
             "wave_seconds": max(d["t_done"] for d in done) - go,
             "server_egress_bytes": server_egress(url) - egress0,
             "cross_region_bytes": box.cross_region_bytes() - cross0,
-            "sha256": {d["sha256"] for d in done},
+            "sha256": {st["sha256"] for st in stats},
             "peer_failures": sum(d["peer_failures"] for d in done),
         }
     finally:
@@ -356,14 +390,37 @@ def report(a: argparse.Namespace, payload: bytes, fanned: dict, base: dict | Non
 
 def cpu_figures(w: dict, size: int, workers: int) -> dict:
     """The wave's CPU cost: seconds of every process, and payload bytes delivered (one payload per new worker) per
-    CPU second: the figure the wave's speed follows when the cores, not the links, are the limit."""
+    CPU second: the figure the wave's speed follows when the cores, not the links, are the limit. Then per byte
+    pulled and per byte served (cost_per_byte), and each process' own seconds and bytes."""
+    server, nodes = w["processes"][0], w["processes"][1:]
+    pull_s, serve_s = cost_per_byte(nodes)
     return {
         "cpu_seconds": round(w["cpu_seconds"], 2),
         "user_cpu_seconds": round(w["user_cpu_seconds"], 2),
         "server_cpu_seconds": round(w["server_cpu_seconds"], 2),
         "bytes_per_cpu_second": int(size * workers / max(w["cpu_seconds"], 1e-9)),
         "bytes_per_user_cpu_second": int(size * workers / max(w["user_cpu_seconds"], 1e-9)),
+        "pulled_bytes_per_cpu_s": int(1 / pull_s) if pull_s > 0 else None,
+        "served_bytes_per_cpu_s": int(1 / serve_s) if serve_s > 0 else None,
+        "server_served_bytes_per_cpu_s": int(server["served_bytes"] / max(server["cpu_s"], 1e-9)),
+        "processes": w["processes"],
     }
+
+
+def cost_per_byte(nodes: list[dict]) -> tuple[float, float]:
+    """(CPU seconds per byte pulled, per byte served) of the nodes: a least-squares fit of each node's CPU seconds
+    to the bytes it pulled and the bytes it served (one process does both on one event loop, so its CPU cannot be
+    split by looking at it; nodes that served nothing, a chain's last link, pin the pull's cost). Without serving
+    (the baseline) the served cost is 0 (unknown): the weight-server's own figure is server_served_bytes_per_cpu_s."""
+    pp = sum(n["pulled_bytes"] ** 2 for n in nodes)
+    ss = sum(n["served_bytes"] ** 2 for n in nodes)
+    ps = sum(n["pulled_bytes"] * n["served_bytes"] for n in nodes)
+    pc = sum(n["pulled_bytes"] * n["cpu_s"] for n in nodes)
+    sc = sum(n["served_bytes"] * n["cpu_s"] for n in nodes)
+    det = pp * ss - ps * ps
+    if not ss or abs(det) < 1e-9 * pp * ss:  # nothing served, or served in proportion to pulled everywhere
+        return (pc / pp if pp else 0.0), 0.0
+    return (pc * ss - sc * ps) / det, (pp * sc - ps * pc) / det
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ reports, then keeps serving until stdin closes or it is killed.
         --host 0.0.0.0 --advertise 10.77.0.5 --version 0 [--token T] [--no-peers]
 
 Lines on stdout (JSON, one per event): {"event": "ready", "url"}, {"event": "sources", "relay"},
-{"event": "served", "bytes"} (the first range served to a peer), {"event": "done", "sha256", "seconds", "t_done",
-"peer_bytes", "peer_failures"} (t_done: time.monotonic(), one clock for every process of the machine).
+{"event": "served", "bytes"} (the first range served to a peer), {"event": "done", "seconds", "t_done",
+"bytes", "peer_bytes", "peer_failures"} (t_done: time.monotonic(), one clock for every process of the machine), and
+{"event": "stats", "served_bytes", "sha256"} for each `stats` line on stdin after that: the bench asks once the wave's
+CPU seconds are taken, so the whole payload's sha256 (its end-to-end bit-exactness check) is not counted in them.
 """
 
 from __future__ import annotations
@@ -74,15 +76,17 @@ async def main(a: argparse.Namespace) -> None:
         stats = client.last_pull
         say(
             event="done",
-            sha256=hashlib.sha256(payload).hexdigest(),
             seconds=done - started,
             t_done=done,
             t_start=started,
+            bytes=len(payload),
             peer_bytes=stats.peer_bytes,
             peer_failures=stats.peer_failures,
         )
-        del payload
-        await reader.read()  # serve until stdin closes
+        while line := await reader.readline():  # serve until stdin closes; "stats" asks what was served so far
+            if line.strip() == b"stats":  # and the whole payload's sha256: the bench's end-to-end check
+                digest = hashlib.sha256(payload).hexdigest()
+                say(event="stats", served_bytes=fanout.server.bytes_served if fanout else 0, sha256=digest)
         if fanout is not None:
             await fanout.close()
 

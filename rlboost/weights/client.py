@@ -44,7 +44,7 @@ from rlboost.weights.peer_serve import CachedPayload, PayloadCache
 from rlboost.weights.range_get import RangeConnectionError, RangeReader
 from rlboost.weights.signing import ASSET_MANIFEST, ManifestVerifier, WeightsRejectedError
 from rlboost.wire import weight_routes as routes
-from rlboost.wire.peers_io import HEADER_IDENTITY, PeerRegistration, Source, SourceList, SourcesRequest
+from rlboost.wire.peers_io import HEADER_IDENTITY, PeerRegistration, Source, SourceList, SourcesRequest, StalledPeer
 from rlboost.wire.weights_io import (
     HEADER_BASE_VERSION,
     HEADER_CHECKSUM,
@@ -107,6 +107,11 @@ class PeerSources(Protocol):
 
     def held_changed(self) -> None:
         """A payload became whole (peers may be told now)."""
+        ...
+
+    def peer_stalled(self, source: Source) -> None:
+        """A peer sent no byte within the peer timeout or could not be reached (the directory may be told, so
+        that new workers do not wait on it too)."""
         ...
 
 
@@ -282,6 +287,11 @@ class WeightClient:
         body = SourcesRequest(worker=worker, path=path).model_dump_json()
         return SourceList.model_validate_json((await self._call("POST", routes.SOURCES, body, identity)).content)
 
+    async def report_stalled(self, worker: str, peer: str, identity: str = "") -> None:
+        """Tell the directory that `peer` sent `worker` nothing within its peer timeout (or could not be reached):
+        it is offered to no one until it heartbeats again."""
+        await self._call("POST", routes.STALLED, StalledPeer(worker=worker, peer=peer).model_dump_json(), identity)
+
     async def _call(self, method: str, path: str, body: str | None = None, identity: str = "") -> httpx.Response:
         headers = {"Content-Type": "application/json"} if body is not None else {}
         if identity:
@@ -382,6 +392,8 @@ class WeightClient:
                     await self._fetch_from(m, chunk, buf, held, stats, source.url)
             except _ConnectionLostError:
                 stats.peer_failures += 1
+                if source.url not in fanned.down and self.fanout is not None and source.worker:
+                    self.fanout.peer_stalled(source)  # once per pull: new workers skip it too (issue 34)
                 fanned.down.add(source.url)
                 self.down_peers[source.url] = time.monotonic() + PEER_DOWN_S  # later pulls skip it too
                 continue
@@ -569,6 +581,12 @@ async def _file_blocks(path: Path) -> AsyncIterator[bytes]:
         f.close()
 
 
+# Chunks up to this size are hashed (and kept for peers) on the event loop: ~0.15 ms for 256 KiB, less than the trip
+# to a worker thread and back (a submit, two thread wake-ups, a wake of the loop) costs per chunk on a busy machine
+# (issue 34's fan-out profile). Bigger chunks (the default is 4 MiB) go to a thread, so the other streams keep reading.
+INLINE_VERIFY_BYTES = 1 << 20
+
+
 async def _chunk_matches(buf: bytearray, chunk: ChunkInfo, kept: CachedPayload | None = None) -> bool:
     """Whether the chunk's bytes in buf match its sha256; when they do and `kept` is given, also written to the peer
     cache. One trip off the event loop for both (hashlib and the write release the GIL), so the other streams keep
@@ -580,7 +598,7 @@ async def _chunk_matches(buf: bytearray, chunk: ChunkInfo, kept: CachedPayload |
             return False, None
         return True, kept.write(chunk, view) if kept is not None else None
 
-    matches, error = await asyncio.to_thread(check)
+    matches, error = check() if chunk.length <= INLINE_VERIFY_BYTES else await asyncio.to_thread(check)
     if matches and kept is not None:
         kept.written(chunk, error)
     return matches

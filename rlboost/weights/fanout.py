@@ -55,6 +55,7 @@ class PeerFanout:
         self.relay_pulls = 0  # payloads this worker was told to pull across its region's boundary
         self._beat: asyncio.Task | None = None
         self._wake = asyncio.Event()
+        self._reports: set[asyncio.Task] = set()  # stalled-peer reports in flight
 
     async def start(self, host: str, port: int, advertise: str = "") -> str:
         """Serve on host:port (0: any free port), register, heartbeat; returns the advertised base URL."""
@@ -82,7 +83,26 @@ class PeerFanout:
         """A payload became whole: tell the directory now rather than at the next heartbeat."""
         self._wake.set()
 
+    def peer_stalled(self, source: Source) -> None:
+        """Report a peer that sent nothing to the directory, beside the pull (which goes on to its next source)."""
+        task = asyncio.get_running_loop().create_task(self._report_stalled(source.worker))
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    async def reports_sent(self) -> None:
+        """Wait until the stalled-peer reports made so far have been answered (or failed)."""
+        await asyncio.gather(*self._reports, return_exceptions=True)
+
+    async def _report_stalled(self, peer: str) -> None:
+        try:
+            await self.client.report_stalled(self.worker_id, peer, self.identity())
+        except WeightServerError as err:  # the TTL still forgets a peer that stays silent
+            log.warning("stalled peer report failed", extra={"peer": peer, "error": str(err)})
+
     async def close(self) -> None:
+        for task in list(self._reports):
+            task.cancel()
+        await self.reports_sent()
         if self._beat is not None:
             self._beat.cancel()
             await asyncio.gather(self._beat, return_exceptions=True)

@@ -19,6 +19,7 @@ with sendfile, from the page cache to the socket without passing through Python.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import hmac
 import logging
@@ -45,7 +46,9 @@ class CachedPayload:
         self.manifest, self.path = manifest, path
         self.done = [False] * len(manifest.chunks)
         self.complete = self.failed = False
-        self._changed = asyncio.Event()
+        self._waiters: dict[int, list[asyncio.Future[None]]] = {}  # chunk index -> requests waiting for it
+        starts = [c.offset for c in manifest.chunks]
+        self._starts = starts if starts == sorted(starts) else None  # for covers' bisection
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.ftruncate(self._fd, manifest.total_bytes)
         self._file = os.fdopen(os.dup(self._fd), "rb", buffering=0)  # what sendfile reads from
@@ -73,33 +76,58 @@ class CachedPayload:
             self.abort()
             return
         self.done[chunk.index] = True
-        self._wake()
+        self._wake(self._waiters.pop(chunk.index, []))
 
     def finish(self) -> None:
         self.complete = all(self.done)
-        self._wake()
+        self._wake_all()
 
     def abort(self) -> None:
         """The pull failed: waiters are answered 404 and the payload is dropped by the cache."""
         self.failed = True
-        self._wake()
+        self._wake_all()
 
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+    def _wake_all(self) -> None:
+        waiting, self._waiters = self._waiters, {}
+        for futures in waiting.values():
+            self._wake(futures)
+
+    @staticmethod
+    def _wake(futures: list[asyncio.Future[None]]) -> None:
+        for future in futures:
+            if not future.done():
+                future.set_result(None)
 
     def covers(self, start: int, end: int) -> list[int]:
-        """Indexes of the chunks overlapping bytes start..end (inclusive)."""
-        return [c.index for c in self.manifest.chunks if c.offset <= end and c.offset + c.length > start]
+        """Indexes of the chunks overlapping bytes start..end (inclusive). Chunks in offset order (the weight-server's
+        are) are found by bisection: a scan of every chunk per request grows with the model (4,096 chunks for 16 GB
+        at the default 4 MiB), and showed in the fan-out profile at 64."""
+        chunks = self.manifest.chunks
+        if self._starts is None:
+            lo, hi = 0, len(chunks)
+        else:
+            lo, hi = max(0, bisect.bisect_right(self._starts, start) - 1), bisect.bisect_right(self._starts, end)
+        return [c.index for c in chunks[lo:hi] if c.offset <= end and c.offset + c.length > start]
 
     async def wait_for(self, indexes: list[int], wait_s: float) -> bool:
-        """Whether every chunk in `indexes` is verified, waiting up to `wait_s` for the pull to bring them."""
+        """Whether every chunk in `indexes` is verified, waiting up to `wait_s` for the pull to bring them. A waiter
+        is woken by the chunk it lacks (or the pull's end), not by every chunk: a chain's pullers wait on each
+        link's chunks as they arrive, and a wake-up of every waiter per chunk was a fan-out hot spot (issue 34)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
-        while not all(self.done[i] for i in indexes):
+        while (missing := next((i for i in indexes if not self.done[i]), None)) is not None:
             if self.failed or self.complete or loop.time() >= deadline:
                 return False
-            await wait_event(self._changed, deadline - loop.time())
+            arrived: asyncio.Future[None] = loop.create_future()
+            waiting = self._waiters.setdefault(missing, [])
+            waiting.append(arrived)
+            try:
+                await asyncio.wait([arrived], timeout=deadline - loop.time())
+            finally:
+                if not arrived.done():  # timed out or cancelled: no longer waiting
+                    arrived.cancel()
+                    with contextlib.suppress(ValueError):
+                        waiting.remove(arrived)
         return True
 
     async def send(self, transport: asyncio.BaseTransport, start: int, end: int) -> None:

@@ -11,7 +11,8 @@ them. Peers of other regions are never offered. The weight-server is always the 
 dies or lies costs a retry, never a sync.
 
 A peer that stops heartbeating for `ttl_s` is forgotten (and so is its place in the chains): the next puller
-of its region takes its place, and the region's relay is re-chosen when the relay leaves. The directory holds at
+of its region takes its place, and the region's relay is re-chosen when the relay leaves. One that a puller reports
+stalled (report_stalled) is offered to no one from then until its next heartbeat. The directory holds at
 most `max_entries` peers (a new worker past it is refused: DirectoryFull); expired ones go first. Who may write an
 entry is the weight-server's check: each entry is bound to the worker that proves its id (issue 31 item 3).
 """
@@ -42,6 +43,7 @@ class Peer:
     region: str
     seen: float
     holds: frozenset[str] = frozenset()
+    stalled_by: str = ""  # a puller reported it sent nothing (report_stalled): not offered until it heartbeats again
 
 
 SERVER = Source(url="", worker="", tier="server")
@@ -109,6 +111,18 @@ class PeerDirectory:
             self.leave(w)
         return gone
 
+    def report_stalled(self, reporter: str, worker: str) -> bool:
+        """A registered puller (`reporter`) found `worker` stalled or unreachable (no byte within its peer timeout,
+        or no connection): it is offered to no one, as holder or as chain link, until it registers or heartbeats
+        again. A frozen peer (a VM paused or gone without a TCP reset) does not heartbeat, so every new worker
+        would otherwise try it for its peer timeout until the TTL expires it. A false report costs the reported
+        peer at most one heartbeat period of serving. Returns whether the report was taken."""
+        peer = self.peers.get(worker)
+        if reporter not in self.peers or peer is None or reporter == worker:
+            return False
+        peer.stalled_by = reporter
+        return True
+
     def sources(self, worker: str, path: str, now: float) -> SourceList:
         """Where `worker` should fetch the payload at `path`; an unregistered puller gets the weight-server only."""
         self.expire(now)
@@ -119,9 +133,10 @@ class PeerDirectory:
         if worker not in order:
             order.append(worker)
         self._bound()
-        holders = [p for p in self.peers.values() if path in p.holds]
+        live = {w: p for w, p in self.peers.items() if not p.stalled_by}
+        holders = [p for p in live.values() if path in p.holds]
         mine = order.index(worker)
-        ahead = [self.peers[w] for w in order[:mine] if w in self.peers and path not in self.peers[w].holds]
+        ahead = [live[w] for w in order[:mine] if w in live and path not in live[w].holds]
         return order_sources(me, holders, ahead, self.max_peers)
 
     def relays(self, path: str) -> dict[str, str]:

@@ -56,7 +56,11 @@ class _Conn(asyncio.BufferedProtocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
-        self._scratch = bytearray(HEAD_LIMIT)
+        # A memoryview, never the bytearray itself: asyncio's TLS transport fills a BufferedProtocol's buffer one TLS
+        # record at a time, the later records into `buf[offset:]`, which of a bytearray is a copy (the bytes land
+        # in the copy and are lost; buffer_updated then counts stale bytes). A head arriving with the first body
+        # records (a server that answers in one write) brought those records' bytes wrong.
+        self._scratch = memoryview(bytearray(HEAD_LIMIT))
         self._head = bytearray()
         self._dest = _EMPTY
         self._mode = "idle"  # head (status and headers) | body (into dest) | error (an error body, kept)
@@ -77,7 +81,7 @@ class _Conn(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def get_buffer(self, sizehint: int) -> memoryview | bytearray:
+    def get_buffer(self, sizehint: int) -> memoryview:
         if self._mode == "body":
             return self._dest[self.got : self._want]
         return self._scratch

@@ -3,7 +3,8 @@
 Routes on the weight-server (JSON; reads need the same token as a payload read, and, with the job's credentials,
 the worker's identity proof in HEADER_IDENTITY for the worker id the call names):
 PUT /v1/peers/{worker_id} (PeerRegistration: register, heartbeat, report the payloads held),
-DELETE /v1/peers/{worker_id} (leave), POST /v1/sources (SourcesRequest -> SourceList).
+DELETE /v1/peers/{worker_id} (leave), POST /v1/sources (SourcesRequest -> SourceList), POST /v1/stalled
+(StalledPeer: a peer that sent nothing is not offered again until it heartbeats).
 A peer serves the payloads it holds at the weight-server's own payload routes (GET /v1<payload_path>, Range).
 """
 
@@ -39,6 +40,13 @@ class SourcesRequest(BaseModel):
 
     worker: str = Field(pattern=WORKER_ID_PATTERN, description="The puller's worker id (as registered).")
     path: str = Field(pattern=PAYLOAD_PATH_PATTERN, description="The payload's path (Manifest.payload_path).")
+
+
+class StalledPeer(BaseModel):
+    """A puller reporting a peer that sent no byte within its peer timeout, or could not be reached."""
+
+    worker: str = Field(pattern=WORKER_ID_PATTERN, description="The reporting puller's worker id (as registered).")
+    peer: str = Field(pattern=WORKER_ID_PATTERN, description="The stalled peer's worker id (Source.worker).")
 
 
 class Source(BaseModel):

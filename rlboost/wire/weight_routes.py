@@ -29,6 +29,7 @@ ASSETS = "/assets"  # GET: AssetList
 ASSET = ASSETS + "/{name}"  # GET, PUT: one model asset
 PEER = "/peers/{worker}"  # PUT (register, heartbeat), DELETE (leave)
 SOURCES = "/sources"  # POST: SourcesRequest -> SourceList
+STALLED = "/stalled"  # POST: StalledPeer (a puller's peer sent nothing: not offered until it heartbeats)
 
 
 def api(route: str) -> str:

@@ -14,7 +14,7 @@ import sys
 import httpx
 import pytest
 
-from rlboost.weights.client import WeightClient
+from rlboost.weights.client import PEER_STALL_S, WeightClient
 from rlboost.weights.fanout import PeerFanout
 from tests.weight_server.servers import ROOT, TOKEN, ThreadServer
 
@@ -41,8 +41,10 @@ async def upload(server: ThreadServer, nbytes: int) -> bytes:
     return payload
 
 
-async def peer(server: ThreadServer, tmp_path, name: str, zone: str = "z", region: str = "r"):
-    client = WeightClient(server.url, token=TOKEN, streams=4)
+async def peer(
+    server: ThreadServer, tmp_path, name: str, zone: str = "z", region: str = "r", peer_timeout: float = PEER_STALL_S
+):
+    client = WeightClient(server.url, token=TOKEN, streams=4, peer_timeout=peer_timeout)
     fanout = PeerFanout(client, name, tmp_path / name, zone=zone, region=region, token=TOKEN)
     await fanout.start("127.0.0.1", 0)
     return client, fanout
@@ -145,9 +147,7 @@ async def test_a_frozen_peer_costs_the_peer_timeout_not_the_servers(server, tmp_
     payload = await upload(server, CHUNK * 2)
     async with liar_process(server, tmp_path, 0) as (frozen, frozen_url):
         frozen.send_signal(signal.SIGSTOP)
-        client = WeightClient(server.url, token=TOKEN, streams=4, peer_timeout=1.0)
-        fanout = PeerFanout(client, "puller", tmp_path / "puller", zone="z", region="r", token=TOKEN)
-        await fanout.start("127.0.0.1", 0)
+        client, fanout = await peer(server, tmp_path, "puller", peer_timeout=1.0)
         try:  # the deadline catches a pull held for the server's read timeout (60 s)
             assert await asyncio.wait_for(client.pull(0), 30) == payload
             assert client.last_pull.peer_bytes == 0 and client.last_pull.peer_failures >= 1
@@ -156,6 +156,39 @@ async def test_a_frozen_peer_costs_the_peer_timeout_not_the_servers(server, tmp_
             assert client.last_pull.peer_failures == 0 and list(client.down_peers) == [frozen_url]
         finally:
             await close((client, fanout))
+
+
+async def test_a_frozen_peer_is_reported_and_the_next_new_worker_does_not_try_it(server, tmp_path) -> None:
+    """A peer frozen with its socket open (a real process, SIGSTOPped) stalls the first puller sent to it for the
+    peer timeout; that puller tells the directory, and a second, new worker (its own client: nothing learned
+    locally) is not offered the frozen peer: it pulls from the first puller, without a failed try. Without the
+    report, the directory listed the frozen peer until its heartbeat expired (30 s), and each new worker waited
+    on it for its peer timeout (10 s by default)."""
+    payload = await upload(server, CHUNK * 2)
+    async with liar_process(server, tmp_path, 0) as (frozen, frozen_url):
+        frozen.send_signal(signal.SIGSTOP)
+        first, first_fanout = await peer(server, tmp_path, "first", peer_timeout=1.0)
+        second, second_fanout = await peer(server, tmp_path, "second")
+        told = second_fanout.sources
+        offered: list[str] = []
+
+        async def sources(m):
+            found = await told(m)
+            offered.extend(s.worker for s in found if s.worker)
+            return found
+
+        second_fanout.sources = sources
+        try:
+            assert await asyncio.wait_for(first.pull(0), 30) == payload
+            assert first.last_pull.peer_failures >= 1 and frozen_url in first.down_peers
+            await first_fanout.reports_sent()
+            assert server.app.state.peers.peers["liar"].stalled_by == "first"  # the directory knows
+            await first_fanout._register()  # holds the payload now (its heartbeat's news, without the wait)
+            assert await asyncio.wait_for(second.pull(0), 30) == payload
+            assert offered == ["first"] and second.last_pull.peer_failures == 0
+            assert second.last_pull.peer_bytes == len(payload)  # all of it from the first puller
+        finally:
+            await close((first, first_fanout), (second, second_fanout))
 
 
 async def test_a_puller_can_serve_the_payload_before_it_learns_its_sources(server, tmp_path) -> None:
@@ -177,3 +210,19 @@ async def test_a_puller_can_serve_the_payload_before_it_learns_its_sources(serve
         assert entry_when_asking and entry_when_asking[0] is not None
     finally:
         await close((client, fanout))
+
+
+def test_a_range_covers_exactly_the_chunks_it_overlaps(tmp_path) -> None:
+    """The peer server waits for (and serves) the chunks a range overlaps, found by bisection over the offsets."""
+    from rlboost.weights.peer_serve import CachedPayload
+    from rlboost.wire.weights_io import ChunkInfo, Manifest
+
+    chunks = [ChunkInfo(index=i, offset=i * 10, length=10, sha256="0" * 64) for i in range(5)]
+    m = Manifest(version=0, kind="full", total_bytes=50, sha256="0" * 64, chunk_bytes=10, chunks=chunks, checksum="c")
+    entry = CachedPayload(m, tmp_path / "p")
+    try:
+        assert entry.covers(0, 49) == [0, 1, 2, 3, 4]
+        assert entry.covers(9, 10) == [0, 1] and entry.covers(10, 19) == [1] and entry.covers(35, 35) == [3]
+        assert entry.covers(49, 49) == [4]
+    finally:
+        entry.close()

@@ -99,6 +99,20 @@ def test_a_worker_holding_the_payload_is_a_holder_not_a_link_of_the_chain():
     assert [(s.worker, s.complete) for s in d.sources("a1", PATH, 0.0).sources] == [("a0", True), ("", True)]
 
 
+def test_a_peer_reported_stalled_is_offered_to_no_one_until_it_heartbeats_again():
+    d = PeerDirectory()
+    join(d, "frozen", "z", "r", holds=[PATH])
+    join(d, "link", "z", "r")
+    join(d, "a0", "z", "r")
+    d.sources("link", PATH, 0.0)
+    assert not d.report_stalled("stranger", "frozen") and not d.report_stalled("a0", "a0")  # registered, not itself
+    assert d.report_stalled("a0", "frozen") and d.report_stalled("a0", "link")
+    join(d, "a1", "z", "r")
+    assert d.sources("a1", PATH, 1.0).relay  # neither the stalled holder nor the stalled chain link
+    join(d, "frozen", "z", "r", now=2.0, holds=[PATH])  # it heartbeats: alive after all
+    assert [s.worker for s in d.sources("a1", PATH, 2.0).sources] == ["frozen", ""]
+
+
 def test_an_unregistered_puller_is_sent_to_the_weight_server():
     found = PeerDirectory().sources("stranger", PATH, 0.0)
     assert found.relay and [s.tier for s in found.sources] == ["server"]

@@ -84,6 +84,21 @@ def test_deleting_or_asking_as_another_worker_is_refused(weight_server: Service)
         assert "rlboost_weights_peers 0.0" in c.get("/metrics").text
 
 
+def test_reporting_a_peer_stalled_as_another_worker_is_refused(weight_server: Service) -> None:
+    """A stalled-peer report hides a peer until its next heartbeat: only a registered worker, as itself, may make
+    one (issue 34)."""
+    creds = weight_server.creds
+    with _client(weight_server) as c:
+        for w in ("spot-0", "spot-1"):
+            assert _register(c, w, _as(creds, w), f"http://127.0.0.1:{w[-1]}").status_code == 204
+        report = {"worker": "spot-1", "peer": "spot-0"}
+        for headers in ({}, _as(creds, "spot-0")):
+            assert c.post("/v1/stalled", json=report, headers=headers).status_code == 401
+        assert "rlboost_weights_peer_stalled_reports_total 0.0" in c.get("/metrics").text
+        assert c.post("/v1/stalled", json=report, headers=_as(creds, "spot-1")).status_code == 204  # itself: yes
+        assert "rlboost_weights_peer_stalled_reports_total 1.0" in c.get("/metrics").text
+
+
 def test_thousands_of_entries_cannot_be_added_with_the_worker_token(weight_server: Service) -> None:
     """The audit held 2,033 entries; without each worker's proof none is held."""
     creds = weight_server.creds

@@ -11,6 +11,7 @@ import httpx
 import nats
 import pytest
 
+import weight_server.app
 from rlboost.nats_server import NatsServer
 from rlboost.wire.events import WEIGHTS, WeightsAnnounced
 from rlboost.wire.weights_io import HEADER_BASE_VERSION, HEADER_CHECKSUM, HEADER_KIND, Manifest, VersionList
@@ -41,7 +42,12 @@ def test_upload_then_read_back_with_manifest(client) -> None:
     assert full.status_code == 200 and full.content == data
 
 
-def test_range_reads(client) -> None:
+@pytest.mark.parametrize("cached", [True, False], ids=["page-cache-read", "threaded-read"])
+def test_range_reads(client, monkeypatch, cached: bool) -> None:
+    """Ranges of at most one read block are read at once: on the event loop when the page cache holds them
+    (weight_server.store.read_if_cached), else in a thread; the bytes are the same either way."""
+    if not cached:
+        monkeypatch.setattr(weight_server.app, "read_if_cached", lambda *_: None)
     data = os.urandom(5000)
     put(client, 0, data)
     for rng, start, end in [

@@ -28,6 +28,18 @@ def test_a_region_relays_once_and_the_rest_pull_from_peers(client) -> None:
     assert "rlboost_weights_peers 2.0" in client.get("/metrics").text
 
 
+def test_a_peer_reported_stalled_is_not_offered_until_it_heartbeats(client) -> None:
+    for worker in ("a0", "a1", "a2"):
+        assert register(client, worker, zone="a1", region="a") == 204
+    client.post("/v1/sources", json={"worker": "a0", "path": PATH}, headers=AUTH)
+    assert client.post("/v1/stalled", json={"worker": "a1", "peer": "a0"}, headers=AUTH).status_code == 204
+    again = client.post("/v1/sources", json={"worker": "a2", "path": PATH}, headers=AUTH).json()
+    assert again["relay"] and [s["worker"] for s in again["sources"]] == [""]  # a0, ahead of it, is skipped
+    assert "rlboost_weights_peer_stalled_reports_total 1.0" in client.get("/metrics").text
+    resp = client.post("/v1/stalled", json={"worker": "a1", "peer": "bad id"}, headers=AUTH)
+    assert resp.status_code == 422 and resp.json()["field"] == "peer"
+
+
 def test_bad_registrations_are_refused_naming_the_field(client) -> None:
     resp = client.put("/v1/peers/w", json={"url": "file:///etc"}, headers=AUTH)
     assert resp.status_code == 422 and resp.json()["field"] == "url"

@@ -30,7 +30,7 @@ from rlboost.observability import LoopWatchdog
 from rlboost.weights.peers import DirectoryFull, PeerDirectory
 from rlboost.wire import weight_routes as routes
 from rlboost.wire.events import WeightsAnnounced
-from rlboost.wire.peers_io import WORKER_ID_PATTERN, PeerRegistration, SourceList, SourcesRequest
+from rlboost.wire.peers_io import WORKER_ID_PATTERN, PeerRegistration, SourceList, SourcesRequest, StalledPeer
 from rlboost.wire.weights_io import (
     HEADER_BASE_VERSION,
     HEADER_CHECKSUM,
@@ -52,7 +52,7 @@ from .deadlines import BODY_TIMEOUT_S, BodyDeadline
 from .errors import ErrorKind, StoreError
 from .metrics import WeightServerMetrics
 from .peer_access import PeerAccess
-from .store import Upload, VersionStore
+from .store import READ_BLOCK, Upload, VersionStore, read_if_cached
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +208,16 @@ def create_app(
         metrics.source_answers.labels("relay" if found.relay else "peers").inc()
         return found
 
+    @app.post(routes.api(routes.STALLED))
+    async def stalled(request: Request) -> Response:
+        check_read(request)
+        report = _parse(StalledPeer, await _read_bounded(request, MAX_PEER_BODY, "stalled peer report"))
+        peer_access.check(request, report.worker)  # a puller reports as itself
+        if peers.report_stalled(report.worker, report.peer):
+            metrics.peer_stalled.inc()
+            log.info("peer reported stalled", extra={"peer": report.peer, "reporter": report.worker})
+        return Response(status_code=204)
+
     @app.get(routes.api(routes.SYNC))
     async def sync(request: Request) -> list[Manifest]:
         check_read(request)
@@ -226,22 +236,23 @@ def create_app(
     async def compacted_payload(base: int, version: int, request: Request) -> Response:
         check_read(request)
         m = await anyio.to_thread.run_sync(store.compacted, base, version)
-        return _serve(m, store.compacted_payload_path(base, version), request)
+        return await _serve(m, store.compacted_payload_path(base, version), request)
 
     @app.get(routes.api(routes.PAYLOAD))
     async def payload(version: int, request: Request) -> Response:
         check_read(request)
         m = store.manifest(version)
-        return _serve(m, store.payload_path(version), request)
+        return await _serve(m, store.payload_path(version), request)
 
     @app.get(routes.api(routes.KIND_PAYLOAD))
     async def payload_of_kind(version: int, kind: str, request: Request) -> Response:
         check_read(request)
         m = store.manifest(version, kind)
-        return _serve(m, store.payload_path(version, kind), request)
+        return await _serve(m, store.payload_path(version, kind), request)
 
-    def _serve(m: Manifest, path: Path, request: Request) -> Response:
-        """A payload file, whole or one Range of it, streamed in blocks; bytes counted by sync path."""
+    async def _serve(m: Manifest, path: Path, request: Request) -> Response:
+        """A payload file, whole or one Range of it, streamed in blocks (one read when it fits one block); bytes
+        counted by sync path."""
         size = m.total_bytes
         range_header = request.headers.get("range")
         if range_header is None:
@@ -264,6 +275,14 @@ def create_app(
 
         headers = {"Content-Length": str(max(0, end - start + 1)), "Accept-Ranges": "bytes", **extra}
         headers["ETag"] = f'"{m.sha256}"'
+        if end - start + 1 <= READ_BLOCK:  # a chunk's range: streamed, it cost a thread trip per block, one more to
+            # end the stream and a disconnect-listening task per answer (issue 34's fan-out profile); read at once,
+            # it holds no more memory than one streamed block
+            data = read_if_cached(path, start, end) or await anyio.to_thread.run_sync(
+                lambda: b"".join(store.read_range(m.version, start, end, path))
+            )
+            served.inc(len(data))
+            return Response(data, status_code=status, headers=headers, media_type="application/octet-stream")
         return StreamingResponse(body(), status_code=status, headers=headers, media_type="application/octet-stream")
 
     def check_upload(request: Request) -> None:

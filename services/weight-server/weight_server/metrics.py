@@ -62,6 +62,13 @@ class WeightServerMetrics:
             ["phase"],
             registry=self.registry,
         )
+        # issue 34: a puller reports a peer that sent nothing, so that new workers skip it until it heartbeats
+        self.peer_stalled = Counter(
+            "rlboost_weights_peer_stalled_reports_total",
+            "Reports by pullers of a peer that sent no byte within their peer timeout or could not be reached "
+            "(the peer is not offered again until its next heartbeat).",
+            registry=self.registry,
+        )
         # issue 31: the peer directory's entries are bound to the worker that proves its id; the refusals
         self.peer_refused = Counter(
             "rlboost_weights_peer_refused_total",
