@@ -30,17 +30,28 @@ FIRST_PAUSE_S, MAX_PAUSE_S = 0.2, 2.0
 def reconnect_quietly(
     logger: logging.Logger, level: int = logging.WARNING
 ) -> dict[str, Callable[..., Awaitable[None]]]:
-    """nats.connect callbacks that log a lost or refused connection as one line at `level` (nats-py's default
-    prints a traceback on every reconnect attempt while NATS restarts)."""
+    """nats.connect callbacks that log a lost connection once per outage: its first error at `level`, the attempts
+    after it at DEBUG, the reconnect at `level` with how long NATS was away. nats-py's default prints
+    a traceback on every attempt, and one line per attempt is still two a second for as long as NATS is away: the
+    operator's link to a job suspended for hours in a Kueue queue logged 258 in 4 minutes (the cluster lane)."""
+    away_since: list[float] = []  # when the outage began; empty while connected
+
+    def first_of_outage() -> bool:
+        if away_since:
+            return False
+        away_since.append(time.monotonic())
+        return True
 
     async def on_error(err: Exception) -> None:
-        logger.log(level, "NATS connection error; reconnecting", extra={"error": repr(err)})
+        first = first_of_outage()
+        logger.log(level if first else logging.DEBUG, "NATS connection error; reconnecting", extra={"error": repr(err)})
 
-    async def on_disconnected() -> None:
-        logger.log(level, "NATS disconnected; reconnecting")
+    async def on_disconnected() -> None:  # also on the client's own close: the error that comes with a loss speaks
+        logger.debug("NATS disconnected")
 
     async def on_reconnected() -> None:
-        logger.log(level, "NATS reconnected")
+        away_s = round(time.monotonic() - away_since.pop(), 3) if away_since else 0.0
+        logger.log(level, "NATS reconnected", extra={"away_s": away_s})
 
     return {"error_cb": on_error, "disconnected_cb": on_disconnected, "reconnected_cb": on_reconnected}
 

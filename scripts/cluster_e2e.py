@@ -33,6 +33,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import os
 import random
 import re
@@ -585,8 +586,11 @@ class Progress:
     async def _follow_one(self, lane: Lane, namespace: str, job: str, found: tuple[str, Any], stop: Any) -> None:
         import nats
 
+        from rlboost.durable import reconnect_quietly
+
         try:
-            nc = await nats.connect(found[0], connect_timeout=5, max_reconnect_attempts=-1, **found[1])
+            quiet = reconnect_quietly(logging.getLogger("cluster-e2e.nats"))  # the job's NATS goes with a suspension
+            nc = await nats.connect(found[0], connect_timeout=5, max_reconnect_attempts=-1, **quiet, **found[1])
         except Exception as err:  # the summary says what is missing instead of failing the run
             self.error = f"cannot follow NATS: {err}"
             await asyncio.sleep(1.0)

@@ -34,6 +34,7 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
+from rlboost.durable import reconnect_quietly
 from rlboost.wire.events import NODES, STATUS_STREAM, STATUS_TOPICS, PreemptionNotice, Topic
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class NatsLink:
                         connect_timeout=self.connect_timeout,
                         max_reconnect_attempts=-1,
                         allow_reconnect=True,
+                        **reconnect_quietly(log),  # a suspended job's NATS is away for as long as it waits
                         **self.options,
                     ),
                     3 * self.connect_timeout,

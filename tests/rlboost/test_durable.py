@@ -5,6 +5,7 @@ SIGKILL and restart of NATS (JetStream keeps the stream on disk), each exactly o
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import nats
 
@@ -98,3 +99,60 @@ def test_without_a_stream_the_message_is_published_plainly(job_nats) -> None:
             await observer.close()
 
     assert asyncio.run(main()) == (False, b"step 0")
+
+
+def test_a_nats_outage_is_logged_once_then_its_end(job_nats) -> None:
+    """reconnect_quietly: while NATS is away (SIGKILLed, then started again) a client retrying every 0.1 s logs the
+    outage once at WARNING and every further attempt at DEBUG, then the reconnect with how long it was away."""
+    server, creds = job_nats
+    records: list[logging.LogRecord] = []
+    logger = logging.getLogger("tests.durable.outage")
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(_Collect(records))
+
+    async def wait_for(condition, what: str) -> None:
+        deadline = asyncio.get_running_loop().time() + READ_S
+        while not condition():
+            assert asyncio.get_running_loop().time() < deadline, what
+            await asyncio.sleep(0.05)  # polling what the callbacks logged
+
+    async def main() -> None:
+        nc = await _connect_quietly(server, creds, logger)
+        try:
+            server.proc.kill()
+            server.proc.wait()
+            server.stop()
+            await wait_for(lambda: sum(r.levelno == logging.DEBUG for r in records) >= 5, "no retries seen")
+            server.start()
+            await wait_for(lambda: any(r.getMessage() == "NATS reconnected" for r in records), "no reconnect")
+        finally:
+            await nc.close()
+
+    asyncio.run(main())
+    loud = [r for r in records if r.levelno >= logging.WARNING]
+    said = [r.getMessage() for r in loud]
+    assert said == ["NATS connection error; reconnecting", "NATS reconnected"], said  # the outage, and its end
+    assert loud[-1].away_s > 0
+
+
+class _Collect(logging.Handler):
+    def __init__(self, records: list[logging.LogRecord]) -> None:
+        super().__init__(logging.DEBUG)
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+async def _connect_quietly(server: NatsServer, creds: JobCredentials, logger: logging.Logger):
+    from rlboost.durable import reconnect_quietly
+
+    options = connect_options(creds.directory, "observer")
+    return await nats.connect(
+        server.url,
+        connect_timeout=2,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.1,
+        **reconnect_quietly(logger),
+        **options,
+    )
