@@ -109,8 +109,9 @@ async def test_a_suspend_request_checkpoints_at_the_step_boundary_and_the_resume
             assert (paused / "checkpoints" / "step-00000002").is_dir()  # written although none was due
             assert [r.step for r in stand_in.requests] == [0, 1]  # no step 2 started
             assert proc.returncode is None  # it waits to be stopped, as a pod scaled to zero is
-            proc.kill()  # the pod going away: SIGKILL after its grace period at worst
-            await wait_process(proc, 30)
+            proc.terminate()  # the pod going away: SIGTERM, which a trainer that is PID 1 ignores without a handler
+            code, err = await wait_process(proc, 30)
+            assert code == 143 and "stopped by SIGTERM after 2 steps" in err, err[-2000:]
         await nc.flush()
     finally:
         await nc.close()

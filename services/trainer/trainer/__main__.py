@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from rlboost.observability import serve_http, setup_logging
 from rlboost.options.base import parse_service_args
@@ -65,9 +68,13 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as err:
             _fail(prog, f"--metrics-port {args.metrics_port}: {err.strerror}", code=1)
     try:
-        done = asyncio.run(trainer.run())
+        done = asyncio.run(_run_until_sigterm(trainer))
     except KeyboardInterrupt:
         _fail(prog, "interrupted", code=130)
+    except asyncio.CancelledError:
+        if not trainer.terminating:
+            raise
+        _fail(prog, f"stopped by SIGTERM after {trainer.steps_done} steps (checkpoints: --checkpoint-dir)", code=143)
     except Exception as err:  # noqa: BLE001 (logged in full by the loop; the user gets one line)
         _fail(prog, f"failed: {type(err).__name__}: {str(err).strip().splitlines()[0] if str(err) else ''}", 1)
     from trainer import ranks
@@ -75,6 +82,28 @@ def main(argv: list[str] | None = None) -> int:
     ranks.shutdown()
     log.info("job done", extra={"steps": done.steps, "final_weights_checksum": done.final_weights_checksum})
     return 0
+
+
+async def _run_until_sigterm(trainer) -> Any:
+    """trainer.run(), cancelled by SIGTERM. In a pod the trainer is PID 1, which ignores a signal it has no handler
+    for: without one every scale-down (a suspension, the job's end) waited out the grace period and its SIGKILL
+    (30 s a time in the cluster lane). A suspended trainer has its checkpoint; any other resumes from its newest."""
+    from trainer import ranks
+
+    task = asyncio.current_task()
+    assert task is not None
+
+    def on_sigterm() -> None:
+        trainer.terminating = True
+        task.cancel()
+
+    def follower_on_sigterm() -> None:  # its thread waits in a collective, which no cancel ends; rank 0 saves
+        log.info("stopped by SIGTERM", extra={"rank": ranks.rank()})
+        os._exit(143)
+
+    handler = on_sigterm if ranks.rank() == 0 else follower_on_sigterm
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, handler)
+    return await trainer.run()
 
 
 if __name__ == "__main__":

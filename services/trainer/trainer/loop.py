@@ -93,6 +93,7 @@ class Trainer:
         self.evaluator = Evaluator(spec, self.steps, self.prompts, self.judge, self.vocab)
         self.events = JobEvents(opts.nats_url, opts.namespace, opts.job, opts.credentials_dir, opts.connect_timeout)
         self.healthy = True  # False once the job failed
+        self.terminating = False  # SIGTERM arrived (trainer.__main__): stop, neither failed nor done
         self.watchdog = LoopWatchdog(max_lag_s=60.0)  # its loop only awaits: heavy work runs in threads
         self.steps_done = 0  # a resumed run (checkpoints) will start from its saved step
         self.suspension = Suspension()
@@ -135,6 +136,11 @@ class Trainer:
             await self.events.publish(DONE, done)
             return done
         except BaseException as err:
+            if self.terminating:  # the pod is going away (scale-down, node drain): the job is not over
+                log.info(
+                    "stopped by SIGTERM", extra={"steps_done": self.steps_done, "suspended": self.suspension.stopped}
+                )
+                raise
             self.healthy = False
             message = _one_line(err)
             log.error("trainer failed", extra={"error": message, "step": self.steps_done}, exc_info=err)
