@@ -54,7 +54,14 @@ CLUSTER = ROOT / "scripts" / "cluster"
 sys.path.insert(0, str(CLUSTER))
 import platform_lane  # noqa: E402
 from kueue_standin import FLAVOR_LABEL, KueueStandIn  # noqa: E402
-from operator_lane import LANE_VALUES, RELEASE_NAMESPACE, OperatorReplicas, of_kind, render_chart  # noqa: E402
+from operator_lane import (  # noqa: E402
+    LANE_VALUES,
+    LEASE_S,  # noqa: E402
+    RELEASE_NAMESPACE,
+    OperatorReplicas,
+    of_kind,
+    render_chart,
+)
 from pause_scenario import PauseScenario  # noqa: E402
 from prometheus_lane import AGENTIC_ROW, SCRAPE_INTERVAL_S, Prometheus, targets_from_pods, without_row  # noqa: E402
 
@@ -723,6 +730,8 @@ def _wait_for_job(
 
 
 def summary(lane: Lane, progress: Progress, job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    if lane.operators is not None:  # a leader killed less than a Lease's duration before the job's end
+        lane.operators.wait_for_successor(LEASE_S + 30)
     spec = job.get("spec") or {}
     algo = spec.get("algorithm") or {}
     steps = sorted(progress.steps)

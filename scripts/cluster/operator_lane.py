@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "rlboost"
 RELEASE, RELEASE_NAMESPACE = "rlboost", "rlboost-system"
+LEASE_S = 60  # the replicas' leaseDurationSeconds: a killed leader's Lease is taken over within it
 KUBECONFIG = "/etc/lane/kubeconfig"
 
 
@@ -34,7 +36,9 @@ KUBECONFIG = "/etc/lane/kubeconfig"
 # down), past the default renew deadline of 10 s: the replicas took turns losing the Lease, and a job's `done` waited
 # for the next leader. Everything else is the chart's defaults.
 LANE_VALUES = {
-    "operator": {"leaderElection": {"leaseDurationSeconds": 60, "renewDeadlineSeconds": 45, "retryPeriodSeconds": 5}}
+    "operator": {
+        "leaderElection": {"leaseDurationSeconds": LEASE_S, "renewDeadlineSeconds": 45, "retryPeriodSeconds": 5}
+    }
 }
 
 
@@ -156,6 +160,15 @@ class OperatorReplicas:
         if self.killed and self.successor is None and self.holder() not in ("", self.killed_identity):
             leader = self.leader()
             self.successor = leader.pod_name if leader is not None else None
+
+    def wait_for_successor(self, timeout_s: float) -> None:
+        """After a kill, wait (bounded) for a replica to take the Lease over: a job that ends within the Lease's
+        duration of the kill (once the lane's API server answered quickly, it did) ends before anyone may."""
+        deadline = time.monotonic() + timeout_s
+        while self.killed and self.successor is None and time.monotonic() < deadline:
+            self.note_successor()
+            if self.successor is None:
+                time.sleep(1.0)  # polling the Lease, another process's state
 
     def targets(self) -> list[str]:
         return [f"{r.ip}:9090" for r in self.replicas]
