@@ -332,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--config {args.config}: no such file")
     if args.trace is not None and not args.trace.is_file():
         p.error(f"--trace {args.trace}: no such file (Bamboo traces: /work/shared/traces/bamboo/)")
+    for flag, value in (("--timeout", args.timeout), ("--run-timeout", args.run_timeout)):
+        if value is not None and value <= 0:
+            p.error(f"{flag} {value:g}: give seconds > 0")
     if args.device == "cuda" and (problem := no_cuda()):
         p.error(f"--device cuda: {problem}")
     from rich.console import Console

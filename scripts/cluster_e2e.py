@@ -56,7 +56,7 @@ import platform_lane  # noqa: E402
 from kueue_standin import FLAVOR_LABEL, KueueStandIn  # noqa: E402
 from operator_lane import (  # noqa: E402
     LANE_VALUES,
-    LEASE_S,  # noqa: E402
+    LEASE_S,
     RELEASE_NAMESPACE,
     OperatorReplicas,
     of_kind,

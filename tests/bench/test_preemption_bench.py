@@ -111,3 +111,9 @@ def test_the_runs_together_stop_at_timeout(tmp_path: Path) -> None:
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
     assert res.returncode != 0 and "notice: rlboost local ran past --timeout (the runs together)" in res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "silent").exists()
+
+
+def test_a_bound_of_no_time_is_one_line() -> None:
+    res = subprocess.run([sys.executable, BENCH, "--timeout", "0"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--timeout 0: give seconds > 0" in res.stderr
+    assert "Traceback" not in res.stderr

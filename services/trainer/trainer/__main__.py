@@ -22,11 +22,15 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlboost.observability import serve_http, setup_logging
 from rlboost.options.base import parse_service_args
 from rlboost.options.trainer import TrainerOptions
+
+if TYPE_CHECKING:
+    from rlboost.wire.events import JobDone
+    from trainer.loop import Trainer
 
 log = logging.getLogger("trainer")
 
@@ -84,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-async def _run_until_sigterm(trainer) -> Any:
+async def _run_until_sigterm(trainer: Trainer) -> JobDone:
     """trainer.run(), cancelled by SIGTERM. In a pod the trainer is PID 1, which ignores a signal it has no handler
     for: without one every scale-down (a suspension, the job's end) waited out the grace period and its SIGKILL
     (30 s a time in the cluster lane). A suspended trainer has its checkpoint; any other resumes from its newest."""
