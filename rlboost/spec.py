@@ -768,6 +768,10 @@ class TrainerSpec(PodPolicy):
         True,
         description="Train micro-batches as soon as their groups finish, while the rest of the step's rollout runs; false = wait for the whole batch (for comparison).",
     )
+    share_prompts: bool = Field(
+        True,
+        description="Compute each distinct prompt of a micro-batch once (a group's samples share theirs) and every response against its KV cache: the same loss to float rounding, with the prompt's FLOPs and logits out of every sample but one; false = every row's whole sequence, as TRL and veRL compute it (for comparison).",
+    )
     colocate_reserved: bool = Field(
         False,
         description="Reserved rollout workers share the trainer's accelerators: they release engine memory (weights, KV cache) while the trainer trains and resume after each step.",

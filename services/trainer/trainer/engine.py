@@ -30,7 +30,7 @@ import torch
 
 from rlboost.nats_server import free_port
 from rlboost.spec import JobSpec, effective_micro_batch
-from trainer import grad_scale
+from trainer import grad_scale, prompt_sharing
 from trainer.grpo import LossStats, MicroBatch, token_logprobs, token_mean_scale
 from trainer.objective import Objective
 
@@ -183,23 +183,46 @@ class PolicyEngine:
         return self.engine.device
 
     def logprobs(self, batch: MicroBatch) -> torch.Tensor:
-        """[B, L-1] log-probs of the batch's targets under the current policy (batch already on device)."""
-        out = self.engine(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-        return token_logprobs(out.logits, batch.input_ids, self.temperature)
+        """[B, L-1] log-probs of the batch's targets under the current policy (batch already on device); only the
+        responses' are computed when prompts are shared (trainer.prompt_sharing), the prompt's then read 0."""
+        return self._target_logprobs(self.engine, batch)
 
     def reference_logprobs(self, batch: MicroBatch) -> torch.Tensor:
-        """[B, L-1] log-probs of the batch's targets under the frozen reference (batch already on device)."""
+        """[B, L-1] log-probs of the batch's response targets under the frozen reference (batch already on device)."""
         with torch.no_grad():
-            out = self.reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-            return token_logprobs(out.logits, batch.input_ids, self.temperature)
+            return self._target_logprobs(self.reference, batch)
+
+    def _target_logprobs(self, model: Any, batch: MicroBatch) -> torch.Tensor:
+        shared, view = self._coordinates(batch)
+        logp = token_logprobs(self._logits(model, batch, shared), view.input_ids, self.temperature)
+        if shared is None:
+            return logp
+        return prompt_sharing.to_targets(logp, shared, batch.response_mask.shape[1])
+
+    def _coordinates(self, batch: MicroBatch) -> tuple[prompt_sharing.SharedPrompts | None, MicroBatch]:
+        """The batch's prompt sharing (None: a plain forward; trainer.sharePrompts) and the batch in the
+        coordinates of its logits (trainer.prompt_sharing.view)."""
+        shared = prompt_sharing.plan(batch) if self.spec.trainer.share_prompts else None
+        return shared, batch if shared is None else prompt_sharing.view(batch, shared)
+
+    def _logits(self, model: Any, batch: MicroBatch, shared: prompt_sharing.SharedPrompts | None) -> torch.Tensor:
+        if shared is None:
+            return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        return prompt_sharing.forward(model, shared)
 
     def _loss(
         self, batch: MicroBatch, num_sequences: int, old: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, LossStats, torch.Tensor]:
-        out = self.engine(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-        logp = token_logprobs(out.logits, batch.input_ids, self.temperature, where=batch.loss_mask() > 0)
-        ref_logp = self.reference_logprobs(batch) if self.objective.kl_in_loss else None
-        return self.objective.loss(out.logits, logp, batch, num_sequences, old=old, ref_logp=ref_logp)
+        """(loss share, statistics, old log-probs), the old log-probs in the coordinates of the batch's logits (the
+        same on a replay: `_coordinates` is a function of the batch)."""
+        shared, view = self._coordinates(batch)
+        logits = self._logits(self.engine, batch, shared)
+        logp = token_logprobs(logits, view.input_ids, self.temperature, where=view.loss_mask() > 0)
+        ref_logp = None
+        if self.objective.kl_in_loss:
+            with torch.no_grad():
+                ref_logp = token_logprobs(self._logits(self.reference, batch, shared), view.input_ids, self.temperature)
+        return self.objective.loss(logits, logp, view, num_sequences, old=old, ref_logp=ref_logp)
 
     def forward_backward(self, batch: MicroBatch, num_sequences: int) -> tuple[float, LossStats]:
         """Accumulate one micro-batch's gradient; returns its share of the step loss and diagnostics."""

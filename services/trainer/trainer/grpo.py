@@ -84,6 +84,7 @@ class MicroBatch:
     advantages: torch.Tensor  # [B] float32
     stale: torch.Tensor | None = None  # [B] bool: use the workers' log-probs for the ratio
     loss_weight: torch.Tensor | None = None  # [B] float32: 0 skips a row
+    prompt_lengths: torch.Tensor | None = None  # [B] int64: each row's prompt tokens (trainer.prompt_sharing)
 
     @property
     def num_tokens(self) -> int:
@@ -115,6 +116,7 @@ class MicroBatch:
             torch.zeros(1, dtype=torch.float32),
             stale=torch.zeros(1, dtype=torch.bool),
             loss_weight=torch.zeros(1, dtype=torch.float32),
+            prompt_lengths=None if self.prompt_lengths is None else self.prompt_lengths[first].clone(),
         )
 
 
@@ -149,6 +151,7 @@ def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
         torch.tensor([s.advantage for s in samples], dtype=torch.float32),
         torch.tensor([s.stale for s in samples], dtype=torch.bool),
         torch.tensor([s.weight for s in samples], dtype=torch.float32),
+        torch.tensor([len(s.trajectory.prompt_ids) for s in samples], dtype=torch.int64),
     )
 
 
