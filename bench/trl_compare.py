@@ -39,13 +39,15 @@ TRL configuration, field for field from the rlboost spec (docs/algorithms.md has
 | `updatesPerStep` 1                           | `num_iterations` 1                                            |
 | `seed` 0; prompts in the task's seeded order | `seed` 0; the same prompts per step (`shuffle_dataset` False)   |
 | fp32 trainer (CPU), bf16 weights to workers   | fp32 (`use_cpu`, no bf16)                                      |
+| `trainer.sharePrompts` true: each prompt once per micro-batch | no equivalent: every row's prompt computed again (`sharePrompts: false` in a `--rlboost-config` file does the same) |
 | no activation checkpointing                  | `gradient_checkpointing` False (TRL's default True recomputes the forward: slower) |
 | `exact_match` on the decoded response        | the same function on TRL's decoded completion                 |
 
 What is not the same: TRL samples with transformers' `generate` in the training process (its own random stream),
 rlboost on its workers with per-request seeds, so the responses differ sample for sample; TRL shuffles the
 generation batch before cutting micro-batches. The work per step (256 responses of at most 8 tokens, 8 micro-batches
-of 32, one AdamW step) is the same.
+of 32, one AdamW step) is the same; rlboost computes each micro-batch's 4 prompts once, TRL each of its 32 rows'
+prompts (its micro-batches are cut from a shuffled batch, so a plain forward is all it could do).
 """
 
 from __future__ import annotations
@@ -483,8 +485,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--rlboost-config",
         default="",
         metavar="YAML",
-        help="rlboost's job spec instead of the embedded default (e.g. examples/local-overlap.yaml); TRL's side stays "
-        "the default job",
+        help="rlboost's job spec instead of the embedded default (e.g. a copy of examples/local.yaml with "
+        "`trainer: {sharePrompts: false}`, TRL's arithmetic); TRL's side stays the default job",
     )
     p.add_argument("--only", choices=["both", "rlboost", "trl"], default="both", help="run one side only")
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON")
