@@ -499,9 +499,11 @@ class TorchEngine(Engine):
     @contextlib.contextmanager
     def _head_over(self, idx: torch.Tensor | None) -> Iterator[None]:
         """While set, the LM head (and what the model does after it) runs over every row of the cohort: its input,
-        the last position's hidden states of the unique rows, is expanded by `idx` first. The head is the one op of
-        the prefill whose bits depend on the row count (a product with under 4 rows takes another kernel on CPU:
-        1.9e-06 apart on the default model), so the logits stay those of a prefill of every row, bit for bit."""
+        the last position's hidden states of the unique rows, is expanded by `idx` first. On one CPU thread (as
+        `rlboost local` runs workers) the head is the one op of the prefill whose bits depend on the row count (a
+        product with under 4 rows takes another kernel: 1.9e-06 apart on the default model), so the logits stay
+        those of a prefill of every row, bit for bit. (With several threads, or on CUDA, a row's bits may depend on
+        the row count elsewhere too, as they did before sharing.)"""
         if idx is None:
             yield
             return
