@@ -102,3 +102,13 @@ STARTUP_SECONDS = Gauge(
     "(process start to current weights held) and 'first_assignment' (process start to the first request)",
     ["part"],
 )
+
+# prefix sharing in the torch engine's prefill (issue 34): a GRPO group's samples share their prompt
+PREFILL_ROWS = Counter(
+    "rlboost_worker_prefill_rows_total", "Requests prefilled by the torch engine (rows of its cohorts)."
+)
+PREFILL_SHARED_ROWS = Counter(
+    "rlboost_worker_prefill_shared_rows_total",
+    "Prefilled requests whose input ids another row of the same cohort had: not run through the model, their KV "
+    "cache copied from that row (rlboost_worker_prefill_rows_total minus this = rows computed).",
+)

@@ -3,8 +3,10 @@
 Requests arriving while others decode join in *cohorts*: each cohort is prefilled together (left padding,
 attention mask, position ids from the mask) and owns its KV cache; every scheduler iteration prefills at
 most one new cohort and advances every live cohort by one token, so cohorts interleave. Finished and
-aborted rows are cut out of their cohort's cache. Token i of a response is drawn with
-`rlboost.sampling.sample_next(seed, position=i)`, so results do not depend on batching or migration.
+aborted rows are cut out of their cohort's cache. Rows of a cohort with the same input ids (the samples of
+one GRPO group) are prefilled once and their cache copied to each (`rlboost_worker_prefill_shared_rows_total`).
+Token i of a response is drawn with `rlboost.sampling.sample_next(seed, position=i)`, so results do not depend
+on batching or migration.
 
 Weights: the pulled state (bf16, kept as is for checksums) is copied into the model's compute dtype
 (float32 on CPU by default). An update is a barrier: requests submitted before it finish on the old
@@ -24,7 +26,7 @@ import asyncio
 import contextlib
 import ctypes
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +34,7 @@ import torch
 from rlboost.sampling import sample_next
 from rlboost.weights.checksum import state_checksum
 from rlboost.wire.rollout_io import Assignment
+from rollout_worker import metrics
 from rollout_worker.engine.base import (
     FINISH_ABORT,
     FINISH_LENGTH,
@@ -458,31 +461,57 @@ class TorchEngine(Engine):
         return c
 
     def _prefill(self, reqs: list[_Request]) -> tuple[_Cohort, list[tuple[_Request, int, float]]]:
+        """Prefill a new cohort. Rows with the same input ids (a GRPO group's samples share their prompt) are run
+        through the model once; their KV cache, mask and positions are then copied to every row of the group."""
         from transformers import DynamicCache
 
-        inputs = [r.input_ids() for r in reqs]
-        width = max(len(x) for x in inputs)
-        ids = torch.zeros((len(reqs), width), dtype=torch.long)
-        mask = torch.zeros((len(reqs), width), dtype=torch.long)
-        for i, x in enumerate(inputs):
+        unique, rows = _shared_rows([r.input_ids() for r in reqs])
+        width = max(len(x) for x in unique)
+        ids = torch.zeros((len(unique), width), dtype=torch.long)
+        mask = torch.zeros((len(unique), width), dtype=torch.long)
+        for i, x in enumerate(unique):
             n = len(x)
             ids[i, width - n :] = torch.tensor(x, dtype=torch.long)
             mask[i, width - n :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        shared = torch.tensor(rows, device=self.device) if len(unique) < len(reqs) else None
+        with self._head_over(shared):
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        if shared is not None:
+            cache.batch_select_indices(shared)  # indexing copies: each row then grows its own cache
+            mask, pos = mask[shared], pos[shared]
+            metrics.PREFILL_SHARED_ROWS.inc(len(reqs) - len(unique))
+        metrics.PREFILL_ROWS.inc(len(reqs))
         cohort = _Cohort(
             reqs, cache, mask, pos[:, -1] + 1, torch.zeros(len(reqs), dtype=torch.long, device=self.device)
         )
         return cohort, self._sample(cohort, out.logits[:, -1, :])
+
+    @contextlib.contextmanager
+    def _head_over(self, idx: torch.Tensor | None) -> Iterator[None]:
+        """While set, the LM head (and what the model does after it) runs over every row of the cohort: its input,
+        the last position's hidden states of the unique rows, is expanded by `idx` first. On one CPU thread (as
+        `rlboost local` runs workers) the head is the one op of the prefill whose bits depend on the row count (a
+        product with under 4 rows takes another kernel: 1.9e-06 apart on the default model), so the logits stay
+        those of a prefill of every row, bit for bit. (With several threads, or on CUDA, a row's bits may depend on
+        the row count elsewhere too, as they did before sharing.)"""
+        if idx is None:
+            yield
+            return
+        hook = self.model.get_output_embeddings().register_forward_pre_hook(lambda _m, args: (args[0][idx],))
+        try:
+            yield
+        finally:
+            hook.remove()
 
     def _decode(self, c: _Cohort) -> list[tuple[_Request, int, float]]:
         c.mask = torch.cat([c.mask, torch.ones((len(c.reqs), 1), dtype=c.mask.dtype, device=self.device)], dim=-1)
@@ -509,6 +538,19 @@ class TorchEngine(Engine):
         tokens, logprobs = sample_next(logits, temperature, seed, position, top_p)
         c.last = tokens.to(self.device)
         return list(zip(c.reqs, tokens.tolist(), logprobs.tolist(), strict=True))
+
+
+def _shared_rows(inputs: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """The distinct inputs in first-seen order, and for each input the index of its distinct one."""
+    first: dict[tuple[int, ...], int] = {}
+    unique: list[list[int]] = []
+    rows: list[int] = []
+    for x in inputs:
+        if (key := tuple(x)) not in first:
+            first[key] = len(unique)
+            unique.append(x)
+        rows.append(first[key])
+    return unique, rows
 
 
 def _avoid_per_shape_attention_plans() -> None:
