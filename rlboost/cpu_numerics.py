@@ -3,8 +3,8 @@
 torch picks its CPU kernels by what the processor offers (AVX2, AVX-512), and so do MKL and oneDNN. Wider vectors
 sum in another order, so the same job's weights differ in the last bits after a few steps on an AVX-512 machine:
 the default job's final weights checksum did (2026-11-24, AMD EPYC with AVX-512: 704ae64b... in place of the
-b5b6db41... the earlier machines gave; `ATEN_CPU_CAPABILITY=avx2` alone brought it back). rlboost promises one
-result per job on every fresh machine (the pinned checksum, bit-exact resume, greedy rollouts identical when a
+b5b6db41... the earlier machines gave, the pin until trainer.sharePrompts; `ATEN_CPU_CAPABILITY=avx2` alone brought
+it back). rlboost promises one result per job on every fresh machine (the pinned checksum, bit-exact resume, greedy rollouts identical when a
 response migrates between workers on different nodes), so every CPU torch process starts with these defaults: the
 `rlboost` command itself (it draws the tiny model's initial weights, and that random draw differs by ISA too;
 rlboost.cli.main), the local trainer and workers (rlboost.local.plan), and the CPU images' processes (their

@@ -16,6 +16,8 @@ plain forward: gigabytes with long prompts and a large vocabulary).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -91,32 +93,64 @@ def view(batch: MicroBatch, shared: SharedPrompts) -> MicroBatch:
 
 def forward(model: torch.nn.Module, shared: SharedPrompts) -> torch.Tensor:
     """[B, T + 1, V] logits in response coordinates: the distinct prompts once, then every row's response against
-    its prompt's KV cache. Only the prompts' last positions go through the LM head."""
+    its prompt's KV cache. Only the prompts' last positions go through the LM head, once per row (`head_rows`)."""
     from transformers import DynamicCache
 
     cache = DynamicCache()
     keep = torch.unique(shared.last)
-    first = model(
-        input_ids=shared.prompts,
-        attention_mask=shared.prompt_mask,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=keep,
-    )
-    rows = torch.arange(len(shared.last), device=keep.device)
-    last_logits = first.logits[rows, torch.searchsorted(keep, shared.last)]  # [U, V]
+    with head_rows(model, shared.of_row):
+        first = model(
+            input_ids=shared.prompts,
+            attention_mask=shared.prompt_mask,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+    rows = torch.arange(len(shared.of_row), device=keep.device)
+    last_logits = first.logits[rows, torch.searchsorted(keep, shared.last.index_select(0, shared.of_row))]  # [B, V]
     for layer in cache.layers:  # each row's copy of its prompt's keys and values
         layer.keys = layer.keys.index_select(0, shared.of_row)
         layer.values = layer.values.index_select(0, shared.of_row)
     t = shared.responses.shape[1]
-    second = model(
-        input_ids=shared.responses,
-        attention_mask=torch.cat([shared.prompt_mask.index_select(0, shared.of_row), shared.response_mask], dim=1),
-        position_ids=shared.starts[:, None] + torch.arange(t, device=keep.device)[None, :],
-        past_key_values=cache,
-        use_cache=True,
-    )
-    return torch.cat([last_logits.index_select(0, shared.of_row)[:, None, :], second.logits], dim=1)
+    with head_rows(model, None):
+        second = model(
+            input_ids=shared.responses,
+            attention_mask=torch.cat([shared.prompt_mask.index_select(0, shared.of_row), shared.response_mask], dim=1),
+            position_ids=shared.starts[:, None] + torch.arange(t, device=keep.device)[None, :],
+            past_key_values=cache,
+            use_cache=True,
+        )
+    return torch.cat([last_logits[:, None, :], second.logits], dim=1)
+
+
+MIN_HEAD_ROWS = 4  # below 4 rows the CPU matmul takes another kernel: other bits, and with an odd vocabulary
+# (the default job's 283) bits that depend on the thread count (2026-11-28, torch 2.13.0 CPU, AVX2)
+
+
+@contextlib.contextmanager
+def head_rows(model: torch.nn.Module, rows: torch.Tensor | None) -> Iterator[None]:
+    """While set, the LM head's input is indexed by `rows` first (None: as is) and padded with zero rows to at
+    least MIN_HEAD_ROWS positions (the padding cut from its output): each logit is then the product a whole row's
+    plain forward computes, whatever the number of distinct prompts and the number of threads."""
+    head = getattr(model, "module", model).get_output_embeddings()
+    count: list[int] = []
+
+    def before(_module: torch.nn.Module, args: tuple) -> tuple:
+        x = args[0] if rows is None else args[0].index_select(0, rows)
+        count.append(x.shape[0])
+        per_row = max(1, x[0].numel() // x.shape[-1])  # positions per row
+        pad = max(0, -(-MIN_HEAD_ROWS // per_row) - x.shape[0])
+        return (torch.cat([x, x.new_zeros((pad, *x.shape[1:]))]) if pad else x,)
+
+    def after(_module: torch.nn.Module, _args: tuple, out: torch.Tensor) -> torch.Tensor:
+        return out[: count[-1]]
+
+    handles = [head.register_forward_pre_hook(before), head.register_forward_hook(after)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def to_targets(values: torch.Tensor, shared: SharedPrompts, width: int) -> torch.Tensor:
