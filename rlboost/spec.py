@@ -633,6 +633,16 @@ class AlgorithmSpec(SpecModel):
         "token. With task.environment whole episodes are carried: their env-runners keep driving them and their "
         "later turns run under the next version. Needs maxStaleness >= 1.",
     )
+    rollout_ahead: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="Steps the rollout runs ahead of training: 1 = step s+1's rollout starts, at weight version s, as "
+        "soon as step s's has ended, so the workers generate while the trainer trains (one-step off-policy, as "
+        "veRL's and AReaL's asynchronous modes; the samples are 1 version stale and importance-corrected); 0 = each "
+        "step's rollout waits for the previous step's weights (on-policy). Needs maxStaleness >= 1; not with "
+        "partialRollout or trainer.colocateReserved.",
+    )
     partial_rollout_over_provision: float = Field(
         0.25,
         ge=0,
@@ -1327,6 +1337,8 @@ class JobSpec(SpecModel):
             )
         if alg.partial_rollout:
             self._check_partial_rollout()
+        if alg.rollout_ahead:
+            self._check_rollout_ahead()
         if self.task.episodes:
             self._check_episodes()
         evaluation = self.evaluation
@@ -1365,6 +1377,18 @@ class JobSpec(SpecModel):
                 "rollout.reserved.replicas and rollout.spot.maxReplicas are both 0: the job would have no rollout "
                 "worker; set rollout.reserved.replicas >= 1 or rollout.spot.maxReplicas >= 1",
             )
+
+    def _check_rollout_ahead(self) -> None:
+        """algorithm.rolloutAhead: a step trains on samples of the version before its own."""
+        alg, why = self.algorithm, ""
+        if alg.max_staleness < 1:
+            why = "its samples are one weight version behind the step that trains on them: set algorithm.maxStaleness >= 1"
+        elif alg.partial_rollout:
+            why = "partialRollout already carries responses across steps: use one of the two"
+        elif self.trainer.colocate_reserved:
+            why = "colocated reserved workers give up their accelerators while the trainer trains: turn one of the two off"
+        if why:
+            raise SpecFieldError("algorithm.rolloutAhead", f"algorithm.rolloutAhead {alg.rollout_ahead}: {why}")
 
     def _check_partial_rollout(self) -> None:
         """algorithm.partialRollout: responses continue across versions, so a bound on their age is needed. Any

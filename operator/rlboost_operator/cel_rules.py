@@ -177,6 +177,14 @@ def cross_field_rules() -> list[Rule]:
             "spec.algorithm.maxStaleness >= 1",
             "algorithm.partialRollout",
         ),
+        Rule(
+            f"{v('algorithm.rolloutAhead')} == 0 || ({v('algorithm.maxStaleness')} >= 1 && "
+            f"!{v('algorithm.partialRollout')} && !{v('trainer.colocateReserved')})",
+            "spec.algorithm.rolloutAhead trains on samples one weight version behind: it needs "
+            "spec.algorithm.maxStaleness >= 1, and neither spec.algorithm.partialRollout nor "
+            "spec.trainer.colocateReserved",
+            "algorithm.rolloutAhead",
+        ),
         *_episode_rules(v),
         *_pool_account_rules(),
         _trainer_gpu_rule(),
