@@ -120,6 +120,9 @@ BAD_SPECS = [
     {"algorithm": {"dualClip": 0.5}},
     {"algorithm": {"dualClip": 1}},
     {"algorithm": {"klInReward": True}},  # klCoef 0
+    {"algorithm": {"rolloutAhead": 1}},  # maxStaleness 0
+    {"algorithm": {"rolloutAhead": 1, "maxStaleness": 1, "partialRollout": True}},
+    {"algorithm": {"rolloutAhead": 1, "maxStaleness": 1}, "trainer": {"colocateReserved": True}},
     {"rollout": {"reserved": {"replicas": 0}, "spot": {"replicas": 0, "maxReplicas": 0}}},  # no worker (issue 31)
     {"trainer": {"gpusPerRank": 2}},
     {"rollout": {"spot": {"serviceAccount": {"name": "shared"}}}},

@@ -125,4 +125,4 @@ def test_bounded_staleness_counts_an_episode_by_its_oldest_turn(oldest: int, max
     traj = _episode()
     traj.weight_version, traj.version_spans = oldest, spans
     request = RolloutRequest(7, 5, [], 1, SamplingParams())
-    assert classify(request, traj, max_staleness) == expected
+    assert classify(request.weight_version, traj, max_staleness) == expected

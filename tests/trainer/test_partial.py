@@ -91,7 +91,7 @@ def test_an_episodes_group_carries_its_environment_task_also_through_a_checkpoin
 
 
 def test_stale_tokens_count_an_episode_s_model_tokens_only() -> None:
-    from trainer.partial_assembly import older_tokens
+    from trainer.assembly import older_tokens
 
     episode = traj(0, 0, 0, spans=[(0, 3), (1, 2)])
     episode.response_ids, episode.loss_mask = [1, 2, 3, 4, 5], b"\x01\x00\x01\x01\x01"  # token 2: the environment's

@@ -62,7 +62,7 @@ async def test_a_stream_failure_is_raised_after_what_arrived() -> None:
 
 def test_a_sample_is_on_policy_stale_within_the_bound_or_weightless() -> None:
     request = _request(version=3)
-    assert classify(request, _traj(0, 0, version=3), max_staleness=1) == (False, 1.0)
-    assert classify(request, _traj(0, 0, version=2), max_staleness=1) == (True, 1.0)
-    assert classify(request, _traj(0, 0, version=1), max_staleness=1) == (False, 0.0)  # too old: no loss
-    assert classify(request, _traj(0, 0, reason="failed"), max_staleness=1) == (False, 0.0)  # dropped
+    assert classify(request.weight_version, _traj(0, 0, version=3), max_staleness=1) == (False, 1.0)
+    assert classify(request.weight_version, _traj(0, 0, version=2), max_staleness=1) == (True, 1.0)
+    assert classify(request.weight_version, _traj(0, 0, version=1), max_staleness=1) == (False, 0.0)  # too old: no loss
+    assert classify(request.weight_version, _traj(0, 0, reason="failed"), max_staleness=1) == (False, 0.0)  # dropped

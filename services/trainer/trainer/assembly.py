@@ -49,7 +49,7 @@ class StepAssembly(Protocol):
     @property
     def progress(self) -> Progress: ...
 
-    def open(self, step: int, version: int) -> OpenedStep | None: ...
+    def open(self, step: int, version: int, trains_at: int | None = None) -> OpenedStep | None: ...
 
     def fresh(self, batch: list[Trajectory]) -> list[Trajectory]: ...
 
@@ -83,14 +83,16 @@ class WholeGroups:
         self.request: RolloutRequest | None = None  # the current step's
         self.examples: list[Any] = []  # the current step's, by prompt index
         self.assembler: StepAssembler | None = None  # the current step's
+        self.trains_at = 0  # the weight version the current step trains at: its samples' lag is counted from it
 
     @property
     def progress(self) -> Progress:
         assert self.assembler is not None
         return self.assembler
 
-    def open(self, step: int, version: int) -> OpenedStep | None:
-        """The step's Rollout request; None: the data is exhausted."""
+    def open(self, step: int, version: int, trains_at: int | None = None) -> OpenedStep | None:
+        """The step's Rollout request at weight version `version`; None: the data is exhausted. `trains_at`: the version
+        the step will train at when that is a later one (algorithm.rolloutAhead: its samples are then stale)."""
         alg = self.spec.algorithm
         batch = self.prompts.take_step(step)
         if batch is None:
@@ -99,6 +101,7 @@ class WholeGroups:
         self.request = RolloutRequest(step, version, [], alg.group_size, sampling, self.vocab.size)
         with_prompts(self.request, self.spec, batch.examples, batch.prompt_ids)
         self.examples = batch.examples
+        self.trains_at = version if trains_at is None else trains_at
         mb, normalization = effective_micro_batch(self.spec), alg.advantage_normalization
         self.assembler = StepAssembler(step, len(batch.examples), alg.group_size, mb, normalization)
         return OpenedStep(self.request, batch.skipped, self.assembler.total)
@@ -120,8 +123,9 @@ class WholeGroups:
         assert self.assembler is not None and self.request is not None
         ready: list[list[Sample]] = []
         for traj, reward in zip(batch, rewards, strict=True):
-            is_stale, weight = classify(self.request, traj, self.spec.algorithm.max_staleness)
+            is_stale, weight = classify(self.trains_at, traj, self.spec.algorithm.max_staleness)
             counts.stale += is_stale
+            counts.stale_tokens += older_tokens(traj, self.trains_at) if weight else 0
             counts.off_policy += weight == 0.0 and traj.finish_reason != FAILED
             excluded = advantages.exclusion(traj.finish_reason, reward.failure, weight)
             counts.baseline_excluded += bool(excluded)
@@ -170,11 +174,12 @@ def training_sampling(alg: AlgorithmSpec, stop_ids: tuple[int, ...]) -> Sampling
     )
 
 
-def classify(request: RolloutRequest, traj: Trajectory, max_staleness: int) -> tuple[bool, float]:
-    """(stale, loss weight) of a trajectory: on-policy, stale within maxStaleness, or skipped."""
+def classify(version: int, traj: Trajectory, max_staleness: int) -> tuple[bool, float]:
+    """(stale, loss weight) of a trajectory for a step training at weight version `version`: on-policy, stale within
+    maxStaleness, or skipped."""
     if traj.finish_reason == FAILED:
         return False, 0.0
-    behind = lag(request.weight_version, traj.weight_version)  # its oldest token's (partial rollout)
+    behind = lag(version, traj.weight_version)  # its oldest token's (partial rollout)
     if not trainable(behind, max_staleness):
         return False, 0.0
     return behind > 0, 1.0
@@ -185,3 +190,15 @@ def arrived(traj: Trajectory, counts: StepCounts, dump: RolloutDump) -> None:
     counts.finished(traj.finish_reason)
     metrics.FAILED.inc(traj.finish_reason == FAILED)
     dump.write(traj)
+
+
+def older_tokens(traj: Trajectory, version: int) -> int:
+    """Model tokens generated under a version older than `version` (its spans, or all at its version); an
+    episode's environment tokens (loss_mask 0) are no model's, and not counted."""
+    spans = traj.version_spans or [(traj.weight_version, len(traj.response_ids))]
+    n, at = 0, 0
+    for v, k in spans:
+        if v < version:
+            n += sum(traj.loss_mask[at : at + k]) if traj.loss_mask else k
+        at += k
+    return n

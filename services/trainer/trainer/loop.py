@@ -9,6 +9,7 @@ ready micro-batches train -> optimizer step -> upload version s+1 (the weight-se
   prompts      trainer.prompt_cursor.PromptCursor  the prompt stream, its cursor, epochs, skipped prompts
   assembly     trainer.assembly / .partial_assembly  requests, arriving trajectories -> samples, micro-batches
   stream       trainer.rollout_stream.RolloutStream  a step's Rollout in batches, its deadline and retries
+  ahead        trainer.rollout_ahead.RolloutAhead   the next step's Rollout under way while this one trains
   judge        trainer.judge.Judge                  rewards in the sandbox, failed reward calls
   training     trainer.training.StepTrainer         the engine: rounds, optimizer step, state to publish
   weights      trainer.versions.WeightVersions      the newest published version and checksum
@@ -50,6 +51,7 @@ from trainer.publisher import WeightPublisher
 from trainer.rank_messages import OptimizerStep, ResumeFrom, Stop
 from trainer.reporting import StepReporter
 from trainer.resume import Checkpoints
+from trainer.rollout_ahead import Prefetched, RolloutAhead
 from trainer.rollout_client import RolloutClient
 from trainer.rollout_dump import RolloutDump
 from trainer.rollout_stream import RolloutStream
@@ -87,6 +89,7 @@ class Trainer:
         kind = PartialGroups if spec.algorithm.partial_rollout else WholeGroups
         self.assembly: StepAssembly = kind(spec, self.prompts, self.judge, self.vocab, self.dump)
         self.stream = RolloutStream(spec.rollout, reattach_s=opts.connect_timeout)
+        self.ahead = RolloutAhead(spec.algorithm.rollout_ahead)
         self.training = StepTrainer(model_dir, spec, self.vocab.pad_id)
         self.weights = WeightVersions()
         self.checkpoints = Checkpoints(spec, optional_path(opts.checkpoint_dir), opts.resume, self.steps)
@@ -151,6 +154,7 @@ class Trainer:
             await self._close()
 
     async def _close(self) -> None:
+        self.ahead.cancel()
         self.prompts.close()
         await asyncio.to_thread(self.judge.close)
         await asyncio.to_thread(self.reporter.close)
@@ -182,6 +186,7 @@ class Trainer:
                 await self.colocation.start(self.events.nc, self.opts.namespace)
                 for step in range(self.steps_done, self.steps):
                     if self.suspension.may_stop():
+                        self.ahead.cancel()
                         await publisher.flush()  # the checkpointed version is on the weight-server
                         await self.suspension.stop()
                     record = await self._step(step, rc, publisher)
@@ -221,19 +226,22 @@ class Trainer:
     async def _step(self, step: int, rc: RolloutClient, publisher: WeightPublisher) -> StepReport | None:
         """One RL step: take prompts, stream rollouts (judged and assembled as they arrive), train, publish, report,
         checkpoint and export. None: the training data is exhausted."""
-        opened = await asyncio.to_thread(self.assembly.open, step, self.weights.version)  # reads and templates
-        if opened is None:
+        prefetched = self.ahead.take(step) or await self._open(step, rc)
+        opened = prefetched.opened
+        if opened is None or prefetched.started is None:
             return None
         tally = StepTally(StepCounts(skipped=opened.skipped))
-        await self._roll_out(opened, rc, tally)
+        await self._roll_out(opened, prefetched, tally)
         samples, rest = self.assembly.finish(tally.counts)
+        save = self._checkpoint_state_if_due()  # before the next step (rolloutAhead) takes its prompts
+        if self._runs_ahead(step):
+            self.ahead.hold(await self._open(step + 1, rc, trains_at=self.weights.next_version))
         released = await self.colocation.release(step, self.weights.version)
         self.training.queue(rest)
         if self.spec.algorithm.kl_in_reward:  # the KL goes into the rewards, then the advantages (trainer.advantages)
             await self.training.penalise_kl(tally.sums)
             advantages.assign(advantages.regroup(samples), self.spec.algorithm.advantage_normalization)
         await self.training.train_rest(tally.sums, len(samples))
-        save = self._checkpoint_state_if_due()
         trained, state = await self._optimizer_step(save, tally)
         published = await self.weights.publish_next(publisher, state)
         resumed = await self.colocation.resume(step, published.version)
@@ -250,10 +258,26 @@ class Trainer:
         del state
         return record
 
-    async def _roll_out(self, opened: OpenedStep, rc: RolloutClient, tally: StepTally) -> None:
+    async def _open(self, step: int, rc: RolloutClient, trains_at: int | None = None) -> Prefetched:
+        """Take the step's prompts and make its Rollout call (at the version the workers hold; `trains_at`: the later
+        one the step will train at, algorithm.rolloutAhead)."""
+        opened = await asyncio.to_thread(self.assembly.open, step, self.weights.version, trains_at)  # reads, templates
+        started = None if opened is None else self.stream.start(rc, opened.request, self.assembly.progress)
+        return Prefetched(step, opened, started)
+
+    def _runs_ahead(self, step: int) -> bool:
+        """algorithm.rolloutAhead: whether the next step's rollout starts now (trainer.rollout_ahead says when not)."""
+        last = step + 1 >= self.steps
+        return self.ahead.enabled and not last and not self.evaluator.due(step) and not self.suspension.save_due()
+
+    async def _roll_out(self, opened: OpenedStep, prefetched: Prefetched, tally: StepTally) -> None:
         """Stream the step's rollout: each batch of new trajectories is judged and assembled, and (streamed
-        training) the micro-batches that fill a round train while the rest still streams."""
-        async with contextlib.aclosing(self.stream.batches(rc, opened.request, self.assembly.progress)) as batches:
+        training) the micro-batches that fill a round train while the rest still streams. Run ahead, a step's
+        rollout has mostly arrived when it starts, and the next step's rollout should start before it trains: it
+        trains after its stream ended."""
+        assert prefetched.started is not None
+        streams = self.assembly.streams and not self.ahead.enabled
+        async with contextlib.aclosing(self.stream.consume(prefetched.started)) as batches:
             async for arrived in batches:
                 fresh = self.assembly.fresh(arrived)  # re-sent by a retried rollout: once
                 if not fresh:
@@ -261,7 +285,7 @@ class Trainer:
                 tally.clock.arrived()
                 rewards = await self.assembly.judged(fresh)
                 self.training.queue(self.assembly.add(fresh, rewards, tally.counts))
-                if self.assembly.streams and opened.sequences is not None:
+                if streams and opened.sequences is not None:
                     await self.training.train_full_rounds(tally.sums, opened.sequences)
         tally.clock.rollout_end = time.monotonic()
 

@@ -16,7 +16,7 @@ from rlboost.spec import JobSpec, effective_micro_batch
 from rlboost.tasks.sandbox import RewardResult
 from rlboost.wire.rollout_io import RolloutRequest, Trajectory
 from trainer import advantages
-from trainer.assembly import OpenedStep, arrived, classify, training_sampling, with_prompts
+from trainer.assembly import OpenedStep, arrived, classify, older_tokens, training_sampling, with_prompts
 from trainer.grpo import Sample
 from trainer.judge import FAILED, Judge
 from trainer.partial import GroupCarry, OpenGroup
@@ -46,9 +46,10 @@ class PartialGroups:
     def progress(self) -> Progress:
         return self.carry
 
-    def open(self, step: int, version: int) -> OpenedStep | None:
+    def open(self, step: int, version: int, trains_at: int | None = None) -> OpenedStep | None:
         """The step's Rollout: new prompts up to the groups kept in flight, the earlier groups' samples still owed,
-        and the target of complete groups. None: the data is exhausted and nothing is in flight."""
+        and the target of complete groups. None: the data is exhausted and nothing is in flight. (`trains_at`: the
+        StepAssembly shape's; partial rollout is never run ahead, JobSpec refuses algorithm.rolloutAhead with it.)"""
         alg = self.spec.algorithm
         new = new_groups(self.spec.partial_rollout_groups(), len(self.carry))
         batch = self.prompts.peek(new) if new else None
@@ -116,7 +117,7 @@ class PartialGroups:
         return [s for group in ordered for s in group]
 
     def _sample(self, request: RolloutRequest, traj: Trajectory, reward: RewardResult, counts: StepCounts) -> Sample:
-        is_stale, weight = classify(request, traj, self.spec.algorithm.max_staleness)
+        is_stale, weight = classify(request.weight_version, traj, self.spec.algorithm.max_staleness)
         counts.stale += is_stale
         counts.off_policy += weight == 0.0 and traj.finish_reason != FAILED
         counts.stale_tokens += older_tokens(traj, request.weight_version) if weight else 0
@@ -135,15 +136,3 @@ class PartialGroups:
         if saved:
             self.carry.restore(saved, self.prompts.stream)
             log.info("groups in flight at the checkpoint are rolled out again", extra={"groups": len(self.carry)})
-
-
-def older_tokens(traj: Trajectory, version: int) -> int:
-    """Model tokens generated under a version older than `version` (its spans, or all at its version); an
-    episode's environment tokens (loss_mask 0) are no model's, and not counted."""
-    spans = traj.version_spans or [(traj.weight_version, len(traj.response_ids))]
-    n, at = 0, 0
-    for v, k in spans:
-        if v < version:
-            n += sum(traj.loss_mask[at : at + k]) if traj.loss_mask else k
-        at += k
-    return n

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Protocol
 
 from rlboost.spec import RolloutSpec
@@ -34,6 +35,18 @@ class Progress(Protocol):
     def missing(self) -> list: ...
 
 
+@dataclass
+class StartedRollout:
+    """A step's Rollout call under way: the task receiving its trajectories and the queue it fills (None: its end)."""
+
+    queue: asyncio.Queue[Trajectory | None]
+    reader: asyncio.Task[None]
+
+    def cancel(self) -> None:
+        """End the call (the manager drops the step's requests)."""
+        self.reader.cancel()
+
+
 class RolloutStream:
     """Streams a step's Rollout call in batches, with the step's deadline and retries."""
 
@@ -46,16 +59,25 @@ class RolloutStream:
     ) -> AsyncIterator[list[Trajectory]]:
         """The step's trajectories, as batches of what arrived while the previous batch was consumed; a stream
         failure is raised after the last batch. Close it (contextlib.aclosing): that ends the reader."""
+        async for batch in self.consume(self.start(rc, request, progress)):
+            yield batch
+
+    def start(self, rc: RolloutClient, request: RolloutRequest, progress: Progress) -> StartedRollout:
+        """Make the step's Rollout call now; its trajectories wait in a queue until `consume` (algorithm.rolloutAhead
+        starts the next step's while this one trains)."""
         queue: asyncio.Queue[Trajectory | None] = asyncio.Queue()
-        reader = asyncio.create_task(self._read(rc, request, queue, progress))
+        return StartedRollout(queue, asyncio.create_task(self._read(rc, request, queue, progress)))
+
+    async def consume(self, started: StartedRollout) -> AsyncIterator[list[Trajectory]]:
+        """A started call's trajectories in batches, as `batches`; closing it ends the call."""
         ended = False
         try:
-            while not ended and (first := await queue.get()) is not None:
-                batch, ended = drain(queue, first)
+            while not ended and (first := await started.queue.get()) is not None:
+                batch, ended = drain(started.queue, first)
                 yield batch
-            await reader  # re-raises a stream failure
+            await started.reader  # re-raises a stream failure
         finally:
-            reader.cancel()
+            started.cancel()
 
     async def _read(self, rc: RolloutClient, request: RolloutRequest, queue: asyncio.Queue, progress: Progress) -> None:
         """Receive the step's trajectories into the queue; None marks the end."""

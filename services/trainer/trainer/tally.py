@@ -19,7 +19,7 @@ class StepCounts:
     skipped: int = 0  # dataset prompts skipped for length while taking the step's batch
     off_policy: int = 0  # samples older than algorithm.maxStaleness: weight 0 (a dropped sample is not counted)
     stale: int = 0  # samples within algorithm.maxStaleness but older than the step's version
-    stale_tokens: int = 0  # partial rollout: trained response tokens generated under an older version
+    stale_tokens: int = 0  # trained response tokens generated under an older version (partial rollout, rolloutAhead)
     carried_over: int = 0  # partial rollout: samples still owed at the step's end, continued next step
     baseline_excluded: int = 0  # samples kept out of their group's baseline (trainer.advantages.exclusion)
     finish_reasons: dict[str, int] = field(default_factory=dict)  # finish_reason ('?' when empty) -> samples

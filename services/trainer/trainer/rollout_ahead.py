@@ -1,0 +1,57 @@
+"""algorithm.rolloutAhead: the next step's rollout, asked for as soon as this step's has ended, so the workers generate
+it while the trainer trains this step (one-step off-policy, as veRL's and AReaL's asynchronous trainers do).
+
+The next step's Rollout is made at the weight version the workers hold (this step's, v) and its samples are counted
+against the version that step trains at (v + 1): stale by one, so they take the workers' log-probs as the ratio's old
+policy (docs/algorithms.md, "The estimator"). Not run ahead: the job's last step, a step after which an evaluation runs
+or a suspension was asked for (their Rollout would share the manager with it), and the first step of a run or a
+resumed run. A checkpoint records the prompt cursor from before the next step took its prompts, so a resumed run
+takes them again (generated afresh, on-policy: a resumed run is not bit-exact with an uninterrupted one here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainer.assembly import OpenedStep
+from trainer.rollout_stream import StartedRollout
+
+
+@dataclass
+class Prefetched:
+    """A step opened ahead: its request (None: the data ran out when it was opened) and its Rollout call."""
+
+    step: int
+    opened: OpenedStep | None
+    started: StartedRollout | None
+
+
+class RolloutAhead:
+    """Holds the one step opened ahead of the trainer, if any."""
+
+    def __init__(self, steps_ahead: int) -> None:
+        self.enabled = steps_ahead > 0
+        self.held: Prefetched | None = None
+
+    def take(self, step: int) -> Prefetched | None:
+        """The step, if it was opened ahead (then no longer held)."""
+        held, self.held = self.held, None
+        if held is not None and held.step != step:  # never happens: steps run in order; end its call all the same
+            self._end(held)
+            return None
+        return held
+
+    def hold(self, prefetched: Prefetched) -> None:
+        self.cancel()
+        self.held = prefetched
+
+    def cancel(self) -> None:
+        """End a held step's Rollout call (a suspension, the job's end or failure): the manager drops its requests."""
+        if self.held is not None:
+            self._end(self.held)
+            self.held = None
+
+    @staticmethod
+    def _end(prefetched: Prefetched) -> None:
+        if prefetched.started is not None:
+            prefetched.started.cancel()

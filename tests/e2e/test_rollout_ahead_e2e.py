@@ -1,0 +1,30 @@
+"""algorithm.rolloutAhead end to end (`rlboost local`, every service a real process): each step after the first
+trains on samples the workers generated with the previous step's weights, so its Rollout reached the manager
+before those weights were published; every sample arrives, is counted stale and trains."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.local_cli import run_local
+
+
+@pytest.mark.slow
+def test_each_step_trains_on_the_rollout_made_while_the_previous_step_trained(tmp_path: Path) -> None:
+    config = tmp_path / "ahead.yaml"
+    config.write_text("algorithm:\n  rolloutAhead: 1\n  maxStaleness: 1\n")
+    dump = tmp_path / "rollouts.jsonl"
+    run_local("--config", config, "--steps", "4", "--run-dir", tmp_path / "run", "--dump-rollouts", dump)
+    versions: dict[int, set[int]] = {}
+    for line in dump.read_text().splitlines():
+        sample = json.loads(line)
+        versions.setdefault(sample["step"], set()).add(sample["weight_version"])
+    # step 0 is rolled out at the start's weights; step s > 0 at version s - 1, while step s - 1 trained
+    assert versions == {0: {0}, 1: {0}, 2: {1}, 3: {2}}
+    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    assert [s["stale"] for s in steps] == [0, 256, 256, 256]  # each importance-corrected, none skipped
+    assert all(s["trajectories"] == 256 and s["off_policy"] == 0 for s in steps)
+    assert steps[1]["stale_tokens"] == steps[1]["tokens"] > 0
