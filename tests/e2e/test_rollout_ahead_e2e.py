@@ -28,3 +28,23 @@ def test_each_step_trains_on_the_rollout_made_while_the_previous_step_trained(tm
     assert [s["stale"] for s in steps] == [0, 256, 256, 256]  # each importance-corrected, none skipped
     assert all(s["trajectories"] == 256 and s["off_policy"] == 0 for s in steps)
     assert steps[1]["stale_tokens"] == steps[1]["tokens"] > 0
+
+
+@pytest.mark.slow
+def test_a_step_after_an_evaluation_is_not_run_ahead(tmp_path: Path) -> None:
+    """The evaluation's Rollout runs between two steps; the next step's rollout is not started beside it, so that
+    step is rolled out at its own weights (on-policy), and the one after it runs ahead again."""
+    config = tmp_path / "ahead.yaml"
+    config.write_text(
+        "algorithm:\n  rolloutAhead: 1\n  maxStaleness: 1\nevaluation:\n  everySteps: 2\n  prompts: 8\n  samples: 1\n"
+    )
+    dump = tmp_path / "rollouts.jsonl"
+    run_local("--config", config, "--steps", "5", "--run-dir", tmp_path / "run", "--dump-rollouts", dump)
+    versions: dict[int, set[int]] = {}
+    for line in dump.read_text().splitlines():
+        sample = json.loads(line)
+        versions.setdefault(sample["step"], set()).add(sample["weight_version"])
+    assert versions == {0: {0}, 1: {0}, 2: {2}, 3: {2}, 4: {4}}  # evaluations after steps 1, 3 and 4 (the last)
+    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    assert [s["stale"] for s in steps] == [0, 256, 0, 256, 0]
+    assert [s.get("validation") is not None for s in steps] == [False, True, False, True, True]

@@ -4,9 +4,10 @@ it while the trainer trains this step (one-step off-policy, as veRL's and AReaL'
 The next step's Rollout is made at the weight version the workers hold (this step's, v) and its samples are counted
 against the version that step trains at (v + 1): stale by one, so they take the workers' log-probs as the ratio's old
 policy (docs/algorithms.md, "The estimator"). Not run ahead: the job's last step, a step after which an evaluation runs
-or a suspension was asked for (their Rollout would share the manager with it), and the first step of a run or a
-resumed run. A checkpoint records the prompt cursor from before the next step took its prompts, so a resumed run
-takes them again (generated afresh, on-policy: a resumed run is not bit-exact with an uninterrupted one here).
+(the evaluation has the workers to itself: its time and its deadline are its own) or a suspension was asked for (the
+pod is about to stop), and the first step of a run or a resumed run. A checkpoint records the prompt cursor from
+before the next step took its prompts, so a resumed run takes them again (generated afresh, on-policy: a resumed run
+is not bit-exact with an uninterrupted one here).
 """
 
 from __future__ import annotations
