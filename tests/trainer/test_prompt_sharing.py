@@ -94,3 +94,61 @@ def test_the_engine_trains_on_shared_prompts_as_on_whole_rows(tiny_model_dir):
     assert torch.allclose(shared_logp, logp, atol=1e-5)
     assert shared_loss == pytest.approx(loss, abs=1e-6) and shared_stats.tokens == stats.tokens == 15
     assert shared_stats.entropy_sum == pytest.approx(stats.entropy_sum, rel=1e-5)
+
+
+# A micro-batch of the default job (step 1): 3 distinct prompts (two groups share one), 2-token responses.
+DEFAULT_JOB_PROMPTS = [
+    [1, 278, 201, 280, 279, 223, 18, 13, 21, 33, 2, 201, 1, 282, 201],
+    [1, 278, 201, 280, 279, 223, 20, 13, 19, 33, 2, 201, 1, 282, 201],
+    [1, 278, 201, 280, 279, 223, 22, 13, 23, 33, 2, 201, 1, 282, 201],
+]
+DEFAULT_JOB_ANSWERS = [21, 23, 23] + [22] * 17 + [21, 22, 21, 22, 26, 25, 26, 25, 25, 26, 27, 26]
+
+
+def test_the_default_jobs_gradient_is_the_same_on_one_and_two_threads(tmp_path):
+    """On the default job's model (vocabulary 283), an LM head over 3 rows (one per distinct prompt) gave other bits
+    on 1 and 2 threads here (the default job then ended on other weights with a 2-thread trainer); over every row,
+    at least 4 (`head_rows`), it does not. In a process of its own, with the trainer's CPU arithmetic
+    (rlboost.cpu_numerics: AVX2 kernels, which must be chosen before torch loads)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from rlboost.cpu_numerics import CPU_NUMERICS_ENV
+
+    code = f"from tests.trainer.test_prompt_sharing import gradients_alike; print(gradients_alike({str(tmp_path)!r}))"
+    env = {**os.environ, **CPU_NUMERICS_ENV}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(__file__).parents[2], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "True", out.stderr[-2000:]
+
+
+def gradients_alike(tmp: str) -> bool:
+    """Whether the default job's micro-batch above gives the same gradient on 1 and 2 threads (shared prompts)."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    from rlboost.models import ensure_model
+    from rlboost.spec import JobSpec
+
+    spec = JobSpec()
+    model = AutoModelForCausalLM.from_pretrained(str(ensure_model(spec.model, spec.task, Path(tmp) / "model")))
+    rows = []
+    for i, answer in enumerate(DEFAULT_JOB_ANSWERS):
+        p = 0 if i < 8 else 1 if i < 24 else 2
+        t = Trajectory(f"s1-{i}", 1, p, i, DEFAULT_JOB_PROMPTS[p], [answer, 2], [], "stop", 1)
+        rows.append(Sample(t, reward=0.0, advantage=1.0))
+    batch = collate(rows, pad_id=0)
+    shared = prompt_sharing.plan(batch)
+    view = prompt_sharing.view(batch, shared)
+    grads = []
+    for n in (1, 2):
+        torch.set_num_threads(n)
+        model.zero_grad()
+        logp = token_logprobs(prompt_sharing.forward(model, shared), view.input_ids, 1.0, where=view.loss_mask() > 0)
+        logp.sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    return all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
