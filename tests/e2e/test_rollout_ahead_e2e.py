@@ -18,13 +18,10 @@ def test_each_step_trains_on_the_rollout_made_while_the_previous_step_trained(tm
     config.write_text("algorithm:\n  rolloutAhead: 1\n  maxStaleness: 1\n")
     dump = tmp_path / "rollouts.jsonl"
     run_local("--config", config, "--steps", "4", "--run-dir", tmp_path / "run", "--dump-rollouts", dump)
-    versions: dict[int, set[int]] = {}
-    for line in dump.read_text().splitlines():
-        sample = json.loads(line)
-        versions.setdefault(sample["step"], set()).add(sample["weight_version"])
+    versions = weight_versions(dump)
     # step 0 is rolled out at the start's weights; step s > 0 at version s - 1, while step s - 1 trained
     assert versions == {0: {0}, 1: {0}, 2: {1}, 3: {2}}
-    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    steps = read_jsonl(tmp_path / "run" / "steps.jsonl")
     assert [s["stale"] for s in steps] == [0, 256, 256, 256]  # each importance-corrected, none skipped
     assert all(s["trajectories"] == 256 and s["off_policy"] == 0 for s in steps)
     assert steps[1]["stale_tokens"] == steps[1]["tokens"] > 0
@@ -40,11 +37,20 @@ def test_a_step_after_an_evaluation_is_not_run_ahead(tmp_path: Path) -> None:
     )
     dump = tmp_path / "rollouts.jsonl"
     run_local("--config", config, "--steps", "5", "--run-dir", tmp_path / "run", "--dump-rollouts", dump)
-    versions: dict[int, set[int]] = {}
-    for line in dump.read_text().splitlines():
-        sample = json.loads(line)
-        versions.setdefault(sample["step"], set()).add(sample["weight_version"])
+    versions = weight_versions(dump)
     assert versions == {0: {0}, 1: {0}, 2: {2}, 3: {2}, 4: {4}}  # evaluations after steps 1, 3 and 4 (the last)
-    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    steps = read_jsonl(tmp_path / "run" / "steps.jsonl")
     assert [s["stale"] for s in steps] == [0, 256, 0, 256, 0]
     assert [s.get("validation") is not None for s in steps] == [False, True, False, True, True]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def weight_versions(dump: Path) -> dict[int, set[int]]:
+    """Each step's samples' weight versions, from a --dump-rollouts file."""
+    versions: dict[int, set[int]] = {}
+    for sample in read_jsonl(dump):
+        versions.setdefault(sample["step"], set()).add(sample["weight_version"])
+    return versions

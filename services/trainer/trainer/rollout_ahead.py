@@ -37,22 +37,14 @@ class RolloutAhead:
     def take(self, step: int) -> Prefetched | None:
         """The step, if it was opened ahead (then no longer held)."""
         held, self.held = self.held, None
-        if held is not None and held.step != step:  # never happens: steps run in order; end its call all the same
-            self._end(held)
-            return None
+        assert held is None or held.step == step, f"step {held.step} was opened ahead, step {step} runs"
         return held
 
     def hold(self, prefetched: Prefetched) -> None:
-        self.cancel()
         self.held = prefetched
 
     def cancel(self) -> None:
         """End a held step's Rollout call (a suspension, the job's end or failure): the manager drops its requests."""
-        if self.held is not None:
-            self._end(self.held)
-            self.held = None
-
-    @staticmethod
-    def _end(prefetched: Prefetched) -> None:
-        if prefetched.started is not None:
-            prefetched.started.cancel()
+        if self.held is not None and self.held.started is not None:
+            self.held.started.cancel()
+        self.held = None
