@@ -105,6 +105,16 @@ class ChildPlan:
     pool: str = ""  # workers only
     env: dict[str, str] = field(default_factory=dict)
     options: ServiceOptions | None = None  # what argv renders (an rlboost service; None for nats-server)
+    cores: tuple[int, ...] = ()  # the CPUs it may run on (core_split); empty: those of `rlboost local`
+
+
+@dataclass(frozen=True)
+class CoreSplit:
+    """The CPUs of a run whose rollout overlaps training: the trainer's ranks on some, every other child on the
+    rest, so neither waits for the other's CPU (`core_split`)."""
+
+    trainer: tuple[int, ...]
+    services: tuple[int, ...]
 
 
 @dataclass
@@ -127,6 +137,11 @@ class LocalPlan:
     # The plan each child was last started with (runner.start_child): a restart uses it, also for spot workers
     # started after the first plan (by the trace or chaos), which `children` does not list.
     started: dict[str, ChildPlan] = field(default_factory=dict)
+    split: CoreSplit | None = None  # where the trainer and the other children run (core_split); None: anywhere
+
+    def service_cores(self) -> tuple[int, ...]:
+        """The CPUs of every child but the trainer's ranks (empty: the run's own)."""
+        return self.split.services if self.split else ()
 
     @property
     def nats_url(self) -> str:
@@ -216,6 +231,7 @@ class LocalPlan:
             pool=pool,
             env=env,
             options=options,
+            cores=self.service_cores(),
         )
 
     def env_runner(self, runner_id: str) -> ChildPlan:
@@ -223,8 +239,9 @@ class LocalPlan:
         metrics_port = self.port_fn()
         options = env_runner_options(self.site, runner_id, f"local-{runner_id}", self.model_dir, metrics_port)
         env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        argv = options.command(self.options.python)
         return ChildPlan(
-            runner_id, options.command(self.options.python), "env-runner", metrics_port, env=env, options=options
+            runner_id, argv, "env-runner", metrics_port, env=env, options=options, cores=self.service_cores()
         )
 
     def identity_file(self, worker_id: str) -> Path:
@@ -248,7 +265,8 @@ class LocalPlan:
 def _nats(plan: LocalPlan, nats_binary: str) -> ChildPlan:
     # Listen address, JetStream store and one user per role with its job's subjects: the runner writes the file
     # from the job's credentials (nats_config_text) before starting it.
-    return ChildPlan("nats", [nats_binary, "-c", str(plan.nats_config_file)], "nats", plan.nats_port)
+    argv = [nats_binary, "-c", str(plan.nats_config_file)]
+    return ChildPlan("nats", argv, "nats", plan.nats_port, cores=plan.service_cores())
 
 
 def _weight_server(plan: LocalPlan) -> ChildPlan:
@@ -260,6 +278,7 @@ def _weight_server(plan: LocalPlan) -> ChildPlan:
         plan.weight_server_port,
         health_url=plan.weight_server_url + HEALTHZ,
         options=options,
+        cores=plan.service_cores(),
     )
 
 
@@ -273,6 +292,7 @@ def _manager(plan: LocalPlan) -> ChildPlan:
         plan.manager_port,
         health_url=health,
         options=options,
+        cores=plan.service_cores(),
     )
 
 
@@ -287,12 +307,15 @@ def _trainers(plan: LocalPlan, resume: bool | None = None) -> list[ChildPlan]:
             plan.site, plan.model_dir, o.run_dir, metrics_port, o.dump_rollouts, o.trainer_checkpoints, resume
         )
         env = {**CPU_NUMERICS_ENV, **(env or {})}  # the same weights on every x86 machine (rlboost.cpu_numerics)
-        return ChildPlan(name, options.command(o.python), "trainer", metrics_port, env=env, options=options)
+        cores = plan.split.trainer if plan.split else ()
+        return ChildPlan(
+            name, options.command(o.python), "trainer", metrics_port, env=env, options=options, cores=cores
+        )
 
     world = plan.spec.trainer.ranks
     rendezvous = {"WORLD_SIZE": str(world), "MASTER_ADDR": HOST, "MASTER_PORT": str(plan.port_fn())}
     if world == 1:  # a rendezvous of its own too: one inherited from this process's environment may be in use
-        threads = str(trainer_threads(plan.spec, available_cores()))
+        threads = str(len(plan.split.trainer) if plan.split else trainer_threads(plan.spec, available_cores()))
         env = {**rendezvous, "RANK": "0", "LOCAL_RANK": "0", "OMP_NUM_THREADS": threads}
         return [child("trainer", plan.trainer_metrics_port, env)]
     out = []
@@ -313,10 +336,34 @@ def trainer_threads(spec: JobSpec, cores: int) -> int:
     return max(1, cores - spec.rollout.reserved.replicas - spec.rollout.spot.replicas)
 
 
-def available_cores() -> int:
-    """The cores this process may run on (its affinity, where the OS has one)."""
+def core_split(spec: JobSpec, allowed: list[int]) -> CoreSplit | None:
+    """Where a CPU run whose rollout overlaps training (algorithm.rolloutAhead) puts its children: the trainer's
+    ranks on the first `max(ranks, trainer_threads)` CPUs (leaving at least one), every other child on the rest.
+
+    With the rollout one step ahead the workers generate while the trainer trains; sharing every CPU, the trainer's
+    threads waited for one ~60 ms a step behind the workers', and its training took 0.17-0.18 s instead of 0.14 s.
+    Split, the default job with rolloutAhead took 0.185-0.194 s a step against 0.218-0.298 (2 vCPUs,
+    docs/benchmarks.md, "Step time against TRL"). Otherwise None: an on-policy step's rollout and training take
+    turns (the workers need every CPU while the trainer waits for the first groups), and split, the default job's
+    step took 0.30-0.34 s against 0.25. GPU runs are left alone too: their compute is not on these CPUs."""
+    cores = sorted(allowed)
+    pools = (spec.rollout.reserved, spec.rollout.spot, *spec.rollout.spot.variants)
+    gpus = spec.trainer.gpus_per_rank + sum(pool.gpus_per_worker for pool in pools)
+    if not spec.algorithm.rollout_ahead or len(cores) < 2 or gpus:
+        return None
+    n = min(len(cores) - 1, max(spec.trainer.ranks, trainer_threads(spec, len(cores))))
+    return CoreSplit(tuple(cores[:n]), tuple(cores[n:]))
+
+
+def allowed_cores() -> list[int]:
+    """The CPUs this process may run on (its affinity, where the OS has one)."""
     affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    return sorted(affinity(0)) if affinity is not None else list(range(os.cpu_count() or 1))
+
+
+def available_cores() -> int:
+    """How many CPUs this process may run on."""
+    return len(allowed_cores())
 
 
 def model_dir_for(spec: JobSpec, run_dir: Path) -> Path:
@@ -360,6 +407,7 @@ def build_plan(
         trainer_metrics_port=ports["trainer_metrics"],
         children=[],
         port_fn=port_fn,
+        split=core_split(spec, allowed_cores()),
     )
     n_spot = spec.rollout.spot.replicas if spot_workers is None else spot_workers
     plan.children = [

@@ -118,7 +118,7 @@ def start_child(sup: Supervisor, plan: LocalPlan, child: ChildPlan) -> None:
     """Start `child` (again); a worker gets its identity proof first."""
     if child.role == "rollout-worker":
         write_identity_proof(plan, child)
-    sup.start(child.name, child.argv, child.env, role=child.role, pool=child.pool)
+    sup.start(child.name, child.argv, child.env, role=child.role, pool=child.pool, cores=child.cores)
     plan.started[child.name] = child
 
 
@@ -725,6 +725,10 @@ def _print_summary(console: Console, report: LocalReport, plot: Path | None, jso
             console.print(f"{what}: {path}")
 
 
+def _cpus(cores: tuple[int, ...]) -> str:
+    return ",".join(map(str, cores))
+
+
 def run_local(spec: JobSpec, options: LocalOptions, console: Console, json_report: Path | None = None) -> int:
     """Run the job; return the exit code. Bad input (a trace file) raises TraceError before anything starts."""
     first_count = None
@@ -736,6 +740,8 @@ def run_local(spec: JobSpec, options: LocalOptions, console: Console, json_repor
     prepare_run_dir(spec, plan)
     write_endpoints(plan)
     console.print(f"run directory: {options.run_dir}  (logs in {plan.log_dir})")
+    if plan.split:  # the rollout overlaps training: each side on CPUs of its own (rlboost.local.plan.core_split)
+        console.print(f"CPUs: trainer {_cpus(plan.split.trainer)}, every other service {_cpus(plan.split.services)}")
     previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     sup = Supervisor(plan.log_dir)
     run = Run(spec, plan, console, _make_spot_controller(spec, options, sup, plan, n_spot))

@@ -25,7 +25,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,6 +86,18 @@ def _die_with_parent() -> None:
     """
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _child_setup(cores: tuple[int, ...]) -> Callable[[], None]:
+    """What the child runs before exec: `_die_with_parent`, then its CPUs when it has its own (before exec, so every
+    thread it ever starts inherits them)."""
+
+    def setup() -> None:
+        _die_with_parent()
+        if cores:
+            os.sched_setaffinity(0, cores)
+
+    return setup
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -153,9 +165,16 @@ class Supervisor:
         self.children: dict[str, Child] = {}
 
     def start(
-        self, name: str, argv: Sequence[str], env: dict[str, str] | None = None, role: str = "", pool: str = ""
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: dict[str, str] | None = None,
+        role: str = "",
+        pool: str = "",
+        cores: tuple[int, ...] = (),
     ) -> Child:
-        """Start `argv` in a new session (its own process group), output appended to logs/<name>.log."""
+        """Start `argv` in a new session (its own process group), output appended to logs/<name>.log, on `cores`
+        (empty: this process's CPUs)."""
         if name in self.children and self.children[name].alive:
             raise ValueError(f"child {name!r} is already running")
         # The plan's env is a default the user's environment overrides (e.g. OMP_NUM_THREADS), except a trainer's rendezvous: one inherited
@@ -171,11 +190,11 @@ class Supervisor:
                 stdin=subprocess.DEVNULL,
                 env=full_env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_child_setup(cores),
             )
         child = Child(name, proc, log_path, role=role, pool=pool)
         self.children[name] = child
-        log.info("started child", extra={"child": name, "pid": proc.pid})
+        log.info("started child", extra={"child": name, "pid": proc.pid, "cores": list(cores)})
         return child
 
     def wait_ready(self, name: str, port: int | None, health_url: str = "", timeout: float = 60.0) -> None:

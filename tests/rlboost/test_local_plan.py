@@ -9,7 +9,7 @@ import yaml
 
 from rlboost.cpu_numerics import CPU_NUMERICS_ENV
 from rlboost.local import plan as plan_module
-from rlboost.local.plan import LocalOptions, build_plan, initial_spot_workers, trainer_threads
+from rlboost.local.plan import CoreSplit, LocalOptions, build_plan, core_split, initial_spot_workers, trainer_threads
 from rlboost.local.progress import ProgressState, sparkline
 from rlboost.local.report import LocalReport, counters_from_status, plot_rewards, write_report
 from rlboost.spec import JobSpec, load_job_spec
@@ -124,6 +124,39 @@ def test_a_single_rank_trainer_takes_the_cores_the_workers_leave(tmp_path: Path,
     assert plan.restart_of("trainer")[0].env["OMP_NUM_THREADS"] == "5"
     workers = [c.env["OMP_NUM_THREADS"] for c in plan.children if c.role == "rollout-worker"]
     assert workers == ["1", "1", "1"]
+
+
+AHEAD = {"algorithm": {"maxStaleness": 1, "rolloutAhead": 1}}
+
+
+def test_a_rollout_one_step_ahead_puts_the_trainer_and_the_services_on_cpus_of_their_own() -> None:
+    """The trainer takes max(ranks, trainer_threads) CPUs, leaving at least one to the services; on-policy runs, GPU
+    runs and one CPU are not split (docs/benchmarks.md: split, an on-policy step was slower)."""
+    ahead = JobSpec.model_validate(AHEAD)
+    assert core_split(ahead, [0, 1]) == CoreSplit((0,), (1,))
+    assert core_split(ahead, [7, 3, 5]) == CoreSplit((3,), (5, 7))  # the CPUs allowed, in order
+    assert core_split(ahead, list(range(16))) == CoreSplit(tuple(range(13)), (13, 14, 15))
+    two_ranks = JobSpec.model_validate({**AHEAD, "trainer": {"ranks": 2}})
+    assert core_split(two_ranks, [0, 1, 2]) == CoreSplit((0, 1), (2,))
+    assert core_split(two_ranks, [0, 1]) == CoreSplit((0,), (1,))  # the services keep one
+    assert core_split(ahead, [0]) is None
+    assert core_split(JobSpec(), [0, 1]) is None
+    gpu = JobSpec.model_validate({**AHEAD, "rollout": {"reserved": {"gpusPerWorker": 1}}})
+    assert core_split(gpu, [0, 1]) is None
+
+
+def test_the_plan_gives_every_child_its_cpus_also_restarts_and_later_spot_workers(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(plan_module, "allowed_cores", lambda: [0, 1, 2, 3])
+    ports = itertools.count(22000)
+    options = LocalOptions(run_dir=tmp_path / "run", python="/py")
+    plan = build_plan(JobSpec.model_validate(AHEAD), options, lambda: next(ports), nats_binary="/bin/nats-server")
+    assert plan.child("trainer").cores == (0,) and plan.child("trainer").env["OMP_NUM_THREADS"] == "1"
+    assert plan.restart_of("trainer")[0].cores == (0,)
+    others = [c for c in plan.children if c.role != "trainer"]
+    assert len(others) == 6 and all(c.cores == (1, 2, 3) for c in others)
+    assert plan.worker("spot-9", "spot").cores == (1, 2, 3)
+    on_policy = _plan(tmp_path)
+    assert on_policy.split is None and all(c.cores == () for c in on_policy.children)
 
 
 def test_examples_local_yaml_equals_the_embedded_default() -> None:

@@ -128,6 +128,24 @@ def test_a_childs_rendezvous_beats_the_inherited_one_and_other_defaults_do_not(t
     assert sup.tail("child").strip() == "2222 4"
 
 
+def test_a_child_and_every_thread_it_starts_run_on_its_cpus(tmp_path: Path) -> None:
+    """rlboost.local.plan.core_split's CPUs hold for the child's threads too (torch's, gRPC's): set before exec."""
+    cpus = sorted(os.sched_getaffinity(0))
+    sup = Supervisor(tmp_path / "logs")
+    show = (
+        "import os, threading; seen = []; t = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)));"
+        "t.start(); t.join(); print(sorted(os.sched_getaffinity(0)), sorted(seen[0]), flush=True)"
+    )
+    try:
+        sup.start("pinned", [PY, "-c", show], cores=(cpus[-1],))
+        sup.start("free", [PY, "-c", show])
+        wait_until(lambda: sup.tail("pinned").strip() and sup.tail("free").strip(), timeout=30, what="the output")
+    finally:
+        sup.shutdown(grace_s=5)
+    assert sup.tail("pinned").strip() == f"[{cpus[-1]}] [{cpus[-1]}]"
+    assert sup.tail("free").strip() == f"{cpus} {cpus}"
+
+
 def test_a_port_answered_by_another_program_is_not_ready_and_named(tmp_path: Path) -> None:
     """The weight-server's health URL answered by another run's nats-server (its INFO line, not HTTP): not healthy,
     no traceback, and the child's start-up fails naming the port."""
