@@ -25,7 +25,7 @@ from tests.e2e.local_cli import run_local
 REPO = Path(__file__).resolve().parents[2]
 # Since trainer.sharePrompts (2026-11-28, torch 2.13.0+cpu): each prompt computed once per micro-batch sums in
 # another order than whole rows did (b5b6db41... from issue 18's refactor, 2026-11-23, until then).
-DEFAULT_JOB_CHECKSUM = "16f13ad2989e12d47f71f8a96a42cb98cbf9a7909c055f7f62be48230a1230a4"
+DEFAULT_JOB_CHECKSUM = "8b2260f9d9526231c79ef66921f5b0fac167c0196a40f8e0d6d77f9198817e6a"
 X86 = ("x86_64", "amd64")  # where that checksum holds (also on AVX-512 machines: rlboost.cpu_numerics)
 
 

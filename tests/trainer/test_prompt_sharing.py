@@ -33,19 +33,26 @@ def _batch():
     return collate(samples, pad_id=0)
 
 
-def _model(tiny_model_dir):
+def _model(tiny_model_dir, attention: str = "sdpa"):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(tiny_model_dir), dtype=torch.float32, attn_implementation=attention
+    )
     with torch.no_grad():  # random weights: a freshly made tiny model's are nearly uniform
         for param in model.parameters():
             param.add_(0.2 * torch.randn_like(param))
     return model
 
 
-def test_shared_prompts_give_the_plain_forwards_log_probs_and_gradient(tiny_model_dir):
-    model, batch = _model(tiny_model_dir), _batch()
+@pytest.mark.parametrize("how", ["packed", "packed-eager", "cached"])
+def test_shared_prompts_give_the_plain_forwards_log_probs_and_gradient(tiny_model_dir, how, monkeypatch):
+    """Packed in one pass (SDPA's boolean mask, eager attention's additive one) and in two passes over a KV cache
+    (a micro-batch past PACK_MAX_MASK)."""
+    model, batch = _model(tiny_model_dir, "eager" if how == "packed-eager" else "sdpa"), _batch()
+    if how == "cached":
+        monkeypatch.setattr(prompt_sharing, "PACK_MAX_MASK", 0)
     weights = torch.rand(batch.response_mask.shape, generator=torch.Generator().manual_seed(1))
 
     plain = token_logprobs(
@@ -57,6 +64,7 @@ def test_shared_prompts_give_the_plain_forwards_log_probs_and_gradient(tiny_mode
 
     shared = prompt_sharing.plan(batch)
     assert shared is not None and shared.prompts.shape[0] == 3 and shared.of_row.tolist() == [0, 0, 0, 1, 1, 2]
+    assert (prompt_sharing.pack(shared) is None) == (how == "cached")
     view = prompt_sharing.view(batch, shared)
     logp = token_logprobs(prompt_sharing.forward(model, shared), view.input_ids, 0.7)
     columns = prompt_sharing.view(batch.__class__(**{**vars(batch), "response_mask": weights}), shared).response_mask
@@ -68,6 +76,22 @@ def test_shared_prompts_give_the_plain_forwards_log_probs_and_gradient(tiny_mode
     assert view.num_tokens == batch.num_tokens == 15  # every loss token kept, the environment's two left out
     for mine, want in zip((p.grad for p in model.parameters()), plain_grads, strict=True):
         assert torch.allclose(mine, want, rtol=1e-4, atol=1e-6)
+
+
+def test_the_packed_rows_hold_each_prompt_then_its_responses_each_seeing_its_prompt_and_itself():
+    shared = prompt_sharing.plan(_batch())
+    packed = prompt_sharing.pack(shared)
+    assert packed is not None and packed.input_ids.shape == (3, 12)  # the longest: 4 + 3 + 1 + 4
+    assert packed.input_ids[0].tolist() == [5, 9, 12, 7, 20, 21, 22, 23, 24, 25, 26, 27]
+    assert packed.position_ids[0].tolist() == [0, 1, 2, 3, 4, 5, 6, 4, 4, 5, 6, 7]  # each response after the prompt
+    assert packed.input_ids[2, :9].tolist() == [8, 6, 11, 13, 14, 16, 40, 41, 42]
+    sees = packed.mask[0, 0]
+    assert sees[8].tolist() == [True] * 4 + [False] * 4 + [True] + [False] * 3  # response 3's first token
+    assert sees[3].tolist() == [True] * 4 + [False] * 8  # the prompt sees only itself, causally
+    assert sees[11, 8:].all() and not sees[11, 4:8].any()
+    assert packed.mask[2, 0, 10:, 10:].equal(torch.eye(2, dtype=torch.bool))  # padding sees only itself
+    logit_at = packed.logit_at.reshape(6, -1)  # response coordinates: [the prompt's last, after each token...]
+    assert logit_at[2].tolist() == [3, 8, 9, 10, 11] and logit_at[1].tolist() == [3, 7, 3, 3, 3]
 
 
 def test_no_sharing_without_a_repeated_prompt():
