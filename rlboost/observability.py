@@ -26,6 +26,7 @@ from threading import Thread
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from rlboost import gc_pauses
 from rlboost.wire.service_routes import HEALTHZ, METRICS
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
@@ -79,6 +80,7 @@ def setup_logging(service: str, level: str = "INFO") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     dump_stacks_on_signals()
+    gc_pauses.watch()  # every service's collector pauses in rlboost_gc_pause_seconds
 
 
 def dump_stacks_on_signals() -> None:

@@ -38,6 +38,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any, NoReturn, TypeVar
 
+from rlboost import gc_pauses
 from rlboost.observability import serve_http, setup_logging
 from rlboost.options.base import parse_service_args
 from rlboost.options.worker import WorkerOptions
@@ -78,6 +79,8 @@ async def _amain(args: WorkerOptions) -> int:
             _exit_at_once(0)
         stop.session = session  # from now on a signal drains the session
         stop.install()
+        frozen = gc_pauses.freeze_after_start()  # the engine's and libraries' objects: out of every full collection
+        log.info("started: start-up's objects kept out of garbage collection", extra={"objects": frozen})
         await session.run()
         log.info("worker stopped", extra={"worker_id": args.worker_id})
         return 0

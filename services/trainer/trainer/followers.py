@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlboost import gc_pauses
 from trainer import ranks
 from trainer.rank_messages import OptimizerStep, RankMessage, ResumeFrom, ScoreRound, Stop, TrainRound
 from trainer.resume import Checkpoints
@@ -20,6 +21,7 @@ def follow(training: StepTrainer, checkpoints: Checkpoints) -> int:
     """Blocking (call it in a thread): do what rank 0 says until Stop; returns the steps taken."""
     start = _expect(ranks.broadcast(), ResumeFrom)
     training.restore(Path(start.checkpoint) if start.checkpoint else None)
+    gc_pauses.freeze_after_start()  # as rank 0's loop: start-up's objects out of every full collection
     sums, steps = TrainSums(), 0
     while True:
         msg: RankMessage = ranks.broadcast()

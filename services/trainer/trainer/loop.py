@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlboost import gc_pauses
 from rlboost.auth.grpc_auth import ClientAuth
 from rlboost.environment_registry import check_environment
 from rlboost.observability import LoopWatchdog
@@ -173,6 +174,7 @@ class Trainer:
             rlboost.delta.warm_up_in_background()
         await asyncio.to_thread(ranks.broadcast, ResumeFrom(str(ckpt) if ckpt else None))
         state = await asyncio.to_thread(self.training.restore, ckpt)
+        gc_pauses.freeze_after_start()  # torch's, DeepSpeed's and the model's objects: out of every full collection
         streams, ca = self.spec.weight_sync.streams, self.auth.ca
         async with WeightClient(self.opts.weight_server, token=self.token, streams=streams, ca=ca) as wc:
             publisher = WeightPublisher.from_spec(  # weightSync.mode: delta | full; signed with the job's key
