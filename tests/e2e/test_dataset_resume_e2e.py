@@ -19,7 +19,7 @@ model: {{path: {model}, hiddenSize: 64, numLayers: 2, numHeads: 2, warmupSteps: 
 task:
   reward: math_answer
   dataset: {{train: {train}, systemPrompt: "Answer.", maxPromptTokens: 64, shuffleWindowBlocks: 1}}
-algorithm: {{promptsPerStep: 2, groupSize: 2, maxNewTokens: 4, microBatchSize: 4, entropyCoef: 0.05, klCoef: 0.05}}
+algorithm: {{promptsPerStep: 2, groupSize: 2, maxNewTokens: 4, microBatchSize: 4, entropyCoef: 0.05, klCoef: 0.05{ahead}}}
 trainer: {{checkpointEvery: 2}}
 rollout:
   reserved: {{replicas: 1, capacity: 8}}
@@ -27,13 +27,19 @@ rollout:
 """
 
 
-@pytest.mark.slow
-def test_dataset_resume_mid_epoch_is_bit_exact(tmp_path: Path) -> None:
+def _job(tmp_path: Path, extra: str = "") -> Path:
+    """The 7-row dataset and the job over it (`extra`: more algorithm fields)."""
     train = tmp_path / "train.jsonl"
     rows = [{"prompt": [{"role": "user", "content": f"What is {i}+{i}?"}], "answer": str(2 * i)} for i in range(7)]
     train.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = tmp_path / "job.yaml"
-    cfg.write_text(CONFIG.format(model=tmp_path / "model", train=train))
+    cfg.write_text(CONFIG.format(model=tmp_path / "model", train=train, ahead=extra))
+    return cfg
+
+
+@pytest.mark.slow
+def test_dataset_resume_mid_epoch_is_bit_exact(tmp_path: Path) -> None:
+    cfg = _job(tmp_path)
 
     straight = _run(cfg, tmp_path / "a", tmp_path / "ckpt-a", 5)
     assert straight["ok"] and [s["data_epoch"] for s in straight["steps"]] == [0, 0, 0, 1, 1]
@@ -44,3 +50,12 @@ def test_dataset_resume_mid_epoch_is_bit_exact(tmp_path: Path) -> None:
     assert [s["step"] for s in resumed["steps"]] == [2, 3, 4]
     assert [s["data_epoch"] for s in resumed["steps"]] == [0, 1, 1]
     assert resumed["final_weights_checksum"] == straight["final_weights_checksum"]
+
+
+@pytest.mark.slow
+def test_a_rollout_run_ahead_reports_each_steps_own_data_epoch(tmp_path: Path) -> None:
+    """With the next step's prompts taken while a step trains (algorithm.rolloutAhead), and on-policy as soon as its
+    weights are published, a step's report still says the epoch of its own prompts, not of the next step's."""
+    cfg = _job(tmp_path, ", maxStaleness: 1, rolloutAhead: 1")
+    ahead = _run(cfg, tmp_path / "a", tmp_path / "ckpt-a", 5)
+    assert ahead["ok"] and [s["data_epoch"] for s in ahead["steps"]] == [0, 0, 0, 1, 1]
