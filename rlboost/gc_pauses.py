@@ -18,7 +18,7 @@ from __future__ import annotations
 import gc
 import time
 
-from prometheus_client import Histogram
+from prometheus_client import CollectorRegistry, Histogram
 
 GC_PAUSE = Histogram(
     "rlboost_gc_pause_seconds",
@@ -26,6 +26,9 @@ GC_PAUSE = Histogram(
     ["generation"],
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
+# GC_PAUSE alone, for a service whose /metrics serves a registry of its own (the weight-server's, one per app)
+registry = CollectorRegistry(auto_describe=True)
+registry.register(GC_PAUSE)
 _started: list[float] = []  # the running collection's start (collections do not nest)
 
 

@@ -65,7 +65,9 @@ def test_serves_health_metrics_and_restarts_with_its_versions(tmp_path, nats_ser
                 else:  # restarted: the version is still there
                     assert c.get("/v1/versions").json() == {"latest": 0, "versions": [0]}
                     assert c.get("/v1/versions/0/payload").content == b"x" * 9000
-                assert "rlboost_weights_versions_held 1.0" in c.get("/metrics").text
+                served = c.get("/metrics").text
+                assert "rlboost_weights_versions_held 1.0" in served
+                assert 'rlboost_gc_pause_seconds_count{generation="0"}' in served  # the process's own, too
         finally:
             proc.send_signal(signal.SIGKILL if attempt == 0 else signal.SIGTERM)
             _, err = proc.communicate(timeout=15)

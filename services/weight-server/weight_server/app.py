@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
+from rlboost import gc_pauses
 from rlboost.auth.worker_identity import WorkerIdentityVerifier
 from rlboost.observability import LoopWatchdog
 from rlboost.weights.peers import DirectoryFull, PeerDirectory
@@ -162,7 +163,8 @@ def create_app(
     @app.get(routes.METRICS)
     async def prometheus() -> Response:
         refresh_gauges()
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        body = generate_latest(metrics.registry) + generate_latest(gc_pauses.registry)  # + the process's pauses
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get(routes.api(routes.VERSIONS))
     async def versions(request: Request) -> VersionList:
