@@ -8,6 +8,10 @@ policy (docs/algorithms.md, "The estimator"). Not run ahead: the job's last step
 pod is about to stop), and the first step of a run or a resumed run. A checkpoint records the prompt cursor from
 before the next step took its prompts, so a resumed run takes them again (generated afresh, on-policy: a resumed run
 is not bit-exact with an uninterrupted one here).
+
+On-policy runs use the same holder for a shorter lead (`Trainer._opens_next_early`): the next step is opened once this
+step's weights are published, before its report, at those weights; the same requests as after the report, so those
+runs stay bit-exact, resumed or not.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ class Prefetched:
 
 
 class RolloutAhead:
-    """Holds the one step opened ahead of the trainer, if any."""
+    """Holds the one step opened before its turn, if any (run ahead, or on-policy once the weights are published)."""
 
     def __init__(self, steps_ahead: int) -> None:
         self.enabled = steps_ahead > 0
