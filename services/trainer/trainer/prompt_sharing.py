@@ -165,7 +165,7 @@ class Packed:
 
 def pack(shared: SharedPrompts) -> Packed | None:
     """The packed layout of a micro-batch (None when its mask would pass PACK_MAX_MASK). One pass instead of two,
-    so half the operators: on the default job's micro-batch 13-14 ms of CPU against 16.6-17.4 (one thread)."""
+    so fewer operators: on the default job's micro-batch 11.9 ms of CPU against 16.3 (one thread)."""
     u, b, t = shared.prompts.shape[0], *shared.responses.shape
     dev = shared.prompts.device
     rlen = shared.response_mask.sum(dim=1)
