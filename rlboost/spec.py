@@ -580,6 +580,16 @@ class RolloutCorrectionSpec(SpecModel):
     cap: float = Field(
         2.0, ge=1.0, le=1e6, description="The bound on w: truncated at it ('tis') or masked above it ('mask')."
     )
+    old_logprobs: Literal["workers", "trainer"] = Field(
+        "workers",
+        description="Mode 'none': where a stale row's old log-probs (the ratio's old policy) come from. 'workers': "
+        "those the workers reported as they sampled (veRL's bypass mode); no extra pass, but their last bits depend on "
+        "how each worker batched its requests, so such a run ends on other weights each time. 'trainer': the trainer "
+        "scores the stale rows under the weights that sampled them (the bf16 weights it published one version before, "
+        "kept on every rank as a frozen copy of the model): one more forward pass per micro-batch that has stale rows, "
+        "and the run is bit-reproducible. 'trainer' needs algorithm.maxStaleness 1 (only that version is kept), no "
+        "partialRollout and trainer.zeroStage 0-2.",
+    )
 
 
 class AlgorithmSpec(SpecModel):
@@ -1339,6 +1349,8 @@ class JobSpec(SpecModel):
             self._check_partial_rollout()
         if alg.rollout_ahead:
             self._check_rollout_ahead()
+        if alg.rollout_correction.old_logprobs == "trainer":
+            self._check_old_logprobs()
         if self.task.episodes:
             self._check_episodes()
         evaluation = self.evaluation
@@ -1389,6 +1401,26 @@ class JobSpec(SpecModel):
             why = "colocated reserved workers give up their accelerators while the trainer trains: turn one of the two off"
         if why:
             raise SpecFieldError("algorithm.rolloutAhead", f"algorithm.rolloutAhead {alg.rollout_ahead}: {why}")
+
+    def _check_old_logprobs(self) -> None:
+        """rolloutCorrection.oldLogprobs 'trainer': every stale row is one version behind, the one the trainer keeps."""
+        alg, why = self.algorithm, ""
+        if alg.rollout_correction.mode != "none":
+            why = (
+                f"mode '{alg.rollout_correction.mode}' takes the trainer's own log-probs as the old policy already and "
+                "weighs each row by the workers'; set oldLogprobs 'workers' or mode 'none'"
+            )
+        elif alg.max_staleness != 1:
+            why = (
+                f"the trainer keeps the weights of one version before, so stale rows must be one version behind: "
+                f"set algorithm.maxStaleness 1 (it is {alg.max_staleness})"
+            )
+        elif alg.partial_rollout:
+            why = "partialRollout continues a response under the next version, so one row may hold two versions' tokens: use 'workers'"
+        elif self.trainer.zero_stage == 3:
+            why = "ZeRO-3 partitions the weights the frozen copy is made from: set trainer.zeroStage 0, 1 or 2"
+        if why:
+            raise SpecFieldError("algorithm.rolloutCorrection.oldLogprobs", f"oldLogprobs 'trainer': {why}")
 
     def _check_partial_rollout(self) -> None:
         """algorithm.partialRollout: responses continue across versions, so a bound on their age is needed. Any

@@ -250,7 +250,22 @@ def _algorithm_variant_rules() -> list[Rule]:
             "spec.algorithm.klInReward puts klCoef x KL into the reward: set spec.algorithm.klCoef > 0",
             "algorithm.klInReward",
         ),
+        _trainer_old_logprobs_rule(),
     ]
+
+
+def _trainer_old_logprobs_rule() -> Rule:
+    """rolloutCorrection.oldLogprobs 'trainer' (JobSpec._check_old_logprobs): rows one version behind, whole weights."""
+    v = lambda path: value("self", path)  # noqa: E731
+    return Rule(
+        f'{v("algorithm.rolloutCorrection.oldLogprobs")} != "trainer" || ('
+        f'{v("algorithm.rolloutCorrection.mode")} == "none" && {v("algorithm.maxStaleness")} == 1 && '
+        f"!{v('algorithm.partialRollout')} && {v('trainer.zeroStage')} != 3)",
+        "spec.algorithm.rolloutCorrection.oldLogprobs 'trainer' scores stale rows under the weights of one version "
+        "before, kept whole on every rank: it needs spec.algorithm.rolloutCorrection.mode 'none', "
+        "spec.algorithm.maxStaleness 1, no spec.algorithm.partialRollout and spec.trainer.zeroStage 0, 1 or 2",
+        "algorithm.rolloutCorrection.oldLogprobs",
+    )
 
 
 def _pool_account_rules() -> list[Rule]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.local_cli import run_local
+from tests.e2e.local_cli import finish_local, run_local, start_local
 
 
 @pytest.mark.slow
@@ -42,6 +42,37 @@ def test_a_step_after_an_evaluation_is_not_run_ahead(tmp_path: Path) -> None:
     steps = read_jsonl(tmp_path / "run" / "steps.jsonl")
     assert [s["stale"] for s in steps] == [0, 256, 0, 256, 0]
     assert [s.get("validation") is not None for s in steps] == [False, True, False, True, True]
+
+
+@pytest.mark.slow
+def test_with_the_trainers_old_logprobs_a_run_ahead_is_bit_reproducible(tmp_path: Path) -> None:
+    """rolloutCorrection.oldLogprobs 'trainer': the stale rows' old log-probs are the trainer's, under the weights it
+    published one version before, so nothing whose bits depend on how a worker batched its requests reaches the
+    weights. Two 20-step runs at once (their workers batch differently) end on the same weights; with the workers'
+    log-probs (the default) they did not, twice in two tries (in 5 steps they still agreed)."""
+    config = tmp_path / "ahead.yaml"
+    config.write_text(
+        "algorithm:\n  rolloutAhead: 1\n  maxStaleness: 1\n  rolloutCorrection:\n    oldLogprobs: trainer\n"
+    )
+    runs = [
+        (
+            "--config",
+            config,
+            "--steps",
+            "20",
+            "--run-dir",
+            tmp_path / f"run{i}",
+            "--json-report",
+            tmp_path / f"{i}.json",
+        )
+        for i in range(2)
+    ]
+    for proc, args in [(start_local(*args), args) for args in runs]:
+        finish_local(proc, *args)
+    checksums = {json.loads((tmp_path / f"{i}.json").read_text())["final_weights_checksum"] for i in range(2)}
+    assert len(checksums) == 1 and "" not in checksums
+    steps = read_jsonl(tmp_path / "run0" / "steps.jsonl")
+    assert [s["stale"] for s in steps] == [0] + [256] * 19  # every later step trained on stale rows
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -123,6 +123,10 @@ BAD_SPECS = [
     {"algorithm": {"rolloutAhead": 1}},  # maxStaleness 0
     {"algorithm": {"rolloutAhead": 1, "maxStaleness": 1, "partialRollout": True}},
     {"algorithm": {"rolloutAhead": 1, "maxStaleness": 1}, "trainer": {"colocateReserved": True}},
+    {"algorithm": {"maxStaleness": 2, "rolloutCorrection": {"oldLogprobs": "trainer"}}},
+    {"algorithm": {"maxStaleness": 1, "rolloutCorrection": {"oldLogprobs": "trainer", "mode": "mask"}}},
+    {"algorithm": {"maxStaleness": 1, "partialRollout": True, "rolloutCorrection": {"oldLogprobs": "trainer"}}},
+    {"algorithm": {"maxStaleness": 1, "rolloutCorrection": {"oldLogprobs": "trainer"}}, "trainer": {"zeroStage": 3}},
     {"rollout": {"reserved": {"replicas": 0}, "spot": {"replicas": 0, "maxReplicas": 0}}},  # no worker (issue 31)
     {"trainer": {"gpusPerRank": 2}},
     {"rollout": {"spot": {"serviceAccount": {"name": "shared"}}}},

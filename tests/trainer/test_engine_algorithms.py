@@ -138,6 +138,46 @@ def test_the_gap_is_measured_against_the_workers_log_probs_on_the_first_pass(tin
     assert stats.abs_logp_diff_sum == 0.0  # the ratio's log is 0 on on-policy rows: it cannot show the gap
 
 
+@pytest.mark.parametrize("source", ["trainer", "workers"])
+def test_trainer_old_logprobs_score_stale_rows_under_the_published_weights_before_the_update(tiny_model_dir, source):
+    """rolloutCorrection.oldLogprobs 'trainer': the step's update first keeps the weights as published (bf16), and
+    the next step's stale rows take their log-probs under them as the old policy: whatever the workers reported, the
+    loss is that of a plain model holding those bf16 weights. 'workers' (the default) takes the workers'."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer.training import StepTrainer
+
+    spec = tiny_spec(micro_batch_size=4, max_staleness=1, rollout_correction={"old_logprobs": source})
+    training = StepTrainer(tiny_model_dir, spec, pad_id=0)
+    training.start()
+    engine = training.engine
+    published = {k: v.to(torch.bfloat16).float() for k, v in engine.full_state().items()}
+    loss, stats = engine.forward_backward(collate(_samples([2, 3, 1, 2], 6), pad_id=0), 4)
+    training.finish_step(loss, stats)  # keeps the weights it updates from, then updates them
+    sampler = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    sampler.load_state_dict(published, strict=False)  # the tied head follows the embedding
+
+    def stale_loss(shift: float) -> float:
+        samples = _samples([3, 2, 2, 1], 7)
+        mb = collate(samples, pad_id=0)
+        with torch.no_grad():
+            under_sampler = token_logprobs(sampler(input_ids=mb.input_ids).logits, mb.input_ids, 1.0)
+        for i, s in enumerate(samples):  # what "the workers" reported: the sampler's, off by `shift`
+            p, n = len(s.trajectory.prompt_ids), len(s.trajectory.response_ids)
+            s.trajectory.logprobs = [v + shift for v in under_sampler[i, p - 1 : p - 1 + n].tolist()]
+            s.stale = True
+        return engine.evaluate_loss(collate(samples, pad_id=0), 4)
+
+    exact, off = stale_loss(0.0), stale_loss(0.3)
+    if source == "trainer":
+        assert off == pytest.approx(exact, abs=1e-6)  # the workers' numbers do not reach the loss
+        engine.behaviour_kept = False  # as before any update: the workers' then, here the sampler's own
+        assert stale_loss(0.0) == pytest.approx(exact, abs=1e-6)  # the kept weights are the sampler's
+    else:
+        assert abs(off - exact) > 1e-3  # they do: the test can tell the two apart
+    assert exact != pytest.approx(engine.evaluate_loss(collate(_samples([3, 2, 2, 1], 7), pad_id=0), 4), abs=1e-6)
+
+
 def test_kl_in_reward_sums_each_rows_kl_to_the_reference(tiny_model_dir):
     from trainer.engine import PolicyEngine
 

@@ -56,3 +56,15 @@ def test_only_stale_rows_use_the_workers_logprobs():
     assert old[0].tolist() == pytest.approx([-0.1, -0.2])  # on-policy: ratio exactly 1
     assert old[1].tolist() == pytest.approx([0.0, -2.5])  # stale: importance-corrected against the worker
     assert mb.loss_weight.tolist() == [1.0, 0.0]
+
+
+def test_stale_rows_take_the_trainers_scoring_when_it_is_given():
+    """rolloutCorrection.oldLogprobs 'trainer': the stale rows' old log-probs are the trainer's scoring under the
+    weights that sampled them, not the workers'; an on-policy row keeps the current policy's."""
+    t = Trajectory("r", 0, 0, 0, [1, 2], [3], [-2.5], "stop", 0)
+    mb = collate([Sample(t, 0.0, 1.0), Sample(t, 0.0, 1.0, stale=True)], pad_id=0)
+    logp = torch.tensor([[-0.1, -0.2], [-0.1, -0.2]])
+    scored = torch.tensor([[0.0, -0.7], [0.0, -0.9]])
+    old = behaviour_logprobs(mb, logp, scored=scored)
+    assert old.tolist() == [pytest.approx([-0.1, -0.2]), pytest.approx([0.0, -0.9])]
+    assert behaviour_logprobs(mb, logp, decoupled=True, scored=scored).tolist() == old[:1].tolist() * 2

@@ -97,3 +97,20 @@ def test_the_algorithm_variants_default_to_todays_grpo_and_take_the_recipes_valu
         }
     ).algorithm
     assert alg.dual_clip == 3.0 and alg.rollout_correction.level == "sequence" and alg.kl_in_reward
+
+
+def test_trainer_old_logprobs_need_rows_one_version_behind_on_a_trainer_that_keeps_them():
+    """rolloutCorrection.oldLogprobs 'trainer' keeps the weights of one version before, whole, on every rank."""
+    ok = {"algorithm": {"maxStaleness": 1, "rolloutAhead": 1, "rolloutCorrection": {"oldLogprobs": "trainer"}}}
+    assert parse_job_spec(ok).algorithm.rollout_correction.old_logprobs == "trainer"
+    field = "algorithm.rolloutCorrection.oldLogprobs"
+    stale2 = {"algorithm": {"maxStaleness": 2, "rolloutCorrection": {"oldLogprobs": "trainer"}}}
+    assert field in (msg := _err(stale2)) and "maxStaleness 1 (it is 2)" in msg
+    tis = {"algorithm": {"maxStaleness": 1, "rolloutCorrection": {"oldLogprobs": "trainer", "mode": "tis"}}}
+    assert field in (msg := _err(tis)) and "mode 'none'" in msg
+    partial = {
+        "algorithm": {"maxStaleness": 1, "partialRollout": True, "rolloutCorrection": {"oldLogprobs": "trainer"}}
+    }
+    assert field in (msg := _err(partial)) and "'workers'" in msg
+    zero3 = {**ok, "trainer": {"zeroStage": 3}}
+    assert field in (msg := _err(zero3)) and "trainer.zeroStage 0, 1 or 2" in msg

@@ -143,14 +143,21 @@ class PolicyEngine:
             self.reference = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
             self.reference.config.use_cache = False
             self.reference.eval().requires_grad_(False)
+        self.behaviour = None  # rolloutCorrection.oldLogprobs 'trainer': the weights one version before, as published
+        self.behaviour_kept = False  # keep_behaviour ran: the copy holds a version this trainer published
+        if alg.rollout_correction.old_logprobs == "trainer":
+            self.behaviour = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+            self.behaviour.config.use_cache = False
+            self.behaviour.eval().requires_grad_(False)
         optimizer = torch.optim.AdamW(model.parameters(), lr=alg.learning_rate, weight_decay=0.0)
         config = deepspeed_config(spec, self.world, bf16=self.device_is_gpu)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         self.engine.train()
         if alg.loss_aggregation == "token-mean":
             grad_scale.check(self.engine)  # an optimizer whose gradient cannot be rescaled fails the start
-        if self.reference is not None:
-            self.reference.to(self.engine.device)
+        for frozen in (self.reference, self.behaviour):
+            if frozen is not None:
+                frozen.to(self.engine.device)
         self.extraction, why = self._choose_extraction()
         log.info(
             "deepspeed ready",
@@ -217,12 +224,38 @@ class PolicyEngine:
         same on a replay: `_coordinates` is a function of the batch)."""
         shared, view = self._coordinates(batch)
         logits = self._logits(self.engine, batch, shared)
-        logp = token_logprobs(logits, view.input_ids, self.temperature, where=view.loss_mask() > 0)
-        ref_logp = None
-        if self.objective.kl_in_loss:
-            with torch.no_grad():
+        where = view.loss_mask() > 0
+        logp = token_logprobs(logits, view.input_ids, self.temperature, where=where)
+        ref_logp = behaviour = None
+        with torch.no_grad():
+            if self.objective.kl_in_loss:
                 ref_logp = token_logprobs(self._logits(self.reference, batch, shared), view.input_ids, self.temperature)
-        return self.objective.loss(logits, logp, view, num_sequences, old=old, ref_logp=ref_logp)
+            if old is None and self.behaviour is not None and view.stale is not None and bool(view.stale.any()):
+                behaviour = self._behaviour_logprobs(batch, shared, view, where)
+        return self.objective.loss(logits, logp, view, num_sequences, old=old, ref_logp=ref_logp, behaviour=behaviour)
+
+    def _behaviour_logprobs(
+        self, batch: MicroBatch, shared: prompt_sharing.SharedPrompts | None, view: MicroBatch, where: torch.Tensor
+    ) -> torch.Tensor | None:
+        """The stale rows' old log-probs under the kept weights; None (the workers' then) before any were kept: a
+        stale row in the first step after the trainer started, which rolloutAhead never makes (that step is
+        on-policy) and the spec's checks leave no other way to."""
+        if not self.behaviour_kept:
+            log.warning("stale rows before any weights were kept: their old log-probs are the workers'")
+            return None
+        return token_logprobs(self._logits(self.behaviour, batch, shared), view.input_ids, self.temperature, where)
+
+    @torch.no_grad()
+    def keep_behaviour(self) -> None:
+        """rolloutCorrection.oldLogprobs 'trainer', before the step's first update: the frozen copy takes the weights
+        as the workers get them (the publisher's bf16 rounding: rlboost.weights.safetensors_io.to_publish_dtype), the
+        policy the next step's stale rows are sampled from. Every rank; ZeRO 0-2 (each holds every parameter)."""
+        if self.behaviour is None:
+            return
+        mine = dict(self.engine.module.named_parameters())
+        for name, frozen in self.behaviour.named_parameters():
+            frozen.copy_(mine[name].detach().to(torch.bfloat16))
+        self.behaviour_kept = True
 
     def forward_backward(self, batch: MicroBatch, num_sequences: int) -> tuple[float, LossStats]:
         """Accumulate one micro-batch's gradient; returns its share of the step loss and diagnostics."""

@@ -324,12 +324,18 @@ def entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return -(logp.exp() * logp).sum(dim=-1)
 
 
-def behaviour_logprobs(batch: MicroBatch, logp: torch.Tensor, decoupled: bool = False) -> torch.Tensor:
+def behaviour_logprobs(
+    batch: MicroBatch, logp: torch.Tensor, decoupled: bool = False, scored: torch.Tensor | None = None
+) -> torch.Tensor:
     """Old log-probs of the ratio: the workers' for stale rows that carry them, else the current policy's
     (detached: ratio exactly 1, see the module docstring). `decoupled` (a rollout correction is on): the current
-    policy's for every row, the proximal policy of decoupled PPO; the workers' enter as importance weights."""
+    policy's for every row, the proximal policy of decoupled PPO; the workers' enter as importance weights.
+    `scored`: the behaviour policy's log-probs as the trainer computed them, for every stale row instead of the
+    workers' (rolloutCorrection.oldLogprobs 'trainer')."""
     fallback = logp.detach()
     if batch.stale is None or decoupled:
         return fallback
+    if scored is not None:
+        return torch.where(batch.stale[:, None], scored, fallback)
     use = batch.stale & batch.has_old_logprobs
     return torch.where(use[:, None], batch.old_logprobs, fallback)

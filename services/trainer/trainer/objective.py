@@ -4,7 +4,8 @@ and the trainer/worker gap (trainer.corrections), the KL and entropy terms. Torc
 The estimator, by `algorithm.rolloutCorrection.mode`:
 - 'none': PPO-clip with the old log-probs of `behaviour_logprobs` — an on-policy row's are the trainer's own at the
   step's weights (ratio exactly 1 at the first update, veRL's recomputed old_log_prob), a stale row's the workers'
-  (off-policy PPO against the behaviour policy, veRL's bypass mode).
+  (off-policy PPO against the behaviour policy, veRL's bypass mode), or with `oldLogprobs: trainer` the trainer's
+  own under the weights that sampled it (the same policy, scored by the trainer: the run is bit-reproducible).
 - 'tis' | 'mask': decoupled PPO (Hilton et al. 2021; AReaL): the clip's trust region is around the proximal policy,
   the trainer at the step's weights, for every row; the behaviour policy (the workers', stale or not) enters as the
   detached importance weight pi_proximal / pi_worker, truncated or masked at the cap.
@@ -66,12 +67,15 @@ class Objective:
         num_sequences: int,
         old: torch.Tensor | None = None,
         ref_logp: torch.Tensor | None = None,
+        behaviour: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, LossStats, torch.Tensor]:
         """(loss share, statistics, the old log-probs used). `old` None: the step's first pass (its old log-probs
-        are chosen here and the trainer/worker gap is measured); else a further update's, the first pass's."""
+        are chosen here and the trainer/worker gap is measured); else a further update's, the first pass's.
+        `behaviour`: the stale rows' log-probs as the trainer scored them (rolloutCorrection.oldLogprobs 'trainer'),
+        in place of the workers'."""
         alg, first = self.algorithm, old is None
         if old is None:
-            old = behaviour_logprobs(batch, logp, decoupled=self.decoupled)
+            old = behaviour_logprobs(batch, logp, decoupled=self.decoupled, scored=behaviour)
         mask = batch.loss_mask()
         weights, corrected = self._weights(batch, old, mask)
         loss, stats = clipped_policy_loss(

@@ -130,6 +130,7 @@ class StepTrainer:
         gradient norm over its U updates, and its statistics over all passes' tokens (the trainer/worker gap:
         the first pass's only). 'token-mean': the loss shares are rescaled by the update's loss scale."""
         updates = self.spec.algorithm.updates_per_step
+        self.engine.keep_behaviour()  # the next step's stale rows were sampled from these weights, once published
         result = self.engine.step()
         loss, norms = loss * result.loss_scale, [result.grad_norm]
         for _ in range(updates - 1):
