@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlboost.policies.cadence import HYSTERESIS
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "manager_bench.py"
 
 
@@ -38,6 +40,9 @@ def test_bench_workers_obey_the_manager_s_cadence():
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["errors"] == [] and report["lease_expiries"] == 0
-    assert "200" in report["chunk_max_ms_told"]
+    # 20 workers x 1000 / 100 = 200 ms. The manager re-announces only past HYSTERESIS, so when the 20th worker
+    # registers after the announcement for 19 (190 ms, seen in CI), 190 stands: any period within it of 200 is right.
+    longest = max(int(ms) for ms in report["chunk_max_ms_told"])
+    assert 200 / HYSTERESIS <= longest <= 200, report["chunk_max_ms_told"]
     assert report["chunk_batches_per_s"] < 150  # 20 workers x 5/s, not 20 x 20/s at the spec's 50 ms
     assert report["tokens_per_chunk_batch"] > 4 * 32 * 2  # 4 requests x 640 tok/s x 200 ms = 512
