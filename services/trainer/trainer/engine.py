@@ -89,6 +89,16 @@ def deepspeed_config(spec: JobSpec, world_size: int, bf16: bool) -> dict[str, An
     }
 
 
+def _frozen_copy(model_dir: str | Path) -> Any:
+    """The model at `model_dir` in fp32, for scoring only (no cache, no gradients): the KL reference, the kept
+    behaviour policy."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.config.use_cache = False
+    return model.eval().requires_grad_(False)
+
+
 @dataclass
 class StepResult:
     grad_norm: float
@@ -138,17 +148,10 @@ class PolicyEngine:
 
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         model.config.use_cache = False
-        self.reference = None
-        if alg.kl_coef > 0:
-            self.reference = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-            self.reference.config.use_cache = False
-            self.reference.eval().requires_grad_(False)
-        self.behaviour = None  # rolloutCorrection.oldLogprobs 'trainer': the weights one version before, as published
+        self.reference = _frozen_copy(model_dir) if alg.kl_coef > 0 else None
+        # rolloutCorrection.oldLogprobs 'trainer': the weights one version before, as published (keep_behaviour)
+        self.behaviour = _frozen_copy(model_dir) if alg.rollout_correction.old_logprobs == "trainer" else None
         self.behaviour_kept = False  # keep_behaviour ran: the copy holds a version this trainer published
-        if alg.rollout_correction.old_logprobs == "trainer":
-            self.behaviour = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-            self.behaviour.config.use_cache = False
-            self.behaviour.eval().requires_grad_(False)
         optimizer = torch.optim.AdamW(model.parameters(), lr=alg.learning_rate, weight_decay=0.0)
         config = deepspeed_config(spec, self.world, bf16=self.device_is_gpu)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
