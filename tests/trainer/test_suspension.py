@@ -100,7 +100,9 @@ async def test_a_suspend_request_checkpoints_at_the_step_boundary_and_the_resume
             cmd = _cmd(paused, target, ws, nats_server.url, "p")
             proc = await asyncio.create_subprocess_exec(*cmd, stderr=asyncio.subprocess.PIPE, env=child_env())
             await wait_until_async(lambda: len(stand_in.requests) == 2, timeout=180, what="step 1's rollout")
-            mid_step = await wait_until_async_value(lambda: _ask(nc, "p"), "the trainer's answer")
+            # Step 1's rollout is asked for as soon as step 0's weights are published, before step 0 is reported
+            # (trainer.loop: _opens_next_early), so the first answers may still say 0 steps done.
+            mid_step = await wait_until_async_value(lambda: _after_step_0(nc, "p"), "the trainer's answer")
             assert not mid_step.checkpointed and mid_step.steps_done == 1  # step 1 is under way: not yet
             assert not (paused / "checkpoints" / "step-00000002").exists()
             gate.set()
@@ -120,6 +122,11 @@ async def test_a_suspend_request_checkpoints_at_the_step_boundary_and_the_resume
     resumed = await _run_to_end(paused, stand_in, nats_server.url, "p", "--resume")
     assert [r.step for r in stand_in.requests] == [0, 1, 2]  # resumed after step 1: nothing done twice
     assert resumed == uninterrupted
+
+
+async def _after_step_0(nc, job: str) -> SuspendReply | None:
+    reply = await _ask(nc, job)
+    return reply if reply is not None and reply.steps_done >= 1 else None
 
 
 async def _checkpointed(nc, job: str) -> SuspendReply | None:
