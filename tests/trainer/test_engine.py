@@ -42,9 +42,10 @@ def _batch(engine: PolicyEngine) -> tuple:
     return collate(samples, pad_id=0), len(samples)
 
 
-@pytest.mark.parametrize("zero_stage", [1, 3])
+@pytest.mark.parametrize("zero_stage", [0, 1, 3])
 def test_one_step_changes_weights_and_lowers_the_loss(tiny_model_dir, zero_stage):
-    """ZeRO-3 also exercises gathering the partitioned parameters for publication."""
+    """ZeRO-3 also exercises gathering the partitioned parameters for publication; ZeRO-0, a plain torch optimizer,
+    the gradient norm that DeepSpeed computes there but does not keep (trainer.engine.keep_clipped_norm)."""
     spec = tiny_spec(learning_rate=5e-3, micro_batch_size=2)
     spec.trainer.zero_stage = zero_stage
     engine = PolicyEngine(tiny_model_dir, spec)

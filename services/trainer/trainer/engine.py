@@ -89,6 +89,19 @@ def deepspeed_config(spec: JobSpec, world_size: int, bf16: bool) -> dict[str, An
     }
 
 
+def keep_clipped_norm(engine: Any) -> None:
+    """ZeRO-0 in fp32: DeepSpeed clips the gradient with a plain torch optimizer but drops the norm it computed, so
+    `get_global_grad_norm()` reads None (a NaN grad_norm in every step report). Its clipping method is replaced on
+    this engine by the same call that keeps the norm. The ZeRO optimizers (and bf16's) keep it themselves."""
+    from deepspeed.runtime.utils import clip_grad_norm_
+
+    def clip_keeping_norm() -> None:
+        params, clip = engine.module.parameters(), engine.gradient_clipping()
+        engine._global_grad_norm = clip_grad_norm_(parameters=params, max_norm=clip, mpu=engine.mpu)
+
+    engine.clip_fp32_gradients = clip_keeping_norm
+
+
 def _frozen_copy(model_dir: str | Path) -> Any:
     """The model at `model_dir` in fp32, for scoring only (no cache, no gradients): the KL reference, the kept
     behaviour policy."""
@@ -156,6 +169,8 @@ class PolicyEngine:
         config = deepspeed_config(spec, self.world, bf16=self.device_is_gpu)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         self.engine.train()
+        if spec.trainer.zero_stage == 0 and not self.device_is_gpu:
+            keep_clipped_norm(self.engine)
         if alg.loss_aggregation == "token-mean":
             grad_scale.check(self.engine)  # an optimizer whose gradient cannot be rescaled fails the start
         for frozen in (self.reference, self.behaviour):
