@@ -10,9 +10,16 @@ response migrates between workers on different nodes), so every CPU torch proces
 rlboost.cli.main), the local trainer and workers (rlboost.local.plan), and the CPU images' processes (their
 Dockerfiles). A variable the user sets wins: `ATEN_CPU_CAPABILITY=avx512` buys speed and gives up identity with
 other machines. Thread counts are not pinned (1 and 2 trainer threads gave the same checksum): docs/architecture.md.
+
+The promise holds per processor vendor, not across vendors: an Intel Xeon with AVX-512 (2026-11-28) ends the default
+job on another checksum than every AMD machine (`cpu_vendor` tells which applies), also with MKL_CBWR=COMPATIBLE.
+MKL, torch's BLAS here, promises its reproducible branches on Intel processors; on others it takes kernels of its
+own. Within a vendor the checksum held on every machine measured.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 # Variable -> value. ATen's dispatch level, MKL's Conditional Numerical Reproducibility branch, oneDNN's ISA ceiling.
 CPU_NUMERICS_ENV: dict[str, str] = {
@@ -20,3 +27,17 @@ CPU_NUMERICS_ENV: dict[str, str] = {
     "MKL_CBWR": "AVX2",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
 }
+
+
+def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """This machine's processor vendor as the kernel reports it ('GenuineIntel', 'AuthenticAMD'); '' where unknown
+    (not Linux, or no vendor line): the default job's pinned checksum is one per vendor."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "vendor_id":
+            return value.strip()
+    return ""
