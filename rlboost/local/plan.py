@@ -345,11 +345,13 @@ def core_split(spec: JobSpec, allowed: list[int]) -> CoreSplit | None:
     Split, the default job with rolloutAhead took 0.185-0.194 s a step against 0.218-0.298 (2 vCPUs,
     docs/benchmarks.md, "Step time against TRL"). Otherwise None: an on-policy step's rollout and training take
     turns (the workers need every CPU while the trainer waits for the first groups), and split, the default job's
-    step took 0.30-0.34 s against 0.25. GPU runs are left alone too: their compute is not on these CPUs."""
+    step took 0.30-0.34 s against 0.25. GPU runs are left alone too: their compute is not on these CPUs, and so are
+    runs with a rank per CPU or more: split, every rank would share the one CPU left them (2 ranks on 2 vCPUs, ahead:
+    0.35-0.40 s a step split, 0.30-0.34 s not; docs/benchmarks.md, "2026-11-28, night")."""
     cores = sorted(allowed)
     pools = (spec.rollout.reserved, spec.rollout.spot, *spec.rollout.spot.variants)
     gpus = spec.trainer.gpus_per_rank + sum(pool.gpus_per_worker for pool in pools)
-    if not spec.algorithm.rollout_ahead or len(cores) < 2 or gpus:
+    if not spec.algorithm.rollout_ahead or len(cores) <= spec.trainer.ranks or gpus:
         return None
     n = min(len(cores) - 1, max(spec.trainer.ranks, trainer_threads(spec, len(cores))))
     return CoreSplit(tuple(cores[:n]), tuple(cores[n:]))

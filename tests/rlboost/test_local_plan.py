@@ -131,14 +131,14 @@ AHEAD = {"algorithm": {"maxStaleness": 1, "rolloutAhead": 1}}
 
 def test_a_rollout_one_step_ahead_puts_the_trainer_and_the_services_on_cpus_of_their_own() -> None:
     """The trainer takes max(ranks, trainer_threads) CPUs, leaving at least one to the services; on-policy runs, GPU
-    runs and one CPU are not split (docs/benchmarks.md: split, an on-policy step was slower)."""
+    runs, one CPU and a rank per CPU or more are not split (docs/benchmarks.md: split, those steps were slower)."""
     ahead = JobSpec.model_validate(AHEAD)
     assert core_split(ahead, [0, 1]) == CoreSplit((0,), (1,))
     assert core_split(ahead, [7, 3, 5]) == CoreSplit((3,), (5, 7))  # the CPUs allowed, in order
     assert core_split(ahead, list(range(16))) == CoreSplit(tuple(range(13)), (13, 14, 15))
     two_ranks = JobSpec.model_validate({**AHEAD, "trainer": {"ranks": 2}})
     assert core_split(two_ranks, [0, 1, 2]) == CoreSplit((0, 1), (2,))
-    assert core_split(two_ranks, [0, 1]) == CoreSplit((0,), (1,))  # the services keep one
+    assert core_split(two_ranks, [0, 1]) is None  # split, both ranks would share one CPU
     assert core_split(ahead, [0]) is None
     assert core_split(JobSpec(), [0, 1]) is None
     gpu = JobSpec.model_validate({**AHEAD, "rollout": {"reserved": {"gpusPerWorker": 1}}})
