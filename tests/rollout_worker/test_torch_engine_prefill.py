@@ -14,6 +14,7 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
+from rlboost.cpu_numerics import cpu_vendor
 from rollout_worker.engine import torch_engine
 from rollout_worker.engine.torch_engine import TorchEngine
 from tests.rollout_worker.engine_helpers import assignment, collect
@@ -23,6 +24,11 @@ GROUPS = {
     "one prompt": [[5, 9, 3, 17, 8]],  # a single row computed: the LM head still runs over every row
 }
 SAMPLES = 4
+# Why the bit-for-bit comparison of a product over 1 row and over 4 is AMD's only (docs/architecture.md).
+INTEL_ROWS = (
+    "Intel: MKL's AVX2 branch (MKL_CBWR=AVX2, rlboost.cpu_numerics) sums a row of a product in an order that depends "
+    "on the product's row count (',STRICT' would not, but changes what the default job learns: docs/architecture.md)"
+)
 
 
 @pytest.fixture
@@ -55,6 +61,8 @@ async def _group_run(model_dir, prompts: list[list[int]]) -> list[tuple[list[int
 
 @pytest.mark.parametrize("name", list(GROUPS))
 async def test_shared_prefill_equals_a_prefill_of_every_row(tiny_model_dir, monkeypatch, one_thread, name):
+    if name == "one prompt" and cpu_vendor() == "GenuineIntel":
+        pytest.skip(INTEL_ROWS)
     prompts = GROUPS[name]
     before = _shared_rows_total()
     shared = await _group_run(tiny_model_dir, prompts)
