@@ -111,6 +111,9 @@ class Lane:
         self.node_deleted = False
         self.chaos_stage = 0  # the next of chaos_tick's faults
         self.restarts_seen: dict[str, int] = {}  # every pod of the run: the most restarts seen
+        # the last pod table that had pods: a job that succeeds is scaled to zero, and its pods can be gone before the
+        # summary is taken (seen 2026-11-28: 120 steps in 35 s, "no pod ran")
+        self.last_pods: dict[str, dict[str, Any]] = {}
         self.dashboard_check: dict[str, Any] = {}  # when and how the dashboard was judged (for the summary)
         self.halfway_all_ready = False  # a poll saw the RLJob's status half-way with every pod Ready (diagnostic)
         reserved = "lane-reserved-0" + ("={}={}".format(*FLAVOR_LABEL) if args.kueue else "")  # the flavor's node
@@ -689,6 +692,7 @@ def _wait_for_job(
     while time.monotonic() < deadline:
         status = last["status"] = lane.job_status()
         pods = pod_table(lane.pods())
+        lane.last_pods = pods or lane.last_pods
         for name, pod in pods.items():  # a pod scaled away at the end still counts its restarts
             lane.restarts_seen[name] = max(lane.restarts_seen.get(name, 0), pod["restarts"])
         ready = sum(p["ready"] for p in pods.values())
@@ -745,7 +749,7 @@ def summary(lane: Lane, progress: Progress, job: dict[str, Any], status: dict[st
         "reward_first": progress.steps[steps[0]]["reward_mean"] if steps else None,
         "reward_last": progress.steps[steps[-1]]["reward_mean"] if steps else status.get("rewardMean"),
         "rewards": [round(progress.steps[s]["reward_mean"], 4) for s in steps],
-        "pods": pod_table(lane.pods()),
+        "pods": pod_table(lane.pods()) or lane.last_pods,
         "restarts_during_run": {n: r for n, r in lane.restarts_seen.items() if r},
         "dashboard_panels_empty": lane.dashboard_panels_empty(progress),
         "dashboard_check": lane.dashboard_check,
