@@ -41,3 +41,17 @@ def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
         if key.strip() == "vendor_id":
             return value.strip()
     return ""
+
+
+# Why a product's rows may differ by batch here: what tests comparing bits across row or thread counts skip with.
+ROW_ORDER_VARIES = (
+    "Intel: MKL's AVX2 branch (MKL_CBWR=AVX2) sums a row of a matrix product in an order that depends on the "
+    "product's row count and thread count (',STRICT' would not, but changes what the default job learns: "
+    "docs/architecture.md)"
+)
+
+
+def batch_invariant() -> bool:
+    """Whether a row of a matrix product gets the same bits whatever the product's row and thread counts, under the
+    pinned arithmetic: measured so on AMD processors, not on Intel's (ROW_ORDER_VARIES)."""
+    return cpu_vendor() != "GenuineIntel"

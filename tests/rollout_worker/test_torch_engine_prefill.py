@@ -14,7 +14,7 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
-from rlboost.cpu_numerics import cpu_vendor
+from rlboost.cpu_numerics import ROW_ORDER_VARIES, batch_invariant
 from rollout_worker.engine import torch_engine
 from rollout_worker.engine.torch_engine import TorchEngine
 from tests.rollout_worker.engine_helpers import assignment, collect
@@ -24,11 +24,6 @@ GROUPS = {
     "one prompt": [[5, 9, 3, 17, 8]],  # a single row computed: the LM head still runs over every row
 }
 SAMPLES = 4
-# Why the bit-for-bit comparison of a product over 1 row and over 4 is AMD's only (docs/architecture.md).
-INTEL_ROWS = (
-    "Intel: MKL's AVX2 branch (MKL_CBWR=AVX2, rlboost.cpu_numerics) sums a row of a product in an order that depends "
-    "on the product's row count (',STRICT' would not, but changes what the default job learns: docs/architecture.md)"
-)
 
 
 @pytest.fixture
@@ -61,8 +56,8 @@ async def _group_run(model_dir, prompts: list[list[int]]) -> list[tuple[list[int
 
 @pytest.mark.parametrize("name", list(GROUPS))
 async def test_shared_prefill_equals_a_prefill_of_every_row(tiny_model_dir, monkeypatch, one_thread, name):
-    if name == "one prompt" and cpu_vendor() == "GenuineIntel":
-        pytest.skip(INTEL_ROWS)
+    if name == "one prompt" and not batch_invariant():  # a product over 1 row against one over 4
+        pytest.skip(ROW_ORDER_VARIES)
     prompts = GROUPS[name]
     before = _shared_rows_total()
     shared = await _group_run(tiny_model_dir, prompts)

@@ -139,13 +139,10 @@ def test_the_default_jobs_gradient_is_the_same_on_one_and_two_threads(tmp_path):
     import sys
     from pathlib import Path
 
-    from rlboost.cpu_numerics import CPU_NUMERICS_ENV, cpu_vendor
+    from rlboost.cpu_numerics import CPU_NUMERICS_ENV, ROW_ORDER_VARIES, batch_invariant
 
-    if cpu_vendor() == "GenuineIntel":
-        pytest.skip(
-            "Intel: MKL's AVX2 branch sums a product's rows in an order that depends on the thread count and the row "
-            "count (',STRICT' would not, but changes what the default job learns: docs/architecture.md)"
-        )
+    if not batch_invariant():
+        pytest.skip(ROW_ORDER_VARIES)
     code = f"from tests.trainer.test_prompt_sharing import gradients_alike; print(gradients_alike({str(tmp_path)!r}))"
     env = {**os.environ, **CPU_NUMERICS_ENV}
     out = subprocess.run(

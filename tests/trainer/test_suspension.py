@@ -102,11 +102,15 @@ async def test_a_suspend_request_checkpoints_at_the_step_boundary_and_the_resume
             await wait_until_async(lambda: len(stand_in.requests) == 2, timeout=180, what="step 1's rollout")
             # Step 1's rollout is asked for as soon as step 0's weights are published, before step 0 is reported
             # (trainer.loop: _opens_next_early), so the first answers may still say 0 steps done.
-            mid_step = await wait_until_async_value(lambda: _after_step_0(nc, "p"), "the trainer's answer")
+            mid_step = await wait_until_async_value(
+                lambda: _answer_where(nc, "p", lambda r: r.steps_done >= 1), "the trainer's answer"
+            )
             assert not mid_step.checkpointed and mid_step.steps_done == 1  # step 1 is under way: not yet
             assert not (paused / "checkpoints" / "step-00000002").exists()
             gate.set()
-            done = await wait_until_async_value(lambda: _checkpointed(nc, "p"), "checkpointed", timeout=120)
+            done = await wait_until_async_value(
+                lambda: _answer_where(nc, "p", lambda r: r.checkpointed), "checkpointed", timeout=120
+            )
             assert done.steps_done == 2 and done.weights_checksum
             assert (paused / "checkpoints" / "step-00000002").is_dir()  # written although none was due
             assert [r.step for r in stand_in.requests] == [0, 1]  # no step 2 started
@@ -124,14 +128,10 @@ async def test_a_suspend_request_checkpoints_at_the_step_boundary_and_the_resume
     assert resumed == uninterrupted
 
 
-async def _after_step_0(nc, job: str) -> SuspendReply | None:
+async def _answer_where(nc, job: str, wanted) -> SuspendReply | None:
+    """One request; its answer if `wanted(answer)`, else None (asked again by wait_until_async_value)."""
     reply = await _ask(nc, job)
-    return reply if reply is not None and reply.steps_done >= 1 else None
-
-
-async def _checkpointed(nc, job: str) -> SuspendReply | None:
-    reply = await _ask(nc, job)
-    return reply if reply is not None and reply.checkpointed else None
+    return reply if reply is not None and wanted(reply) else None
 
 
 async def wait_until_async_value(ask, what: str, timeout: float = 60.0):
